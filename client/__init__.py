@@ -1,0 +1,1 @@
+"""Client side: SDK over tritonclient, load generator, result tables."""

@@ -1,0 +1,1 @@
+"""Deployment: starting and stopping tritonserver (embedded wheel or a system install)."""

@@ -1,0 +1,1 @@
+"""The shared vocabulary: names, plans, model cards, exit rules. Imports nothing heavy."""

@@ -1,0 +1,89 @@
+"""What crosses a boundary about a model: tensor specs and the model card.
+
+The model card is everything the router, the exporter and the planner need to
+know about an early-exit model without importing torch: how many blocks, which
+blocks carry a ramp, the input and cut ("state") tensors, the number of
+classes and the default exit rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["TensorSpec", "ModelCard", "NUMPY_DTYPES"]
+
+# Triton datatype name -> numpy dtype name. Only what the project uses.
+NUMPY_DTYPES = {
+    "FP32": "float32",
+    "FP16": "float16",
+    "INT64": "int64",
+    "INT32": "int32",
+    "BOOL": "bool",
+    "BYTES": "object",
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str                 # tensor name, as in the ONNX graph and config.pbtxt
+    dtype: str                # Triton datatype: "FP32", "INT64", ...
+    shape: tuple[int, ...]    # shape WITHOUT the batch dimension
+
+    def __post_init__(self) -> None:
+        if self.dtype not in NUMPY_DTYPES:
+            raise ValueError(f"tensor {self.name!r}: unknown datatype {self.dtype!r}; "
+                             f"use one of {sorted(NUMPY_DTYPES)}")
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+
+    @property
+    def numpy_dtype(self) -> str:
+        return NUMPY_DTYPES[self.dtype]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TensorSpec":
+        return cls(name=d["name"], dtype=d["dtype"], shape=tuple(d["shape"]))
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    name: str                        # zoo name or "package.module:factory"
+    num_blocks: int                  # L: blocks are numbered 1..L
+    ramp_blocks: tuple[int, ...]     # blocks followed by a ramp (excluding L, whose ramp is the final head)
+    num_classes: int                 # C: size of every ramp's and the head's output
+    inputs: tuple[TensorSpec, ...]   # the model's raw inputs (what split 1 takes)
+    state: tuple[TensorSpec, ...]    # tensors carried across a cut (what split k>1 takes)
+    exit_rule: dict[str, Any] = field(default_factory=dict)  # default exit rule, see e3.core.exits
+    max_batch_size: int = 64         # largest batch a split accepts
+    max_seq_len: int | None = None   # text models: inputs are padded/truncated to this length
+
+    def __post_init__(self) -> None:
+        bad = [k for k in self.ramp_blocks if not 1 <= k < self.num_blocks]
+        if bad:
+            raise ValueError(f"model {self.name}: ramp blocks {bad} outside 1..{self.num_blocks - 1}")
+        object.__setattr__(self, "ramp_blocks", tuple(sorted(set(self.ramp_blocks))))
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "state", tuple(self.state))
+
+    @property
+    def exit_blocks(self) -> tuple[int, ...]:
+        """Every block whose output can answer: the ramps, then the final head at L."""
+        return (*self.ramp_blocks, self.num_blocks)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["inputs"] = [t.to_dict() for t in self.inputs]
+        d["state"] = [t.to_dict() for t in self.state]
+        d["ramp_blocks"] = list(self.ramp_blocks)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelCard":
+        d = dict(d)
+        d["inputs"] = tuple(TensorSpec.from_dict(t) for t in d["inputs"])
+        d["state"] = tuple(TensorSpec.from_dict(t) for t in d["state"])
+        d["ramp_blocks"] = tuple(d["ramp_blocks"])
+        return cls(**d)

@@ -1,0 +1,85 @@
+"""Export splits of an early-exit model to ONNX and check them against PyTorch.
+
+Every exported file is checked on fresh random inputs at batch 1 and at the
+maximum batch: max |onnx - torch| <= 1e-4 * max |torch| + 1e-6 per output
+(fp32). Export fails loudly (:class:`ParityError`) otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from e3.export.model_api import EarlyExitModel, SplitModule
+
+__all__ = ["ParityError", "export_onnx", "check_parity", "split_inputs", "RTOL", "ATOL"]
+
+log = logging.getLogger(__name__)
+OPSET = 17
+RTOL, ATOL = 1e-4, 1e-6
+
+
+class ParityError(RuntimeError):
+    """An exported file whose outputs differ from PyTorch beyond the tolerance."""
+
+
+def split_inputs(split: SplitModule, n: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """Valid random inputs for ``split``: model inputs for split 1, else the state that
+    the blocks before it produce from random model inputs."""
+    model = split.model
+    x = model.example_inputs(n, seed=seed)
+    if split.first == 1:
+        return x
+    with torch.no_grad():
+        state = model.stem(*x)
+        for k in range(1, split.first):
+            state = model.block(k, *state)
+    return tuple(state)
+
+
+def export_onnx(split: SplitModule, path: Path, output_names: list[str] | None = None,
+                max_batch_size: int = 64, seed: int = 0) -> None:
+    """Write ``split`` to ``path`` as ONNX (dynamic batch axis) and check parity."""
+    input_names = [t.name for t in split.input_specs]
+    output_names = output_names or split.output_names
+    example = split_inputs(split, 2, seed)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter announces its deprecation
+        torch.onnx.export(
+            split, example, str(path), input_names=input_names, output_names=output_names,
+            dynamic_axes={name: {0: "batch"} for name in [*input_names, *output_names]},
+            opset_version=OPSET, dynamo=False)
+    check_parity(split, path, output_names, batch_sizes=(1, max_batch_size), seed=seed + 1)
+
+
+def check_parity(split: SplitModule, path: Path, output_names: list[str],
+                 batch_sizes: tuple[int, ...] = (1, 64), seed: int = 1) -> float:
+    """Compare ONNX Runtime with PyTorch; returns the worst relative error seen."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    input_names = [t.name for t in split.input_specs]
+    worst = 0.0
+    for i, batch in enumerate(batch_sizes):
+        x = split_inputs(split, batch, seed + i)
+        with torch.no_grad():
+            expected = [t.numpy() for t in split(*x)]
+        got = session.run(output_names, {n: t.numpy() for n, t in zip(input_names, x)})
+        for name, e, g in zip(output_names, expected, got):
+            if e.shape != g.shape:
+                raise ParityError(f"{path.name}: output {name} has shape {g.shape}, PyTorch gives {e.shape}")
+            scale = float(np.abs(e).max()) if e.size else 0.0
+            err = float(np.abs(e.astype(np.float64) - g).max()) if e.size else 0.0
+            if err > RTOL * scale + ATOL:
+                raise ParityError(f"{path.name}: output {name} at batch {batch} differs from PyTorch by "
+                                  f"{err:.3g} (allowed {RTOL * scale + ATOL:.3g})")
+            worst = max(worst, err / (scale + 1e-30))
+    log.debug("parity ok for %s (worst relative error %.2g)", path, worst)
+    return worst

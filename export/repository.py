@@ -1,0 +1,228 @@
+"""Write a Triton model repository for an early-exit model and a plan.
+
+For model ``m`` (served name ``<m>``) and a plan with splits S1..Sn it writes:
+
+* ``<m>_split_<a>-<b>``  one ONNX split per plan split (dynamic batching, instance group)
+* ``<m>_router``         the E3 router (Python backend, BLS), the plan in its parameters
+* ``<m>_stock``          the stock model (no ramps), one ONNX file
+* ``<m>_ee``             the naive in-process early-exit baseline (one ONNX file per block)
+* ``e3_repository.json`` the manifest: models e3 created, the current plan, the model card
+
+Each model is written into a temporary directory and moved into place, so a
+failure leaves nothing half-written. A directory in the repository that the
+manifest does not list as e3's is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from e3.core.names import ee_name, ramp_output, ranges_from_cuts, router_name, served_name, state_output, stock_name
+from e3.core.plan import Plan, default_plan
+from e3.core.spec import ModelCard, TensorSpec
+from e3.export.model_api import EarlyExitModel, SplitModule
+from e3.export.onnx_export import export_onnx
+from e3.export.triton_config import DynamicBatching, ModelDescription, render_config
+from e3.export.zoo import resolve_model, resolve_stock
+
+__all__ = ["MANIFEST", "ExportError", "ExportSettings", "export_repository", "read_manifest", "answer_specs"]
+
+log = logging.getLogger(__name__)
+MANIFEST = "e3_repository.json"
+RUNTIME = "e3.export.runtime"
+
+
+class ExportError(RuntimeError):
+    """The repository cannot be written as asked; the message says why."""
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    target: str = "embedded"        # "embedded" (Python backend + ONNX Runtime) or "ngc"
+    batch_size: int = 8             # preferred batch size of every split (until the planner sets them)
+    split_instances: int = 1        # Triton instances per split
+    router_instances: int = 2       # router instances (each mostly waits on BLS)
+    baseline_instances: int = 1     # instances of <m>_stock and <m>_ee
+    queue_delay_us: int = 2000      # dynamic batchers' max queue delay
+    slo_ms: float = 1000.0
+
+
+def answer_specs(card: ModelCard) -> tuple[TensorSpec, ...]:
+    """The front door's answer tensors (DESIGN §2)."""
+    return (TensorSpec("label", "INT64", (1,)), TensorSpec("exit_ramp", "INT32", (1,)),
+            TensorSpec("probs", "FP32", (card.num_classes,)))
+
+
+def read_manifest(repo: Path) -> dict:
+    """The repository's manifest, or an empty one if e3 has not written here yet."""
+    path = Path(repo) / MANIFEST
+    if not path.exists():
+        return {"created_by": "e3", "models": {}, "deployments": {}}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ExportError(f"{path} is not valid JSON ({err}); remove it or re-export into an empty folder") from None
+
+
+def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
+                      settings: ExportSettings = ExportSettings(), plan: Plan | None = None,
+                      progress: bool = True) -> Plan:
+    """Export ``model_name`` cut at ``cuts`` (or as ``plan`` says) into ``repo``; returns the plan."""
+    repo = Path(repo)
+    model = resolve_model(model_name)
+    card = model.card
+    m = served_name(model_name)
+    if plan is None:
+        ranges = ranges_from_cuts(cuts, card.num_blocks)
+        plan = default_plan(m, card.num_blocks, ranges, card.exit_rule, card.ramp_blocks,
+                            batch_size=settings.batch_size, instances=settings.split_instances,
+                            queue_delay_us=settings.queue_delay_us, slo_ms=settings.slo_ms)
+    plan.validate(card.ramp_blocks)
+    _check_writable(repo)
+    manifest = read_manifest(repo)
+    steps = [*[(s.model, "split") for s in plan.splits], (router_name(m), "router"),
+             (stock_name(m), "stock"), (ee_name(m), "ee")]
+    for name, _ in steps:
+        _check_owned(repo, name, manifest)
+    for name, kind in tqdm(steps, desc=f"export {m}", unit="model", disable=not progress):
+        with _staging(repo, name) as tmp:
+            if kind == "split":
+                _write_split(model, next(s for s in plan.splits if s.model == name), tmp, settings)
+            elif kind == "router":
+                _write_router(card, plan, name, tmp, settings)
+            elif kind == "stock":
+                _write_stock(model_name, name, tmp, settings)
+            else:
+                _write_ee(model, plan, name, tmp, settings)
+        manifest["models"][name] = {"kind": kind, "model": model_name, "target": settings.target}
+    manifest["deployments"][m] = {"model": model_name, "card": card.to_dict(), "plan": plan.to_dict(),
+                                  "front_door": router_name(m), "baselines": [stock_name(m), ee_name(m)]}
+    _atomic_write(repo / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+    return plan
+
+
+def _write_split(model: EarlyExitModel, split, out: Path, settings: ExportSettings) -> None:
+    module = SplitModule(model, split.first_block, split.last_block, split.enabled_ramps)
+    card = model.card
+    outputs = _output_specs(card, module)
+    _write_onnx_model(module, out, ModelDescription(
+        name=split.model, kind="onnx", max_batch_size=card.max_batch_size, inputs=module.input_specs,
+        outputs=outputs, instances=split.instances,
+        dynamic_batching=DynamicBatching((split.batch_size,), split.queue_delay_us)), settings)
+
+
+def _write_stock(model_name: str, name: str, out: Path, settings: ExportSettings) -> None:
+    stock = resolve_stock(model_name)
+    card = stock.card
+    module = SplitModule(stock, 1, card.num_blocks, ())
+    _write_onnx_model(module, out, ModelDescription(
+        name=name, kind="onnx", max_batch_size=card.max_batch_size, inputs=card.inputs,
+        outputs=(TensorSpec("logits", "FP32", (card.num_classes,)),), instances=settings.baseline_instances,
+        dynamic_batching=DynamicBatching((settings.batch_size,), settings.queue_delay_us)), settings,
+        output_names=["logits"])
+
+
+def _write_ee(model: EarlyExitModel, plan: Plan, name: str, out: Path, settings: ExportSettings) -> None:
+    card = model.card
+    enabled = plan.enabled_ramps
+    for k in range(1, card.num_blocks + 1):
+        export_onnx(SplitModule(model, k, k, tuple(r for r in enabled if r == k)), out / "1" / f"block_{k}.onnx",
+                    max_batch_size=card.max_batch_size)
+    _write_python_model(out, ModelDescription(
+        name=name, kind="python", max_batch_size=card.max_batch_size, inputs=card.inputs,
+        outputs=answer_specs(card), instances=settings.baseline_instances,
+        dynamic_batching=DynamicBatching((settings.batch_size,), settings.queue_delay_us),
+        parameters={"model_card": json.dumps(card.to_dict()), "exit_rule": json.dumps(plan.exit_rule),
+                    "enabled_ramps": json.dumps(list(enabled)), "intra_op_threads": "1"}),
+        f"{RUNTIME}.ee_model", settings)
+
+
+def _write_router(card: ModelCard, plan: Plan, name: str, out: Path, settings: ExportSettings) -> None:
+    first = plan.splits[0]
+    _write_python_model(out, ModelDescription(
+        name=name, kind="python", max_batch_size=card.max_batch_size, inputs=card.inputs,
+        outputs=answer_specs(card), instances=settings.router_instances,
+        dynamic_batching=DynamicBatching((first.batch_size,), first.queue_delay_us),
+        parameters={"model_card": json.dumps(card.to_dict()), "plan": json.dumps(plan.to_dict(), sort_keys=True)}),
+        "e3.router.triton_router", settings)
+
+
+def _output_specs(card: ModelCard, module: SplitModule) -> tuple[TensorSpec, ...]:
+    state = tuple(TensorSpec(state_output(t.name), t.dtype, t.shape) for t in card.state) \
+        if module.last < card.num_blocks else ()
+    return (*state, *(TensorSpec(ramp_output(k), "FP32", (card.num_classes,)) for k in module.ramps))
+
+
+def _write_onnx_model(module: SplitModule, out: Path, desc: ModelDescription, settings: ExportSettings,
+                      output_names: list[str] | None = None) -> None:
+    export_onnx(module, out / "1" / "model.onnx", output_names=output_names, max_batch_size=desc.max_batch_size)
+    if settings.target == "embedded":
+        desc = ModelDescription(**{**desc.__dict__, "parameters": {**desc.parameters, "intra_op_threads": "1"}})
+        _write_model_py(out, f"{RUNTIME}.onnx_model")
+    (out / "config.pbtxt").write_text(render_config(desc, settings.target))
+
+
+def _write_python_model(out: Path, desc: ModelDescription, module: str, settings: ExportSettings) -> None:
+    _write_model_py(out, module)
+    (out / "config.pbtxt").write_text(render_config(desc, settings.target))
+
+
+def _write_model_py(out: Path, module: str) -> None:
+    (out / "1").mkdir(parents=True, exist_ok=True)
+    (out / "1" / "model.py").write_text(
+        f'"""Generated by `e3 export`; the model\'s code lives in the e3 package."""\n'
+        f"from {module} import TritonPythonModel  # noqa: F401\n")
+
+
+def _check_writable(repo: Path) -> None:
+    try:
+        repo.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=repo, prefix=".e3-probe-", delete=True)
+        probe.close()
+    except OSError as err:
+        raise ExportError(f"cannot write to the repository {repo}: {err.strerror or err}") from None
+
+
+def _check_owned(repo: Path, name: str, manifest: dict) -> None:
+    if (repo / name).exists() and name not in manifest["models"]:
+        raise ExportError(f"{repo / name} exists and was not created by e3; "
+                          "choose another repository or remove that model yourself")
+
+
+class _staging:
+    """Write a model into a temporary sibling directory, then swap it into place."""
+
+    def __init__(self, repo: Path, name: str):
+        self.repo, self.name = repo, name
+
+    def __enter__(self) -> Path:
+        self.tmp = Path(tempfile.mkdtemp(dir=self.repo, prefix=f".{self.name}.tmp-"))
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return
+        final = self.repo / self.name
+        old = None
+        if final.exists():
+            old = self.repo / f".{self.name}.old-{os.getpid()}"
+            final.rename(old)
+        self.tmp.rename(final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

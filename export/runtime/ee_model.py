@@ -1,0 +1,50 @@
+"""``<m>_ee``: the early-exit model served the way its authors run it (DESIGN §2).
+
+One model, one process: blocks run back to back in ONNX Runtime (one file
+per block, ``block_<k>.onnx``, holding its ramp if enabled), the exit rule is
+checked after every enabled ramp, and the batch shrinks in place as inputs
+exit. No Triton hop between blocks, no re-batching: the strongest naive form,
+hence the fair baseline for E3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from e3.core.exits import make_exit_rule
+from e3.core.names import ramp_output, state_output
+from e3.core.spec import ModelCard
+from e3.export.runtime.onnx_model import make_session
+from e3.export.runtime.triton_io import answer_responses, gather, model_parameters
+from e3.router.policy import BatchRoute
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        _, params = model_parameters(args)
+        self.card = ModelCard.from_dict(json.loads(params["model_card"]))
+        self.rule = make_exit_rule(json.loads(params["exit_rule"]))
+        self.enabled = set(json.loads(params["enabled_ramps"]))
+        threads = int(params.get("intra_op_threads", "1"))
+        version_dir = os.path.join(args["model_repository"], args["model_version"])
+        L = self.card.num_blocks
+        self.blocks = [make_session(os.path.join(version_dir, f"block_{k}.onnx"), threads) for k in range(1, L + 1)]
+
+    def execute(self, requests):
+        got = gather(requests, self.card.inputs)
+        if not got.valid:
+            return got.responses
+        L = self.card.num_blocks
+        route = BatchRoute(got.rows, self.card.num_classes, L, self.rule)
+        feed = got.arrays
+        for k, session in enumerate(self.blocks, start=1):
+            has_ramp = k == L or k in self.enabled
+            names = ([state_output(t.name) for t in self.card.state] if k < L else []) + \
+                    ([ramp_output(k)] if has_ramp else [])
+            out = dict(zip(names, session.run(names, feed)))
+            keep = route.observe({k: out[ramp_output(k)]}) if has_ramp else slice(None)
+            if route.done:
+                break
+            feed = {t.name: out[state_output(t.name)][keep] for t in self.card.state}
+        return answer_responses(got, route)

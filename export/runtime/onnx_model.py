@@ -1,0 +1,44 @@
+"""Python-backend model that runs ``model.onnx`` with ONNX Runtime (the embedded target).
+
+The embedded Triton wheel has no ONNX Runtime backend; this model stands in
+for it: the dynamic batcher merges requests, they are concatenated, run in one
+ONNX Runtime call with pinned threads (parameter ``intra_op_threads``,
+default 1, so that instance counts mean cores) and sliced back per request.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnxruntime as ort
+
+from e3.export.runtime.triton_io import gather, io_specs, model_parameters, tensor_response
+
+
+def make_session(path: str, intra_op_threads: int = 1) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config, params = model_parameters(args)
+        version_dir = os.path.join(args["model_repository"], args["model_version"])
+        self.session = make_session(os.path.join(version_dir, params.get("onnx_file", "model.onnx")),
+                                    int(params.get("intra_op_threads", "1")))
+        self.inputs = io_specs(config, "input")
+        self.outputs = [t.name for t in io_specs(config, "output")]
+
+    def execute(self, requests):
+        got = gather(requests, self.inputs)
+        if got.valid:
+            results = self.session.run(self.outputs, got.arrays)
+            edges = np.cumsum([0, *got.sizes])
+            for j, i in enumerate(got.valid):
+                got.responses[i] = tensor_response(
+                    {name: r[edges[j]:edges[j + 1]] for name, r in zip(self.outputs, results)})
+        return got.responses

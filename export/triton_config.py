@@ -1,0 +1,83 @@
+"""Render Triton ``config.pbtxt`` files from one description.
+
+The description (:class:`ModelDescription`) is filled in once; the target
+decides how it is served:
+
+* ``embedded`` -- the Triton wheel has no ONNX Runtime backend, so ONNX models
+  are Python-backend models that run ``model.onnx`` in ONNX Runtime;
+* ``ngc`` -- an NGC Triton image: ``platform: "onnxruntime_onnx"``.
+
+Rendering goes through Triton's own ``ModelConfig`` protobuf (shipped in
+tritonclient), so a field that Triton does not know cannot be written.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from e3.core.spec import TensorSpec
+
+__all__ = ["TARGETS", "DynamicBatching", "ModelDescription", "render_config", "parse_config", "OWNER_KEY"]
+
+TARGETS = ("embedded", "ngc")
+OWNER_KEY = "e3_owner"  # parameter marking models that e3 created (export never touches others)
+
+
+@dataclass(frozen=True)
+class DynamicBatching:
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    name: str
+    kind: str                                  # "onnx" (a model.onnx to run) or "python" (a Python model)
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    instances: int = 1
+    instance_kind: str = "KIND_CPU"           # or KIND_GPU
+    gpus: tuple[int, ...] = ()
+    dynamic_batching: DynamicBatching | None = DynamicBatching()
+    parameters: dict[str, str] = field(default_factory=dict)
+
+
+def render_config(desc: ModelDescription, target: str = "embedded") -> str:
+    """config.pbtxt text for ``desc`` on ``target``."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")
+    cfg = mc.ModelConfig(name=desc.name, max_batch_size=desc.max_batch_size)
+    if desc.kind == "onnx" and target == "ngc":
+        cfg.platform = "onnxruntime_onnx"
+    elif desc.kind in ("onnx", "python"):
+        cfg.backend = "python"
+    else:
+        raise ValueError(f"model {desc.name}: unknown kind {desc.kind!r}")
+    for spec, target_list in ((desc.inputs, cfg.input), (desc.outputs, cfg.output)):
+        for t in spec:
+            target_list.add(name=t.name, data_type=mc.DataType.Value(f"TYPE_{'STRING' if t.dtype == 'BYTES' else t.dtype}"),
+                            dims=list(t.shape))
+    group = cfg.instance_group.add(count=desc.instances, kind=mc.ModelInstanceGroup.Kind.Value(desc.instance_kind))
+    group.gpus.extend(desc.gpus)
+    if desc.dynamic_batching is not None:
+        db = cfg.dynamic_batching
+        db.preferred_batch_size.extend(desc.dynamic_batching.preferred_batch_sizes)
+        db.max_queue_delay_microseconds = desc.dynamic_batching.max_queue_delay_us
+    params = dict(desc.parameters)
+    params[OWNER_KEY] = "e3"
+    if desc.kind == "onnx" and target == "ngc":
+        # One intra-op thread per instance, so instance counts mean cores.
+        params.update(intra_op_thread_count="1", inter_op_thread_count="1")
+    for key, value in sorted(params.items()):
+        cfg.parameters[key].string_value = value if isinstance(value, str) else json.dumps(value)
+    return text_format.MessageToString(cfg)
+
+
+def parse_config(text: str) -> mc.ModelConfig:
+    """Parse config.pbtxt text into Triton's ModelConfig (raises on unknown fields)."""
+    return text_format.Parse(text, mc.ModelConfig())

@@ -1,0 +1,67 @@
+"""Early-exit model zoo. A model is named by a zoo name (``tiny-ee``) or by
+``package.module:factory``, a callable returning an :class:`EarlyExitModel`.
+
+Each zoo entry also builds its stock counterpart (same task, no ramps), served
+as ``<m>_stock``. For a user's own model the stock baseline is the same model
+with every ramp removed (its final head only).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+from e3.export.model_api import EarlyExitModel
+
+__all__ = ["ZooEntry", "ZOO", "resolve_model", "resolve_stock", "UnknownModelError"]
+
+
+class UnknownModelError(ValueError):
+    """A model name that is neither in the zoo nor an importable ``module:factory``."""
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    summary: str
+    build: Callable[[], EarlyExitModel]          # the early-exit model, weights loaded, eval mode
+    build_stock: Callable[[], EarlyExitModel] | None = None  # stock counterpart (None: the EE model's head path)
+
+
+def _tiny() -> EarlyExitModel:
+    from e3.export.zoo.tiny import build_tiny_ee
+    return build_tiny_ee()
+
+
+ZOO: dict[str, ZooEntry] = {
+    "tiny-ee": ZooEntry("tiny-ee", "4-layer transformer encoder, random weights, ramps after layers 1-3 (demo/tests)",
+                        _tiny),
+}
+
+
+def resolve_model(name: str) -> EarlyExitModel:
+    """Build the early-exit model ``name`` (zoo name or ``package.module:factory``), in eval mode."""
+    if name in ZOO:
+        model = ZOO[name].build()
+    elif ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as err:
+            raise UnknownModelError(f"cannot import model factory {name!r}: {err}") from None
+        model = factory()
+        if not isinstance(model, EarlyExitModel):
+            raise UnknownModelError(f"{name!r} returned {type(model).__name__}, not an EarlyExitModel")
+    else:
+        raise UnknownModelError(f"unknown model {name!r}; zoo models: {', '.join(sorted(ZOO))}, "
+                                "or name your own as package.module:factory")
+    return model.eval()
+
+
+def resolve_stock(name: str) -> EarlyExitModel:
+    """The stock counterpart of ``name``; served with only its final head."""
+    entry = ZOO.get(name)
+    if entry is not None and entry.build_stock is not None:
+        return entry.build_stock().eval()
+    return resolve_model(name)

@@ -1,0 +1,129 @@
+"""A BERT-style encoder classifier with a DeeBERT ramp after chosen layers.
+
+The architecture follows BERT (post-LayerNorm, erf GELU, [CLS] pooler), so the
+same code serves the tiny random-weight demo model and, later, MiniLM-sized
+checkpoints. Written out by hand (not ``nn.TransformerEncoderLayer``) so that
+ONNX export is plain and every layer is addressable as a block.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from e3.core.spec import ModelCard, TensorSpec
+from e3.export.model_api import EarlyExitModel
+
+__all__ = ["EncoderConfig", "EncoderEE"]
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    vocab_size: int = 512
+    hidden: int = 32
+    layers: int = 4
+    heads: int = 2
+    ffn: int = 64
+    max_seq_len: int = 16
+    num_classes: int = 3
+    ramp_blocks: tuple[int, ...] = field(default=(1, 2, 3))  # blocks followed by a ramp (< layers)
+    layer_norm_eps: float = 1e-12
+    dropout: float = 0.1
+
+
+class _Embeddings(nn.Module):
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden)
+        self.position_embeddings = nn.Embedding(c.max_seq_len, c.hidden)
+        self.token_type_embeddings = nn.Embedding(2, c.hidden)
+        self.LayerNorm = nn.LayerNorm(c.hidden, eps=c.layer_norm_eps)
+        self.dropout = nn.Dropout(c.dropout)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        x = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
+             + self.token_type_embeddings(torch.zeros_like(input_ids)))
+        return self.dropout(self.LayerNorm(x))
+
+
+class _Layer(nn.Module):
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.heads, self.head_dim = c.heads, c.hidden // c.heads
+        self.query = nn.Linear(c.hidden, c.hidden)
+        self.key = nn.Linear(c.hidden, c.hidden)
+        self.value = nn.Linear(c.hidden, c.hidden)
+        self.attn_out = nn.Linear(c.hidden, c.hidden)
+        self.attn_norm = nn.LayerNorm(c.hidden, eps=c.layer_norm_eps)
+        self.intermediate = nn.Linear(c.hidden, c.ffn)
+        self.output = nn.Linear(c.ffn, c.hidden)
+        self.out_norm = nn.LayerNorm(c.hidden, eps=c.layer_norm_eps)
+        self.dropout = nn.Dropout(c.dropout)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        return x.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+        bias = (1.0 - mask.to(x.dtype))[:, None, None, :] * -10000.0  # padding gets ~0 weight
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + bias
+        ctx = (self.dropout(scores.softmax(-1)) @ v).transpose(1, 2).reshape(b, s, h)
+        x = self.attn_norm(x + self.dropout(self.attn_out(ctx)))
+        ffn = self.output(nn.functional.gelu(self.intermediate(x)))
+        return self.out_norm(x + self.dropout(ffn))
+
+
+class _Ramp(nn.Module):
+    """DeeBERT highway: pooler (dense + tanh on [CLS]) -> dropout -> linear."""
+
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.pooler = nn.Linear(c.hidden, c.hidden)
+        self.dropout = nn.Dropout(c.dropout)
+        self.classifier = nn.Linear(c.hidden, c.num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.dropout(torch.tanh(self.pooler(x[:, 0]))))
+
+
+class EncoderEE(EarlyExitModel):
+    """Text classifier: inputs ``input_ids`` and ``attention_mask`` (INT64 [S]),
+    state ``hidden`` (FP32 [S, H]) and ``attention_mask``."""
+
+    def __init__(self, name: str, config: EncoderConfig, exit_rule: dict, max_batch_size: int = 64):
+        super().__init__()
+        c = self.config = config
+        self.embeddings = _Embeddings(c)
+        self.layers = nn.ModuleList(_Layer(c) for _ in range(c.layers))
+        self.ramps = nn.ModuleDict({str(k): _Ramp(c) for k in c.ramp_blocks})
+        self.head = _Ramp(c)
+        s = c.max_seq_len
+        self.card = ModelCard(
+            name=name, num_blocks=c.layers, ramp_blocks=tuple(c.ramp_blocks), num_classes=c.num_classes,
+            inputs=(TensorSpec("input_ids", "INT64", (s,)), TensorSpec("attention_mask", "INT64", (s,))),
+            state=(TensorSpec("hidden", "FP32", (s, c.hidden)), TensorSpec("attention_mask", "INT64", (s,))),
+            exit_rule=dict(exit_rule), max_batch_size=max_batch_size, max_seq_len=s)
+
+    def stem(self, input_ids, attention_mask):
+        return self.embeddings(input_ids), attention_mask
+
+    def block(self, k, hidden, attention_mask):
+        return self.layers[k - 1](hidden, attention_mask), attention_mask
+
+    def ramp(self, k, hidden, attention_mask):
+        return self.head(hidden) if k == self.card.num_blocks else self.ramps[str(k)](hidden)
+
+    def example_inputs(self, n, seed=0):
+        """Random token ids with random lengths (>= 2), padded with 0 past the length."""
+        g = torch.Generator().manual_seed(seed)
+        s = self.config.max_seq_len
+        ids = torch.randint(1, self.config.vocab_size, (n, s), generator=g)
+        lengths = torch.randint(2, s + 1, (n,), generator=g)
+        mask = (torch.arange(s)[None, :] < lengths[:, None]).long()
+        return ids * mask, mask

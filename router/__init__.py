@@ -1,0 +1,1 @@
+"""The router: pure exit/dispatch policy and the Triton Python-backend router model."""

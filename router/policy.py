@@ -1,0 +1,113 @@
+"""The router's decisions, pure numpy: which inputs exit where, what goes on.
+
+:class:`BatchRoute` follows one batch of inputs through the splits of a
+plan. After each split the caller hands it the logits of every ramp the
+split computed (for the rows that entered the split); it applies the exit
+rule ramp by ramp, records the answers of the rows that exit, and says which
+rows survive into the next split.
+
+Inside a split the batch cannot shrink: a row that exits at an inner ramp
+takes that ramp's answer, the split still computes it to its end, and later
+ramps of the same split do not see it (DESIGN §2, "Ramps inside a split").
+
+The same class drives the Triton router (splits are other Triton models,
+reached by BLS) and the in-process ``<m>_ee`` baseline (one block per step,
+the batch shrinking after every ramp), so both answer exactly alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from e3.core.exits import ExitRule, softmax
+
+__all__ = ["BatchRoute", "RampCounts", "RequestRows", "split_requests"]
+
+
+@dataclass
+class RampCounts:
+    """Batch profile of one batch: inputs reaching and leaving at each ramp (block -> count)."""
+
+    reached: dict[int, int] = field(default_factory=dict)
+    exited: dict[int, int] = field(default_factory=dict)
+
+    def add(self, block: int, reached: int, exited: int) -> None:
+        self.reached[block] = self.reached.get(block, 0) + reached
+        self.exited[block] = self.exited.get(block, 0) + exited
+
+
+class BatchRoute:
+    """One batch of ``n`` inputs on its way through the splits.
+
+    Attributes after :meth:`observe` calls:
+      active     -- row indices (into the batch) still running, ascending
+      label      -- [n] int64, -1 until answered
+      exit_ramp  -- [n] int32, 0 until answered; the block whose ramp answered
+      probs      -- [n, C] float32 softmax of the answering ramp
+      counts     -- per-ramp reached/exited counts (the batch profile)
+    """
+
+    def __init__(self, n: int, num_classes: int, num_blocks: int, rule: ExitRule):
+        self.num_blocks = num_blocks
+        self.rule = rule
+        self.rule_state = rule.init_state(n)
+        self.active = np.arange(n)
+        self.label = np.full(n, -1, dtype=np.int64)
+        self.exit_ramp = np.zeros(n, dtype=np.int32)
+        self.probs = np.zeros((n, num_classes), dtype=np.float32)
+        self.counts = RampCounts()
+
+    @property
+    def done(self) -> bool:
+        return self.active.size == 0
+
+    def observe(self, ramp_logits: dict[int, np.ndarray]) -> np.ndarray:
+        """Apply the exit rule to the ramps one split computed.
+
+        ramp_logits: block -> logits [len(self.active), C] for the rows that entered
+        the split, for every ramp the split computed (the head is block L: every
+        row still undecided there is answered).
+        Returns a bool mask over the rows that entered: True for survivors, which
+        the caller sends on (slicing the split's state outputs with it).
+        """
+        entered = self.active
+        decided = np.zeros(entered.size, dtype=bool)
+        for block in sorted(ramp_logits):
+            logits = ramp_logits[block]
+            if logits.shape[0] != entered.size:
+                raise ValueError(f"ramp {block}: got {logits.shape[0]} rows, {entered.size} entered the split")
+            pending = np.flatnonzero(~decided)
+            if pending.size == 0:
+                break
+            if block == self.num_blocks:
+                exits = np.ones(pending.size, dtype=bool)
+            else:
+                exits = self.rule.decide(block, logits[pending], self.rule_state, entered[pending])
+            leaving = pending[exits]
+            self.counts.add(block, int(pending.size), int(leaving.size))
+            if leaving.size:
+                rows = entered[leaving]
+                probs = softmax(logits[leaving])
+                self.probs[rows] = probs
+                self.label[rows] = probs.argmax(axis=1)
+                self.exit_ramp[rows] = block
+                decided[leaving] = True
+        keep = ~decided
+        self.active = entered[keep]
+        return keep
+
+
+@dataclass(frozen=True)
+class RequestRows:
+    """Where one client request's inputs sit in the concatenated batch."""
+
+    start: int
+    stop: int
+
+
+def split_requests(sizes: list[int]) -> list[RequestRows]:
+    """Row ranges of requests of ``sizes`` inputs concatenated in order."""
+    edges = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    return [RequestRows(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
