@@ -1,1 +1,186 @@
-"""CLI placeholder."""
+"""The `e3` command line: one verb per job, no logic of its own.
+
+    e3 export MODEL --cuts 2      write a Triton model repository (splits, router, baselines)
+    e3 serve                      run tritonserver on that repository until Ctrl-C
+    e3 infer MODEL                send a few inputs, print prediction, exit ramp, latency
+    e3 demo                       export + serve + side-by-side load + table
+    e3 models                     list the model zoo
+    e3 clean                      remove generated artifacts
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from e3.paths import artifacts_dir, default_repository
+
+__all__ = ["main"]
+
+
+def _export(args) -> int:
+    from e3.export.repository import ExportSettings, export_repository
+    plan = export_repository(args.model, args.cuts, Path(args.repo), ExportSettings(
+        target=args.target, batch_size=args.batch_size, split_instances=args.instances,
+        router_instances=args.router_instances))
+    print(f"exported {args.model} into {args.repo}:")
+    for s in plan.splits:
+        print(f"  {s.model:28s} blocks {s.first_block}-{s.last_block}  ramps {list(s.enabled_ramps) or '-'}  "
+              f"batch {s.batch_size}  instances {s.instances}")
+    print(f"  front door {plan.model}_router, baselines {plan.model}_stock and {plan.model}_ee; "
+          f"exit rule {plan.exit_rule}")
+    return 0
+
+
+def _serve(args) -> int:
+    from e3.deploy.server import TritonServer
+    models = args.models.split(",") if args.models else None
+    server = TritonServer(args.repo, models, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
+                          metrics_port=args.metrics_port, tritonserver=args.tritonserver, echo_logs=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start(timeout_s=args.timeout)
+    print(f"serving {args.repo}: HTTP {server.http_url}, gRPC {server.grpc_url}, metrics {server.metrics_url}"
+          " (Ctrl-C stops)", flush=True)
+    try:
+        while not stop.is_set() and server.process.poll() is None:
+            stop.wait(0.5)
+    finally:
+        code = server.stop()
+    print(f"tritonserver stopped (exit code {code})")
+    return 0
+
+
+def _infer(args) -> int:
+    from e3.client.sdk import E3Client
+    from e3.core.names import served_name
+    from e3.export.zoo import resolve_model
+    model = resolve_model(args.model)
+    target = args.target or f"{served_name(args.model)}_router"
+    inputs = {s.name: x.numpy() for s, x in zip(model.card.inputs, model.example_inputs(args.n, seed=args.seed))}
+    with E3Client(args.url, args.protocol) as client:
+        print(f"{'input':>5}  {'label':>5}  {'exit ramp':>9}  {'p(label)':>8}  {'latency ms':>10}")
+        for i in range(args.n):
+            start = time.perf_counter()
+            answers = client.infer(target, {k: v[i:i + 1] for k, v in inputs.items()})
+            ms = (time.perf_counter() - start) * 1e3
+            label = int(answers.label[0])
+            print(f"{i:>5}  {label:>5}  {int(answers.exit_ramp[0]):>9}  {answers.probs[0, label]:>8.3f}  {ms:>10.2f}")
+    return 0
+
+
+def _demo(args) -> int:
+    from e3.demo import DemoSettings, run_demo
+    run_demo(Path(args.repo), DemoSettings(model=args.model, cuts=args.cuts, requests=args.requests,
+                                           concurrency=args.concurrency, batch=args.batch, protocol=args.protocol))
+    return 0
+
+
+def _models(args) -> int:
+    from e3.export.zoo import ZOO
+    for entry in ZOO.values():
+        print(f"{entry.name:12s} {entry.summary}")
+    return 0
+
+
+def _clean(args) -> int:
+    repo = Path(args.repo)
+    removed = []
+    if artifacts_dir().exists():
+        shutil.rmtree(artifacts_dir())
+        removed.append(str(artifacts_dir()))
+    if repo.is_dir():
+        for child in repo.iterdir():
+            if child.name != "README.md":
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        removed.append(f"{repo}/* (kept README.md)")
+    print("removed " + ", ".join(removed) if removed else "nothing to remove")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="e3", description="E3 on Triton: serve early-exit models split, "
+                                "re-batched and planned, on NVIDIA Triton Inference Server.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    repo_help = "model repository (default: ./model_repository)"
+
+    e = sub.add_parser("export", help="write a Triton model repository: splits, router, baselines")
+    e.add_argument("model", help="zoo name (see `e3 models`) or package.module:factory")
+    e.add_argument("--cuts", default=None, help="cut after these blocks, e.g. 2,4 (default: no cut)")
+    e.add_argument("--repo", default=str(default_repository()), help=repo_help)
+    e.add_argument("--target", choices=["embedded", "ngc"], default="embedded",
+                   help="embedded: Python-backend models running ONNX Runtime (the wheel's server); "
+                        "ngc: native onnxruntime backend of an NGC Triton image")
+    e.add_argument("--batch-size", type=int, default=8, help="preferred batch size of every split (default 8)")
+    e.add_argument("--instances", type=int, default=1, help="Triton instances per split (default 1)")
+    e.add_argument("--router-instances", type=int, default=2, help="router instances (default 2)")
+    e.set_defaults(func=_export)
+
+    s = sub.add_parser("serve", help="run tritonserver on a repository until Ctrl-C")
+    s.add_argument("--repo", default=str(default_repository()), help=repo_help)
+    s.add_argument("--models", default=None, help="comma-separated models to load (default: the current plan's "
+                                                  "splits, router and baselines, from the repository manifest)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback)")
+    s.add_argument("--http-port", type=int, default=8000)
+    s.add_argument("--grpc-port", type=int, default=8001)
+    s.add_argument("--metrics-port", type=int, default=8002)
+    s.add_argument("--tritonserver", default=None,
+                   help="tritonserver binary (default: $E3_TRITONSERVER, else the nvidia-pytriton wheel's)")
+    s.add_argument("--timeout", type=float, default=180, help="seconds to wait for readiness (default 180)")
+    s.set_defaults(func=_serve)
+
+    i = sub.add_parser("infer", help="send inputs to a served model; print prediction, exit ramp, latency")
+    i.add_argument("model", help="zoo name or package.module:factory (for the inputs and the served name)")
+    i.add_argument("--target", default=None, help="served model to call (default <m>_router; try <m>_ee, <m>_stock)")
+    i.add_argument("-n", type=int, default=8, help="number of inputs, one request each (default 8)")
+    i.add_argument("--seed", type=int, default=0)
+    i.add_argument("--url", default="127.0.0.1:8000", help="server address (default 127.0.0.1:8000; gRPC: :8001)")
+    i.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    i.set_defaults(func=_infer)
+
+    d = sub.add_parser("demo", help="export, serve, load router and baselines side by side, print a table")
+    d.add_argument("--model", default="tiny-ee")
+    d.add_argument("--cuts", default=None, help="default: one cut in the middle")
+    d.add_argument("--repo", default=str(default_repository()), help=repo_help)
+    d.add_argument("--requests", type=int, default=300, help="requests per served model (default 300)")
+    d.add_argument("--concurrency", type=int, default=8)
+    d.add_argument("--batch", type=int, default=4, help="inputs per request (default 4)")
+    d.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    d.set_defaults(func=_demo)
+
+    m = sub.add_parser("models", help="list the model zoo")
+    m.set_defaults(func=_models)
+
+    c = sub.add_parser("clean", help="remove artifacts/ and the generated model repository")
+    c.add_argument("--repo", default=str(default_repository()), help=repo_help)
+    c.set_defaults(func=_clean)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from e3.core.names import CutError
+    from e3.core.plan import PlanError
+    from e3.deploy.server import ServerError
+    from e3.client.sdk import ClientError
+    from e3.export.repository import ExportError
+    from e3.export.zoo import UnknownModelError
+    try:
+        return args.func(args)
+    except (CutError, PlanError, ServerError, ClientError, ExportError, UnknownModelError) as err:
+        print(f"e3 {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,308 @@
+"""Start and stop a real ``tritonserver`` for a model repository.
+
+By default the binary comes from the ``nvidia-pytriton`` wheel (Triton 2.51,
+CPU, Python backend only); ``--tritonserver PATH`` or ``E3_TRITONSERVER``
+select a system install such as an NGC image. The server runs in explicit
+model-control mode on loopback, in its own process group, and
+:meth:`TritonServer.stop` escalates from SIGTERM to killing that group, then
+removes the Python backend's shared-memory regions (DESIGN §4: shutdown is not
+always clean).
+
+    with TritonServer(repo, models=["tiny_ee_router", ...]) as server:
+        ...  # server.http_url, server.grpc_url, server.metrics_url
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from pathlib import Path
+
+from e3.paths import artifacts_dir
+
+__all__ = ["ServerError", "TritonServer", "find_tritonserver", "free_port", "port_taken", "models_to_serve", "ENV_BINARY"]
+
+log = logging.getLogger(__name__)
+ENV_BINARY = "E3_TRITONSERVER"
+SHM_DIR = Path("/dev/shm")
+
+
+class ServerError(RuntimeError):
+    """The server cannot be started (or stopped) as asked; the message says why and what to do."""
+
+
+def _wheel_root() -> Path | None:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+    return root if (root / "bin" / "tritonserver").exists() else None
+
+
+def find_tritonserver(explicit: str | os.PathLike | None = None) -> Path:
+    """The tritonserver binary: ``explicit``, else $E3_TRITONSERVER, else the wheel's, else PATH."""
+    tried = []
+    for source, candidate in (("--tritonserver", explicit), (ENV_BINARY, os.environ.get(ENV_BINARY))):
+        if candidate:
+            path = Path(candidate)
+            if path.is_file() and os.access(path, os.X_OK):
+                return path
+            raise ServerError(f"tritonserver given by {source} is not an executable file: {path}")
+    root = _wheel_root()
+    if root is not None:
+        return root / "bin" / "tritonserver"
+    tried.append("the nvidia-pytriton wheel (not installed: run `make setup`)")
+    found = shutil.which("tritonserver")
+    if found:
+        return Path(found)
+    tried.append("tritonserver on PATH")
+    raise ServerError("cannot find tritonserver; tried " + ", ".join(tried) +
+                      f". Pass --tritonserver PATH or set {ENV_BINARY}.")
+
+
+def prepare_backends(binary: Path, dest: Path | None = None) -> Path:
+    """Backend directory for ``binary``.
+
+    For the wheel's server, a project-local copy of its Python backend with the
+    stub built for the running interpreter put in place (the wheel ships one
+    stub per Python version). For another install, its own ``backends/``.
+    """
+    root = binary.resolve().parent.parent
+    stubs = root / "python_backend_stubs"
+    if not stubs.is_dir():
+        backends = root / "backends"
+        if not backends.is_dir():
+            raise ServerError(f"no backends/ folder beside {binary}; pass the server's backend directory")
+        return backends
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = stubs / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise ServerError(f"the Triton wheel has no Python-backend stub for Python {version} "
+                          f"(it has {sorted(p.name for p in stubs.iterdir())})")
+    dest = dest or artifacts_dir() / "triton" / f"backends-py{version}"
+    python_dir = dest / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    for src in (root / "backends" / "python" / "libtriton_python.so",
+                root / "backends" / "python" / "triton_python_backend_utils.py", stub):
+        target = python_dir / src.name
+        if not target.exists() or target.stat().st_size != src.stat().st_size:
+            tmp = target.with_suffix(target.suffix + ".tmp")
+            shutil.copy2(src, tmp)
+            os.replace(tmp, target)
+    return dest
+
+
+def binary_libs(binary: Path) -> Path | None:
+    """The wheel's bundled shared libraries (nvidia_pytriton.libs), if ``binary`` is the wheel's."""
+    libs = binary.resolve().parent.parent.parent.parent / "nvidia_pytriton.libs"
+    return libs if libs.is_dir() else None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (for tests and ephemeral servers)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_taken(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def models_to_serve(repo: Path) -> list[str]:
+    """Models of the current plan and the baselines, from the repository's e3 manifest."""
+    from e3.export.repository import MANIFEST, read_manifest  # the manifest's format is the exporter's
+
+    if not (repo / MANIFEST).exists():
+        raise ServerError(f"{repo} has no {MANIFEST}: export a model first (`e3 export MODEL`) "
+                          "or name the models to load with --models")
+    names = []
+    for deployment in read_manifest(repo)["deployments"].values():
+        names += [s["model"] for s in deployment["plan"]["splits"]]
+        names += [deployment["front_door"], *deployment["baselines"]]
+    return list(dict.fromkeys(names))
+
+
+class TritonServer:
+    """A tritonserver process serving ``repo`` (explicit model control, loopback by default)."""
+
+    def __init__(self, repo: str | os.PathLike, models: list[str] | None = None, *, host: str = "127.0.0.1",
+                 http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002,
+                 tritonserver: str | os.PathLike | None = None, log_file: str | os.PathLike | None = None,
+                 echo_logs: bool = False, exit_timeout_s: int = 10, extra_args: list[str] | None = None):
+        self.repo = Path(repo).resolve()
+        self.models = models
+        self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
+        self.binary_arg = tritonserver
+        self.log_file = Path(log_file) if log_file else None
+        self.echo_logs = echo_logs
+        self.exit_timeout_s = exit_timeout_s
+        self.extra_args = list(extra_args or [])
+        self.process: subprocess.Popen | None = None
+        self.shm_prefix = f"e3_{os.getpid()}_{http_port}_"
+        self._log_tail: deque[str] = deque(maxlen=60)
+        self._reader: threading.Thread | None = None
+
+    # -- addresses -------------------------------------------------------------
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    # -- lifecycle -------------------------------------------------------------
+    def command(self) -> list[str]:
+        """The tritonserver command line (also validates the repository and the binary)."""
+        binary = find_tritonserver(self.binary_arg)
+        if not self.repo.is_dir():
+            raise ServerError(f"model repository {self.repo} does not exist; run `e3 export MODEL` first")
+        models = self.models if self.models is not None else models_to_serve(self.repo)
+        for name in models:
+            config = self.repo / name / "config.pbtxt"
+            if not config.is_file():
+                known = sorted(p.name for p in self.repo.iterdir() if (p / "config.pbtxt").is_file())
+                raise ServerError(f"model {name!r} is not in {self.repo} (no {name}/config.pbtxt); "
+                                  f"models there: {', '.join(known) or 'none'}")
+        backends = prepare_backends(binary)
+        cmd = [str(binary), f"--model-repository={self.repo}", f"--backend-directory={backends}",
+               "--model-control-mode=explicit", f"--http-address={self.host}", f"--http-port={self.http_port}",
+               f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
+               f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}", "--allow-metrics=true",
+               f"--exit-timeout-secs={self.exit_timeout_s}",
+               f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+               *[f"--load-model={m}" for m in models], *self.extra_args]
+        return cmd
+
+    def start(self, timeout_s: float = 180.0) -> "TritonServer":
+        if self.process is not None:
+            raise ServerError("server already started")
+        cmd = self.command()
+        for what, port in (("HTTP", self.http_port), ("gRPC", self.grpc_port), ("metrics", self.metrics_port)):
+            if port_taken(self.host, port):
+                raise ServerError(f"{what} port {port} on {self.host} is already in use; "
+                                  f"choose another (--{what.lower().replace('grpc', 'grpc')}-port)")
+        env = dict(os.environ)
+        # The Python-backend stub runs model code with the python3 first on PATH.
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        env.setdefault("OMP_NUM_THREADS", "1")
+        # The wheel's binaries find their libraries through an RPATH relative to
+        # their own folder; the stub copied beside our backends needs them named.
+        libs = binary_libs(find_tritonserver(self.binary_arg))
+        if libs:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libs), env.get("LD_LIBRARY_PATH")]))
+        log.info("starting %s", " ".join(cmd))
+        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        start_new_session=True, env=env, text=True, errors="replace")
+        self._reader = threading.Thread(target=self._pump_logs, daemon=True)
+        self._reader.start()
+        try:
+            self._wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _pump_logs(self) -> None:
+        sink = None
+        if self.log_file:
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            sink = self.log_file.open("a")
+        try:
+            for line in self.process.stdout:
+                self._log_tail.append(line.rstrip())
+                if sink:
+                    sink.write(line)
+                    sink.flush()
+                if self.echo_logs:
+                    sys.stderr.write(line)
+        finally:
+            if sink:
+                sink.close()
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(list(self._log_tail)[-lines:])
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerError(f"tritonserver exited with code {self.process.returncode} while starting; "
+                                  f"last log lines:\n{self.log_tail()}")
+            if self.ready():
+                return
+            time.sleep(0.2)
+        raise ServerError(f"tritonserver was not ready after {timeout_s:.0f} s; last log lines:\n{self.log_tail()}")
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL the whole process group; remove our shm regions."""
+        proc = self.process
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("tritonserver did not stop within %.0f s; killing its process group", timeout_s)
+            except ProcessLookupError:
+                pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # also any stub left behind
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            raise ServerError(f"tritonserver (pid {proc.pid}) survived SIGKILL") from None
+        if self._reader:
+            self._reader.join(timeout=5)
+        for region in SHM_DIR.glob(f"{self.shm_prefix}*"):
+            try:
+                region.unlink()
+            except OSError:
+                pass
+        self.process = None
+        return proc.returncode
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- small helpers over the HTTP API ----------------------------------------
+    def model_statistics(self, model: str = "") -> dict:
+        url = f"http://{self.http_url}/v2/models/{model}/stats" if model else f"http://{self.http_url}/v2/models/stats"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return json.loads(r.read())

@@ -1,0 +1,64 @@
+"""`e3 demo`: export a model, serve it on the embedded Triton, load the router and
+both baselines side by side, print one table, stop the server.
+
+Glue only: each step is a call into its room (export, deploy, client).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from e3.client.loadgen import LoadResult, closed_loop
+from e3.client.report import format_table
+from e3.core.names import ee_name, router_name, served_name, stock_name
+from e3.deploy.server import TritonServer, free_port, port_taken
+from e3.export.repository import ExportSettings, export_repository
+from e3.export.zoo import resolve_model
+from e3.paths import artifacts_dir
+
+__all__ = ["DemoSettings", "run_demo"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    model: str = "tiny-ee"
+    cuts: str | None = None      # default: cut in the middle
+    requests: int = 300          # per served model
+    concurrency: int = 8
+    batch: int = 4               # inputs per request
+    pool: int = 512              # distinct inputs cycled through
+    protocol: str = "http"
+
+
+def run_demo(repo: Path, settings: DemoSettings = DemoSettings(), echo=print) -> list[LoadResult]:
+    model = resolve_model(settings.model)
+    L = model.card.num_blocks
+    cuts = settings.cuts if settings.cuts is not None else str(L // 2)
+    echo(f"[1/3] exporting {settings.model} cut after block(s) {cuts} into {repo}")
+    plan = export_repository(settings.model, cuts, repo, ExportSettings())
+    m = served_name(settings.model)
+    pool = {spec.name: x.numpy() for spec, x in zip(model.card.inputs, model.example_inputs(settings.pool, seed=7))}
+    ports = [8000, 8001, 8002]
+    if any(port_taken("127.0.0.1", p) for p in ports):
+        ports = [free_port(), free_port(), free_port()]
+        echo(f"      ports 8000-8002 are busy; using {ports[0]}/{ports[1]}/{ports[2]}")
+    server = TritonServer(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
+                          log_file=artifacts_dir() / "logs" / "demo-tritonserver.log")
+    echo(f"[2/3] starting tritonserver (logs: {server.log_file})")
+    results = []
+    with server:
+        url = server.http_url if settings.protocol == "http" else server.grpc_url
+        echo(f"[3/3] {settings.requests} requests x {settings.batch} inputs, {settings.concurrency} clients, "
+             f"to {router_name(m)} (plan: splits {', '.join(s.model for s in plan.splits)}) and both baselines")
+        for name in (router_name(m), ee_name(m), stock_name(m)):
+            results.append(closed_loop(url, name, pool, concurrency=settings.concurrency, batch=settings.batch,
+                                       requests=settings.requests, protocol=settings.protocol, warmup=2))
+    echo("")
+    echo(format_table(results, reference=stock_name(m)))
+    failed = sum(r.errors for r in results)
+    echo(f"\n{failed} failed requests" if failed else "\nevery request answered")
+    return results
