@@ -65,6 +65,9 @@ class E3Client:
         from tritonclient.utils import InferenceServerException, np_to_triton_dtype
         if model not in self._outputs:
             self._outputs[model] = [o["name"] for o in self.model_config(model).get("output", [])]
+        empty = [name for name, array in inputs.items() if array.ndim == 0 or array.shape[0] == 0]
+        if empty:
+            raise ClientError(f"empty batch: input(s) {', '.join(empty)} carry no rows; send at least one input")
         tensors = []
         for name, array in inputs.items():
             t = self._api.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))

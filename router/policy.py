@@ -23,7 +23,7 @@ import numpy as np
 
 from e3.core.exits import ExitRule, softmax
 
-__all__ = ["BatchRoute", "RampCounts", "RequestRows", "split_requests"]
+__all__ = ["BatchRoute", "RampCounts"]
 
 
 @dataclass
@@ -97,17 +97,3 @@ class BatchRoute:
         keep = ~decided
         self.active = entered[keep]
         return keep
-
-
-@dataclass(frozen=True)
-class RequestRows:
-    """Where one client request's inputs sit in the concatenated batch."""
-
-    start: int
-    stop: int
-
-
-def split_requests(sizes: list[int]) -> list[RequestRows]:
-    """Row ranges of requests of ``sizes`` inputs concatenated in order."""
-    edges = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
-    return [RequestRows(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]

@@ -1,0 +1,201 @@
+"""End to end on the real embedded tritonserver: same answers as PyTorch, bad input, clean stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from e3.client.sdk import ClientError, E3Client
+from e3.core.exits import make_exit_rule
+from e3.export.model_api import SplitModule
+from e3.export.reference import reference_answers
+
+pytestmark = pytest.mark.e2e
+
+TIE_BAND = 1e-5
+N_INPUTS = 120
+
+
+@pytest.fixture(scope="module")
+def inputs(tiny_model):
+    ids, mask = tiny_model.example_inputs(N_INPUTS, seed=42)
+    return {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model, inputs):
+    rule = make_exit_rule(tiny_model.card.exit_rule)
+    return reference_answers(tiny_model, (inputs["input_ids"], inputs["attention_mask"]), rule)
+
+
+def _send_concurrently(url, protocol, model, inputs, sizes, workers=8):
+    """Send the inputs in requests of ``sizes`` rows from ``workers`` clients at once; reassemble."""
+    edges = np.cumsum([0, *sizes])
+    assert edges[-1] == N_INPUTS
+
+    def one(j):
+        with E3Client(url, protocol) as client:
+            return j, client.infer(model, {k: v[edges[j]:edges[j + 1]] for k, v in inputs.items()})
+
+    with ThreadPoolExecutor(workers) as pool:
+        parts = dict(pool.map(one, range(len(sizes))))
+    return (np.concatenate([parts[j].label for j in range(len(sizes))]),
+            np.concatenate([parts[j].exit_ramp for j in range(len(sizes))]))
+
+
+def _mixed_sizes(seed):
+    rng = np.random.default_rng(seed)
+    sizes, left = [], N_INPUTS
+    while left:
+        sizes.append(int(min(left, rng.integers(1, 12))))
+        left -= sizes[-1]
+    return sizes
+
+
+@pytest.mark.parametrize("model, protocol", [("tiny_ee_router", "http"), ("tiny_ee_router", "grpc"),
+                                             ("tiny_ee_ee", "http")])
+def test_served_answers_equal_the_pytorch_reference(server, inputs, reference, model, protocol):
+    url = server.http_url if protocol == "http" else server.grpc_url
+    label, ramp = _send_concurrently(url, protocol, model, inputs, _mixed_sizes(hash(model) % 100))
+    clear = reference.min_margin > TIE_BAND
+    assert (~clear).sum() <= 2, "tie band must stay tiny"
+    assert (ramp[clear] == reference.exit_ramp[clear]).all()
+    assert (label[clear] == reference.label[clear]).all()
+    # The workload exercises every exit: ramps 1..3 and the head.
+    assert set(np.unique(ramp)) == {1, 2, 3, 4}
+
+
+def test_stock_baseline_equals_pytorch_final_head(server, tiny_model, inputs):
+    split = SplitModule(tiny_model, 1, tiny_model.card.num_blocks, ())
+    with torch.no_grad():
+        logits = torch.cat([split(*(torch.as_tensor(inputs[k][i:i + 1]) for k in ("input_ids", "attention_mask")))[0]
+                            for i in range(N_INPUTS)]).numpy()
+    label, ramp = _send_concurrently(server.http_url, "http", "tiny_ee_stock", inputs, _mixed_sizes(5))
+    assert (ramp == -1).all()
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > TIE_BAND
+    assert (label[clear] == logits.argmax(1)[clear]).all()
+
+
+def test_split_models_batch_what_the_router_sends(server):
+    stats = server.model_statistics("tiny_ee_split_1-2")["model_stats"][0]
+    executed = {int(b["batch_size"]) for b in stats["batch_stats"]}
+    assert stats["inference_count"] >= N_INPUTS
+    assert max(executed) > 1  # requests were merged into batches
+
+
+def _bad_requests(inputs):
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    return {
+        "wrong dtype": ({"input_ids": ids[:2].astype(np.float32), "attention_mask": mask[:2]},
+                        "input 'input_ids' data-type is 'FP32'"),
+        "wrong shape": ({"input_ids": ids[:2, :7], "attention_mask": mask[:2, :7]}, "unexpected shape for input"),
+        "empty batch": ({"input_ids": ids[:0], "attention_mask": mask[:0]}, "empty batch"),
+        "oversized batch": ({"input_ids": ids[:65], "attention_mask": mask[:65]}, "batch-size must be <= 64"),
+        "missing input": ({"input_ids": ids[:2]}, "missing required input(s) ['attention_mask']"),
+    }
+
+
+@pytest.mark.parametrize("model", ["tiny_ee_router", "tiny_ee_ee", "tiny_ee_stock"])
+@pytest.mark.parametrize("case", ["wrong dtype", "wrong shape", "empty batch", "oversized batch", "missing input"])
+def test_bad_input_gets_a_clear_error_and_serving_goes_on(server, inputs, reference, model, case):
+    request, expected = _bad_requests(inputs)[case]
+    with E3Client(server.http_url) as client:
+        with pytest.raises(ClientError) as err:
+            client.infer(model, request)
+        assert expected.lower() in str(err.value).lower(), str(err.value)
+        good = client.infer(model, {k: v[:3] for k, v in inputs.items()})
+    assert len(good.label) == 3
+
+
+@pytest.mark.parametrize("model", ["tiny_ee_router", "tiny_ee_stock"])
+def test_empty_batch_sent_raw_is_refused_by_the_server(server, inputs, model):
+    """Without the SDK's own check, Triton itself refuses a zero-row request, and keeps serving."""
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException
+    client = http.InferenceServerClient(server.http_url)
+    try:
+        tensors = []
+        for name in ("input_ids", "attention_mask"):
+            t = http.InferInput(name, [0, 16], "INT64")
+            t.set_data_from_numpy(inputs[name][:0])
+            tensors.append(t)
+        with pytest.raises(InferenceServerException, match="byte size mismatch"):
+            client.infer(model, tensors)
+        assert client.is_model_ready(model)
+    finally:
+        client.close()
+
+
+def test_unknown_model_is_named(server, inputs):
+    with E3Client(server.http_url) as client:
+        with pytest.raises(ClientError, match="no_such_model"):
+            client.infer("no_such_model", {k: v[:1] for k, v in inputs.items()})
+
+
+def test_e3_infer_prints_answers(server):
+    out = subprocess.run([sys.executable, "-m", "e3.cli", "infer", "tiny-ee", "-n", "3", "--url", server.http_url],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].split() == ["input", "label", "exit", "ramp", "p(label)", "latency", "ms"]
+    assert len(lines) == 4
+
+
+def _tritonservers_in_group(pgid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_e3_serve_stops_cleanly_on_sigterm(tiny_repo):
+    """`e3 serve` under SIGTERM: exit 0, no tritonserver or stub left, no shm regions left."""
+    from e3.deploy.server import free_port
+    http = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "e3.cli", "serve", "--repo", str(tiny_repo),
+                             "--models", "tiny_ee_split_1-2,tiny_ee_split_3-4,tiny_ee_router",
+                             "--http-port", str(http), "--grpc-port", str(free_port()),
+                             "--metrics-port", str(free_port())],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if line.startswith("serving ") or proc.poll() is not None:
+            break
+    assert any(l.startswith("serving ") for l in lines), "".join(lines[-20:])
+    server_pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                   and _cmdline(p).startswith(str(Path(sys.prefix))) and f"--http-port={http}" in _cmdline(p)]
+    assert len(server_pids) == 1
+    pgid = os.getpgid(server_pids[0])
+    shm_prefix = f"e3_{proc.pid}_{http}_"
+    assert list(Path("/dev/shm").glob(f"{shm_prefix}*")), "the server's Python backend uses our shm prefix"
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, rest
+    assert "tritonserver stopped" in rest
+    assert _tritonservers_in_group(pgid) == []
+    assert list(Path("/dev/shm").glob(f"{shm_prefix}*")) == []
+
+
+def _cmdline(p: Path) -> str:
+    try:
+        return (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

@@ -1,0 +1,67 @@
+"""The router's pure policy: exits, inner ramps, survivors, counts; and the
+property that splitting never changes an answer."""
+
+import numpy as np
+import pytest
+
+from e3.core.exits import EntropyRule, PatienceRule, softmax
+from e3.router.policy import BatchRoute
+
+CONFIDENT, UNSURE = np.array([6.0, 0.0, 0.0]), np.array([0.1, 0.0, 0.0])
+
+
+def test_inner_ramp_exits_take_their_answer_and_later_ramps_skip_them():
+    route = BatchRoute(3, num_classes=3, num_blocks=4, rule=EntropyRule(0.5))
+    ramp1 = np.stack([CONFIDENT, UNSURE, UNSURE])
+    ramp2 = np.stack([UNSURE[[1, 0, 2]], CONFIDENT[[1, 0, 2]], UNSURE])  # input 0 would now say class 1
+    keep = route.observe({1: ramp1, 2: ramp2})
+    assert keep.tolist() == [False, False, True]
+    assert route.exit_ramp.tolist() == [1, 2, 0]
+    assert route.label.tolist() == [0, 1, -1]  # input 0 keeps ramp 1's answer
+    assert route.counts.reached == {1: 3, 2: 2} and route.counts.exited == {1: 1, 2: 1}
+    np.testing.assert_allclose(route.probs[0], softmax(CONFIDENT[None])[0])
+    # Last split: the head (block 4) answers everything left.
+    keep = route.observe({3: UNSURE[None], 4: UNSURE[None]})
+    assert keep.tolist() == [False] and route.done
+    assert route.exit_ramp.tolist() == [1, 2, 4]
+
+
+def test_row_count_mismatch_is_an_error():
+    route = BatchRoute(2, 3, 2, EntropyRule(0.1))
+    with pytest.raises(ValueError, match="2 entered"):
+        route.observe({1: np.zeros((3, 3))})
+
+
+def _reference(logits, enabled, rule):
+    """One input at a time, block by block: the unsplit model."""
+    n, L = logits.shape[:2]
+    out = np.zeros(n, int), np.zeros(n, int)
+    for i in range(n):
+        state = rule.init_state(1)
+        for k in range(1, L + 1):
+            if k < L and k not in enabled:
+                continue
+            if k == L or rule.decide(k, logits[i, k - 1][None], state, np.zeros(1, int))[0]:
+                out[0][i], out[1][i] = logits[i, k - 1].argmax(), k
+                break
+    return out
+
+
+@pytest.mark.parametrize("rule_factory", [lambda: EntropyRule(0.6), lambda: PatienceRule(2)])
+@pytest.mark.parametrize("seed", range(6))
+def test_any_split_layout_gives_the_unsplit_answers(rule_factory, seed):
+    rng = np.random.default_rng(seed)
+    n, L, C = 50, 6, 3
+    logits = rng.normal(scale=2.0, size=(n, L, C))
+    enabled = {k for k in range(1, L) if rng.random() < 0.7}
+    cuts = sorted(rng.choice(np.arange(1, L), size=rng.integers(0, L - 1), replace=False).tolist())
+    edges = [0, *cuts, L]
+    route = BatchRoute(n, C, L, rule_factory())
+    for a, b in zip(edges[:-1], edges[1:]):
+        ramps = [k for k in range(a + 1, b + 1) if k in enabled or k == L]
+        if ramps:
+            route.observe({k: logits[route.active, k - 1] for k in ramps})
+    label, ramp = _reference(logits, enabled, rule_factory())
+    assert route.done
+    assert route.label.tolist() == label.tolist()
+    assert route.exit_ramp.tolist() == ramp.tolist()
