@@ -20,12 +20,17 @@ help:
 setup: $(STAMP)
 
 # Re-runs only when a dependency file changes; a second `make setup` does nothing.
+# (The grep drops this machine's pip notices about absent local index folders.)
+define pip
+	@echo "pip install $(1)"
+	@set -o pipefail; $(BIN)/python -m pip install --quiet $(1) 2>&1 | { grep -v "neither a file nor a directory" || true; }
+endef
+
 $(STAMP): $(SETUP_INPUTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade "pip>=23.2"
-	$(BIN)/python -m pip install --quiet -r requirements.txt -c requirements.lock
-	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
-	bash deploy/install_system_deps.sh
+	$(call pip,-r requirements.txt -c requirements.lock)
+	$(call pip,--no-deps --no-build-isolation -e .)
+	@bash deploy/install_system_deps.sh
 	@touch $(STAMP)
 	@echo "setup: done (.venv ready)"
 
