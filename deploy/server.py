@@ -204,7 +204,7 @@ class TritonServer:
         for what, port in (("HTTP", self.http_port), ("gRPC", self.grpc_port), ("metrics", self.metrics_port)):
             if port_taken(self.host, port):
                 raise ServerError(f"{what} port {port} on {self.host} is already in use; "
-                                  f"choose another (--{what.lower().replace('grpc', 'grpc')}-port)")
+                                  f"choose another with --{what.lower()}-port")
         env = dict(os.environ)
         # The Python-backend stub runs model code with the python3 first on PATH.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
