@@ -4,6 +4,7 @@
     e3 serve                      run tritonserver on that repository until Ctrl-C
     e3 infer MODEL                send a few inputs, print prediction, exit ramp, latency
     e3 demo                       export + serve + side-by-side load + table
+    e3 perf -- -m MODEL ...       run perf_analyzer with its libraries found
     e3 models                     list the model zoo
     e3 clean                      remove generated artifacts
 """
@@ -83,6 +84,13 @@ def _demo(args) -> int:
     return 0
 
 
+def _perf(args) -> int:
+    import subprocess
+    from e3.deploy.tools import perf_analyzer_binary, tool_env
+    extra = args.args[1:] if args.args[:1] == ["--"] else args.args
+    return subprocess.call([perf_analyzer_binary(), *extra], env=tool_env())
+
+
 def _models(args) -> int:
     from e3.export.zoo import ZOO
     for entry in ZOO.values():
@@ -155,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--batch", type=int, default=4, help="inputs per request (default 4)")
     d.add_argument("--protocol", choices=["http", "grpc"], default="http")
     d.set_defaults(func=_demo)
+
+    pa = sub.add_parser("perf", help="run Triton's perf_analyzer (from the client wheel) with its libraries "
+                                     "found; arguments after -- go to perf_analyzer")
+    pa.add_argument("args", nargs=argparse.REMAINDER, help="e.g. -- -m tiny_ee_router -b 4 --input-data zero")
+    pa.set_defaults(func=_perf)
 
     m = sub.add_parser("models", help="list the model zoo")
     m.set_defaults(func=_models)

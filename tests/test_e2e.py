@@ -151,6 +151,19 @@ def test_e3_infer_prints_answers(server):
     assert len(lines) == 4
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_runs_plain_infer_against_the_router(server, protocol):
+    """The front door answers a plain perf_analyzer run (no streaming), through `e3 perf`."""
+    url = server.http_url if protocol == "http" else server.grpc_url
+    out = subprocess.run([sys.executable, "-m", "e3.cli", "perf", "--", "-m", "tiny_ee_router", "-u", url,
+                          "-i", protocol, "-b", "4", "--input-data", "zero", "--concurrency-range", "4",
+                          "--measurement-mode", "count_windows", "--measurement-request-count", "40",
+                          "--stability-percentage", "999", "--max-trials", "3"],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Throughput:" in out.stdout
+
+
 def _tritonservers_in_group(pgid: int) -> list[int]:
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
