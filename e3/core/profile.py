@@ -1,0 +1,176 @@
+"""Latency profiles and batch profiles: the planner's two inputs (E3 §3.1-3.2).
+
+:class:`LatencyProfile` is E3's ``P(k, c, B)``: the latency of block ``k`` on
+device configuration ``c`` at batch ``B``, measured on the runtime that serves
+the splits (``e3 profile``) or modelled from public GPU figures (then
+``modelled`` is true and every report says so). Block 1 includes the stem
+(embeddings) and block L the final head. A ramp's own latency is stored
+apart, so that a plan that disables a ramp (E3 §3.4) does not pay for it.
+``tx_ms`` is the cost of moving one cut's tensors between two splits (a BLS
+hop here, a network transfer across machines) at batch ``B``.
+
+:class:`BatchProfile` is E3's batch profile: for an input batch of ``B0``,
+the expected share of inputs that enter each block (block 1: all of them),
+with every ramp enabled. The batch reaching block k is ``B0 * reach[k-1]``.
+
+Both are JSON files (version 1). Latencies between measured batch sizes are
+interpolated linearly; beyond the largest measured batch they are
+extrapolated linearly from the last two points (a planner may ask for B_k/m').
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PROFILE_VERSION", "ProfileError", "DeviceConfig", "LatencyProfile", "BatchProfile"]
+
+PROFILE_VERSION = 1
+
+
+class ProfileError(ValueError):
+    """A malformed profile file; the message names the field."""
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    name: str                 # e.g. "cpu" (one core, one instance, one thread), "v100", "t4"
+    price: float = 1.0        # cost per device per unit time (relative units)
+    modelled: bool = False    # True when latencies are modelled, not measured
+
+
+@dataclass
+class LatencyProfile:
+    model: str                                  # served model name <m>
+    num_blocks: int                             # L
+    batch_sizes: list[int]                      # measured batch sizes, ascending
+    devices: dict[str, DeviceConfig]            # configuration name -> config
+    block_ms: dict[str, list[list[float]]]      # device -> [block k-1][batch index] latency of block k, no ramp (ms)
+    ramp_ms: dict[str, list[list[float]]]       # device -> [block k-1][batch index] latency of ramp k (0 if none)
+    tx_ms: dict[str, list[float]]               # device -> [batch index] one hop between splits (ms)
+    spread_ms: dict[str, list[list[float]]] = field(default_factory=dict)  # optional: IQR of block_ms repeats
+    source: str = ""                            # how it was made (runtime, repeats, or "modelled from ...")
+    version: int = PROFILE_VERSION
+
+    @property
+    def modelled(self) -> bool:
+        return any(d.modelled for d in self.devices.values())
+
+    def _interp(self, values: list[float], batch: float) -> float:
+        xs = np.asarray(self.batch_sizes, dtype=float)
+        ys = np.asarray(values, dtype=float)
+        if batch <= 0:
+            return 0.0
+        if batch <= xs[-1] or len(xs) == 1:
+            return float(np.interp(batch, xs, ys))
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return float(ys[-1] + slope * (batch - xs[-1]))
+
+    def block(self, k: int, device: str, batch: float, with_ramp: bool = True) -> float:
+        """Latency (ms) of block ``k`` (1-based) on ``device`` at ``batch`` inputs (may be fractional)."""
+        t = self._interp(self.block_ms[device][k - 1], batch)
+        if with_ramp:
+            t += self._interp(self.ramp_ms[device][k - 1], batch)
+        return t
+
+    def tx(self, device: str, batch: float) -> float:
+        """Latency (ms) of one hop between splits carrying ``batch`` inputs."""
+        return self._interp(self.tx_ms[device], batch)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "model": self.model, "num_blocks": self.num_blocks,
+                "batch_sizes": list(self.batch_sizes), "source": self.source, "modelled": self.modelled,
+                "devices": {n: {"price": d.price, "modelled": d.modelled} for n, d in self.devices.items()},
+                "block_ms": self.block_ms, "ramp_ms": self.ramp_ms, "tx_ms": self.tx_ms,
+                "spread_ms": self.spread_ms}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "LatencyProfile":
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ProfileError(f"cannot read latency profile {path}: {err}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "LatencyProfile":
+        try:
+            if d.get("version", PROFILE_VERSION) != PROFILE_VERSION:
+                raise ProfileError(f"latency profile version {d.get('version')!r} is not supported")
+            prof = cls(model=d["model"], num_blocks=int(d["num_blocks"]), batch_sizes=[int(b) for b in d["batch_sizes"]],
+                       devices={n: DeviceConfig(n, float(v.get("price", 1.0)), bool(v.get("modelled", False)))
+                                for n, v in d["devices"].items()},
+                       block_ms=d["block_ms"], ramp_ms=d["ramp_ms"], tx_ms=d["tx_ms"],
+                       spread_ms=d.get("spread_ms", {}), source=d.get("source", ""))
+        except KeyError as missing:
+            raise ProfileError(f"latency profile is missing the field {missing}") from None
+        prof.validate()
+        return prof
+
+    def validate(self) -> None:
+        B, L = self.batch_sizes, self.num_blocks
+        if not B or B != sorted(set(B)) or B[0] < 1:
+            raise ProfileError(f"batch_sizes must be ascending, distinct and >= 1, got {B}")
+        for dev in self.devices:
+            for name, table in (("block_ms", self.block_ms), ("ramp_ms", self.ramp_ms)):
+                rows = table.get(dev)
+                if rows is None or len(rows) != L or any(len(r) != len(B) for r in rows):
+                    raise ProfileError(f"{name}[{dev!r}] must be {L} rows of {len(B)} latencies")
+                if any(v < 0 or not np.isfinite(v) for r in rows for v in r):
+                    raise ProfileError(f"{name}[{dev!r}] has negative or non-finite latencies")
+            if len(self.tx_ms.get(dev, [])) != len(B):
+                raise ProfileError(f"tx_ms[{dev!r}] must hold {len(B)} latencies")
+
+
+@dataclass
+class BatchProfile:
+    model: str               # served model name <m>
+    batch_size: int          # B0: the input batch size the shares refer to
+    reach: list[float]       # [L] share of inputs entering block k (reach[0] == 1), non-increasing
+    source: str = ""         # measured window, workload file, or forecast
+    version: int = PROFILE_VERSION
+
+    def batch_at(self, k: int, b0: float | None = None) -> float:
+        """Expected inputs entering block ``k`` for an input batch ``b0`` (default ``batch_size``)."""
+        return (self.batch_size if b0 is None else b0) * self.reach[k - 1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "model": self.model, "batch_size": self.batch_size,
+                "reach": list(self.reach), "source": self.source}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "BatchProfile":
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ProfileError(f"cannot read batch profile {path}: {err}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BatchProfile":
+        try:
+            prof = cls(model=d["model"], batch_size=int(d["batch_size"]), reach=[float(r) for r in d["reach"]],
+                       source=d.get("source", ""))
+        except KeyError as missing:
+            raise ProfileError(f"batch profile is missing the field {missing}") from None
+        prof.validate()
+        return prof
+
+    def validate(self) -> None:
+        r = self.reach
+        if not r or abs(r[0] - 1.0) > 1e-9:
+            raise ProfileError("reach[0] must be 1 (every input enters block 1)")
+        if any(b > a + 1e-9 for a, b in zip(r, r[1:])) or any(not 0 <= x <= 1 for x in r):
+            raise ProfileError(f"reach must be non-increasing shares in [0, 1], got {r}")
+        if self.batch_size < 1:
+            raise ProfileError(f"batch_size must be >= 1, got {self.batch_size}")
