@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.e3-setup-stamp
-SETUP_INPUTS := requirements.txt requirements.lock pyproject.toml deploy/install_system_deps.sh
+SETUP_INPUTS := requirements.txt requirements-nodeps.txt requirements.lock pyproject.toml deploy/install_system_deps.sh
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export E3_DEPS_DIR := $(CURDIR)/.deps
 
@@ -29,6 +29,7 @@ endef
 $(STAMP): $(SETUP_INPUTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(call pip,-r requirements.txt -c requirements.lock)
+	$(call pip,--no-deps -r requirements-nodeps.txt)
 	$(call pip,--no-deps --no-build-isolation -e .)
 	@bash deploy/install_system_deps.sh
 	@touch $(STAMP)

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Debian packages the project needs beside the Python ones:
-#   libb64-0d  - perf_analyzer (shipped in tritonclient's wheel) links libb64.so.0d
+#   libb64-0d              - perf_analyzer (shipped in tritonclient's wheel) links libb64.so.0d
+#   dataset-fashion-mnist  - Fashion-MNIST idx files for resnet-ee (/usr/share/datasets/fashion-mnist)
 # As root they are installed with apt-get; otherwise they are unpacked into a
 # project-local folder ($E3_DEPS_DIR, default .deps/) with `apt-get download` +
 # `dpkg-deb -x`, and e3 puts that folder's lib/ on LD_LIBRARY_PATH itself.
 # Idempotent: a package already present is skipped.
 set -euo pipefail
-PKGS=(libb64-0d)
+PKGS=(libb64-0d dataset-fashion-mnist)
 DEPS_DIR=${E3_DEPS_DIR:-$(cd "$(dirname "$0")/.." && pwd)/.deps}
 
 have_system() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }

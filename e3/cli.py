@@ -3,6 +3,7 @@
     e3 export MODEL --cuts 2      write a Triton model repository (splits, router, baselines)
     e3 serve                      run tritonserver on that repository until Ctrl-C
     e3 infer MODEL                send a few inputs, print prediction, exit ramp, latency
+    e3 train MODEL                train a zoo model (checkpoints under artifacts/)
     e3 demo                       export + serve + side-by-side load + table
     e3 perf -- -m MODEL ...       run perf_analyzer with its libraries found
     e3 models                     list the model zoo
@@ -91,6 +92,22 @@ def _perf(args) -> int:
     return subprocess.call([perf_analyzer_binary(), *extra], env=tool_env())
 
 
+def _train(args) -> int:
+    from e3.export.recipes import train
+    for name in args.models:
+        report = train(name, quick=args.quick)
+        meta = report.meta
+        print(f"{name}: trained in {report.seconds / 60:.1f} min"
+              f"{' (QUICK: a few hundred examples, for tests only)' if args.quick else ''}")
+        if meta.get("test"):
+            t = meta["test"]
+            print(f"  exit rule {meta['exit_rule']}: test accuracy {100 * t['accuracy']:.1f}%, "
+                  f"blocks executed {100 * t['blocks_fraction']:.1f}%")
+        elif "test_accuracy" in meta:
+            print(f"  test accuracy {100 * meta['test_accuracy']:.1f}%")
+    return 0
+
+
 def _models(args) -> int:
     from e3.export.zoo import ZOO
     for entry in ZOO.values():
@@ -169,6 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("args", nargs=argparse.REMAINDER, help="e.g. -- -m tiny_ee_router -b 4 --input-data zero")
     pa.set_defaults(func=_perf)
 
+    t = sub.add_parser("train", help="train zoo models on their data (cached checkpoints under artifacts/)")
+    t.add_argument("models", nargs="+", help="bert-ee, bert-stock, pabee, resnet-ee, resnet-stock")
+    t.add_argument("--quick", action="store_true", help="a few hundred examples: checks the pipeline in seconds")
+    t.set_defaults(func=_train)
+
     m = sub.add_parser("models", help="list the model zoo")
     m.set_defaults(func=_models)
 
@@ -188,9 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     from e3.client.sdk import ClientError
     from e3.export.repository import ExportError
     from e3.export.zoo import UnknownModelError
+    from e3.export.checkpoints import CheckpointMissing
     try:
         return args.func(args)
-    except (CutError, PlanError, ServerError, ClientError, ExportError, UnknownModelError) as err:
+    except (CutError, PlanError, ServerError, ClientError, ExportError, UnknownModelError, CheckpointMissing) as err:
         print(f"e3 {args.command}: error: {err}", file=sys.stderr)
         return 2
 

@@ -5,7 +5,9 @@ decides how it is served:
 
 * ``embedded`` -- the Triton wheel has no ONNX Runtime backend, so ONNX models
   are Python-backend models that run ``model.onnx`` in ONNX Runtime;
-* ``ngc`` -- an NGC Triton image: ``platform: "onnxruntime_onnx"``.
+* ``ngc`` -- an NGC Triton image: ``platform: "onnxruntime_onnx"`` for a
+  ``model.onnx``, ``platform: "tensorrt_plan"`` for a ``model.plan`` (kind
+  ``tensorrt``: NGC only, GPU instances only).
 
 Rendering goes through Triton's own ``ModelConfig`` protobuf (shipped in
 tritonclient), so a field that Triton does not know cannot be written.
@@ -36,7 +38,7 @@ class DynamicBatching:
 @dataclass(frozen=True)
 class ModelDescription:
     name: str
-    kind: str                                  # "onnx" (a model.onnx to run) or "python" (a Python model)
+    kind: str                                  # "onnx" (a model.onnx to run), "tensorrt" (a model.plan) or "python"
     max_batch_size: int
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
@@ -52,7 +54,16 @@ def render_config(desc: ModelDescription, target: str = "embedded") -> str:
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")
     cfg = mc.ModelConfig(name=desc.name, max_batch_size=desc.max_batch_size)
-    if desc.kind == "onnx" and target == "ngc":
+    if desc.kind == "tensorrt":
+        if target != "ngc":
+            raise ValueError(f"model {desc.name}: TensorRT plans need Triton's tensorrt backend, which only an "
+                             "NGC Triton image has; use --target ngc (or --format onnx for the embedded server)")
+        if desc.instance_kind != "KIND_GPU":
+            raise ValueError(f"model {desc.name}: a TensorRT plan runs on a GPU; its instance kind must be "
+                             f"KIND_GPU, not {desc.instance_kind}")
+        cfg.platform = "tensorrt_plan"
+        cfg.default_model_filename = "model.plan"
+    elif desc.kind == "onnx" and target == "ngc":
         cfg.platform = "onnxruntime_onnx"
     elif desc.kind in ("onnx", "python"):
         cfg.backend = "python"

@@ -11,17 +11,9 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import onnxruntime as ort
 
+from e3.export.runtime.session import make_session  # noqa: F401  (re-exported: ee_model imports it from here)
 from e3.export.runtime.triton_io import gather, io_specs, model_parameters, tensor_response
-
-
-def make_session(path: str, intra_op_threads: int = 1) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = intra_op_threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
 class TritonPythonModel:

@@ -34,9 +34,29 @@ def _tiny() -> EarlyExitModel:
     return build_tiny_ee()
 
 
+def _trained_encoder(name: str, ramps: bool = True) -> EarlyExitModel:
+    from e3.export.checkpoints import load_meta, load_state
+    from e3.export.zoo.encoder import EncoderEE
+    from e3.export.zoo.minilm import minilm_config
+    meta = load_meta(name)
+    rule = meta.get("exit_rule") or {"kind": "entropy", "tau_nats": 0.0}
+    model = EncoderEE(name, minilm_config(max_seq_len=meta["max_seq_len"], ramps=(1, 2, 3, 4, 5) if ramps else ()),
+                      exit_rule=rule)
+    model.load_state_dict(load_state(name))
+    return model
+
+
 ZOO: dict[str, ZooEntry] = {
     "tiny-ee": ZooEntry("tiny-ee", "4-layer transformer encoder, random weights, ramps after layers 1-3 (demo/tests)",
                         _tiny),
+    "bert-ee": ZooEntry("bert-ee", "all-MiniLM-L6-v2 + DeeBERT ramps after layers 1-5, entropy exits; "
+                        "Rotten Tomatoes (`e3 train bert-ee`)",
+                        lambda: _trained_encoder("bert-ee"), lambda: _trained_encoder("bert-stock", ramps=False)),
+    "bert-stock": ZooEntry("bert-stock", "all-MiniLM-L6-v2 fine-tuned, final classifier only (the stock baseline)",
+                           lambda: _trained_encoder("bert-stock", ramps=False)),
+    "pabee": ZooEntry("pabee", "all-MiniLM-L6-v2 + PABEE classifiers after layers 1-5, patience exits "
+                      "(`e3 train pabee`)",
+                      lambda: _trained_encoder("pabee"), lambda: _trained_encoder("bert-stock", ramps=False)),
 }
 
 

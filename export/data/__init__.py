@@ -1,0 +1,1 @@
+"""Data that installs from the package registries (no downloads at run time)."""

@@ -1,0 +1,238 @@
+"""``e3 profile --modelled GPU``: per-layer GPU profiles MODELLED from public whole-model figures.
+
+Nothing here is measured: every profile it makes has ``modelled=True`` on each
+device, its ``source`` starts with "modelled from public figures", and
+``e3 profile`` prints "MODELLED" beside it. It exists so that the planner and
+the simulator can reason about GPUs this project's machines lack (DESIGN §3, §5).
+
+The model, step by step (data: ``shared/data/gpu_latency_public.csv``, see its README):
+
+1. **Reference curve** ``W_g(b)``: whole-model latency (ms) of BERT-base (12 layers,
+   hidden 768, FFN 3072) at sequence length 128, FP16, against batch ``b``:
+
+   * v100, t4, a100 -- TensorRT 7.2 (S1); a30 -- TensorRT (S2);
+   * a10 -- FasterTransformer FP16 (S3; only batch 1, 8, 32; on V100, where both
+     exist, FasterTransformer is 14-38 % slower than S1's TensorRT);
+   * k80 -- no BERT figure exists: the V100 curve times the K80/V100 latency
+     ratio of ResNet-50 at the same batch, from the one source that has both
+     (S8, MXNet, images/s; latency = batch / throughput). That ratio is 2.4 at
+     batch 1 and 7.2 at 128; it compares FP32 on both, so it is likely an
+     underestimate of the gap to an FP16 V100.
+
+   Between listed batches ``W_g`` is linear; beyond the largest it is
+   extrapolated linearly from the last two points; below batch 1 it is ``W_g(1)``.
+2. **Per layer**: one reference layer costs ``W_g(b) / 12`` (the whole-model curve
+   divided by its layer count; embeddings and pooler are spread over the layers).
+3. **Scaled to the model's size by FLOPs**: ``f_k`` is block k's FLOPs per input
+   (counted by ``torch.utils.flop_counter`` on the block exported alone, at the
+   model's own sequence length; block 1 with the stem, block L with the head) and
+   ``F_ref`` = 1.862 GFLOP, one BERT-base layer per input at seq 128
+   (``2·S·(4H² + 2HF) + 4·S²·H``). A block of ``r_k = f_k / F_ref`` reference layers
+   at batch ``B`` does the work of one reference layer at batch ``r_k·B``, so
+   ``block_ms(B) = W_g(r_k·B) / 12``. This keeps the GPU's flat region: a block much
+   smaller than a BERT-base layer costs the reference layer's batch-1 time (launch-
+   and memory-bound), not a FLOP share of it.
+4. **Ramps** cost their FLOP share of their block: ``ramp_ms(B) = block_ms(B) · f_ramp / f_k``
+   (a ramp is a pooler and a classifier on one token: small on any device).
+5. **Tx** between splits on different GPUs: ``tx_fixed_ms + bytes(B) / bandwidth``, with the
+   cut's tensors' bytes (``card.state``) and, by default, 0.2 ms and 25 Gbit/s (an
+   assumption, not a figure from the data file).
+6. **Prices** (README, AWS on-demand us-east-1, January 2026, USD per device-hour):
+   k80 0.90 (p2.xlarge), v100 3.06 (p3.2xlarge), t4 0.526 (g4dn.xlarge), a10 1.006
+   (g5.xlarge, an A10G), a100 2.745 (p4d.24xlarge / 8). The data has no A30 price:
+   give one (``prices={"a30": ...}``, ``--price a30=...``).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+import numpy as np
+
+from e3.core.profile import DeviceConfig, LatencyProfile, ProfileError
+from e3.core.spec import ModelCard, NUMPY_DTYPES
+
+if TYPE_CHECKING:
+    from e3.export.model_api import EarlyExitModel
+
+__all__ = ["GPUS", "PRICES_PER_HOUR", "REF_LAYERS", "REF_SEQ_LEN", "REF_LAYER_FLOPS", "default_data_file",
+           "load_reference_curves", "Curve", "block_flops", "modelled_profile", "model_modelled_profile"]
+
+log = logging.getLogger(__name__)
+
+GPUS = ("v100", "t4", "a100", "a30", "a10", "k80")
+PRICES_PER_HOUR: dict[str, float | None] = {
+    "k80": 0.90, "v100": 3.06, "t4": 0.526, "a10": 1.006, "a100": 21.96 / 8, "a30": None}
+REF_LAYERS = 12
+REF_SEQ_LEN = 128
+REF_HIDDEN, REF_FFN = 768, 3072
+REF_LAYER_FLOPS = 2 * REF_SEQ_LEN * (4 * REF_HIDDEN ** 2 + 2 * REF_HIDDEN * REF_FFN) + 4 * REF_SEQ_LEN ** 2 * REF_HIDDEN
+TX_FIXED_MS = 0.2
+TX_GBIT_S = 25.0
+SOURCE_PREFIX = "modelled from public figures"
+
+# (model, gpu, precision, seq_len, source) of each GPU's reference rows in the CSV.
+_REFERENCE_ROWS = {
+    "v100": ("bert-base", "V100", "FP16", "128", "S1"),
+    "t4": ("bert-base", "T4", "FP16", "128", "S1"),
+    "a100": ("bert-base", "A100", "FP16", "128", "S1"),
+    "a30": ("bert-base", "A30", "FP16", "128", "S2"),
+    "a10": ("bert-base(12L)", "A10", "FP16-FasterTransformer", "128", "S3"),
+}
+_RESNET_K80 = ("resnet50(mxnet)", "K80", "S8")
+_RESNET_V100 = ("resnet50(mxnet)", "V100", "S8")
+
+
+def default_data_file() -> Path:
+    """``shared/data/gpu_latency_public.csv`` beside the checkout ($E3_GPU_DATA overrides)."""
+    import os
+
+    from e3.paths import project_root
+    return Path(os.environ.get("E3_GPU_DATA", project_root().parent / "shared" / "data" / "gpu_latency_public.csv"))
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Whole-model reference latency (ms) against batch, and how it was made."""
+    batches: tuple[float, ...]
+    latency_ms: tuple[float, ...]
+    how: str
+
+    def __call__(self, batch: float | np.ndarray) -> np.ndarray:
+        """Linear between points, linear extrapolation past the last, the batch-1 value below 1."""
+        xs, ys = np.asarray(self.batches, float), np.asarray(self.latency_ms, float)
+        b = np.maximum(np.asarray(batch, float), xs[0])
+        out = np.interp(b, xs, ys)
+        if len(xs) > 1:
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            out = np.where(b > xs[-1], ys[-1] + slope * (b - xs[-1]), out)
+        return out
+
+
+def load_reference_curves(path: str | Path | None = None) -> dict[str, Curve]:
+    """The reference curve of every GPU in :data:`GPUS` (see the module docstring, step 1)."""
+    path = Path(path) if path else default_data_file()
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as err:
+        raise ProfileError(f"cannot read the public GPU figures {path}: {err.strerror or err}") from None
+
+    def pick(model, gpu, precision, seq, source) -> dict[float, float]:
+        got = {float(r["batch"]): float(r["latency_ms"]) for r in rows
+               if (r["model"], r["gpu"], r["precision"], r["seq_len"], r["source"]) == (model, gpu, precision, seq, source)
+               and r["latency_ms"]}
+        if not got:
+            raise ProfileError(f"{path} has no rows for {model} on {gpu} ({precision}, seq {seq}, {source})")
+        return got
+
+    def images_latency(model, gpu, source) -> dict[float, float]:
+        got = {float(r["batch"]): 1e3 * float(r["batch"]) / float(r["throughput_per_s"]) for r in rows
+               if (r["model"], r["gpu"], r["source"]) == (model, gpu, source) and r["throughput_per_s"]}
+        if not got:
+            raise ProfileError(f"{path} has no throughput rows for {model} on {gpu} ({source})")
+        return got
+
+    curves = {}
+    for gpu, key in _REFERENCE_ROWS.items():
+        pts = pick(*key)
+        b = tuple(sorted(pts))
+        curves[gpu] = Curve(b, tuple(pts[x] for x in b), f"{key[0]} {key[2]} seq {key[3]} on {key[1]} ({key[4]})")
+    k80, v100 = images_latency(*_RESNET_K80), images_latency(*_RESNET_V100)
+    rb = sorted(set(k80) & set(v100))
+    ratio = Curve(tuple(rb), tuple(k80[b] / v100[b] for b in rb), "")
+    v = curves["v100"]
+    # The ratio beyond its last listed batch is held, not extrapolated.
+    scale = np.interp(v.batches, ratio.batches, ratio.latency_ms)
+    curves["k80"] = Curve(v.batches, tuple(float(x) for x in np.asarray(v.latency_ms) * scale),
+                          f"V100 curve ({v.how}) x K80/V100 ResNet-50 latency ratio (S8, MXNet)")
+    return curves
+
+
+def block_flops(model: "EarlyExitModel") -> tuple[list[float], list[float]]:
+    """FLOPs per input of every block alone (block 1 with the stem, L with the head) and of its ramp
+    (0 where none), counted at batch 1 by ``torch.utils.flop_counter`` (matmuls, convolutions)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from e3.export.model_api import SplitModule
+    from e3.export.onnx_export import split_inputs
+
+    def flops(module) -> float:
+        x = split_inputs(module, 1, 0)
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            module(*x)
+        return float(counter.get_total_flops())
+
+    card = model.card
+    blocks, ramps = [], []
+    for k in range(1, card.num_blocks + 1):
+        base = flops(SplitModule(model, k, k, ()))
+        blocks.append(base)
+        ramps.append(max(0.0, flops(SplitModule(model, k, k, (k,))) - base) if k in card.ramp_blocks else 0.0)
+    return blocks, ramps
+
+
+def _state_bytes(card: ModelCard) -> int:
+    return int(sum(np.prod(t.shape, dtype=np.int64) * np.dtype(NUMPY_DTYPES[t.dtype]).itemsize
+                   for t in card.state))
+
+
+def modelled_profile(model: str, batch_sizes: Sequence[int], flops: Sequence[float], ramp_flops: Sequence[float],
+                     state_bytes: int, gpus: Sequence[str], curves: Mapping[str, Curve],
+                     prices: Mapping[str, float | None] | None = None, tx_fixed_ms: float = TX_FIXED_MS,
+                     tx_gbit_s: float = TX_GBIT_S) -> LatencyProfile:
+    """The modelled profile (module docstring, steps 2-6) of a model with per-input block FLOPs
+    ``flops[k-1]`` and ramp FLOPs ``ramp_flops[k-1]``, on every GPU in ``gpus``. Pure."""
+    prices = {**PRICES_PER_HOUR, **(prices or {})}
+    gpus = [g.lower() for g in gpus]
+    unknown = [g for g in gpus if g not in GPUS]
+    if unknown or not gpus:
+        raise ProfileError(f"cannot model {', '.join(unknown) or 'no GPU'}: modelled GPUs are {', '.join(GPUS)}")
+    if len(set(gpus)) != len(gpus):
+        raise ProfileError(f"a GPU is named twice in {gpus}")
+    for g in gpus:
+        if prices.get(g) is None:
+            raise ProfileError(f"the public figures give no price for {g}; pass one (--price {g}=<USD per hour>)")
+    B = np.asarray(batch_sizes, float)
+    block_ms, ramp_ms, tx_ms, devices = {}, {}, {}, {}
+    tx = [tx_fixed_ms + state_bytes * b * 8 / (tx_gbit_s * 1e9) * 1e3 for b in batch_sizes]
+    for g in gpus:
+        curve = curves[g]
+        rows, ramp_rows = [], []
+        for f, fr in zip(flops, ramp_flops):
+            layer = curve(B * f / REF_LAYER_FLOPS) / REF_LAYERS
+            rows.append([float(x) for x in layer])
+            ramp_rows.append([float(x) for x in (layer * fr / f if f > 0 else np.zeros_like(layer))])
+        block_ms[g], ramp_ms[g], tx_ms[g] = rows, ramp_rows, list(tx)
+        devices[g] = DeviceConfig(g, float(prices[g]), modelled=True)
+    how = "; ".join(f"{g}: {curves[g].how}" for g in gpus)
+    source = (f"{SOURCE_PREFIX} (shared/data/gpu_latency_public.csv), NOT measured: whole-model BERT-base curves "
+              f"divided by {REF_LAYERS} layers, scaled by block FLOPs / {REF_LAYER_FLOPS / 1e9:.3f} GFLOP "
+              f"(one BERT-base layer at seq {REF_SEQ_LEN}) as an equivalent batch; ramps by their FLOP share; "
+              f"Tx = {tx_fixed_ms:g} ms + cut bytes at {tx_gbit_s:g} Gbit/s (assumed); prices USD/device-hour "
+              f"(AWS on-demand, Jan 2026). Curves: {how}")
+    profile = LatencyProfile(model=model, num_blocks=len(flops), batch_sizes=list(batch_sizes), devices=devices,
+                             block_ms=block_ms, ramp_ms=ramp_ms, tx_ms=tx_ms, spread_ms={}, source=source)
+    profile.validate()
+    return profile
+
+
+def model_modelled_profile(model_name: str, gpus: Sequence[str], batch_sizes: Sequence[int] | None = None,
+                           prices: Mapping[str, float] | None = None, data_file: str | Path | None = None
+                           ) -> LatencyProfile:
+    """:func:`modelled_profile` for a zoo model (or ``package.module:factory``)."""
+    from e3.core.names import served_name
+    from e3.export.profiler import default_batch_sizes
+    from e3.export.zoo import resolve_model
+
+    model = resolve_model(model_name)
+    card = model.card
+    flops, ramp_flops = block_flops(model)
+    log.info("block FLOPs per input of %s: %s", model_name, [f"{f:.3g}" for f in flops])
+    return modelled_profile(served_name(model_name), list(batch_sizes or default_batch_sizes(card.max_batch_size)),
+                            flops, ramp_flops, _state_bytes(card), gpus, load_reference_curves(data_file), prices)

@@ -1,0 +1,362 @@
+"""``e3 profile``: measure E3's ``P(k, c, B)`` and ``Tx`` on the runtime that serves the splits.
+
+What is measured (device configuration ``cpu``: one core, one instance, one thread, price 1):
+
+* **blocks** -- every block k alone, exported as a one-block split
+  (:class:`~e3.export.model_api.SplitModule`; block 1 includes the stem, block L
+  the final head) twice: with its ramp and without it. Each file runs in ONNX
+  Runtime exactly as a split instance runs it (``make_session``: CPU provider,
+  1 intra-op thread, sequential), at batch sizes 1, 2, 4, ... up to the model's
+  maximum batch, on valid inputs (the state the earlier blocks produce). After
+  ``warmup`` calls, ``repeats`` calls are timed, alternating the two variants so
+  that drift hits both alike. ``block_ms`` is the median without the ramp,
+  ``ramp_ms = max(0, median(with) - median(without))`` (0 for blocks without a
+  ramp and for block L, whose head is part of the block), ``spread_ms`` the IQR
+  of the block's repeats.
+* **Tx** -- one BLS hop carrying one cut's tensors (``card.state``, e.g. hidden
+  state + mask) at each batch size, between two Python-backend models on the
+  real ``tritonserver`` (a caller and an echo model, :mod:`e3.export.runtime.tx_probe`),
+  timed inside the caller: that is what the router pays per cut. The tensors
+  are zeros: a hop copies bytes, their values do not matter.
+
+The measuring code is thin; aggregation (:func:`summarize`,
+:func:`assemble_profile`), merging (:func:`merge_profiles`) and the table
+(:func:`format_table`) are pure functions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from e3.core.names import served_name, state_output
+from e3.core.profile import DeviceConfig, LatencyProfile, ProfileError
+from e3.core.spec import ModelCard, TensorSpec
+from e3.paths import artifacts_dir
+
+if TYPE_CHECKING:
+    from e3.export.model_api import EarlyExitModel
+
+__all__ = ["ProfileSettings", "Stats", "summarize", "default_batch_sizes", "parse_batch_sizes",
+           "assemble_profile", "merge_profiles", "format_table", "default_profile_path",
+           "measure_blocks", "measure_tx", "profile_model"]
+
+log = logging.getLogger(__name__)
+CPU_DEVICE = "cpu"
+TX_ECHO, TX_CALLER = "e3_tx_echo", "e3_tx_caller"
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    batch_sizes: tuple[int, ...] | None = None  # None: 1, 2, 4, ... up to the model's max batch
+    repeats: int = 20                           # timed calls per (block, variant, batch)
+    warmup: int = 3                             # untimed calls before them
+    tx: bool = True                             # measure Tx on a real tritonserver
+    tx_repeats: int | None = None               # hops timed per batch (default: repeats)
+    device: str = CPU_DEVICE                    # device configuration name in the profile
+    price: float = 1.0                          # its price (relative units)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {self.repeats} and {self.warmup}")
+
+
+@dataclass(frozen=True)
+class Stats:
+    median_ms: float   # median over repeats
+    iqr_ms: float      # interquartile range (p75 - p25) over repeats
+
+
+def summarize(samples_ms: Sequence[float]) -> Stats:
+    """Median and IQR of timed repeats (ms)."""
+    a = np.asarray(samples_ms, dtype=float)
+    if a.size == 0:
+        raise ValueError("no samples to summarize")
+    p25, p50, p75 = np.percentile(a, [25, 50, 75])
+    return Stats(float(p50), float(p75 - p25))
+
+
+def default_batch_sizes(max_batch_size: int) -> list[int]:
+    """1, 2, 4, ... up to ``max_batch_size`` (which is included even if not a power of 2)."""
+    sizes, b = [], 1
+    while b < max_batch_size:
+        sizes.append(b)
+        b *= 2
+    return [*sizes, max_batch_size]
+
+
+def parse_batch_sizes(text: str | None, max_batch_size: int) -> list[int]:
+    """``"1,2,4"`` -> [1, 2, 4] (sorted, distinct), each within 1..max_batch_size; None -> the default."""
+    if text is None or not str(text).strip():
+        return default_batch_sizes(max_batch_size)
+    try:
+        sizes = sorted({int(x) for x in str(text).split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"batch sizes must be comma-separated integers, e.g. 1,2,4; got {text!r}") from None
+    bad = [b for b in sizes if not 1 <= b <= max_batch_size]
+    if not sizes or bad:
+        raise ValueError(f"batch sizes must lie within 1..{max_batch_size} (the model's max batch); got {text!r}")
+    return sizes
+
+
+def assemble_profile(model: str, batch_sizes: Sequence[int], without_ramp: Sequence[Sequence[Sequence[float]]],
+                     with_ramp: Sequence[Sequence[Sequence[float]] | None], tx: Sequence[Sequence[float]],
+                     device: str = CPU_DEVICE, price: float = 1.0, source: str = "") -> LatencyProfile:
+    """A one-device :class:`LatencyProfile` from raw timings (ms).
+
+    without_ramp[k-1][i]: repeats of block k alone at batch_sizes[i];
+    with_ramp[k-1][i]: the same with ramp k, or ``with_ramp[k-1] is None`` when
+    block k has no separately measured ramp; tx[i]: repeats of one hop.
+    """
+    L = len(without_ramp)
+    if len(with_ramp) != L:
+        raise ValueError("without_ramp and with_ramp must hold one row per block")
+    block = [[summarize(s) for s in row] for row in without_ramp]
+    ramp = [[0.0] * len(batch_sizes) if w is None else
+             [max(0.0, summarize(s).median_ms - b.median_ms) for s, b in zip(w, brow)]
+            for w, brow in zip(with_ramp, block)]
+    profile = LatencyProfile(
+        model=model, num_blocks=L, batch_sizes=list(batch_sizes),
+        devices={device: DeviceConfig(device, price, modelled=False)},
+        block_ms={device: [[s.median_ms for s in row] for row in block]},
+        ramp_ms={device: ramp},
+        tx_ms={device: [summarize(s).median_ms for s in tx]},
+        spread_ms={device: [[s.iqr_ms for s in row] for row in block]},
+        source=source)
+    profile.validate()
+    return profile
+
+
+def merge_profiles(profiles: Sequence[LatencyProfile]) -> LatencyProfile:
+    """One multi-configuration profile from several (e.g. v100 + t4 + k80, or cpu + modelled GPUs).
+
+    Every profile must describe the same model and block count, and device names
+    must not repeat. Where batch sizes differ, each device's curves are resampled
+    onto the union of batch sizes with the profile's own interpolation
+    (:meth:`LatencyProfile.block`, :meth:`LatencyProfile.tx`).
+    """
+    if not profiles:
+        raise ProfileError("nothing to merge")
+    first = profiles[0]
+    for p in profiles[1:]:
+        if (p.model, p.num_blocks) != (first.model, first.num_blocks):
+            raise ProfileError(f"cannot merge profiles of {first.model} ({first.num_blocks} blocks) and "
+                               f"{p.model} ({p.num_blocks} blocks)")
+    seen: dict[str, int] = {}
+    for i, p in enumerate(profiles):
+        for dev in p.devices:
+            if dev in seen:
+                raise ProfileError(f"device configuration {dev!r} appears in two profiles (#{seen[dev]} and #{i}); "
+                                   "rename one or merge without it")
+            seen[dev] = i
+    batches = sorted({b for p in profiles for b in p.batch_sizes})
+    merged = LatencyProfile(model=first.model, num_blocks=first.num_blocks, batch_sizes=batches, devices={},
+                            block_ms={}, ramp_ms={}, tx_ms={}, spread_ms={},
+                            source=" | ".join(dict.fromkeys(p.source for p in profiles if p.source)))
+    L = first.num_blocks
+    for p in profiles:
+        same = p.batch_sizes == batches
+        for dev, cfg in p.devices.items():
+            merged.devices[dev] = cfg
+            if same:
+                merged.block_ms[dev] = [list(r) for r in p.block_ms[dev]]
+                merged.ramp_ms[dev] = [list(r) for r in p.ramp_ms[dev]]
+                merged.tx_ms[dev] = list(p.tx_ms[dev])
+                if dev in p.spread_ms:
+                    merged.spread_ms[dev] = [list(r) for r in p.spread_ms[dev]]
+                continue
+            merged.block_ms[dev] = [[p.block(k, dev, b, with_ramp=False) for b in batches] for k in range(1, L + 1)]
+            merged.ramp_ms[dev] = [[max(0.0, p.block(k, dev, b) - p.block(k, dev, b, with_ramp=False))
+                                    for b in batches] for k in range(1, L + 1)]
+            merged.tx_ms[dev] = [p.tx(dev, b) for b in batches]
+            if dev in p.spread_ms:  # a spread is not extrapolated: the nearest measured one is kept
+                merged.spread_ms[dev] = [list(np.interp(batches, p.batch_sizes, row)) for row in p.spread_ms[dev]]
+    merged.validate()
+    return merged
+
+
+def _cell(value: float, spread: float | None) -> str:
+    return f"{value:.3f}" if spread is None else f"{value:.3f}±{spread:.3f}"
+
+
+def format_table(profile: LatencyProfile, device: str | None = None) -> str:
+    """Per block, latency (ms) against batch size with the spread (IQR) where measured;
+    ramp rows where a ramp costs anything; the Tx row. Modelled devices say so."""
+    devices = [device] if device else list(profile.devices)
+    lines = []
+    for dev in devices:
+        cfg = profile.devices[dev]
+        label = "MODELLED from public figures, not measured" if cfg.modelled else "measured"
+        lines.append(f"{profile.model} on {dev} ({label}; price {cfg.price:g}): latency in ms"
+                     + (", median±IQR over repeats" if dev in profile.spread_ms else ""))
+        header = ["block"] + [f"B={b}" for b in profile.batch_sizes]
+        rows = []
+        spread = profile.spread_ms.get(dev)
+        for k in range(1, profile.num_blocks + 1):
+            name = f"{k}" + (" (+stem)" if k == 1 else "") + (" (+head)" if k == profile.num_blocks else "")
+            rows.append([name] + [_cell(v, spread[k - 1][i] if spread else None)
+                                  for i, v in enumerate(profile.block_ms[dev][k - 1])])
+            if any(v > 0 for v in profile.ramp_ms[dev][k - 1]):
+                rows.append([f"  ramp {k}"] + [f"{v:.3f}" for v in profile.ramp_ms[dev][k - 1]])
+        rows.append(["Tx (hop)"] + [f"{v:.3f}" for v in profile.tx_ms[dev]])
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+        for r in [header, *rows]:
+            lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        lines.append("")
+    if profile.source:
+        lines.append(f"source: {profile.source}")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def default_profile_path(model_name: str, devices: Sequence[str], modelled: bool = False) -> Path:
+    """artifacts/profiles/<m>.<dev>[+<dev>...][.modelled].json"""
+    suffix = ".modelled" if modelled else ""
+    return artifacts_dir() / "profiles" / f"{served_name(model_name)}.{'+'.join(devices)}{suffix}.json"
+
+
+# -- measuring (thin) ------------------------------------------------------------------------------
+
+def _time_calls(run, repeats: int, warmup: int) -> np.ndarray:
+    for _ in range(warmup):
+        run()
+    times = np.empty(repeats)
+    for i in range(repeats):
+        start = time.perf_counter()
+        run()
+        times[i] = (time.perf_counter() - start) * 1e3
+    return times
+
+
+def measure_blocks(model: "EarlyExitModel", batch_sizes: Sequence[int], settings: ProfileSettings,
+                   workdir: Path, bar=None) -> tuple[list[list[np.ndarray]], list[list[np.ndarray] | None]]:
+    """Timings (ms) of every block without and with its ramp: ([k-1][i] repeats, same or None)."""
+    from e3.export.model_api import SplitModule
+    from e3.export.onnx_export import export_onnx, split_inputs
+    from e3.export.runtime.session import make_session
+
+    card = model.card
+    L = card.num_blocks
+    without, with_ = [], []
+    for k in range(1, L + 1):
+        variants = {"without": SplitModule(model, k, k, ())}
+        if k in card.ramp_blocks:  # block L's head is always part of block L
+            variants["with"] = SplitModule(model, k, k, (k,))
+        sessions = {}
+        for tag, module in variants.items():
+            path = workdir / f"block_{k}_{tag}.onnx"
+            export_onnx(module, path, max_batch_size=card.max_batch_size, seed=settings.seed)
+            sessions[tag] = make_session(str(path), intra_op_threads=1)
+        names = [t.name for t in variants["without"].input_specs]
+        rows = {tag: [] for tag in sessions}
+        for batch in batch_sizes:
+            feeds = {n: t.numpy() for n, t in zip(names, split_inputs(variants["without"], batch, settings.seed))}
+            for s in sessions.values():
+                _time_calls(lambda s=s: s.run(None, feeds), 0, settings.warmup)
+            # Alternate the variants, one call each, so that noise on the shared cores hits both alike.
+            samples = {tag: np.empty(settings.repeats) for tag in sessions}
+            for r in range(settings.repeats):
+                for tag, s in sessions.items():
+                    samples[tag][r] = _time_calls(lambda s=s: s.run(None, feeds), 1, 0)[0]
+            for tag in sessions:
+                rows[tag].append(samples[tag])
+            if bar is not None:
+                bar.update(1)
+        without.append(rows["without"])
+        with_.append(rows.get("with"))
+        log.debug("block %d: %s", k, [f"{np.median(s):.3f}" for s in rows["without"]])
+    return without, with_
+
+
+def _tx_repository(repo: Path, state: Sequence[TensorSpec], max_batch: int, warmup: int) -> None:
+    import json
+    from e3.export.triton_config import ModelDescription, render_config
+
+    module = "e3.export.runtime.tx_probe"
+    outputs = tuple(TensorSpec(state_output(t.name), t.dtype, t.shape) for t in state)
+    models = {
+        TX_ECHO: ModelDescription(name=TX_ECHO, kind="python", max_batch_size=max_batch, inputs=tuple(state),
+                                  outputs=outputs, dynamic_batching=None, parameters={"role": "echo"}),
+        TX_CALLER: ModelDescription(
+            name=TX_CALLER, kind="python", max_batch_size=0,
+            inputs=(*(TensorSpec(t.name, t.dtype, (-1, *t.shape)) for t in state), TensorSpec("repeats", "INT32", (1,))),
+            outputs=(TensorSpec("times_ms", "FP32", (-1,)),), dynamic_batching=None,
+            parameters={"role": "caller", "callee": TX_ECHO, "warmup": str(warmup),
+                        "callee_outputs": json.dumps([t.name for t in outputs])}),
+    }
+    for name, desc in models.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(f"from {module} import TritonPythonModel  # noqa: F401\n")
+        (repo / name / "config.pbtxt").write_text(render_config(desc, "embedded"))
+
+
+def measure_tx(card: ModelCard, batch_sizes: Sequence[int], repeats: int, warmup: int = 3,
+               bar=None, tritonserver: str | None = None) -> list[np.ndarray]:
+    """Timings (ms) of one BLS hop carrying ``card.state`` at each batch size, on a real tritonserver."""
+    import tritonclient.http as httpclient
+
+    from e3.deploy.server import TritonServer, free_port
+
+    with tempfile.TemporaryDirectory(prefix="e3-tx-") as tmp:
+        repo = Path(tmp)
+        _tx_repository(repo, card.state, max(batch_sizes), warmup)
+        log_file = artifacts_dir() / "logs" / f"profile-tx-tritonserver-{os.getpid()}.log"
+        with TritonServer(repo, [TX_ECHO, TX_CALLER], http_port=free_port(), grpc_port=free_port(),
+                          metrics_port=free_port(), tritonserver=tritonserver, log_file=log_file) as server:
+            client = httpclient.InferenceServerClient(server.http_url, network_timeout=300)
+            try:
+                result = []
+                for batch in batch_sizes:
+                    inputs = []
+                    for t in card.state:
+                        x = httpclient.InferInput(t.name, [batch, *t.shape], t.dtype)
+                        x.set_data_from_numpy(np.zeros((batch, *t.shape), dtype=t.numpy_dtype))
+                        inputs.append(x)
+                    r = httpclient.InferInput("repeats", [1], "INT32")
+                    r.set_data_from_numpy(np.array([repeats], dtype=np.int32))
+                    inputs.append(r)
+                    answer = client.infer(TX_CALLER, inputs)
+                    result.append(answer.as_numpy("times_ms").astype(float))
+                    if bar is not None:
+                        bar.update(1)
+            finally:
+                client.close()
+    return result
+
+
+def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings(), progress: bool = True,
+                  tritonserver: str | None = None) -> LatencyProfile:
+    """Measure ``model_name`` on this machine (see the module docstring); returns the profile."""
+    import onnxruntime as ort
+    from tqdm import tqdm
+
+    from e3.export.zoo import resolve_model
+
+    model = resolve_model(model_name)
+    card = model.card
+    batches = list(settings.batch_sizes or default_batch_sizes(card.max_batch_size))
+    if batches != sorted(set(batches)) or batches[0] < 1 or batches[-1] > card.max_batch_size:
+        raise ValueError(f"batch sizes must be ascending within 1..{card.max_batch_size}, got {batches}")
+    tx_repeats = settings.tx_repeats or settings.repeats
+    total = card.num_blocks * len(batches) + (len(batches) if settings.tx else 0)
+    with tqdm(total=total, desc=f"profile {served_name(model_name)}", unit="step", disable=not progress) as bar, \
+            tempfile.TemporaryDirectory(prefix="e3-profile-") as tmp:
+        without, with_ = measure_blocks(model, batches, settings, Path(tmp), bar)
+        if settings.tx:
+            tx = measure_tx(card, batches, tx_repeats, settings.warmup, bar, tritonserver)
+        else:
+            log.warning("Tx not measured (tx=False): the profile records a hop as 0 ms")
+            tx = [[0.0] for _ in batches]
+    source = (f"measured: ONNX Runtime {ort.__version__} CPUExecutionProvider, 1 intra-op thread, sequential; "
+              f"{settings.repeats} repeats after {settings.warmup} warmup calls, medians, spread = IQR; "
+              f"Tx: {'one BLS hop between two Python-backend models on tritonserver, timed in the caller, ' + str(tx_repeats) + ' repeats' if settings.tx else 'not measured (0)'}; "
+              f"{os.cpu_count()} CPUs on the host")
+    return assemble_profile(served_name(model_name), batches, without, with_, tx, settings.device, settings.price,
+                            source)

@@ -1,0 +1,154 @@
+"""How each zoo model is trained (`e3 train NAME`): data, stages, settings, checkpoints.
+
+BERT family (DeeBERT recipe, on all-MiniLM-L6-v2 and the Rotten Tomatoes snippets):
+
+* stage 1 (shared, checkpoint ``bert-stage1``): fine-tune backbone + final
+  classifier on the head's loss: 1 epoch, AdamW 5e-5, batch 32, word
+  embeddings frozen (CPU budget; they hold most parameters);
+* ``bert-stock``: the stage-1 model without ramps (E3's BERT-BASE baseline);
+* ``bert-ee``: stage-1 backbone and head + a DeeBERT ramp after layers 1-5,
+  trained on cached [CLS] states with the backbone frozen (stage 2);
+  τ chosen on dev (largest τ within 1 point of the head's dev accuracy);
+* ``pabee``: the same frozen stage-1 backbone with its own ramps, trained the
+  same way (seed 1) and PABEE's patience rule; patience chosen on dev.
+  Deviation from PABEE (which trains backbone and classifiers jointly with a
+  weighted loss): with the backbone frozen, each classifier's loss is
+  independent, so the weighting has no effect; documented here.
+
+``quick=True`` trains on a few hundred examples (tests, CI): it exercises the
+whole pipeline in seconds and says so in the checkpoint's metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from e3.export.checkpoints import CheckpointMissing, load_meta, load_state, save_checkpoint
+from e3.paths import artifacts_dir
+
+__all__ = ["RECIPES", "train", "TrainReport"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainReport:
+    name: str
+    seconds: float
+    meta: dict
+
+
+def _text_data(quick: bool):
+    from e3.export.data.text import Tokenizer, corpus_sha256, rotten_tomatoes
+    data = rotten_tomatoes()
+    tok = Tokenizer()
+    limits = {"train": 384, "dev": 256, "test": 256} if quick else {}
+    out = {}
+    for split, part in data.items():
+        n = limits.get(split, len(part.texts))
+        ids, mask = tok(part.texts[:n])
+        out[split] = (ids, mask, part.labels[:n])
+    return out, corpus_sha256()
+
+
+def _stage1(quick: bool, progress: bool):
+    """The fine-tuned backbone + head, trained once and cached as checkpoint ``bert-stage1``."""
+    from e3.export.zoo.minilm import build_minilm_ee, minilm_config
+    from e3.export.zoo.encoder import EncoderEE
+    from e3.export.training import finetune_head
+    data, sha = _text_data(quick)
+    try:
+        meta = load_meta("bert-stage1")
+        if meta.get("quick") == quick and meta.get("data_sha256") == sha:
+            model = EncoderEE("bert-stage1", minilm_config(), exit_rule={"kind": "entropy", "tau_nats": 0.0})
+            model.load_state_dict(load_state("bert-stage1"))
+            return model.eval(), data, sha, meta
+    except CheckpointMissing:
+        pass
+    start = time.perf_counter()
+    model = build_minilm_ee("bert-stage1", {"kind": "entropy", "tau_nats": 0.0})
+    settings = dict(epochs=1, lr=5e-5, batch_size=32, seed=0, freeze_embeddings=True)
+    ids, mask, labels = data["train"]
+    losses = finetune_head(model, ids, mask, labels, progress=progress, **settings)
+    meta = {"quick": quick, "data_sha256": sha, "settings": settings, "final_loss": float(np.mean(losses[-20:])),
+            "seconds": time.perf_counter() - start, "train_examples": int(len(ids))}
+    save_checkpoint("bert-stage1", model, meta)
+    return model.eval(), data, sha, meta
+
+
+def _cls_cache(model, data, sha, quick, progress):
+    from e3.export.training import encoder_cls_features
+    path = artifacts_dir() / "cache" / f"bert-stage1-cls{'-quick' if quick else ''}.npz"
+    if path.exists():
+        cached = np.load(path)
+        if str(cached["sha"]) == sha:
+            return {split: {k: cached[f"{split}_{k}"] for k in range(1, model.card.num_blocks + 1)}
+                    for split in data}
+    feats = {split: encoder_cls_features(model, ids, mask, progress=progress, desc=f"cache [CLS] ({split})")
+             for split, (ids, mask, _) in data.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, sha=sha, **{f"{s}_{k}": v for s, f in feats.items() for k, v in f.items()})
+    return feats
+
+
+def _ramp_logits(model, feats: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    import torch
+    with torch.no_grad():
+        return {k: model.ramp(k, torch.as_tensor(feats[k])[:, None, :], None).numpy() for k in model.card.exit_blocks}
+
+
+def _per_ramp_accuracy(logits, labels):
+    return {int(k): float((v.argmax(1) == labels).mean()) for k, v in logits.items()}
+
+
+def _train_bert(name: str, quick: bool, progress: bool) -> dict:
+    from e3.export.training import choose_patience, choose_tau, simulate_exits, summarize_exits, train_ramps_on_cls
+    from e3.core.exits import make_exit_rule
+    from e3.export.zoo.encoder import EncoderEE
+    from e3.export.zoo.minilm import minilm_config
+    stage1, data, sha, stage1_meta = _stage1(quick, progress)
+    L = stage1.card.num_blocks
+    base = {"quick": quick, "data_sha256": sha, "stage1": stage1_meta, "max_seq_len": stage1.config.max_seq_len}
+    if name == "bert-stock":
+        model = EncoderEE("bert-stock", minilm_config(ramps=()), exit_rule={"kind": "entropy", "tau_nats": 0.0})
+        model.load_state_dict({k: v for k, v in stage1.state_dict().items() if not k.startswith("ramps.")})
+        feats = _cls_cache(stage1, data, sha, quick, progress)
+        acc = float((_ramp_logits(stage1, feats["test"])[L].argmax(1) == data["test"][2]).mean())
+        meta = {**base, "test_accuracy": acc, "exit_rule": None}
+        save_checkpoint(name, model, meta)
+        return meta
+    feats = _cls_cache(stage1, data, sha, quick, progress)
+    model = EncoderEE(name, minilm_config(), exit_rule={"kind": "entropy", "tau_nats": 0.0})
+    model.load_state_dict(stage1.state_dict())
+    seed = 0 if name == "bert-ee" else 1
+    settings = dict(epochs=20 if not quick else 10, lr=1e-3, batch_size=128, seed=seed)
+    train_ramps_on_cls(model, feats["train"], data["train"][2], blocks=model.card.ramp_blocks, progress=progress,
+                       **settings)
+    dev, test = _ramp_logits(model, feats["dev"]), _ramp_logits(model, feats["test"])
+    if name == "bert-ee":
+        tau, dev_summary = choose_tau(dev, data["dev"][2], L)
+        rule = {"kind": "entropy", "tau_nats": tau}
+    else:
+        patience, dev_summary = choose_patience(dev, data["dev"][2], L)
+        rule = {"kind": "patience", "patience": patience}
+    test_summary = summarize_exits(simulate_exits(test, make_exit_rule(rule), L), data["test"][2], L)
+    meta = {**base, "exit_rule": rule, "ramp_settings": settings, "dev": dict(dev_summary),
+            "test": dict(test_summary), "per_ramp_test_accuracy": _per_ramp_accuracy(test, data["test"][2])}
+    save_checkpoint(name, model, meta)
+    return meta
+
+
+RECIPES = {"bert-ee": _train_bert, "bert-stock": _train_bert, "pabee": _train_bert}
+
+
+def train(name: str, quick: bool = False, progress: bool = True) -> TrainReport:
+    """Train zoo model ``name`` (cached: stage 1 is shared and reused)."""
+    if name not in RECIPES:
+        raise KeyError(f"no training recipe for {name!r}; trainable: {', '.join(sorted(RECIPES))}")
+    start = time.perf_counter()
+    meta = RECIPES[name](name, quick, progress)
+    return TrainReport(name, time.perf_counter() - start, meta)

@@ -1,0 +1,22 @@
+"""The one way a split's ONNX file is opened in ONNX Runtime (served splits, the
+in-process baseline and ``e3 profile`` all use it, so a profile measures what serves).
+
+Kept apart from the Python-backend model bodies so that it imports without
+Triton's ``triton_python_backend_utils``.
+"""
+
+from __future__ import annotations
+
+import onnxruntime as ort
+
+__all__ = ["make_session"]
+
+
+def make_session(path: str, intra_op_threads: int = 1) -> ort.InferenceSession:
+    """CPU provider, ``intra_op_threads`` intra-op threads (default 1: instance counts mean cores),
+    one inter-op thread, sequential execution."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])

@@ -1,0 +1,65 @@
+"""Python-backend models that measure ``Tx``, the cost of one BLS hop (``e3 profile``).
+
+Two roles, chosen by the config parameter ``role``:
+
+* ``echo``   returns its inputs as ``<name>_out`` (no compute): the far end of a hop;
+* ``caller`` receives one cut's tensors (at the batch size being measured) and an
+  INT32 ``repeats`` tensor, calls the echo model by BLS ``warmup + repeats`` times
+  and answers ``times_ms`` (FP32 [repeats]): the wall time of each call, timed
+  inside the caller with ``time.perf_counter``.
+
+Timing inside the caller measures exactly what the router pays per hop (build
+the request, copy the tensors into the callee, its execute, copy the response
+back) and leaves out the client's HTTP serialisation, which is not part of a
+hop between splits.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from e3.export.runtime.triton_io import bls, error_response, gather, io_specs, model_parameters, tensor_response
+
+REPEATS = "repeats"
+TIMES = "times_ms"
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config, params = model_parameters(args)
+        self.role = params.get("role", "echo")
+        self.inputs = io_specs(config, "input")
+        if self.role == "caller":
+            self.callee = params["callee"]
+            self.warmup = int(params.get("warmup", "3"))
+            self.state = [t for t in self.inputs if t.name != REPEATS]
+            self.callee_outputs = json.loads(params["callee_outputs"])
+
+    def execute(self, requests):
+        if self.role == "echo":
+            got = gather(requests, self.inputs)
+            edges = np.cumsum([0, *got.sizes])
+            for j, i in enumerate(got.valid):
+                got.responses[i] = tensor_response(
+                    {f"{name}_out": a[edges[j]:edges[j + 1]] for name, a in got.arrays.items()})
+            return got.responses
+        return [self._time_hops(r) for r in requests]
+
+    def _time_hops(self, request):
+        import triton_python_backend_utils as pb_utils
+
+        try:
+            arrays = {t.name: pb_utils.get_input_tensor_by_name(request, t.name).as_numpy() for t in self.state}
+            repeats = int(pb_utils.get_input_tensor_by_name(request, REPEATS).as_numpy().reshape(-1)[0])
+            times = np.empty(max(repeats, 0), dtype=np.float32)
+            for i in range(self.warmup + repeats):
+                start = time.perf_counter()
+                bls(self.callee, arrays, self.callee_outputs)
+                if i >= self.warmup:
+                    times[i - self.warmup] = (time.perf_counter() - start) * 1e3
+            return tensor_response({TIMES: times})
+        except Exception as err:  # one bad request gets its own error, the model keeps serving
+            return error_response(f"tx probe: {err}")
