@@ -3,7 +3,9 @@
     e3 export MODEL --cuts 2      write a Triton model repository (splits, router, baselines)
     e3 serve                      run tritonserver on that repository until Ctrl-C
     e3 infer MODEL                send a few inputs, print prediction, exit ramp, latency
+    e3 profile MODEL              measure (or --modelled GPU: model) per-block latency and Tx
     e3 train MODEL                train a zoo model (checkpoints under artifacts/)
+    e3 evaluate MODEL             accuracy/exits vs threshold, compute saved vs stock (table + PNG)
     e3 demo                       export + serve + side-by-side load + table
     e3 perf -- -m MODEL ...       run perf_analyzer with its libraries found
     e3 models                     list the model zoo
@@ -30,7 +32,7 @@ def _export(args) -> int:
     from e3.export.repository import ExportSettings, export_repository
     plan = export_repository(args.model, args.cuts, Path(args.repo), ExportSettings(
         target=args.target, batch_size=args.batch_size, split_instances=args.instances,
-        router_instances=args.router_instances))
+        router_instances=args.router_instances, format=args.format, fp16=args.fp16))
     print(f"exported {args.model} into {args.repo}:")
     for s in plan.splits:
         print(f"  {s.model:28s} blocks {s.first_block}-{s.last_block}  ramps {list(s.enabled_ramps) or '-'}  "
@@ -78,6 +80,42 @@ def _infer(args) -> int:
     return 0
 
 
+def _profile(args) -> int:
+    from e3.core.profile import LatencyProfile, ProfileError
+    from e3.export.profiler import (ProfileSettings, default_profile_path, format_table, merge_profiles,
+                                    parse_batch_sizes, profile_model)
+    from e3.export.zoo import resolve_model
+    try:
+        batches = parse_batch_sizes(args.batch_sizes, resolve_model(args.model).card.max_batch_size)
+        if args.modelled:
+            from e3.export.modelled_profile import model_modelled_profile
+            prices = {}
+            for item in args.price:
+                name, _, value = item.partition("=")
+                try:
+                    prices[name.strip().lower()] = float(value)
+                except ValueError:
+                    raise ProfileError(f"--price takes GPU=USD_PER_HOUR, e.g. a30=1.5; got {item!r}") from None
+            gpus = [g.strip().lower() for g in args.modelled.split(",") if g.strip()]
+            profile = model_modelled_profile(args.model, gpus, batches, prices)
+        else:
+            profile = profile_model(args.model, ProfileSettings(
+                batch_sizes=tuple(batches), repeats=args.repeats, warmup=args.warmup, tx=not args.no_tx),
+                tritonserver=args.tritonserver)
+        if args.add:
+            profile = merge_profiles([profile, *(LatencyProfile.load(p) for p in args.add)])
+        out = Path(args.out) if args.out else default_profile_path(
+            args.model, list(profile.devices), modelled=all(d.modelled for d in profile.devices.values()))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        profile.save(out)
+    except (ProfileError, ValueError) as err:
+        print(f"e3 profile: error: {err}", file=sys.stderr)
+        return 2
+    print(format_table(profile), end="")
+    print(f"wrote {out}" + (" (contains MODELLED devices: not measured)" if profile.modelled else ""))
+    return 0
+
+
 def _demo(args) -> int:
     from e3.demo import DemoSettings, run_demo
     run_demo(Path(args.repo), DemoSettings(model=args.model, cuts=args.cuts, requests=args.requests,
@@ -105,6 +143,16 @@ def _train(args) -> int:
                   f"blocks executed {100 * t['blocks_fraction']:.1f}%")
         elif "test_accuracy" in meta:
             print(f"  test accuracy {100 * meta['test_accuracy']:.1f}%")
+    return 0
+
+
+def _evaluate(args) -> int:
+    from e3.export.evaluate import evaluate, format_evaluation, save_evaluation
+    for name in args.models:
+        ev = evaluate(name, limit=args.limit)
+        print(format_evaluation(ev))
+        js, png = save_evaluation(ev, artifacts_dir() / "results")
+        print(f"  wrote {js} and {png}\n")
     return 0
 
 
@@ -147,7 +195,30 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", type=int, default=8, help="preferred batch size of every split (default 8)")
     e.add_argument("--instances", type=int, default=1, help="Triton instances per split (default 1)")
     e.add_argument("--router-instances", type=int, default=2, help="router instances (default 2)")
+    e.add_argument("--format", choices=["onnx", "tensorrt"], default="onnx",
+                   help="split and stock model files: onnx (default), or tensorrt engines (model.plan, built "
+                        "here with the optional `gpu` extra on an NVIDIA GPU; needs --target ngc)")
+    e.add_argument("--fp16", action="store_true", help="with --format tensorrt: allow FP16 kernels")
     e.set_defaults(func=_export)
+
+    pr = sub.add_parser("profile", help="measure per-block latency (with/without ramp) and Tx; write a "
+                                        "latency profile for the planner")
+    pr.add_argument("model", help="zoo name or package.module:factory")
+    pr.add_argument("--batch-sizes", default=None, help="e.g. 1,2,4 (default 1,2,4,... up to the max batch)")
+    pr.add_argument("--repeats", type=int, default=20, help="timed calls per block and batch size (default 20)")
+    pr.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
+    pr.add_argument("--out", default=None,
+                    help="profile file (default artifacts/profiles/<m>.<devices>[.modelled].json)")
+    pr.add_argument("--modelled", default=None, metavar="GPU[,GPU...]",
+                    help="do not measure: MODEL a profile of v100, t4, a100, a30, a10, k80 from public "
+                         "whole-model figures (labelled modelled); several GPUs go into one file")
+    pr.add_argument("--price", action="append", default=[], metavar="GPU=USD",
+                    help="with --modelled: price per device-hour (a30 has no public price)")
+    pr.add_argument("--add", action="append", default=[], metavar="PROFILE",
+                    help="merge this profile file's devices into the output (repeatable)")
+    pr.add_argument("--no-tx", action="store_true", help="skip the Tx measurement (no tritonserver; Tx = 0)")
+    pr.add_argument("--tritonserver", default=None, help="tritonserver binary for the Tx measurement")
+    pr.set_defaults(func=_profile)
 
     s = sub.add_parser("serve", help="run tritonserver on a repository until Ctrl-C")
     s.add_argument("--repo", default=str(default_repository()), help=repo_help)
@@ -190,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("models", nargs="+", help="bert-ee, bert-stock, pabee, resnet-ee, resnet-stock")
     t.add_argument("--quick", action="store_true", help="a few hundred examples: checks the pipeline in seconds")
     t.set_defaults(func=_train)
+
+    ev = sub.add_parser("evaluate", help="accuracy and exits against the threshold, compute saved vs stock")
+    ev.add_argument("models", nargs="+", help="bert-ee, pabee, resnet-ee")
+    ev.add_argument("--limit", type=int, default=None, help="evaluate the first N test inputs only")
+    ev.set_defaults(func=_evaluate)
 
     m = sub.add_parser("models", help="list the model zoo")
     m.set_defaults(func=_models)

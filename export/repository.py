@@ -53,6 +53,25 @@ class ExportSettings:
     baseline_instances: int = 1     # instances of <m>_stock and <m>_ee
     queue_delay_us: int = 2000      # dynamic batchers' max queue delay
     slo_ms: float = 1000.0
+    format: str = "onnx"            # split/stock files: "onnx", or "tensorrt" (model.plan; --target ngc only)
+    fp16: bool = False              # TensorRT engines may use FP16 kernels
+
+
+FORMATS = ("onnx", "tensorrt")
+
+
+def _check_settings(settings: ExportSettings) -> None:
+    if settings.format not in FORMATS:
+        raise ExportError(f"unknown format {settings.format!r}; use one of {', '.join(FORMATS)}")
+    if settings.format == "tensorrt":
+        if settings.target != "ngc":
+            raise ExportError("--format tensorrt needs --target ngc: the embedded server has no TensorRT backend "
+                              "(its splits run ONNX Runtime in the Python backend); use --format onnx there")
+        from e3.export import tensorrt
+        try:
+            tensorrt.import_tensorrt()  # fail before anything is written
+        except tensorrt.TensorRTError as err:
+            raise ExportError(str(err)) from None
 
 
 def answer_specs(card: ModelCard) -> tuple[TensorSpec, ...]:
@@ -77,6 +96,7 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
                       progress: bool = True) -> Plan:
     """Export ``model_name`` cut at ``cuts`` (or as ``plan`` says) into ``repo``; returns the plan."""
     repo = Path(repo)
+    _check_settings(settings)
     model = resolve_model(model_name)
     card = model.card
     m = served_name(model_name)
@@ -164,6 +184,17 @@ def _output_specs(card: ModelCard, module: SplitModule) -> tuple[TensorSpec, ...
 def _write_onnx_model(module: SplitModule, out: Path, desc: ModelDescription, settings: ExportSettings,
                       output_names: list[str] | None = None) -> None:
     export_onnx(module, out / "1" / "model.onnx", output_names=output_names, max_batch_size=desc.max_batch_size)
+    if settings.format == "tensorrt":
+        from e3.export import tensorrt
+        preferred = desc.dynamic_batching.preferred_batch_sizes if desc.dynamic_batching else ()
+        engine = tensorrt.EngineSettings(opt_batch=min(preferred or (desc.max_batch_size,)),
+                                         max_batch=desc.max_batch_size, fp16=settings.fp16)
+        try:  # the parity-checked ONNX file is the engine's source; Triton loads only the plan
+            tensorrt.build_engine(out / "1" / "model.onnx", out / "1" / "model.plan", desc.inputs, engine)
+        except tensorrt.TensorRTError as err:
+            raise ExportError(f"{desc.name}: {err}") from None
+        (out / "1" / "model.onnx").unlink()
+        desc = ModelDescription(**{**desc.__dict__, "kind": "tensorrt", "instance_kind": "KIND_GPU"})
     if settings.target == "embedded":
         desc = ModelDescription(**{**desc.__dict__, "parameters": {**desc.parameters, "intra_op_threads": "1"}})
         _write_model_py(out, f"{RUNTIME}.onnx_model")

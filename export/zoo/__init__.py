@@ -27,6 +27,7 @@ class ZooEntry:
     summary: str
     build: Callable[[], EarlyExitModel]          # the early-exit model, weights loaded, eval mode
     build_stock: Callable[[], EarlyExitModel] | None = None  # stock counterpart (None: the EE model's head path)
+    dataset: str | None = None                   # e3.export.data dataset its evaluation and workloads use
 
 
 def _tiny() -> EarlyExitModel:
@@ -51,12 +52,14 @@ ZOO: dict[str, ZooEntry] = {
                         _tiny),
     "bert-ee": ZooEntry("bert-ee", "all-MiniLM-L6-v2 + DeeBERT ramps after layers 1-5, entropy exits; "
                         "Rotten Tomatoes (`e3 train bert-ee`)",
-                        lambda: _trained_encoder("bert-ee"), lambda: _trained_encoder("bert-stock", ramps=False)),
+                        lambda: _trained_encoder("bert-ee"), lambda: _trained_encoder("bert-stock", ramps=False),
+                        "rotten-tomatoes"),
     "bert-stock": ZooEntry("bert-stock", "all-MiniLM-L6-v2 fine-tuned, final classifier only (the stock baseline)",
-                           lambda: _trained_encoder("bert-stock", ramps=False)),
+                           lambda: _trained_encoder("bert-stock", ramps=False), None, "rotten-tomatoes"),
     "pabee": ZooEntry("pabee", "all-MiniLM-L6-v2 + PABEE classifiers after layers 1-5, patience exits "
                       "(`e3 train pabee`)",
-                      lambda: _trained_encoder("pabee"), lambda: _trained_encoder("bert-stock", ramps=False)),
+                      lambda: _trained_encoder("pabee"), lambda: _trained_encoder("bert-stock", ramps=False),
+                      "rotten-tomatoes"),
 }
 
 

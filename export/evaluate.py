@@ -1,0 +1,142 @@
+"""`e3 evaluate MODEL`: accuracy and exits against the exit threshold, compute saved vs stock.
+
+For the model's test split: every ramp's logits are computed once, then the
+exit rule is replayed for a grid of thresholds (τ for entropy rules, patience
+for PABEE) with the same policy code the router runs. Compute is counted in
+blocks executed (ramps are a pooler and a linear layer: under 1% of a block's
+FLOPs for MiniLM, ignored and said so). The analogue of E3 Fig. 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from e3.core.exits import EntropyRule, PatienceRule, make_exit_rule
+from e3.export.training import all_exit_logits, simulate_exits, summarize_exits
+
+__all__ = ["Evaluation", "evaluate", "format_evaluation", "plot_evaluation"]
+
+
+@dataclass
+class Evaluation:
+    model: str
+    num_blocks: int
+    rule: dict                          # the default exit rule
+    at_default: dict                    # accuracy, exit_share, blocks_fraction at the default rule
+    stock_accuracy: float | None        # the stock model's test accuracy (None if no stock model)
+    final_ramp_accuracy: float          # the EE model's head alone
+    sweep: list[dict] = field(default_factory=list)  # one row per threshold: threshold, accuracy, blocks_fraction, exit_share
+
+    @property
+    def compute_saved(self) -> float:
+        return 1.0 - self.at_default["blocks_fraction"]
+
+    @property
+    def accuracy_drop_points(self) -> float | None:
+        if self.stock_accuracy is None:
+            return None
+        return 100.0 * (self.stock_accuracy - self.at_default["accuracy"])
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "num_blocks": self.num_blocks, "rule": self.rule, "at_default": self.at_default,
+                "stock_accuracy": self.stock_accuracy, "final_ramp_accuracy": self.final_ramp_accuracy,
+                "compute_saved": self.compute_saved, "accuracy_drop_points": self.accuracy_drop_points,
+                "sweep": self.sweep}
+
+
+def evaluate(name: str, progress: bool = True, limit: int | None = None) -> Evaluation:
+    """Evaluate zoo model ``name`` on its test split (``limit``: first N inputs only)."""
+    from e3.export.data import split_inputs
+    from e3.export.zoo import ZOO, resolve_model, resolve_stock
+    entry = ZOO.get(name)
+    if entry is None or entry.dataset is None:
+        raise ValueError(f"{name!r} has no dataset to evaluate on; evaluable: "
+                         f"{', '.join(n for n, e in ZOO.items() if e.dataset and e.build_stock)}")
+    model = resolve_model(name)
+    card = model.card
+    L = card.num_blocks
+    inputs, labels = split_inputs(entry.dataset, "test", card.max_seq_len)
+    if limit:
+        inputs, labels = tuple(x[:limit] for x in inputs), labels[:limit]
+    logits = all_exit_logits(model, inputs, progress=progress, desc=f"evaluate {name}")
+    rule = card.exit_rule
+    at_default = summarize_exits(simulate_exits(logits, make_exit_rule(rule), L), labels, L)
+    if rule["kind"] == "entropy":
+        taus = sorted({*np.round(np.linspace(0, math.log(card.num_classes), 21), 4), rule["tau_nats"]})
+        grid = [("tau_nats", float(t), EntropyRule(float(t))) for t in taus]
+    else:
+        grid = [("patience", p, PatienceRule(p)) for p in range(1, L)]
+    sweep = []
+    for key, value, r in grid:
+        s = summarize_exits(simulate_exits(logits, r, L), labels, L)
+        sweep.append({key: value, **s})
+    stock_acc = None
+    if entry.build_stock is not None:
+        stock = resolve_stock(name)
+        stock_logits = all_exit_logits(stock, inputs, progress=progress, desc="evaluate stock")
+        stock_acc = float((stock_logits[stock.card.num_blocks].argmax(1) == labels).mean())
+    return Evaluation(name, L, rule, dict(at_default), stock_acc,
+                      float((logits[L].argmax(1) == labels).mean()), sweep)
+
+
+def format_evaluation(ev: Evaluation) -> str:
+    key = "tau_nats" if ev.rule["kind"] == "entropy" else "patience"
+    blocks = range(1, ev.num_blocks + 1)
+    lines = [f"{ev.model}: default exit rule {ev.rule}"]
+    header = f"{key:>9}  {'accuracy':>8}  {'blocks run':>10}  " + "  ".join(f"exit@{k:<2}" for k in blocks)
+    lines += [header, "-" * len(header)]
+    for row in ev.sweep:
+        shares = "  ".join(f"{100 * row['exit_share'].get(k, 0):6.1f}%" for k in blocks)
+        mark = " <- default" if row[key] == ev.rule.get(key) else ""
+        lines.append(f"{row[key]:>9.3f}  {100 * row['accuracy']:7.2f}%  {100 * row['blocks_fraction']:9.1f}%  "
+                     f"{shares}{mark}")
+    d = ev.at_default
+    lines += ["", "at the default rule:",
+              "  exit share per ramp: " + ", ".join(f"{k}: {100 * d['exit_share'].get(k, 0):.1f}%" for k in blocks),
+              f"  average fraction of blocks executed: {100 * d['blocks_fraction']:.1f}% "
+              f"(compute saved {100 * ev.compute_saved:.1f}%; ramps' own cost ignored)",
+              f"  accuracy {100 * d['accuracy']:.2f}%; final ramp alone {100 * ev.final_ramp_accuracy:.2f}%"]
+    if ev.stock_accuracy is not None:
+        lines.append(f"  stock model {100 * ev.stock_accuracy:.2f}%: accuracy drop {ev.accuracy_drop_points:+.2f} points")
+    return "\n".join(lines)
+
+
+def plot_evaluation(ev: Evaluation, path: Path) -> Path:
+    """PNG: accuracy and compute saved against the threshold; exit shares at the default."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    key = "tau_nats" if ev.rule["kind"] == "entropy" else "patience"
+    xs = [r[key] for r in ev.sweep]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.plot(xs, [100 * r["accuracy"] for r in ev.sweep], "o-", label="EE accuracy")
+    a.plot(xs, [100 * (1 - r["blocks_fraction"]) for r in ev.sweep], "s-", label="compute saved")
+    if ev.stock_accuracy is not None:
+        a.axhline(100 * ev.stock_accuracy, color="gray", ls="--", label="stock accuracy")
+    a.axvline(ev.rule[key], color="red", ls=":", label=f"default {key}")
+    a.set_xlabel(key.replace("_", " ") + (" (nats)" if key == "tau_nats" else ""))
+    a.set_ylabel("%")
+    a.set_title(f"{ev.model}: accuracy and compute saved")
+    a.legend(fontsize=8)
+    blocks = list(range(1, ev.num_blocks + 1))
+    b.bar(blocks, [100 * ev.at_default["exit_share"].get(k, 0) for k in blocks])
+    b.set_xlabel("exit ramp (block; last = final head)")
+    b.set_ylabel("% of test inputs")
+    b.set_title("exit distribution at the default rule")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def save_evaluation(ev: Evaluation, folder: Path) -> tuple[Path, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    js = folder / f"{ev.model}.evaluation.json"
+    js.write_text(json.dumps(ev.to_dict(), indent=2, default=float))
+    return js, plot_evaluation(ev, folder / f"{ev.model}.evaluation.png")
