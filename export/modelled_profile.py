@@ -178,8 +178,9 @@ def block_flops(model: "EarlyExitModel") -> tuple[list[float], list[float]]:
 
 
 def _state_bytes(card: ModelCard) -> int:
+    from e3.export.profiler import cut_state
     return int(sum(np.prod(t.shape, dtype=np.int64) * np.dtype(NUMPY_DTYPES[t.dtype]).itemsize
-                   for t in card.state))
+                   for t in cut_state(card)))
 
 
 def modelled_profile(model: str, batch_sizes: Sequence[int], flops: Sequence[float], ramp_flops: Sequence[float],

@@ -275,6 +275,15 @@ def measure_blocks(model: "EarlyExitModel", batch_sizes: Sequence[int], settings
     return without, with_
 
 
+def cut_state(card: ModelCard) -> tuple[TensorSpec, ...]:
+    """The tensors of the heaviest cut (most bytes per input). A profile has one Tx curve per device;
+    where the state shrinks with depth (CNNs) this is the conservative choice."""
+    if card.num_blocks < 2 or not hasattr(card, "state_after"):
+        return tuple(card.state)
+    cuts = [card.state_after(k) for k in range(1, card.num_blocks)]
+    return max(cuts, key=lambda specs: sum(int(np.prod(t.shape)) * np.dtype(t.numpy_dtype).itemsize for t in specs))
+
+
 def _tx_repository(repo: Path, state: Sequence[TensorSpec], max_batch: int, warmup: int) -> None:
     import json
     from e3.export.triton_config import ModelDescription, render_config
@@ -299,14 +308,16 @@ def _tx_repository(repo: Path, state: Sequence[TensorSpec], max_batch: int, warm
 
 def measure_tx(card: ModelCard, batch_sizes: Sequence[int], repeats: int, warmup: int = 3,
                bar=None, tritonserver: str | None = None) -> list[np.ndarray]:
-    """Timings (ms) of one BLS hop carrying ``card.state`` at each batch size, on a real tritonserver."""
+    """Timings (ms) of one BLS hop carrying the heaviest cut's tensors (:func:`cut_state`) at each
+    batch size, on a real tritonserver."""
     import tritonclient.http as httpclient
 
     from e3.deploy.server import TritonServer, free_port
 
     with tempfile.TemporaryDirectory(prefix="e3-tx-") as tmp:
         repo = Path(tmp)
-        _tx_repository(repo, card.state, max(batch_sizes), warmup)
+        state = cut_state(card)
+        _tx_repository(repo, state, max(batch_sizes), warmup)
         log_file = artifacts_dir() / "logs" / f"profile-tx-tritonserver-{os.getpid()}.log"
         with TritonServer(repo, [TX_ECHO, TX_CALLER], http_port=free_port(), grpc_port=free_port(),
                           metrics_port=free_port(), tritonserver=tritonserver, log_file=log_file) as server:
@@ -315,7 +326,7 @@ def measure_tx(card: ModelCard, batch_sizes: Sequence[int], repeats: int, warmup
                 result = []
                 for batch in batch_sizes:
                     inputs = []
-                    for t in card.state:
+                    for t in state:
                         x = httpclient.InferInput(t.name, [batch, *t.shape], t.dtype)
                         x.set_data_from_numpy(np.zeros((batch, *t.shape), dtype=t.numpy_dtype))
                         inputs.append(x)

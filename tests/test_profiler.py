@@ -1,0 +1,124 @@
+"""e3 profile: pure aggregation, merging and the table; one real measurement of tiny-ee (blocks + Tx)."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from e3.core.profile import DeviceConfig, LatencyProfile, ProfileError
+from e3.export.profiler import (assemble_profile, cut_state, default_batch_sizes, format_table, merge_profiles,
+                                parse_batch_sizes, summarize)
+
+
+def make_profile(device="cpu", batches=(1, 2, 4), L=2, scale=1.0, modelled=False, model="m") -> LatencyProfile:
+    """A hand-built profile: block k costs scale*k*b ms at batch b, ramp k 0.1*scale*b, Tx 0.5+b."""
+    return LatencyProfile(
+        model=model, num_blocks=L, batch_sizes=list(batches),
+        devices={device: DeviceConfig(device, 2.0, modelled)},
+        block_ms={device: [[scale * k * b for b in batches] for k in range(1, L + 1)]},
+        ramp_ms={device: [[0.1 * scale * b for b in batches] for _ in range(L)]},
+        tx_ms={device: [0.5 + b for b in batches]},
+        spread_ms={} if modelled else {device: [[0.01] * len(batches) for _ in range(L)]},
+        source=f"test {device}")
+
+
+def test_summarize_median_and_iqr():
+    s = summarize([1, 2, 3, 4, 100])
+    assert s.median_ms == 3 and s.iqr_ms == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_batch_sizes_default_and_parsing():
+    assert default_batch_sizes(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert default_batch_sizes(48) == [1, 2, 4, 8, 16, 32, 48]
+    assert default_batch_sizes(1) == [1]
+    assert parse_batch_sizes("4,1, 2,2", 64) == [1, 2, 4]
+    assert parse_batch_sizes(None, 8) == [1, 2, 4, 8]
+    for bad in ("0,1", "1,65", "a,b", ","):
+        with pytest.raises(ValueError, match="batch sizes"):
+            parse_batch_sizes(bad, 64)
+
+
+def test_assemble_profile_takes_medians_clamps_ramps_and_keeps_spread():
+    without = [[[1.0, 2.0, 3.0], [2.0, 2.0, 2.0]], [[5.0, 5.0, 5.0], [6.0, 8.0, 10.0]]]
+    with_ramp = [[[1.5, 2.5, 3.5], [1.0, 1.0, 1.0]], None]  # block 1 at batch 2: "with" measured faster
+    tx = [[0.4, 0.5, 0.6], [0.9, 1.0]]
+    p = assemble_profile("m", [1, 2], without, with_ramp, tx, source="unit")
+    assert p.block_ms["cpu"] == [[2.0, 2.0], [5.0, 8.0]]
+    assert p.ramp_ms["cpu"] == [[0.5, 0.0], [0.0, 0.0]]  # max(0, with - without); no ramp -> 0
+    assert p.tx_ms["cpu"] == [0.5, 0.95]
+    assert p.spread_ms["cpu"][1][1] == pytest.approx(2.0)  # IQR of 6, 8, 10
+    assert p.devices["cpu"] == DeviceConfig("cpu", 1.0, False) and not p.modelled
+    LatencyProfile.from_dict(json.loads(json.dumps(p.to_dict())))  # round-trips and validates
+
+
+def test_format_table_shows_every_block_ramps_tx_and_spread():
+    text = format_table(make_profile(L=3))
+    lines = text.splitlines()
+    assert "measured" in lines[0] and "median±IQR" in lines[0]
+    assert lines[1].split() == ["block", "B=1", "B=2", "B=4"]
+    assert lines[2].startswith("1 (+stem)") and "1.000±0.010" in lines[2]
+    assert any(line.startswith("3 (+head)") for line in lines)
+    assert sum(line.strip().startswith("ramp") for line in lines) == 3
+    assert any(line.startswith("Tx (hop)") and "4.500" in line for line in lines)
+    modelled = format_table(make_profile("v100", modelled=True))
+    assert "MODELLED" in modelled.splitlines()[0] and "±" not in modelled
+
+
+def test_merge_profiles_same_and_different_batch_sizes():
+    cpu, v100 = make_profile("cpu"), make_profile("v100", scale=0.1, modelled=True)
+    merged = merge_profiles([cpu, v100])
+    assert list(merged.devices) == ["cpu", "v100"] and merged.modelled
+    assert merged.block_ms["v100"] == v100.block_ms["v100"] and merged.tx_ms["cpu"] == cpu.tx_ms["cpu"]
+    assert "test cpu" in merged.source and "test v100" in merged.source
+    t4 = make_profile("t4", batches=(1, 8), modelled=True)
+    merged = merge_profiles([cpu, t4])
+    assert merged.batch_sizes == [1, 2, 4, 8]
+    # cpu resampled: linear extrapolation past batch 4; t4 interpolated between 1 and 8
+    assert merged.block(2, "cpu", 8, with_ramp=False) == pytest.approx(16.0)
+    assert merged.block(1, "t4", 4, with_ramp=False) == pytest.approx(4.0)
+    assert merged.ramp_ms["t4"][0][2] == pytest.approx(0.4)
+    merged.validate()
+
+
+def test_merge_profiles_rejects_clashes():
+    with pytest.raises(ProfileError, match="appears in two"):
+        merge_profiles([make_profile("cpu"), make_profile("cpu")])
+    with pytest.raises(ProfileError, match="cannot merge"):
+        merge_profiles([make_profile("cpu"), make_profile("t4", L=3)])
+    with pytest.raises(ProfileError, match="nothing"):
+        merge_profiles([])
+
+
+@pytest.mark.e2e
+def test_e3_profile_measures_tiny_ee_blocks_and_tx_on_a_real_server(tmp_path, capsys):
+    from e3.cli import main
+    out = tmp_path / "tiny.cpu.json"
+    start = time.monotonic()
+    assert main(["profile", "tiny-ee", "--batch-sizes", "1,2,4", "--repeats", "2", "--warmup", "1",
+                 "--out", str(out)]) == 0
+    elapsed = time.monotonic() - start
+    p = LatencyProfile.load(out)
+    assert (p.model, p.num_blocks, p.batch_sizes, list(p.devices)) == ("tiny_ee", 4, [1, 2, 4], ["cpu"])
+    assert p.devices["cpu"].price == 1 and not p.modelled
+    assert all(v > 0 for row in p.block_ms["cpu"] for v in row)
+    assert all(v >= 0 for row in p.ramp_ms["cpu"] for v in row)
+    assert p.ramp_ms["cpu"][3] == [0.0, 0.0, 0.0]  # block L: the head is part of the block
+    assert all(v > 0 for v in p.tx_ms["cpu"])  # a real BLS hop costs something
+    assert np.shape(p.spread_ms["cpu"]) == (4, 3)
+    assert "BLS hop" in p.source and "ONNX Runtime" in p.source
+    table = capsys.readouterr().out
+    assert "tiny_ee on cpu (measured" in table and "Tx (hop)" in table and str(out) in table
+    assert elapsed < 60, f"profiling took {elapsed:.0f} s"
+
+
+def test_e3_profile_rejects_bad_batch_sizes(capsys):
+    from e3.cli import main
+    assert main(["profile", "tiny-ee", "--batch-sizes", "0,128", "--no-tx"]) == 2
+    assert "within 1..64" in capsys.readouterr().err
+
+
+def test_tx_carries_the_heaviest_cut(tiny_model):
+    assert cut_state(tiny_model.card) == tiny_model.card.state  # an encoder's state is the same at every cut
