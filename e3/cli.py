@@ -6,6 +6,7 @@
     e3 profile MODEL              measure (or --modelled GPU: model) per-block latency and Tx
     e3 train MODEL                train a zoo model (checkpoints under artifacts/)
     e3 evaluate MODEL             accuracy/exits vs threshold, compute saved vs stock (table + PNG)
+    e3 workload MODEL             easy/hard workload mixes and a switching stream
     e3 demo                       export + serve + side-by-side load + table
     e3 perf -- -m MODEL ...       run perf_analyzer with its libraries found
     e3 models                     list the model zoo
@@ -156,6 +157,17 @@ def _evaluate(args) -> int:
     return 0
 
 
+def _workload(args) -> int:
+    from e3.export.workload import build_workloads, load_workload
+    out = Path(args.out) if args.out else artifacts_dir() / "workloads" / args.model
+    for path in build_workloads(args.model, out, count=args.count, rate_rps=args.rate_rps, seed=args.seed):
+        _, meta = load_workload(path)
+        hard = float(meta["hard"].mean())
+        print(f"wrote {path} ({meta['count']} inputs, {100 * (1 - hard):.0f}% easy / {100 * hard:.0f}% hard; "
+              f"phases: {', '.join(p['mix'] for p in meta['phases'])})")
+    return 0
+
+
 def _models(args) -> int:
     from e3.export.zoo import ZOO
     for entry in ZOO.values():
@@ -267,6 +279,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--limit", type=int, default=None, help="evaluate the first N test inputs only")
     ev.set_defaults(func=_evaluate)
 
+    w = sub.add_parser("workload", help="easy/hard mixes 80:20, 50:50, 20:80 and a switching stream")
+    w.add_argument("model", help="bert-ee, pabee, resnet-ee")
+    w.add_argument("--count", type=int, default=1000, help="inputs per mix (default 1000)")
+    w.add_argument("--rate-rps", type=float, default=50.0, help="nominal arrival rate for the stream's phase times")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--out", default=None, help="folder (default artifacts/workloads/MODEL)")
+    w.set_defaults(func=_workload)
+
     m = sub.add_parser("models", help="list the model zoo")
     m.set_defaults(func=_models)
 
@@ -280,16 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    from e3.core.names import CutError
-    from e3.core.plan import PlanError
     from e3.deploy.server import ServerError
     from e3.client.sdk import ClientError
     from e3.export.repository import ExportError
-    from e3.export.zoo import UnknownModelError
     from e3.export.checkpoints import CheckpointMissing
     try:
         return args.func(args)
-    except (CutError, PlanError, ServerError, ClientError, ExportError, UnknownModelError, CheckpointMissing) as err:
+    except (ValueError, ServerError, ClientError, ExportError, CheckpointMissing) as err:  # user-facing errors
         print(f"e3 {args.command}: error: {err}", file=sys.stderr)
         return 2
 

@@ -79,7 +79,7 @@ class SplitModule(nn.Module):
 
     @property
     def input_specs(self):
-        return self.model.card.inputs if self.first == 1 else self.model.card.state
+        return self.model.card.inputs if self.first == 1 else self.model.card.state_after(self.first - 1)
 
     @property
     def output_names(self) -> list[str]:

@@ -176,7 +176,7 @@ def _write_router(card: ModelCard, plan: Plan, name: str, out: Path, settings: E
 
 
 def _output_specs(card: ModelCard, module: SplitModule) -> tuple[TensorSpec, ...]:
-    state = tuple(TensorSpec(state_output(t.name), t.dtype, t.shape) for t in card.state) \
+    state = tuple(TensorSpec(state_output(t.name), t.dtype, t.shape) for t in card.state_after(module.last)) \
         if module.last < card.num_blocks else ()
     return (*state, *(TensorSpec(ramp_output(k), "FP32", (card.num_classes,)) for k in module.ramps))
 

@@ -154,7 +154,7 @@ def finetune_head(model, ids: np.ndarray, mask: np.ndarray, labels: np.ndarray, 
         loss.backward()
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
     model.eval()
     model.embeddings.requires_grad_(True)

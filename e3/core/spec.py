@@ -59,6 +59,9 @@ class ModelCard:
     exit_rule: dict[str, Any] = field(default_factory=dict)  # default exit rule, see e3.core.exits
     max_batch_size: int = 64         # largest batch a split accepts
     max_seq_len: int | None = None   # text models: inputs are padded/truncated to this length
+    # Shapes of the state tensors after block k (0: after the stem) where they change
+    # from block to block (CNNs); absent: ``state``'s shapes hold at every cut.
+    state_shapes: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         bad = [k for k in self.ramp_blocks if not 1 <= k < self.num_blocks]
@@ -67,6 +70,13 @@ class ModelCard:
         object.__setattr__(self, "ramp_blocks", tuple(sorted(set(self.ramp_blocks))))
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "state", tuple(self.state))
+
+    def state_after(self, k: int) -> tuple[TensorSpec, ...]:
+        """Specs of the state a cut after block ``k`` carries (k = 0: the stem's output)."""
+        shapes = self.state_shapes.get(k)
+        if shapes is None:
+            return self.state
+        return tuple(TensorSpec(t.name, t.dtype, shape) for t, shape in zip(self.state, shapes))
 
     @property
     def exit_blocks(self) -> tuple[int, ...]:
@@ -78,6 +88,7 @@ class ModelCard:
         d["inputs"] = [t.to_dict() for t in self.inputs]
         d["state"] = [t.to_dict() for t in self.state]
         d["ramp_blocks"] = list(self.ramp_blocks)
+        d["state_shapes"] = {str(k): [list(s) for s in v] for k, v in self.state_shapes.items()}
         return d
 
     @classmethod
@@ -86,4 +97,5 @@ class ModelCard:
         d["inputs"] = tuple(TensorSpec.from_dict(t) for t in d["inputs"])
         d["state"] = tuple(TensorSpec.from_dict(t) for t in d["state"])
         d["ramp_blocks"] = tuple(d["ramp_blocks"])
+        d["state_shapes"] = {int(k): tuple(tuple(s) for s in v) for k, v in d.get("state_shapes", {}).items()}
         return cls(**d)

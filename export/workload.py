@@ -1,0 +1,102 @@
+"""`e3 workload MODEL`: easy/hard workload mixes from the test split (E3 §5, §5.4).
+
+Binning: an input is **easy** if the model, under its default exit rule,
+answers it at a ramp in the first half of the blocks (exit block <= L/2),
+and **hard** otherwise (a later ramp or the final head). E3 does not define
+its bins beyond "easy inputs exit early"; this split makes both bins
+non-empty for every zoo model and is written into every workload file.
+
+Mixes 80:20, 50:50 and 20:80 (easy:hard) draw ``count`` inputs from the bins
+(with replacement, seeded: a bin may be smaller than its share). The stream
+concatenates the three mixes in that order (E3 §5.4 switches 80:20 -> 50:50 ->
+20:80 at fixed times); its phase table gives where each mix starts, by input
+index and by time at a nominal arrival rate.
+
+Files (under ``artifacts/workloads/<model>/``): ``<name>.npz`` holds the model
+inputs (arrays named like the model's inputs) plus ``exit_ramp``, ``label``
+and ``hard`` per input, in arrival order; ``<name>.json`` holds the metadata,
+the phase table and the per-input exit ramps (for forecaster replays).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from e3.core.exits import make_exit_rule
+from e3.export.training import all_exit_logits, simulate_exits
+
+__all__ = ["MIXES", "build_workloads", "load_workload"]
+
+MIXES = ((80, 20), (50, 50), (20, 80))
+
+
+def _mix_name(easy: int, hard: int) -> str:
+    return f"mix-{easy}-{hard}"
+
+
+def build_workloads(name: str, out_dir: Path, count: int = 1000, rate_rps: float = 50.0, seed: int = 0,
+                    progress: bool = True) -> list[Path]:
+    """Write the three mixes and the switching stream for zoo model ``name``; returns the .npz paths."""
+    from e3.export.data import split_inputs
+    from e3.export.zoo import ZOO, resolve_model
+    entry = ZOO.get(name)
+    if entry is None or entry.dataset is None:
+        raise ValueError(f"{name!r} has no dataset; workloads exist for "
+                         f"{', '.join(n for n, e in ZOO.items() if e.dataset)}")
+    model = resolve_model(name)
+    card = model.card
+    L = card.num_blocks
+    inputs, labels = split_inputs(entry.dataset, "test", card.max_seq_len)
+    logits = all_exit_logits(model, inputs, progress=progress, desc=f"bin {name} test inputs")
+    exit_ramp = simulate_exits(logits, make_exit_rule(card.exit_rule), L).exit_ramp
+    hard = exit_ramp > L // 2
+    bins = {False: np.flatnonzero(~hard), True: np.flatnonzero(hard)}
+    if not len(bins[False]) or not len(bins[True]):
+        raise ValueError(f"{name}: one bin is empty ({len(bins[False])} easy, {len(bins[True])} hard); "
+                         "cannot build mixes")
+    rng = np.random.default_rng(seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = [t.name for t in card.inputs]
+    common = {"model": name, "exit_rule": card.exit_rule, "num_blocks": L, "inputs": names,
+              "easy_rule": f"exit block <= {L // 2}", "test_easy": int(len(bins[False])),
+              "test_hard": int(len(bins[True])), "seed": seed}
+    picks, paths = {}, []
+    for easy, hard_share in MIXES:
+        n_easy = round(count * easy / 100)
+        idx = np.concatenate([rng.choice(bins[False], n_easy), rng.choice(bins[True], count - n_easy)])
+        picks[(easy, hard_share)] = rng.permutation(idx)
+        paths.append(_write(out_dir / _mix_name(easy, hard_share), picks[(easy, hard_share)], inputs, names,
+                            exit_ramp, labels, hard,
+                            {**common, "mix": f"{easy}:{hard_share}", "phases": [_phase(easy, hard_share, 0, count,
+                                                                                        rate_rps)]}))
+    stream = np.concatenate([picks[m] for m in MIXES])
+    phases = [_phase(e, h, i * count, count, rate_rps) for i, (e, h) in enumerate(MIXES)]
+    paths.append(_write(out_dir / "stream", stream, inputs, names, exit_ramp, labels, hard,
+                        {**common, "mix": "stream", "rate_rps": rate_rps, "phases": phases}))
+    return paths
+
+
+def _phase(easy, hard, start, count, rate_rps):
+    return {"mix": f"{easy}:{hard}", "start_index": start, "count": count, "start_s": start / rate_rps}
+
+
+def _write(stem: Path, idx, inputs, names, exit_ramp, labels, hard, meta) -> Path:
+    arrays = {n: x[idx] for n, x in zip(names, inputs)}
+    np.savez_compressed(stem.with_suffix(".npz"), **arrays, exit_ramp=exit_ramp[idx], label=labels[idx],
+                        hard=hard[idx])
+    stem.with_suffix(".json").write_text(json.dumps({**meta, "count": int(len(idx)),
+                                                     "exit_ramp": exit_ramp[idx].tolist()}, indent=1))
+    return stem.with_suffix(".npz")
+
+
+def load_workload(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
+    """(model inputs by name, metadata incl. expected exit_ramp/label/hard arrays) of a workload file."""
+    path = Path(path)
+    meta = json.loads(path.with_suffix(".json").read_text())
+    with np.load(path.with_suffix(".npz")) as data:
+        inputs = {n: data[n] for n in meta["inputs"]}
+        meta.update(exit_ramp=data["exit_ramp"], label=data["label"], hard=data["hard"])
+    return inputs, meta
