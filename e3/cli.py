@@ -7,6 +7,7 @@
     e3 train MODEL                train a zoo model (checkpoints under artifacts/)
     e3 evaluate MODEL             accuracy/exits vs threshold, compute saved vs stock (table + PNG)
     e3 workload MODEL             easy/hard workload mixes and a switching stream
+    e3 plan --profile P --exits E plan cuts, replicas, devices, batch (E3's DP) under an SLO
     e3 demo                       export + serve + side-by-side load + table
     e3 perf -- -m MODEL ...       run perf_analyzer with its libraries found
     e3 models                     list the model zoo
@@ -114,6 +115,52 @@ def _profile(args) -> int:
         return 2
     print(format_table(profile), end="")
     print(f"wrote {out}" + (" (contains MODELLED devices: not measured)" if profile.modelled else ""))
+    return 0
+
+
+def _plan(args) -> int:
+    from e3.controller.planner import PlannerError, best_plan, cheapest_plan, parse_resources
+    from e3.core.profile import BatchProfile, LatencyProfile, ProfileError
+    try:
+        latency, exits = LatencyProfile.load(args.profile), BatchProfile.load(args.exits)
+        resources = parse_resources(args.devices)
+        common = dict(slo_ms=args.slo_ms, slack=args.slack, pipelined=not args.no_pipelining)
+        if args.min_goodput is not None:
+            result = cheapest_plan(latency, exits, resources, goodput_rps=args.min_goodput, rate_rps=args.rate_rps,
+                                   **common)
+        else:
+            if args.rate_rps is None:
+                raise PlannerError("--rate-rps is needed (or --min-goodput for the cheapest plan reaching a goodput)")
+            try:
+                alpha = None if args.alpha.lower() == "none" else float(args.alpha)
+            except ValueError:
+                raise PlannerError(f"--alpha takes a number or none, got {args.alpha!r}") from None
+            result = best_plan(latency, exits, resources, rate_rps=args.rate_rps, alpha=alpha, **common)
+        ramps = [k for k in range(1, latency.num_blocks)
+                 if any(max(latency.ramp_ms[d][k - 1]) > 0 for d in latency.devices)]
+        plan = result.to_plan(latency.model, latency.num_blocks, {"kind": "entropy", "tau_nats": args.tau_nats},
+                              ramps, args.slo_ms, args.slack)
+    except (ProfileError, PlannerError, ValueError) as err:
+        print(f"e3 plan: error: {err}", file=sys.stderr)
+        return 2
+    kind = "MODELLED" if latency.modelled else "measured"
+    print(f"plan for {latency.model} ({kind} latency profile), devices {resources}, SLO {args.slo_ms:g} ms "
+          f"- slack {args.slack:g}:")
+    for s, split in zip(result.splits, plan.splits):
+        print(f"  {split.model:28s} blocks {s.first_block}-{s.last_block}  {s.device} x{s.replicas}  "
+              f"batch/replica {s.batch_per_replica:.1f}  stage {s.stage_ms:.2f} ms  hop {s.tx_ms:.2f} ms")
+    print(f"  input batch B0 {result.input_batch_size}, cycle {result.cycle_ms:.2f} ms")
+    print(f"  predicted throughput {result.throughput_rps:.1f} inputs/s, goodput {result.goodput_rps:.1f} inputs/s "
+          f"at {result.rate_rps:g} inputs/s offered, worst-case latency {result.latency_ms:.1f} ms "
+          f"(budget {result.latency_budget_ms:.1f}), cost {result.cost:g}"
+          + (f" (bound {result.cost_bound:g})" if result.cost_bound is not None else ""))
+    for note in result.notes:
+        print(f"  note: {note}")
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(plan.to_json())
+        print(f"wrote {out}")
     return 0
 
 
@@ -253,6 +300,23 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--url", default="127.0.0.1:8000", help="server address (default 127.0.0.1:8000; gRPC: :8001)")
     i.add_argument("--protocol", choices=["http", "grpc"], default="http")
     i.set_defaults(func=_infer)
+
+    pl = sub.add_parser("plan", help="plan cuts, replicas, device configurations and batch size (E3's DP) "
+                                     "from a latency profile and a batch (exit) profile")
+    pl.add_argument("--profile", required=True, help="latency profile JSON (e3 profile)")
+    pl.add_argument("--exits", required=True, help="batch profile JSON: share of inputs reaching every block")
+    pl.add_argument("--devices", required=True, help="CONFIG:COUNT,... e.g. cpu:2 or v100:6,t4:8,k80:15")
+    pl.add_argument("--slo-ms", type=float, required=True, help="latency objective per request (ms)")
+    pl.add_argument("--rate-rps", type=float, default=None, help="offered request rate R (inputs/s)")
+    pl.add_argument("--slack", type=float, default=0.2, help="share of the SLO kept in reserve (default 0.2)")
+    pl.add_argument("--alpha", default="1.0",
+                    help="cost <= alpha x the cheapest stock one-split plan reaching R (default 1.0; none: no bound)")
+    pl.add_argument("--min-goodput", type=float, default=None,
+                    help="instead: the cheapest plan whose throughput reaches this many inputs/s (E3 §5.3)")
+    pl.add_argument("--no-pipelining", action="store_true", help="splits run one after another (E3 §3.2.1)")
+    pl.add_argument("--tau-nats", type=float, default=0.5, help="entropy threshold written into the plan")
+    pl.add_argument("--out", default=None, help="write the plan JSON here")
+    pl.set_defaults(func=_plan)
 
     d = sub.add_parser("demo", help="export, serve, load router and baselines side by side, print a table")
     d.add_argument("--model", default="tiny-ee")

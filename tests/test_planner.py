@@ -1,0 +1,318 @@
+"""The planner's DP against brute-force enumeration, hand-checked cases and the converse (E3 §3.2, §5.3).
+
+The brute force below shares nothing with the DP but the model it implements (see the planner's
+docstring): it enumerates every cut set, configuration and replica count per split and input batch,
+and evaluates each plan with LatencyProfile.block / .tx directly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from functools import lru_cache
+
+import numpy as np
+import pytest
+
+from e3.controller.planner import (PlannerError, best_plan, cheapest_plan, parse_resources, stock_baseline)
+from e3.core.plan import Plan
+from e3.core.profile import BatchProfile, DeviceConfig, LatencyProfile
+
+BATCHES = [1, 2, 4, 8]
+
+
+# ---------------------------------------------------------------- factories
+
+def make_profile(num_blocks: int, devices: dict[str, tuple[float, float, float]], *, tx_ms: float = 0.2,
+                 tx_per_input_ms: float = 0.01, ramp_ms: float = 0.05, block_scale: list[float] | None = None,
+                 batches: list[int] = BATCHES) -> LatencyProfile:
+    """Linear-in-batch GPU-like profile: block k on c at batch b = scale_k * (fixed_c + per_input_c * b)."""
+    scale = block_scale or [1.0] * num_blocks
+    return LatencyProfile(
+        model="toy", num_blocks=num_blocks, batch_sizes=list(batches),
+        devices={n: DeviceConfig(n, price) for n, (_, _, price) in devices.items()},
+        block_ms={n: [[scale[k] * (fx + pi * b) for b in batches] for k in range(num_blocks)]
+                  for n, (fx, pi, _) in devices.items()},
+        ramp_ms={n: [[(ramp_ms * (1 + 0.1 * b) if k < num_blocks - 1 else 0.0) for b in batches]
+                     for k in range(num_blocks)] for n in devices},
+        tx_ms={n: [tx_ms + tx_per_input_ms * b for b in batches] for n in devices})
+
+
+def random_profile(rng: np.random.Generator, num_blocks: int, names: list[str]) -> LatencyProfile:
+    """Arbitrary (not necessarily monotone) latencies: the DP must not rely on shape."""
+    devices = {n: DeviceConfig(n, float(rng.choice([0.5, 1.0, 2.0, 3.0]))) for n in names}
+    def table(lo, hi, rows):
+        return [sorted(rng.uniform(lo, hi, len(BATCHES)).tolist()) if rng.random() < 0.8
+                else rng.uniform(lo, hi, len(BATCHES)).tolist() for _ in range(rows)]
+    return LatencyProfile(model="toy", num_blocks=num_blocks, batch_sizes=list(BATCHES), devices=devices,
+                          block_ms={n: table(0.5, 6.0, num_blocks) for n in names},
+                          ramp_ms={n: table(0.0, 0.5, num_blocks - 1) + [[0.0] * len(BATCHES)] for n in names},
+                          tx_ms={n: table(0.0, 8.0, 1)[0] for n in names})
+
+
+def make_batch(reach: list[float]) -> BatchProfile:
+    return BatchProfile(model="toy", batch_size=8, reach=list(reach))
+
+
+def random_reach(rng: np.random.Generator, num_blocks: int) -> list[float]:
+    return [1.0] + sorted(rng.uniform(0.0, 1.0, num_blocks - 1).round(3).tolist(), reverse=True)
+
+
+# ---------------------------------------------------------------- brute force
+
+def enumerate_plans(lat: LatencyProfile, batch: BatchProfile, res: dict[str, int], *, slo_ms: float,
+                    slack: float, rate_rps: float, b0s: list[int], pipelined: bool = True,
+                    cost_bound: float | None = None, with_ramp: bool = True):
+    """Every legal plan meeting latency, resources and cost: (throughput, cost, latency, b0, splits)."""
+    L, budget, bmax = lat.num_blocks, slo_ms * (1 - slack), lat.batch_sizes[-1]
+
+    @lru_cache(maxsize=None)
+    def block(k, c, x):
+        return lat.block(k, c, x, with_ramp)
+
+    configs = [c for c, n in res.items() if n > 0]
+    for b0 in b0s:
+        for cut_mask in itertools.product([False, True], repeat=L - 1):
+            cuts = [k for k, cut in zip(range(1, L), cut_mask) if cut]
+            ranges = list(zip([1] + [c + 1 for c in cuts], cuts + [L]))
+            for cfg in itertools.product(configs, repeat=len(ranges)):
+                for ms in itertools.product(*[range(1, res[c] + 1) for c in cfg]):
+                    used = {c: 0 for c in configs}
+                    for c, m in zip(cfg, ms):
+                        used[c] += m
+                    if any(used[c] > res[c] for c in configs):
+                        continue
+                    stages, ok = [], True
+                    for (a, b), c, m in zip(ranges, cfg, ms):
+                        ba = b0 * batch.reach[a - 1]
+                        x = ba / m
+                        if m > max(1, math.ceil(ba - 1e-9)) or x > bmax + 1e-9:
+                            ok = False
+                            break
+                        T = sum(block(k, c, x) for k in range(a, b + 1))
+                        tx = lat.tx(c, x) if a > 1 else 0.0
+                        stages.append((T, tx))
+                    if not ok:
+                        continue
+                    pipe = sum(T + tx for T, tx in stages)
+                    cycle = max(max(T, tx) for T, tx in stages) if pipelined else pipe
+                    latency = 1e3 * (b0 - 1) / rate_rps + pipe
+                    cost = sum(lat.devices[c].price * n for c, n in used.items())
+                    if latency > budget * (1 + 1e-9) or (cost_bound is not None and cost > cost_bound * (1 + 1e-9)):
+                        continue
+                    yield 1e3 * b0 / cycle, cost, latency, b0, list(zip(ranges, cfg, ms))
+
+
+def brute_best(plans):
+    plans = list(plans)
+    if not plans:
+        return None
+    top = max(p[0] for p in plans)
+    plans = [p for p in plans if p[0] >= top * (1 - 1e-9)]
+    cheapest = min(p[1] for p in plans)
+    plans = [p for p in plans if p[1] <= cheapest * (1 + 1e-9) + 1e-12]
+    return min(plans, key=lambda p: p[2])
+
+
+def assert_feasible(r, lat, batch, res, slo_ms, slack, rate_rps, cost_bound=None):
+    """Re-evaluate the returned plan independently of the DP's tables."""
+    assert r.latency_ms <= slo_ms * (1 - slack) * (1 + 1e-9)
+    assert all(r.devices_used[c] <= res[c] for c in r.devices_used)
+    if cost_bound is not None:
+        assert r.cost <= cost_bound * (1 + 1e-9)
+    assert [s.first_block for s in r.splits] == [1] + [s.last_block + 1 for s in r.splits[:-1]]
+    assert r.splits[-1].last_block == lat.num_blocks
+    pipe = 0.0
+    for s in r.splits:
+        x = r.input_batch_size * batch.reach[s.first_block - 1] / s.replicas
+        T = sum(lat.block(k, s.device, x) for k in range(s.first_block, s.last_block + 1))
+        assert s.stage_ms == pytest.approx(T, rel=1e-9)
+        pipe += T + (lat.tx(s.device, x) if s.first_block > 1 else 0.0)
+    assert r.latency_ms == pytest.approx(1e3 * (r.input_batch_size - 1) / rate_rps + pipe, rel=1e-9)
+
+
+# ---------------------------------------------------------------- DP == brute force
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("names,counts", [(["gpu"], [3]), (["a", "b"], [2, 2])], ids=["homogeneous", "two-configs"])
+def test_best_plan_matches_brute_force(seed, names, counts):
+    rng = np.random.default_rng(seed * 7 + len(names))
+    L = 4
+    lat = random_profile(rng, L, names)
+    batch = make_batch(random_reach(rng, L))
+    res = dict(zip(names, counts))
+    slo, slack, rate = float(rng.uniform(10, 60)), 0.2, float(rng.uniform(100, 2000))
+    pipelined = bool(seed % 4 != 3)
+    cost_bound = float(rng.uniform(1, 6)) if seed % 2 else None
+    b0s = [1, 2, 4, 8]
+    want = brute_best(enumerate_plans(lat, batch, res, slo_ms=slo, slack=slack, rate_rps=rate, b0s=b0s,
+                                      pipelined=pipelined, cost_bound=cost_bound))
+    if want is None:
+        with pytest.raises(PlannerError):
+            best_plan(lat, batch, res, slo_ms=slo, slack=slack, rate_rps=rate, b0s=b0s, pipelined=pipelined,
+                      alpha=None, cost_bound=cost_bound)
+        return
+    got = best_plan(lat, batch, res, slo_ms=slo, slack=slack, rate_rps=rate, b0s=b0s, pipelined=pipelined,
+                    alpha=None, cost_bound=cost_bound)
+    assert got.throughput_rps == pytest.approx(want[0], rel=1e-7)
+    assert got.cost == pytest.approx(want[1], rel=1e-9)
+    assert got.latency_ms == pytest.approx(want[2], rel=1e-7)
+    assert_feasible(got, lat, batch, res, slo, slack, rate, cost_bound)
+
+
+def test_random_instances_are_not_trivial():
+    """Guard for the property test: the random instances exercise cuts, both configs and the SLO."""
+    seen_cuts, seen_configs, seen_infeasible = False, set(), 0
+    for seed in range(8):
+        rng = np.random.default_rng(seed * 7 + 2)
+        lat = random_profile(rng, 4, ["a", "b"])
+        batch = make_batch(random_reach(rng, 4))
+        slo, rate = float(rng.uniform(10, 60)), float(rng.uniform(100, 2000))
+        try:
+            r = best_plan(lat, batch, {"a": 2, "b": 2}, slo_ms=slo, rate_rps=rate, b0s=[1, 2, 4, 8], alpha=None)
+        except PlannerError:
+            seen_infeasible += 1
+            continue
+        seen_cuts |= len(r.splits) > 1
+        seen_configs |= set(r.devices_used)
+    assert seen_cuts and seen_configs == {"a", "b"}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_cheapest_plan_matches_brute_force(seed):
+    rng = np.random.default_rng(100 + seed)
+    lat = random_profile(rng, 4, ["a", "b"])
+    batch = make_batch(random_reach(rng, 4))
+    res = {"a": 2, "b": 2}
+    slo, b0s = 60.0, [1, 2, 4, 8]
+    top = brute_best(enumerate_plans(lat, batch, res, slo_ms=slo, slack=0.2, rate_rps=500.0, b0s=b0s))
+    goal = top[0] * float(rng.uniform(0.3, 0.9))
+    plans = [p for p in enumerate_plans(lat, batch, res, slo_ms=slo, slack=0.2, rate_rps=goal, b0s=b0s)
+             if p[0] >= goal * (1 - 1e-9)]
+    cheapest = min(p[1] for p in plans)
+    got = cheapest_plan(lat, batch, res, slo_ms=slo, goodput_rps=goal, b0s=b0s)
+    assert got.cost == pytest.approx(cheapest, rel=1e-9)
+    assert got.throughput_rps >= goal * (1 - 1e-9)
+    best_at_that_cost = max(p[0] for p in plans if p[1] <= cheapest * (1 + 1e-9))
+    assert got.throughput_rps == pytest.approx(best_at_that_cost, rel=1e-7)
+    assert_feasible(got, lat, batch, res, slo, 0.2, goal)
+
+
+# ---------------------------------------------------------------- hand-checked cases
+
+def test_huge_tx_gives_one_split():
+    lat = make_profile(4, {"gpu": (1.0, 0.2, 1.0)}, tx_ms=1000.0)
+    r = best_plan(lat, make_batch([1.0, 0.5, 0.3, 0.2]), {"gpu": 4}, slo_ms=500, rate_rps=1000, alpha=None)
+    assert len(r.splits) == 1 and r.splits[0].replicas == 4
+
+
+def shrinking_case(tx_ms: float = 0.01):
+    """Hand-checked: 4 equal blocks P(b) = 1 + 0.5 b ms, 3 in 4 inputs exit after block 2, B0 = 8, 2 GPUs.
+    One split, 2 replicas (4 inputs each): 4 x 3 = 12 ms. Cut after 2, one replica each: split 1 runs 8
+    inputs (2 x 5 = 10 ms), split 2 the 2 survivors (2 x 2 = 4 ms): cycle 10 ms. Cutting after 1 or 3
+    leaves a 3-block split at batch 8 (15 ms)."""
+    lat = make_profile(4, {"gpu": (1.0, 0.5, 1.0)}, tx_ms=tx_ms, tx_per_input_ms=0.0, ramp_ms=0.0)
+    return best_plan(lat, make_batch([1.0, 1.0, 0.25, 0.25]), {"gpu": 2}, slo_ms=1000, rate_rps=10000,
+                     b0s=[8], alpha=None)
+
+
+def test_cheap_tx_and_exits_give_a_cut_where_the_batch_shrinks():
+    r = shrinking_case()
+    assert r.cuts == [2]
+    assert [s.replicas for s in r.splits] == [1, 1]
+    assert r.cycle_ms == pytest.approx(10.0) and r.throughput_rps == pytest.approx(800.0)
+    assert r.latency_ms == pytest.approx(1e3 * 7 / 10000 + 10.0 + 4.0 + 0.01)
+
+
+def test_a_hop_slower_than_the_stages_sets_the_pipelined_cycle():
+    r = shrinking_case(tx_ms=11.0)        # cut: max(10, 11, 4) = 11 ms < 12 ms for one split
+    assert r.cuts == [2] and r.cycle_ms == pytest.approx(11.0)
+    r = shrinking_case(tx_ms=13.0)        # the hop now costs more than the whole model on two replicas
+    assert r.cuts == [] and r.cycle_ms == pytest.approx(12.0)
+
+
+def test_expensive_late_block_reached_by_few_inputs_gets_fewer_replicas():
+    # block 4 costs 4x the others, but only 1 input in 8 reaches it (4 of B0 = 32)
+    lat = make_profile(4, {"gpu": (0.2, 0.1, 1.0)}, tx_ms=0.01, tx_per_input_ms=0.0, ramp_ms=0.0,
+                       block_scale=[1.0, 1.0, 1.0, 4.0])
+    r = best_plan(lat, make_batch([1.0, 1.0, 1.0, 0.125]), {"gpu": 8}, slo_ms=1000, rate_rps=100000,
+                  b0s=[32], alpha=None)
+    assert r.splits[-1].first_block == 4
+    assert r.splits[-1].replicas < r.splits[0].replicas
+    assert sum(s.replicas for s in r.splits) <= 8
+
+
+def test_slo_limits_the_input_batch():
+    lat = make_profile(2, {"gpu": (1.0, 0.1, 1.0)})
+    batch = make_batch([1.0, 0.5])
+    loose = best_plan(lat, batch, {"gpu": 1}, slo_ms=1000, rate_rps=1000, alpha=None)
+    tight = best_plan(lat, batch, {"gpu": 1}, slo_ms=10, rate_rps=1000, alpha=None)
+    assert tight.input_batch_size < loose.input_batch_size
+    assert tight.latency_ms <= 8.0 + 1e-9 and loose.throughput_rps > tight.throughput_rps
+
+
+def test_heterogeneous_split_puts_replicas_of_one_split_on_one_config():
+    lat = make_profile(4, {"fast": (0.5, 0.05, 4.0), "slow": (2.0, 0.4, 1.0)})
+    r = best_plan(lat, make_batch([1.0, 0.6, 0.3, 0.1]), {"fast": 2, "slow": 3}, slo_ms=200, rate_rps=5000,
+                  alpha=None)
+    assert sum(r.devices_used.values()) == sum(s.replicas for s in r.splits)
+    assert r.devices_used.get("fast", 0) <= 2 and r.devices_used.get("slow", 0) <= 3
+
+
+def test_cost_bound_from_alpha_and_stock_baseline():
+    lat = make_profile(4, {"gpu": (1.0, 0.2, 2.0)})
+    batch = make_batch([1.0, 0.5, 0.3, 0.2])
+    base = stock_baseline(lat, {"gpu": 8}, slo_ms=200, rate_rps=500)
+    assert base is not None and len(base.splits) == 1 and base.throughput_rps >= 500
+    r = best_plan(lat, batch, {"gpu": 8}, slo_ms=200, rate_rps=500, alpha=1.0)
+    assert r.cost_baseline == base.cost and r.cost <= base.cost + 1e-9
+    unbounded = best_plan(lat, batch, {"gpu": 8}, slo_ms=200, rate_rps=500, alpha=None)
+    assert unbounded.throughput_rps >= r.throughput_rps
+
+
+def test_pipelining_never_loses_throughput():
+    lat = make_profile(4, {"gpu": (1.0, 0.2, 1.0)}, tx_ms=0.5)
+    batch = make_batch([1.0, 0.5, 0.3, 0.2])
+    pipe = best_plan(lat, batch, {"gpu": 4}, slo_ms=200, rate_rps=2000, alpha=None)
+    serial = best_plan(lat, batch, {"gpu": 4}, slo_ms=200, rate_rps=2000, alpha=None, pipelined=False)
+    assert pipe.throughput_rps >= serial.throughput_rps * (1 - 1e-12)
+
+
+def test_to_plan_builds_a_valid_shared_plan():
+    r = shrinking_case()
+    plan = r.to_plan("toy", 4, {"kind": "entropy", "tau_nats": 0.3}, ramp_blocks=(1, 2, 3), slo_ms=1000, slack=0.2)
+    again = Plan.from_json(plan.to_json())
+    assert again.cuts == [2]
+    assert [(s.model, s.instances, s.device, s.batch_size, s.enabled_ramps) for s in again.splits] == [
+        ("toy_split_1-2", 1, "gpu", 8, (1, 2)), ("toy_split_3-4", 1, "gpu", 2, (3,))]
+    assert again.predicted["throughput_rps"] == pytest.approx(800.0)
+    assert again.predicted["latency_ms"] == pytest.approx(r.latency_ms)
+    assert again.predicted["cost"] == pytest.approx(2.0)
+    assert again.slo_ms == 1000 and again.slack == 0.2
+
+
+# ---------------------------------------------------------------- errors
+
+def test_unknown_device_is_a_clear_error():
+    lat = make_profile(2, {"cpu": (1.0, 0.1, 1.0)})
+    with pytest.raises(PlannerError, match="v100.*profile.*cpu"):
+        best_plan(lat, make_batch([1.0, 0.5]), {"v100": 2}, slo_ms=100, rate_rps=10)
+
+
+def test_impossible_slo_is_a_clear_error():
+    lat = make_profile(2, {"cpu": (50.0, 1.0, 1.0)})
+    with pytest.raises(PlannerError, match="no plan meets latency"):
+        best_plan(lat, make_batch([1.0, 0.5]), {"cpu": 2}, slo_ms=20, rate_rps=10, alpha=None)
+
+
+def test_mismatched_batch_profile_is_rejected():
+    lat = make_profile(3, {"cpu": (1.0, 0.1, 1.0)})
+    with pytest.raises(PlannerError, match="same model"):
+        best_plan(lat, make_batch([1.0, 0.5]), {"cpu": 2}, slo_ms=100, rate_rps=10)
+
+
+def test_parse_resources():
+    assert parse_resources("v100:6, t4:8,K80:15") == {"v100": 6, "t4": 8, "k80": 15}
+    for bad in ("v100", "v100:x", ":3", "", "a:-1"):
+        with pytest.raises(PlannerError):
+            parse_resources(bad)
