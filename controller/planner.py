@@ -48,7 +48,7 @@ Decisions where the paper is silent or ambiguous
 * **B0** (input batch size) is chosen by the planner from powers of two up to
   ``max_batch * total devices`` (max_batch = the profile's largest measured
   batch) whose fill time alone fits the latency budget; the best one wins.
-  ``b0_candidates`` overrides the set.
+  ``b0s=`` overrides the set.
 * **Replicas.** m ranges over 1..min(N_c, ceil(B_a)): more replicas than
   inputs reaching the split per cycle cannot shorten the stage (a replica's
   batch below 1 costs P(1), the profile's smallest batch; a higher rate is
