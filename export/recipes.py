@@ -15,6 +15,11 @@ BERT family (DeeBERT recipe, on all-MiniLM-L6-v2 and the Rotten Tomatoes snippet
   weighted loss): with the backbone frozen, each classifier's loss is
   independent, so the weighting has no effect; documented here.
 
+ResNet family (BranchyNet recipe, Fashion-MNIST): ``resnet-ee`` trains the
+backbone and its five branches jointly (2 epochs, Adam 2e-3, batch 128), τ
+chosen on dev as for bert-ee; ``resnet-stock`` trains the same backbone with
+the head only.
+
 ``quick=True`` trains on a few hundred examples (tests, CI): it exercises the
 whole pipeline in seconds and says so in the checkpoint's metadata.
 """
@@ -142,7 +147,41 @@ def _train_bert(name: str, quick: bool, progress: bool) -> dict:
     return meta
 
 
-RECIPES = {"bert-ee": _train_bert, "bert-stock": _train_bert, "pabee": _train_bert}
+def _train_resnet(name: str, quick: bool, progress: bool) -> dict:
+    """BranchyNet recipe: branches and backbone trained jointly (sum of the exits' losses,
+    weight 1 each); the stock model is the same backbone with its head only, trained alone."""
+    import torch
+    from e3.export.data.images import fashion_mnist, fashion_sha256
+    from e3.export.training import choose_tau, simulate_exits, summarize_exits, train_joint
+    from e3.export.zoo.resnet import ResNetEE
+    from e3.core.exits import make_exit_rule
+    data = fashion_mnist()
+    n = {"train": 1024, "dev": 512, "test": 512} if quick else {}
+    split = {k: (v.images[:n.get(k, len(v.images))], v.labels[:n.get(k, len(v.labels))]) for k, v in data.items()}
+    stock = name == "resnet-stock"
+    torch.manual_seed(0)
+    model = ResNetEE(name, {"kind": "entropy", "tau_nats": 0.0}, ramps=() if stock else (1, 2, 3, 4, 5))
+    settings = dict(epochs=1 if quick else 2, lr=2e-3, batch_size=128, seed=0)
+    train_joint(model, *split["train"], progress=progress, **settings)
+    from e3.export.training import all_exit_logits
+    L = model.card.num_blocks
+    dev = all_exit_logits(model, (split["dev"][0],), batch_size=256)
+    test = all_exit_logits(model, (split["test"][0],), batch_size=256)
+    base = {"quick": quick, "data_sha256": fashion_sha256(), "settings": settings, "max_seq_len": None}
+    if stock:
+        meta = {**base, "exit_rule": None, "test_accuracy": float((test[L].argmax(1) == split["test"][1]).mean())}
+    else:
+        tau, dev_summary = choose_tau(dev, split["dev"][1], L)
+        rule = {"kind": "entropy", "tau_nats": tau}
+        meta = {**base, "exit_rule": rule, "dev": dict(dev_summary),
+                "test": dict(summarize_exits(simulate_exits(test, make_exit_rule(rule), L), split["test"][1], L)),
+                "per_ramp_test_accuracy": _per_ramp_accuracy(test, split["test"][1])}
+    save_checkpoint(name, model, meta)
+    return meta
+
+
+RECIPES = {"bert-ee": _train_bert, "bert-stock": _train_bert, "pabee": _train_bert,
+           "resnet-ee": _train_resnet, "resnet-stock": _train_resnet}
 
 
 def train(name: str, quick: bool = False, progress: bool = True) -> TrainReport:

@@ -23,7 +23,7 @@ from e3.core.exits import EntropyRule, ExitRule, PatienceRule
 from e3.export.model_api import EarlyExitModel
 from e3.router.policy import BatchRoute
 
-__all__ = ["all_exit_logits", "simulate_exits", "choose_tau", "choose_patience", "finetune_head",
+__all__ = ["all_exit_logits", "simulate_exits", "choose_tau", "choose_patience", "finetune_head", "train_joint",
            "encoder_cls_features", "train_ramps_on_cls", "bf16_available", "ExitSummary", "summarize_exits"]
 
 log = logging.getLogger(__name__)
@@ -158,6 +158,38 @@ def finetune_head(model, ids: np.ndarray, mask: np.ndarray, labels: np.ndarray, 
         bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
     model.eval()
     model.embeddings.requires_grad_(True)
+    return losses
+
+
+def train_joint(model: EarlyExitModel, images: np.ndarray, labels: np.ndarray, *, epochs: int = 2,
+                lr: float = 2e-3, batch_size: int = 128, seed: int = 0, progress: bool = True) -> list[float]:
+    """BranchyNet: train the backbone and every exit together on the sum of their losses."""
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    steps = [b for _ in range(epochs) for b in _batches(len(images), batch_size, rng)]
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: max(0.05, 1 - i / max(1, len(steps))))
+    exits = set(model.card.exit_blocks)
+    use_bf16 = bf16_available()
+    model.train()
+    losses = []
+    bar = tqdm(steps, desc=f"train {model.card.name} (all exits jointly)", unit="batch", disable=not progress)
+    for idx in bar:
+        y = torch.as_tensor(labels[idx])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+            state = model.stem(torch.as_tensor(images[idx]))
+            loss = 0.0
+            for k in range(1, model.card.num_blocks + 1):
+                state = model.block(k, *state)
+                if k in exits:
+                    loss = loss + nn.functional.cross_entropy(model.ramp(k, *state).float(), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+    model.eval()
     return losses
 
 

@@ -47,6 +47,16 @@ def _trained_encoder(name: str, ramps: bool = True) -> EarlyExitModel:
     return model
 
 
+def _trained_resnet(name: str, ramps: bool = True) -> EarlyExitModel:
+    from e3.export.checkpoints import load_meta, load_state
+    from e3.export.zoo.resnet import ResNetEE
+    meta = load_meta(name)
+    model = ResNetEE(name, meta.get("exit_rule") or {"kind": "entropy", "tau_nats": 0.0},
+                     ramps=(1, 2, 3, 4, 5) if ramps else ())
+    model.load_state_dict(load_state(name))
+    return model
+
+
 ZOO: dict[str, ZooEntry] = {
     "tiny-ee": ZooEntry("tiny-ee", "4-layer transformer encoder, random weights, ramps after layers 1-3 (demo/tests)",
                         _tiny),
@@ -60,6 +70,12 @@ ZOO: dict[str, ZooEntry] = {
                       "(`e3 train pabee`)",
                       lambda: _trained_encoder("pabee"), lambda: _trained_encoder("bert-stock", ramps=False),
                       "rotten-tomatoes"),
+    "resnet-ee": ZooEntry("resnet-ee", "BranchyNet-style ResNet (6 blocks, branches after 1-5), entropy exits; "
+                          "Fashion-MNIST (`e3 train resnet-ee`)",
+                          lambda: _trained_resnet("resnet-ee"), lambda: _trained_resnet("resnet-stock", ramps=False),
+                          "fashion-mnist"),
+    "resnet-stock": ZooEntry("resnet-stock", "the same ResNet, final head only (the stock baseline)",
+                             lambda: _trained_resnet("resnet-stock", ramps=False), None, "fashion-mnist"),
 }
 
 
