@@ -95,7 +95,7 @@ def _base(name: str) -> str:
 
 _INPUTS, _BATCHES, _REACHED, _EXITED, _DROPPED, _QUEUE, _PLAN = (
     _base(n) for n in (telemetry.INPUTS, telemetry.BATCHES, telemetry.RAMP_REACHED, telemetry.RAMP_EXITED,
-                       telemetry.DROPPED, telemetry.QUEUE_DELAY_US, telemetry.PLAN_INFO))
+                       telemetry.DROPPED, telemetry.ROUTER_OVERHEAD_US, telemetry.PLAN_INFO))
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class RouterSnapshot:
     inputs: float = 0.0                                     # inputs that entered block 1
     batches: float = 0.0                                    # router execute calls
     dropped: float = 0.0                                    # inputs dropped with an error, all reasons
-    queue_delay_us: float = 0.0                             # summed wait before split 1 (us)
+    router_overhead_us: float = 0.0                         # router's own Python work (us)
     reached: dict[int, float] = field(default_factory=dict)  # ramp k -> inputs still running after block k
     exited: dict[int, float] = field(default_factory=dict)   # ramp k -> inputs answered at ramp k
     plan_id: str | None = None                              # plan in force (e3_plan_info == 1), if exported
@@ -114,7 +114,7 @@ class RouterSnapshot:
     def counters(self) -> dict[str, float]:
         """Every counter as a flat ``name -> value`` map (used to detect resets)."""
         flat = {"inputs": self.inputs, "batches": self.batches, "dropped": self.dropped,
-                "queue_delay_us": self.queue_delay_us}
+                "router_overhead_us": self.router_overhead_us}
         flat.update({f"reached_{k}": v for k, v in self.reached.items()})
         flat.update({f"exited_{k}": v for k, v in self.exited.items()})
         return flat
@@ -157,7 +157,7 @@ def parse_snapshots(text: str, at_s: float | None = None) -> dict[str, RouterSna
                 if value == 1.0:
                     f["plan_id"] = labels.get("plan_id")
             else:
-                key = {_INPUTS: "inputs", _BATCHES: "batches", _QUEUE: "queue_delay_us"}[name]
+                key = {_INPUTS: "inputs", _BATCHES: "batches", _QUEUE: "router_overhead_us"}[name]
                 f[key] = f.get(key, 0.0) + value
     return {m: RouterSnapshot(model=m, at_s=at, **f) for m, f in fields.items()}
 

@@ -8,7 +8,7 @@ BERT family (DeeBERT recipe, on all-MiniLM-L6-v2 and the Rotten Tomatoes snippet
 * ``bert-stock``: the stage-1 model without ramps (E3's BERT-BASE baseline);
 * ``bert-ee``: stage-1 backbone and head + a DeeBERT ramp after layers 1-5,
   trained on cached [CLS] states with the backbone frozen (stage 2);
-  τ chosen on dev (largest τ within 1 point of the head's dev accuracy);
+  τ chosen on dev (largest τ within 1.5 points of the head's dev accuracy);
 * ``pabee``: the same frozen stage-1 backbone with its own ramps, trained the
   same way (seed 1) and PABEE's patience rule; patience chosen on dev.
   Deviation from PABEE (which trains backbone and classifiers jointly with a

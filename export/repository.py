@@ -25,15 +25,17 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from e3.core.names import ee_name, ramp_output, ranges_from_cuts, router_name, served_name, state_output, stock_name
-from e3.core.plan import Plan, default_plan
+from e3.core.names import (ee_name, ramp_output, ranges_from_cuts, router_name, served_name, split_name,
+                           state_output, stock_name)
+from e3.core.plan import Plan, SplitPlan, default_plan
 from e3.core.spec import ModelCard, TensorSpec
 from e3.export.model_api import EarlyExitModel, SplitModule
 from e3.export.onnx_export import export_onnx
 from e3.export.triton_config import DynamicBatching, ModelDescription, render_config
 from e3.export.zoo import resolve_model, resolve_stock
 
-__all__ = ["MANIFEST", "ExportError", "ExportSettings", "export_repository", "read_manifest", "answer_specs"]
+__all__ = ["MANIFEST", "ExportError", "ExportSettings", "export_repository", "read_manifest", "answer_specs",
+           "all_ranges"]
 
 log = logging.getLogger(__name__)
 MANIFEST = "e3_repository.json"
@@ -91,10 +93,20 @@ def read_manifest(repo: Path) -> dict:
         raise ExportError(f"{path} is not valid JSON ({err}); remove it or re-export into an empty folder") from None
 
 
+def all_ranges(num_blocks: int) -> list[tuple[int, int]]:
+    """Every contiguous block range a..b of an L-block model (L(L+1)/2 splits)."""
+    return [(a, b) for a in range(1, num_blocks + 1) for b in range(a, num_blocks + 1)]
+
+
 def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
                       settings: ExportSettings = ExportSettings(), plan: Plan | None = None,
-                      progress: bool = True) -> Plan:
-    """Export ``model_name`` cut at ``cuts`` (or as ``plan`` says) into ``repo``; returns the plan."""
+                      progress: bool = True, extra_ranges: list[tuple[int, int]] = ()) -> Plan:
+    """Export ``model_name`` cut at ``cuts`` (or as ``plan`` says) into ``repo``; returns the plan.
+
+    ``extra_ranges`` pre-exports further split models (e.g. :func:`all_ranges`) beside
+    the plan's, so that a controller can switch cuts without exporting on the
+    critical path; they get the plan's first split's batching settings and every ramp.
+    """
     repo = Path(repo)
     _check_settings(settings)
     model = resolve_model(model_name)
@@ -108,14 +120,21 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
     plan.validate(card.ramp_blocks)
     _check_writable(repo)
     manifest = read_manifest(repo)
-    steps = [*[(s.model, "split") for s in plan.splits], (router_name(m), "router"),
+    splits = {s.model: s for s in plan.splits}
+    for a, b in extra_ranges:
+        extra = SplitPlan(model=split_name(m, a, b), first_block=a, last_block=b,
+                          batch_size=plan.splits[0].batch_size, instances=plan.splits[0].instances,
+                          queue_delay_us=plan.splits[0].queue_delay_us,
+                          enabled_ramps=tuple(k for k in card.ramp_blocks if a <= k <= b))
+        splits.setdefault(extra.model, extra)
+    steps = [*[(name, "split") for name in splits], (router_name(m), "router"),
              (stock_name(m), "stock"), (ee_name(m), "ee")]
     for name, _ in steps:
         _check_owned(repo, name, manifest)
     for name, kind in tqdm(steps, desc=f"export {m}", unit="model", disable=not progress):
         with _staging(repo, name) as tmp:
             if kind == "split":
-                _write_split(model, next(s for s in plan.splits if s.model == name), tmp, settings)
+                _write_split(model, splits[name], tmp, settings)
             elif kind == "router":
                 _write_router(card, plan, name, tmp, settings)
             elif kind == "stock":
@@ -136,7 +155,7 @@ def _write_split(model: EarlyExitModel, split, out: Path, settings: ExportSettin
     _write_onnx_model(module, out, ModelDescription(
         name=split.model, kind="onnx", max_batch_size=card.max_batch_size, inputs=module.input_specs,
         outputs=outputs, instances=split.instances,
-        dynamic_batching=DynamicBatching((split.batch_size,), split.queue_delay_us)), settings)
+        dynamic_batching=DynamicBatching((split.batch_size,), split.queue_delay_us, reject_late=True)), settings)
 
 
 def _write_stock(model_name: str, name: str, out: Path, settings: ExportSettings) -> None:

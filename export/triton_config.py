@@ -33,6 +33,7 @@ OWNER_KEY = "e3_owner"  # parameter marking models that e3 created (export never
 class DynamicBatching:
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_us: int = 0
+    reject_late: bool = False   # queue policy: reject requests whose (BLS-given) timeout expired in the queue
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,9 @@ def render_config(desc: ModelDescription, target: str = "embedded") -> str:
         db = cfg.dynamic_batching
         db.preferred_batch_size.extend(desc.dynamic_batching.preferred_batch_sizes)
         db.max_queue_delay_microseconds = desc.dynamic_batching.max_queue_delay_us
+        if desc.dynamic_batching.reject_late:
+            db.default_queue_policy.timeout_action = mc.ModelQueuePolicy.TimeoutAction.REJECT
+            db.default_queue_policy.allow_timeout_override = True
     params = dict(desc.parameters)
     params[OWNER_KEY] = "e3"
     if desc.kind == "onnx" and target == "ngc":

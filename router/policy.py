@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from e3.core.exits import ExitRule, softmax
+from e3.core.plan import Plan
 
-__all__ = ["BatchRoute", "RampCounts"]
+__all__ = ["BatchRoute", "RampCounts", "deadline_budget_ms"]
 
 
 @dataclass
@@ -97,3 +98,14 @@ class BatchRoute:
         keep = ~decided
         self.active = entered[keep]
         return keep
+
+
+def deadline_budget_ms(plan: Plan) -> float:
+    """Time a batch may spend from entering the router to its last answer (ms).
+
+    The SLO minus slack (E3 §4), minus the longest the router's own dynamic
+    batcher may have held the batch's oldest input (its queue delay: the
+    router cannot see when each input arrived). At least 1 ms.
+    """
+    first = plan.splits[0]
+    return max(1.0, plan.slo_ms * (1.0 - plan.slack) - first.queue_delay_us / 1e3)

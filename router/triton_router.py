@@ -4,23 +4,78 @@ Per batch (the router's own dynamic batcher merges client requests): run the
 first split, apply the exit rule at every enabled ramp the split computed,
 answer the inputs that exit, send the survivors on to the next split, and so
 on to the last split, which answers everything left. Decisions live in
-:mod:`e3.router.policy`; this file only moves tensors.
+:mod:`e3.router.policy`; this file only moves tensors and counts.
+
+Re-batching: the router is non-decoupled (DESIGN §4), so one instance serves
+one batch at a time; survivors of several router instances meet in the next
+split's dynamic batcher (preferred batch size and queue delay from the plan).
+
+Deadlines: every BLS call carries the batch's remaining SLO budget as its
+timeout; splits reject requests whose timeout expired in their queue, and the
+router answers those inputs with an explicit "dropped" error (counted in
+``e3_dropped_total{reason="deadline"}``). No input is lost silently.
 
 The plan arrives in the model config's ``plan`` parameter (JSON, see
 :mod:`e3.core.plan`) and is validated against the model card at load; a load
-with a malformed plan fails and Triton keeps the running version.
+with a malformed plan fails and Triton keeps serving the previous version.
+Telemetry: the metrics of :mod:`e3.core.telemetry`.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
+import triton_python_backend_utils as pb_utils
+
+from e3.core import telemetry
 from e3.core.exits import make_exit_rule
 from e3.core.names import ramp_output, state_output
 from e3.core.plan import Plan
 from e3.core.spec import ModelCard
 from e3.export.runtime.triton_io import answer_responses, bls, error_response, gather, model_parameters
-from e3.router.policy import BatchRoute
+from e3.router.policy import BatchRoute, deadline_budget_ms
+
+
+class _Metrics:
+    """The router's Prometheus counters (Triton custom metrics), labelled by model and ramp."""
+
+    def __init__(self, model: str, plan_id: str):
+        # A Metric is only valid while its MetricFamily object is alive: keep every family.
+        self._families = []
+
+        def family(name, doc, kind=pb_utils.MetricFamily.COUNTER):
+            self._families.append(pb_utils.MetricFamily(name=name, description=doc, kind=kind))
+            return self._families[-1]
+
+        self.model = model
+        self.inputs = family(telemetry.INPUTS, "inputs that entered the router").Metric({"model": model})
+        self.batches = family(telemetry.BATCHES, "batches the router executed").Metric({"model": model})
+        self._reached = family(telemetry.RAMP_REACHED, "inputs not yet answered when they reached ramp k")
+        self._exited = family(telemetry.RAMP_EXITED, "inputs answered at ramp k")
+        self._dropped = family(telemetry.DROPPED, "inputs answered with an error")
+        self.overhead = family(telemetry.ROUTER_OVERHEAD_US, "router's own Python work (us)").Metric({"model": model})
+        self.bls = family(telemetry.ROUTER_BLS_US, "router time waiting on splits (us)").Metric({"model": model})
+        self._plan = family(telemetry.PLAN_INFO, "plan in force", pb_utils.MetricFamily.GAUGE)
+        self._plan.Metric({"model": model, "plan_id": plan_id}).set(1)
+        self._cache: dict = {}
+
+    def _metric(self, fam, **labels):
+        key = (id(fam), tuple(sorted(labels.items())))
+        if key not in self._cache:
+            self._cache[key] = fam.Metric({"model": self.model, **labels})
+        return self._cache[key]
+
+    def record(self, route: BatchRoute, rows: int) -> None:
+        self.inputs.increment(rows)
+        self.batches.increment(1)
+        for k, n in route.counts.reached.items():
+            self._metric(self._reached, ramp=str(k)).increment(n)
+        for k, n in route.counts.exited.items():
+            self._metric(self._exited, ramp=str(k)).increment(n)
+
+    def dropped(self, reason: str, n: int) -> None:
+        self._metric(self._dropped, reason=reason).increment(n)
 
 
 class TritonPythonModel:
@@ -32,8 +87,12 @@ class TritonPythonModel:
         if self.plan.num_blocks != self.card.num_blocks:
             raise ValueError(f"plan is for {self.plan.num_blocks} blocks, the model has {self.card.num_blocks}")
         self.rule = make_exit_rule(self.plan.exit_rule)
+        self.budget_ms = deadline_budget_ms(self.plan)
+        self.metrics = _Metrics(self.plan.model, self.plan.plan_id)
 
     def execute(self, requests):
+        start = time.perf_counter()
+        waited = 0.0
         got = gather(requests, self.card.inputs)
         if not got.valid:
             return got.responses
@@ -45,13 +104,33 @@ class TritonPythonModel:
                 ramps = [*split.enabled_ramps, *([L] if split.last_block == L else [])]
                 names = ([state_output(t.name) for t in self.card.state] if split.last_block < L else []) + \
                         [ramp_output(k) for k in ramps]
-                out = bls(split.model, feed, names)
+                left_us = int((self.budget_ms - (time.perf_counter() - start) * 1e3) * 1e3)
+                if left_us <= 0:
+                    raise TimeoutError(f"the SLO budget of {self.budget_ms:.1f} ms ran out before {split.model}")
+                called = time.perf_counter()
+                try:
+                    out = bls(split.model, feed, names, timeout_us=left_us)
+                finally:
+                    waited += time.perf_counter() - called
                 keep = route.observe({k: out[ramp_output(k)] for k in ramps})
                 if route.done:
                     break
                 feed = {t.name: out[state_output(t.name)][keep] for t in self.card.state}
-        except RuntimeError as err:
+        except (RuntimeError, TimeoutError) as err:
+            reason = "deadline" if isinstance(err, TimeoutError) or "timeout" in str(err).lower() else "error"
+            message = (f"dropped: {self.plan.model} cannot answer within its SLO of {self.plan.slo_ms:.0f} ms ({err})"
+                       if reason == "deadline" else f"{self.plan.model} router: {err}")
             for i in got.valid:
-                got.responses[i] = error_response(f"{self.plan.model} router: {err}")
+                got.responses[i] = error_response(message)
+            self.metrics.dropped(reason, got.rows)
+            self._account(start, waited)
             return got.responses
-        return answer_responses(got, route)
+        self.metrics.record(route, got.rows)
+        responses = answer_responses(got, route)
+        self._account(start, waited)
+        return responses
+
+    def _account(self, start: float, waited: float) -> None:
+        total = time.perf_counter() - start
+        self.metrics.overhead.increment(int((total - waited) * 1e6))
+        self.metrics.bls.increment(int(waited * 1e6))

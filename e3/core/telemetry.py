@@ -10,11 +10,16 @@ number k; the head is ramp L).
 | --- | --- | --- |
 | e3_inputs_total | counter | inputs that entered the router (block 1) |
 | e3_batches_total | counter | batches the router executed (one per router execute call) |
-| e3_ramp_reached_total | counter | inputs that reached ramp k (were still running after block k) |
+| e3_ramp_reached_total | counter | inputs not yet answered when they reached ramp k (enabled ramps and the head) |
 | e3_ramp_exited_total | counter | inputs answered at ramp k |
-| e3_dropped_total | counter | inputs dropped with an error (label ``reason``: ``deadline``, ``error``) |
-| e3_queue_delay_us_total | counter | summed time inputs waited before their batch entered split 1 (us) |
+| e3_dropped_total | counter | inputs answered with an error (label ``reason``: ``deadline`` or ``error``) |
+| e3_router_overhead_us_total | counter | the router's own Python work (gathering, exit decisions, slicing, responses), microseconds |
+| e3_router_bls_us_total | counter | time the router spent waiting on BLS calls to splits (queueing + compute + Tx), microseconds |
 | e3_plan_info | gauge | 1 for the plan in force (label ``plan_id``) |
+
+Queueing delay before the router and inside each split is Triton's own
+``nv_inference_queue_duration_us`` per model; executed batch sizes per split
+are in Triton's per-model statistics (``batch_stats``).
 """
 
 INPUTS = "e3_inputs_total"
@@ -22,7 +27,9 @@ BATCHES = "e3_batches_total"
 RAMP_REACHED = "e3_ramp_reached_total"
 RAMP_EXITED = "e3_ramp_exited_total"
 DROPPED = "e3_dropped_total"
-QUEUE_DELAY_US = "e3_queue_delay_us_total"
+ROUTER_OVERHEAD_US = "e3_router_overhead_us_total"
+ROUTER_BLS_US = "e3_router_bls_us_total"
 PLAN_INFO = "e3_plan_info"
 
-__all__ = ["INPUTS", "BATCHES", "RAMP_REACHED", "RAMP_EXITED", "DROPPED", "QUEUE_DELAY_US", "PLAN_INFO"]
+__all__ = ["INPUTS", "BATCHES", "RAMP_REACHED", "RAMP_EXITED", "DROPPED", "ROUTER_OVERHEAD_US", "ROUTER_BLS_US",
+           "PLAN_INFO"]

@@ -1,0 +1,106 @@
+"""The controller's hands on a running Triton: load, unload, instance counts, plan switch.
+
+Everything goes through Triton's model-repository API (explicit model-control
+mode), never through files on Triton's disk, so it works the same when
+Triton runs in another pod.
+
+Switching the router's plan is a load of ``<m>_router`` with a config override
+whose ``plan`` parameter carries the new plan: Triton loads the new router
+instances and swaps them in once they are ready; requests in flight finish
+on the old ones, so no request fails across the switch (tested under load in
+tests/test_plan_switch.py). A malformed plan is refused here before any call,
+and if the router itself refuses it at load, Triton keeps the running
+version serving.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+
+from e3.core.plan import Plan, PlanError
+
+__all__ = ["TritonControl", "ControlError"]
+
+log = logging.getLogger(__name__)
+
+
+class ControlError(RuntimeError):
+    """Triton refused a control operation; the message is Triton's."""
+
+
+class TritonControl:
+    """Model-control calls on one Triton server (HTTP API)."""
+
+    def __init__(self, url: str, timeout_s: float = 300.0):
+        import tritonclient.http as http
+        self._client = http.InferenceServerClient(url, connection_timeout=timeout_s, network_timeout=timeout_s)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> "TritonControl":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, what: str, fn, *args, **kwargs):
+        from tritonclient.utils import InferenceServerException
+        try:
+            return fn(*args, **kwargs)
+        except InferenceServerException as err:
+            raise ControlError(f"{what}: {err.message()}") from None
+
+    def model_config(self, name: str) -> dict:
+        return self._call(f"config of {name}", self._client.get_model_config, name)
+
+    def loaded(self) -> dict[str, str]:
+        """Model name -> state ("READY", "UNAVAILABLE", ...) for every model in the repository index."""
+        index = self._call("repository index", self._client.get_model_repository_index)
+        return {m["name"]: m.get("state", "") for m in index}
+
+    def is_ready(self, name: str) -> bool:
+        return bool(self._call(f"readiness of {name}", self._client.is_model_ready, name))
+
+    def load(self, name: str, config: dict | None = None) -> None:
+        """Load (or reload) ``name``, optionally with a full config override."""
+        kwargs = {"config": json.dumps(config)} if config is not None else {}
+        self._call(f"load {name}", self._client.load_model, name, **kwargs)
+        log.info("loaded %s%s", name, " (config override)" if config is not None else "")
+
+    def unload(self, name: str) -> None:
+        self._call(f"unload {name}", self._client.unload_model, name)
+        log.info("unloaded %s", name)
+
+    def set_instances(self, name: str, count: int) -> None:
+        """Change the instance count of ``name`` (every instance group gets ``count``)."""
+        if count < 1:
+            raise ControlError(f"{name}: instance count must be >= 1, got {count}")
+        config = copy.deepcopy(self.model_config(name))
+        for group in config.get("instance_group", []):
+            group["count"] = count
+        self.load(name, config)
+
+    def switch_plan(self, router: str, plan: Plan) -> None:
+        """Hand ``plan`` to ``router`` (a reload with a config override); the splits it names
+        must already be loaded."""
+        try:
+            plan = Plan.from_dict(json.loads(plan.to_json()))
+        except PlanError as err:
+            raise ControlError(f"refusing to switch {router} to a malformed plan: {err}") from None
+        not_ready = [s.model for s in plan.splits if not self.is_ready(s.model)]
+        if not_ready:
+            raise ControlError(f"load the plan's splits before switching {router}: {', '.join(not_ready)} not ready")
+        config = copy.deepcopy(self.model_config(router))
+        config.setdefault("parameters", {})["plan"] = {"string_value": json.dumps(plan.to_dict(), sort_keys=True)}
+        first = plan.splits[0]
+        config.setdefault("dynamic_batching", {}).update(
+            preferred_batch_size=[first.batch_size], max_queue_delay_microseconds=first.queue_delay_us)
+        self.load(router, config)
+
+    def current_plan(self, router: str) -> Plan:
+        """The plan in the router's live config."""
+        params = self.model_config(router).get("parameters", {})
+        return Plan.from_json(params["plan"]["string_value"])

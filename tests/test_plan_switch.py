@@ -1,0 +1,108 @@
+"""Switching the router's plan while it serves: zero failed requests, same answers,
+the new splits take the traffic; a malformed plan is refused and the old one stays."""
+
+from __future__ import annotations
+
+import threading
+import urllib.request
+
+import numpy as np
+import pytest
+
+from e3.client.loadgen import closed_loop
+from e3.controller.triton_api import ControlError, TritonControl
+from e3.core.exits import make_exit_rule
+from e3.core.plan import default_plan
+from e3.deploy.server import TritonServer, free_port
+from e3.export.reference import reference_answers
+from e3.export.repository import ExportSettings, all_ranges, export_repository
+
+pytestmark = pytest.mark.e2e
+REQUESTS = 3000
+
+
+def _answered(server) -> bool:
+    stats = server.model_statistics("tiny_ee_split_1-2")["model_stats"][0]
+    return stats["inference_count"] > 200
+
+
+@pytest.fixture(scope="module")
+def switch_server(tmp_path_factory, tiny_model):
+    repo = tmp_path_factory.mktemp("switch-repo")
+    export_repository("tiny-ee", "2", repo, ExportSettings(), progress=False,
+                      extra_ranges=all_ranges(tiny_model.card.num_blocks))
+    with TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()) as server:
+        yield server
+
+
+def _plan(card, cuts_ranges, batch_size=4):
+    return default_plan("tiny_ee", card.num_blocks, cuts_ranges, card.exit_rule, card.ramp_blocks,
+                        batch_size=batch_size)
+
+
+def test_switch_under_load_loses_nothing(switch_server, tiny_model):
+    card = tiny_model.card
+    new_plan = _plan(card, [(1, 1), (2, 3), (4, 4)])
+    ids, mask = (x.numpy() for x in tiny_model.example_inputs(256, seed=11))
+    pool = {"input_ids": ids, "attention_mask": mask}
+    with TritonControl(switch_server.http_url) as control:
+        for split in new_plan.splits:
+            control.load(split.model)
+        results = {}
+        load = threading.Thread(target=lambda: results.setdefault("r", closed_loop(
+            switch_server.http_url, "tiny_ee_router", pool, concurrency=8, batch=3, requests=REQUESTS)))
+        load.start()
+        while not _answered(switch_server):  # the old plan is serving under load
+            pass
+        control.switch_plan("tiny_ee_router", new_plan)
+        assert load.is_alive(), "the load must still be running when the switch completes"
+        load.join()
+        assert control.current_plan("tiny_ee_router").plan_id == new_plan.plan_id
+    result = results["r"]
+    assert result.errors == 0, result.error_messages
+    assert result.requests == REQUESTS
+    metrics = urllib.request.urlopen(switch_server.metrics_url, timeout=10).read().decode()
+    assert f'plan_id="{new_plan.plan_id}"' in metrics
+    for split in new_plan.splits:  # the new splits took traffic during the load
+        stats = switch_server.model_statistics(split.model)["model_stats"][0]
+        assert stats["inference_count"] > 0, split.model
+    # Answers after the switch still equal the reference.
+    from e3.client.sdk import E3Client
+    with E3Client(switch_server.http_url) as client:
+        got = client.infer("tiny_ee_router", {"input_ids": ids[:40], "attention_mask": mask[:40]})
+    ref = reference_answers(tiny_model, (ids[:40], mask[:40]), make_exit_rule(card.exit_rule))
+    clear = ref.min_margin > 1e-5
+    assert (got.exit_ramp[clear] == ref.exit_ramp[clear]).all() and (got.label[clear] == ref.label[clear]).all()
+
+
+def test_malformed_plan_is_refused_and_the_old_plan_stays(switch_server, tiny_model):
+    card = tiny_model.card
+    with TritonControl(switch_server.http_url) as control:
+        before = control.current_plan("tiny_ee_router")
+        broken = _plan(card, [(1, 2), (3, 4)])
+        object.__setattr__(broken.splits[1], "first_block", 2)  # overlaps split 1
+        with pytest.raises(ControlError, match="malformed plan"):
+            control.switch_plan("tiny_ee_router", broken)
+        # Even if a bad plan reaches Triton, the router refuses it at load and the old version serves.
+        config = control.model_config("tiny_ee_router")
+        config["parameters"]["plan"] = {"string_value": '{"model": "tiny_ee", "splits": []}'}
+        with pytest.raises(ControlError):
+            control.load("tiny_ee_router", config)
+        assert control.is_ready("tiny_ee_router")
+        assert control.current_plan("tiny_ee_router").plan_id == before.plan_id
+    from e3.client.sdk import E3Client
+    ids, mask = (x.numpy() for x in tiny_model.example_inputs(5, seed=1))
+    with E3Client(switch_server.http_url) as client:
+        assert len(client.infer("tiny_ee_router", {"input_ids": ids, "attention_mask": mask}).label) == 5
+
+
+def test_router_telemetry_counts_every_input(switch_server, tiny_model):
+    from e3.controller.forecast import parse_snapshots
+    text = urllib.request.urlopen(switch_server.metrics_url, timeout=10).read().decode()
+    snap = parse_snapshots(text)["tiny_ee"]
+    assert snap.inputs > 0 and snap.batches > 0
+    L = tiny_model.card.num_blocks
+    # Every input is answered at exactly one ramp.
+    assert sum(snap.exited.values()) == pytest.approx(snap.inputs)
+    assert snap.reached[1] == pytest.approx(snap.inputs)
+    assert snap.exited[L] == pytest.approx(snap.reached[L])
