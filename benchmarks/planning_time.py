@@ -5,7 +5,10 @@ the batch; labelled synthetic, not measured), a batch profile where inputs leave
 slack 0.2, R = 3000 inputs/s, no cost bound. Prints a table and writes
 artifacts/results/planning_time.json.
 
-    .venv/bin/python -m benchmarks.planning_time [--quick] [--repeats 3]
+    .venv/bin/python -m benchmarks.planning_time [--quick] [--repeats 3] [--reference]
+
+``--reference`` times the planner's original exact search (``_reference_best_plan``) instead of the fast
+one, for before/after tables; both return the same plans.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import time
 
 import numpy as np
 
-from e3.controller.planner import best_plan
+from e3.controller.planner import _reference_best_plan, best_plan
 from e3.core.profile import BatchProfile, DeviceConfig, LatencyProfile
 from e3.paths import artifacts_dir
 
@@ -52,14 +55,14 @@ def split_devices(total: int, configs: list[str]) -> dict[str, int]:
     return {c: base + (1 if i < extra else 0) for i, c in enumerate(configs)}
 
 
-def run_case(layers: int, devices: int, n_configs: int, repeats: int) -> dict:
+def run_case(layers: int, devices: int, n_configs: int, repeats: int, reference: bool = False) -> dict:
     configs = list(GPU_SHAPES)[:n_configs]
     lat, batch = synthetic_profile(layers, configs), synthetic_batch(layers)
     res = split_devices(devices, configs)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        r = best_plan(lat, batch, res, slo_ms=200.0, rate_rps=3000.0, slack=0.2, alpha=None)
+        r = (_reference_best_plan if reference else best_plan)(lat, batch, res, slo_ms=200.0, rate_rps=3000.0, slack=0.2, alpha=None)
         times.append(time.perf_counter() - start)
     return {"layers": layers, "devices": devices, "configs": n_configs, "resources": res,
             "seconds_median": statistics.median(times), "seconds_all": times,
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small grid only (smoke run)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per case (median reported)")
+    ap.add_argument("--reference", action="store_true", help="time the original exact search instead")
     args = ap.parse_args(argv)
     grid = [(6, 8, 1), (12, 16, 1), (6, 8, 3)] if args.quick else \
         [(l, d, c) for c in (1, 3) for l in (6, 12, 24) for d in (8, 16, 64)]
@@ -78,14 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'layers':>6} {'devices':>7} {'configs':>7} {'seconds':>8} {'splits':>6} {'B0':>5} "
           f"{'thr (in/s)':>11} {'lat ms':>7} {'cost':>7}")
     for layers, devices, n_configs in grid:
-        row = run_case(layers, devices, n_configs, args.repeats)
+        row = run_case(layers, devices, n_configs, args.repeats, args.reference)
         rows.append(row)
         print(f"{layers:>6} {devices:>7} {n_configs:>7} {row['seconds_median']:>8.3f} {row['splits']:>6} "
               f"{row['input_batch_size']:>5} {row['throughput_rps']:>11.0f} {row['latency_ms']:>7.1f} "
               f"{row['cost']:>7.1f}", flush=True)
-    out = artifacts_dir() / "results" / "planning_time.json"
+    out = artifacts_dir() / "results" / ("planning_time_reference.json" if args.reference else "planning_time.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "planning_time", "profile": "synthetic GPU-like (not measured)",
+    out.write_text(json.dumps({"benchmark": "planning_time", "search": "reference" if args.reference else "fast", "profile": "synthetic GPU-like (not measured)",
                                "machine": platform.processor() or platform.machine(),
                                "python": platform.python_version(), "rows": rows}, indent=1))
     print(f"wrote {out}")

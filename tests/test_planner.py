@@ -14,7 +14,8 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from e3.controller.planner import (PlannerError, best_plan, cheapest_plan, parse_resources, stock_baseline)
+from e3.controller.planner import (PlannerError, _reference_best_plan, best_plan, cheapest_plan, parse_resources,
+                                   stock_baseline)
 from e3.core.plan import Plan
 from e3.core.profile import BatchProfile, DeviceConfig, LatencyProfile
 
@@ -158,6 +159,30 @@ def test_best_plan_matches_brute_force(seed, names, counts):
     assert got.cost == pytest.approx(want[1], rel=1e-9)
     assert got.latency_ms == pytest.approx(want[2], rel=1e-7)
     assert_feasible(got, lat, batch, res, slo, slack, rate, cost_bound)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_fast_search_matches_reference_search(seed):
+    """The fast search (best-first over B0, 1-D DP, racing probes) returns the original search's plan on
+    instances too big for brute force: 1-3 configurations, up to 10 blocks and 12 devices, cost bounds."""
+    rng = np.random.default_rng(1000 + seed)
+    names = ["a", "b", "c"][: 1 + seed % 3]
+    L = int(rng.integers(3, 11))
+    lat = random_profile(rng, L, names)
+    batch = make_batch(random_reach(rng, L))
+    res = {n: int(rng.integers(1, 12 // len(names) + 2)) for n in names}
+    kw = dict(slo_ms=float(rng.uniform(15, 120)), slack=0.2, rate_rps=float(rng.uniform(200, 5000)),
+              alpha=None, cost_bound=float(rng.uniform(2, 12)) if seed % 4 == 1 else None,
+              b0s=None if seed % 2 else [1, 2, 4, 8, 16, 32])
+    try:
+        want = _reference_best_plan(lat, batch, res, **kw)
+    except PlannerError:
+        with pytest.raises(PlannerError):
+            best_plan(lat, batch, res, **kw)
+        return
+    got = best_plan(lat, batch, res, **kw)
+    assert (got.input_batch_size, got.splits) == (want.input_batch_size, want.splits)
+    assert (got.throughput_rps, got.cost, got.latency_ms) == (want.throughput_rps, want.cost, want.latency_ms)
 
 
 def test_random_instances_are_not_trivial():
