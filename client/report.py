@@ -1,6 +1,8 @@
-"""Plain-text tables of load results (what `e3 demo` and benchmarks print)."""
+"""Plain-text tables of load results (what `e3 demo`, `e3 load` and benchmarks print)."""
 
 from __future__ import annotations
+
+import math
 
 from e3.client.loadgen import LoadResult
 
@@ -16,17 +18,28 @@ def exit_histogram(result: LoadResult) -> str:
 
 
 def format_table(results: list[LoadResult], reference: str | None = None) -> str:
-    """One row per model: throughput, latency percentiles, errors, exit histogram.
+    """One row per result: throughput, latency percentiles, errors, exit histogram.
 
-    ``reference`` names the model whose throughput the ``speedup`` column divides by.
+    ``reference`` names the model whose throughput the ``speedup`` column
+    divides by. When any result has an SLO, goodput (inputs/s answered within
+    it) and SLO misses (inputs answered late) are shown; when any has labels
+    (workload replays), accuracy. A result of one workload phase is named
+    ``model [mix]``.
     """
-    base = next((r.throughput_ips for r in results if r.model == reference), None)
-    header = ["model", "requests", "inputs/s", "p50 ms", "p99 ms", "errors"] + (["speedup"] if base else []) + \
+    base = next((r.throughput_ips for r in results if r.model == reference and r.phase is None), None)
+    slo = any(r.slo_ms is not None for r in results)
+    acc = any(r.labelled for r in results)
+    header = ["model", "requests", "inputs/s"] + (["goodput/s", "SLO ms", "SLO misses"] if slo else []) + \
+        ["p50 ms", "p99 ms", "errors"] + (["accuracy"] if acc else []) + (["speedup"] if base else []) + \
         ["exit histogram (ramp:share)"]
     rows = []
     for r in results:
-        row = [r.model, str(r.requests), f"{r.throughput_ips:.1f}", f"{r.percentile_ms(50):.1f}",
-               f"{r.percentile_ms(99):.1f}", str(r.errors)]
+        row = [r.model + (f" [{r.phase}]" if r.phase else ""), str(r.requests), f"{r.throughput_ips:.1f}"]
+        if slo:
+            row += [f"{r.goodput_ips:.1f}", f"{r.slo_ms:g}" if r.slo_ms is not None else "-", str(r.slo_misses)]
+        row += [f"{r.percentile_ms(50):.1f}", f"{r.percentile_ms(99):.1f}", str(r.errors)]
+        if acc:
+            row.append("-" if math.isnan(r.accuracy) else f"{100 * r.accuracy:.1f}%")
         if base:
             row.append(f"{r.throughput_ips / base:.2f}x")
         rows.append(row + [exit_histogram(r)])
