@@ -10,7 +10,6 @@
     e3 plan --profile P --exits E plan cuts, replicas, devices, batch (E3's DP) under an SLO
     e3 demo                       export + serve + side-by-side load + table
     e3 load SERVED_MODEL          closed/open-loop load or a workload replay; goodput under an SLO
-    e3 load SERVED_MODEL          closed/open-loop load or a workload replay; goodput under an SLO
     e3 perf -- -m MODEL ...       run perf_analyzer with its libraries found
     e3 models                     list the model zoo
     e3 clean                      remove generated artifacts
@@ -273,55 +272,6 @@ def _zoo_name_of(served: str) -> str:
     raise ValueError(f"cannot tell which zoo model {served!r} serves; pass --inputs-from MODEL or --workload FILE")
 
 
-def _load(args) -> int:
-    from e3.client.loadgen import closed_loop, open_loop, replay_workload
-    from e3.client.report import format_table
-    common = dict(batch=args.batch, slo_ms=args.slo_ms, protocol=args.protocol)
-    if args.closed and args.rate_rps is not None:
-        raise ValueError("--closed and --rate-rps exclude each other: a closed loop has no arrival rate")
-    if args.workload:
-        result = replay_workload(args.url, args.model, args.workload, rate_rps=args.rate_rps,
-                                 concurrency=args.concurrency if args.closed else None, seed=args.seed,
-                                 workers=args.workers, **common)
-    else:
-        from e3.export.zoo import resolve_model
-        zoo = args.inputs_from or _zoo_name_of(args.model)
-        model = resolve_model(zoo)
-        pool = {s.name: x.numpy() for s, x in zip(model.card.inputs, model.example_inputs(args.pool, seed=args.seed))}
-        if args.closed:
-            result = closed_loop(args.url, args.model, pool, concurrency=args.concurrency, requests=args.requests,
-                                 warmup=1, **common)
-        else:
-            if args.rate_rps is None:
-                raise ValueError("give --rate-rps R (open loop, Poisson) or --closed --concurrency N")
-            result = open_loop(args.url, args.model, pool, rate_rps=args.rate_rps, duration_s=args.duration_s,
-                               seed=args.seed, workers=args.workers, **common)
-    kind = (f"closed loop, {args.concurrency} clients" if args.closed else
-            f"open loop, Poisson {result.offered_rps:g} requests/s, {args.workers} workers")
-    print(f"{args.model}: {kind}, {args.batch} input(s) per request"
-          + (f", SLO {args.slo_ms:g} ms" if args.slo_ms is not None else "")
-          + (f", workload {args.workload}" if args.workload else ""))
-    print(format_table([result, *result.phases]))
-    if result.labelled:
-        print(f"exit ramps differing from the workload's reference: {result.exit_mismatches} of {result.inputs}")
-    if not args.closed and result.max_send_lag_ms > 50:
-        print(f"note: arrivals waited up to {result.max_send_lag_ms:.0f} ms for a free client worker "
-              "(counted in latency); raise --workers if the client, not the server, is the limit")
-    for message, count in result.error_messages.most_common(5):
-        print(f"  {count} x {message}")
-    return 1 if result.errors else 0
-
-
-def _zoo_name_of(served: str) -> str:
-    """The zoo model behind a served name: tiny_ee_router -> tiny-ee."""
-    from e3.export.zoo import ZOO
-    for name in sorted(ZOO, key=len, reverse=True):
-        base = name.replace("-", "_")
-        if served == base or served.startswith(base + "_"):
-            return name
-    raise ValueError(f"cannot tell which zoo model {served!r} serves; pass --inputs-from MODEL or --workload FILE")
-
-
 def _models(args) -> int:
     from e3.export.zoo import ZOO
     for entry in ZOO.values():
@@ -460,29 +410,6 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--out", default=None, help="folder (default artifacts/workloads/MODEL)")
     w.set_defaults(func=_workload)
-
-    lo = sub.add_parser("load", help="drive a served model: closed loop, open loop (Poisson) or a workload "
-                                     "replay; print throughput, goodput under an SLO, p50/p99, errors")
-    lo.add_argument("model", help="served model to call, e.g. tiny_ee_router, tiny_ee_ee, tiny_ee_stock")
-    lo.add_argument("--url", default="127.0.0.1:8000", help="server address (default 127.0.0.1:8000; gRPC: :8001)")
-    lo.add_argument("--protocol", choices=["http", "grpc"], default="http")
-    lo.add_argument("--closed", action="store_true", help="closed loop: --concurrency clients back to back")
-    lo.add_argument("--concurrency", type=int, default=8, help="closed loop: clients (default 8)")
-    lo.add_argument("--requests", type=int, default=300, help="closed loop without --workload: requests (default 300)")
-    lo.add_argument("--rate-rps", type=float, default=None,
-                    help="open loop: Poisson arrivals, requests/s (with --workload: default its nominal rate)")
-    lo.add_argument("--duration-s", type=float, default=10.0, help="open loop: seconds of arrivals (default 10)")
-    lo.add_argument("--workers", type=int, default=32, help="open loop: client threads, the bound on requests "
-                                                             "in flight (default 32)")
-    lo.add_argument("--batch", type=int, default=1, help="inputs per request (default 1)")
-    lo.add_argument("--slo-ms", type=float, default=None, help="latency objective per request: report goodput")
-    lo.add_argument("--workload", default=None, metavar="FILE.npz",
-                    help="replay this workload (e3 workload) once, in order; per-phase results for a stream")
-    lo.add_argument("--inputs-from", default=None, metavar="MODEL",
-                    help="zoo model whose example inputs to send (default: from the served name)")
-    lo.add_argument("--pool", type=int, default=512, help="distinct example inputs cycled through (default 512)")
-    lo.add_argument("--seed", type=int, default=0, help="seeds the inputs and the arrival schedule")
-    lo.set_defaults(func=_load)
 
     lo = sub.add_parser("load", help="drive a served model: closed loop, open loop (Poisson) or a workload "
                                      "replay; print throughput, goodput under an SLO, p50/p99, errors")
