@@ -123,7 +123,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from e3.core.names import split_name
-from e3.core.plan import Plan, SplitPlan
+from e3.core.plan import Plan, SplitPlan, entry_queue_delay_us
 from e3.core.profile import BatchProfile, LatencyProfile
 
 __all__ = ["PlannerError", "SplitChoice", "PlannerResult", "best_plan", "cheapest_plan", "stock_baseline",
@@ -180,9 +180,10 @@ class PlannerResult:
                 slo_ms: float, slack: float) -> Plan:
         """The shared plan document for this result (every ramp inside a split enabled).
 
-        ``queue_delay_us`` of each split is one cycle (a replica's batch arrives within one cycle in the
-        steady state; waiting longer means the forecast was wrong), capped so that the splits' queue
-        delays together stay within the SLO's slack.
+        ``queue_delay_us`` of each split after the first is one cycle (a replica's batch arrives within
+        one cycle in the steady state; waiting longer means the forecast was wrong), capped so that the
+        splits' queue delays together stay within the SLO's slack; the first split's (and the router's)
+        is :func:`e3.core.plan.entry_queue_delay_us` (0, measured).
         """
         ramps = tuple(sorted(set(int(k) for k in ramp_blocks)))
         slack_us = slo_ms * slack * 1e3 / max(1, len(self.splits))
@@ -190,7 +191,8 @@ class PlannerResult:
         splits = tuple(
             SplitPlan(model=split_name(model, s.first_block, s.last_block), first_block=s.first_block,
                       last_block=s.last_block, batch_size=s.preferred_batch, instances=s.replicas,
-                      device=s.device, queue_delay_us=delay_us,
+                      device=s.device,
+                      queue_delay_us=entry_queue_delay_us() if s.first_block == 1 else delay_us,
                       enabled_ramps=tuple(k for k in ramps if s.first_block <= k <= s.last_block and k < num_blocks))
             for s in self.splits)
         predicted = {"throughput_rps": self.throughput_rps, "goodput_rps": self.goodput_rps,

@@ -136,8 +136,7 @@ def models_to_serve(repo: Path) -> list[str]:
                           "or name the models to load with --models")
     names = []
     for deployment in read_manifest(repo)["deployments"].values():
-        names += [s["model"] for s in deployment["plan"]["splits"]]
-        names += [deployment["front_door"], *deployment["baselines"]]
+        names += deployment["serve"]
     return list(dict.fromkeys(names))
 
 

@@ -7,7 +7,7 @@ BERT family (DeeBERT recipe, on all-MiniLM-L6-v2 and the Rotten Tomatoes snippet
   embeddings frozen (CPU budget; they hold most parameters);
 * ``bert-stock``: the stage-1 model without ramps (E3's BERT-BASE baseline);
 * ``bert-ee``: stage-1 backbone and head + a DeeBERT ramp after layers 1-5,
-  trained on cached [CLS] states with the backbone frozen (stage 2);
+  trained on cached pooled states with the backbone frozen (stage 2);
   τ chosen on dev (largest τ within 1.5 points of the head's dev accuracy);
 * ``pabee``: the same frozen stage-1 backbone with its own ramps, trained the
   same way (seed 1) and PABEE's patience rule; patience chosen on dev.
@@ -38,6 +38,7 @@ from e3.paths import artifacts_dir
 __all__ = ["RECIPES", "train", "TrainReport"]
 
 log = logging.getLogger(__name__)
+RECIPE_VERSION = 2  # bump when a recipe changes what it trains (2: ramps and head read mean-pooled states)
 
 
 @dataclass
@@ -68,7 +69,7 @@ def _stage1(quick: bool, progress: bool):
     data, sha = _text_data(quick)
     try:
         meta = load_meta("bert-stage1")
-        if meta.get("quick") == quick and meta.get("data_sha256") == sha:
+        if meta.get("quick") == quick and meta.get("data_sha256") == sha and meta.get("recipe") == RECIPE_VERSION:
             model = EncoderEE("bert-stage1", minilm_config(), exit_rule={"kind": "entropy", "tau_nats": 0.0})
             model.load_state_dict(load_state("bert-stage1"))
             return model.eval(), data, sha, meta
@@ -79,31 +80,33 @@ def _stage1(quick: bool, progress: bool):
     settings = dict(epochs=1, lr=5e-5, batch_size=32, seed=0, freeze_embeddings=True)
     ids, mask, labels = data["train"]
     losses = finetune_head(model, ids, mask, labels, progress=progress, **settings)
-    meta = {"quick": quick, "data_sha256": sha, "settings": settings, "final_loss": float(np.mean(losses[-20:])),
+    meta = {"quick": quick, "data_sha256": sha, "recipe": RECIPE_VERSION, "settings": settings,
+            "final_loss": float(np.mean(losses[-20:])),
             "seconds": time.perf_counter() - start, "train_examples": int(len(ids))}
     save_checkpoint("bert-stage1", model, meta)
     return model.eval(), data, sha, meta
 
 
-def _cls_cache(model, data, sha, quick, progress):
-    from e3.export.training import encoder_cls_features
-    path = artifacts_dir() / "cache" / f"bert-stage1-cls{'-quick' if quick else ''}.npz"
+def _pooled_cache(model, data, sha, quick, progress):
+    from e3.export.training import encoder_pooled_features
+    path = artifacts_dir() / "cache" / f"bert-stage1-pooled{'-quick' if quick else ''}.npz"
     if path.exists():
         cached = np.load(path)
-        if str(cached["sha"]) == sha:
+        if str(cached["sha"]) == f"{sha}-{RECIPE_VERSION}":
             return {split: {k: cached[f"{split}_{k}"] for k in range(1, model.card.num_blocks + 1)}
                     for split in data}
-    feats = {split: encoder_cls_features(model, ids, mask, progress=progress, desc=f"cache [CLS] ({split})")
+    feats = {split: encoder_pooled_features(model, ids, mask, progress=progress, desc=f"cache pooled states ({split})")
              for split, (ids, mask, _) in data.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, sha=sha, **{f"{s}_{k}": v for s, f in feats.items() for k, v in f.items()})
+    np.savez(path, sha=f"{sha}-{RECIPE_VERSION}", **{f"{s}_{k}": v for s, f in feats.items() for k, v in f.items()})
     return feats
 
 
 def _ramp_logits(model, feats: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
     import torch
     with torch.no_grad():
-        return {k: model.ramp(k, torch.as_tensor(feats[k])[:, None, :], None).numpy() for k in model.card.exit_blocks}
+        return {k: (model.head if k == model.card.num_blocks else model.ramps[str(k)]).from_pooled(
+            torch.as_tensor(feats[k])).numpy() for k in model.card.exit_blocks}
 
 
 def _per_ramp_accuracy(logits, labels):
@@ -111,7 +114,7 @@ def _per_ramp_accuracy(logits, labels):
 
 
 def _train_bert(name: str, quick: bool, progress: bool) -> dict:
-    from e3.export.training import choose_patience, choose_tau, simulate_exits, summarize_exits, train_ramps_on_cls
+    from e3.export.training import choose_patience, choose_tau, simulate_exits, summarize_exits, train_ramps_on_pooled
     from e3.core.exits import make_exit_rule
     from e3.export.zoo.encoder import EncoderEE
     from e3.export.zoo.minilm import minilm_config
@@ -121,17 +124,17 @@ def _train_bert(name: str, quick: bool, progress: bool) -> dict:
     if name == "bert-stock":
         model = EncoderEE("bert-stock", minilm_config(ramps=()), exit_rule={"kind": "entropy", "tau_nats": 0.0})
         model.load_state_dict({k: v for k, v in stage1.state_dict().items() if not k.startswith("ramps.")})
-        feats = _cls_cache(stage1, data, sha, quick, progress)
+        feats = _pooled_cache(stage1, data, sha, quick, progress)
         acc = float((_ramp_logits(stage1, feats["test"])[L].argmax(1) == data["test"][2]).mean())
         meta = {**base, "test_accuracy": acc, "exit_rule": None}
         save_checkpoint(name, model, meta)
         return meta
-    feats = _cls_cache(stage1, data, sha, quick, progress)
+    feats = _pooled_cache(stage1, data, sha, quick, progress)
     model = EncoderEE(name, minilm_config(), exit_rule={"kind": "entropy", "tau_nats": 0.0})
     model.load_state_dict(stage1.state_dict())
     seed = 0 if name == "bert-ee" else 1
     settings = dict(epochs=20 if not quick else 10, lr=1e-3, batch_size=128, seed=seed)
-    train_ramps_on_cls(model, feats["train"], data["train"][2], blocks=model.card.ramp_blocks, progress=progress,
+    train_ramps_on_pooled(model, feats["train"], data["train"][2], blocks=model.card.ramp_blocks, progress=progress,
                        **settings)
     dev, test = _ramp_logits(model, feats["dev"]), _ramp_logits(model, feats["test"])
     if name == "bert-ee":

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from e3.core.names import (ee_name, ramp_output, ranges_from_cuts, router_name, served_name, split_name,
-                           state_output, stock_name)
+from e3.core.names import (ee_name, preprocess_name, ramp_output, ranges_from_cuts, router_name, served_name,
+                           split_name, state_output, stock_name)
 from e3.core.plan import Plan, SplitPlan, default_plan
 from e3.core.spec import ModelCard, TensorSpec
 from e3.export.model_api import EarlyExitModel, SplitModule
@@ -129,6 +129,8 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
         splits.setdefault(extra.model, extra)
     steps = [*[(name, "split") for name in splits], (router_name(m), "router"),
              (stock_name(m), "stock"), (ee_name(m), "ee")]
+    if card.preprocess:  # text front door: <m> = <m>_preprocess -> <m>_router
+        steps += [(preprocess_name(m), "preprocess"), (m, "ensemble")]
     for name, _ in steps:
         _check_owned(repo, name, manifest)
     for name, kind in tqdm(steps, desc=f"export {m}", unit="model", disable=not progress):
@@ -139,11 +141,18 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
                 _write_router(card, plan, name, tmp, settings)
             elif kind == "stock":
                 _write_stock(model_name, name, tmp, settings)
+            elif kind == "preprocess":
+                _write_preprocess(card, name, tmp, settings)
+            elif kind == "ensemble":
+                _write_ensemble(card, m, tmp, settings)
             else:
                 _write_ee(model, plan, name, tmp, settings)
         manifest["models"][name] = {"kind": kind, "model": model_name, "target": settings.target}
+    front = [router_name(m), *([preprocess_name(m), m] if card.preprocess else [])]
     manifest["deployments"][m] = {"model": model_name, "card": card.to_dict(), "plan": plan.to_dict(),
-                                  "front_door": router_name(m), "baselines": [stock_name(m), ee_name(m)]}
+                                  "front_door": m if card.preprocess else router_name(m), "router": router_name(m),
+                                  "baselines": [stock_name(m), ee_name(m)],
+                                  "serve": [*(s.model for s in plan.splits), *front, stock_name(m), ee_name(m)]}
     _atomic_write(repo / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
     return plan
 
@@ -192,6 +201,26 @@ def _write_router(card: ModelCard, plan: Plan, name: str, out: Path, settings: E
         dynamic_batching=DynamicBatching((first.batch_size,), first.queue_delay_us),
         parameters={"model_card": json.dumps(card.to_dict()), "plan": json.dumps(plan.to_dict(), sort_keys=True)}),
         "e3.router.triton_router", settings)
+
+
+def _write_preprocess(card: ModelCard, name: str, out: Path, settings: ExportSettings) -> None:
+    _write_python_model(out, ModelDescription(
+        name=name, kind="python", max_batch_size=card.max_batch_size, inputs=(TensorSpec("TEXT", "BYTES", (1,)),),
+        outputs=card.inputs, instances=1, dynamic_batching=DynamicBatching((), 0),
+        parameters={"model_card": json.dumps(card.to_dict())}), f"{RUNTIME}.preprocess", settings)
+
+
+def _write_ensemble(card: ModelCard, m: str, out: Path, settings: ExportSettings) -> None:
+    """``<m>``: TEXT -> <m>_preprocess -> <m>_router -> label, exit_ramp, probs."""
+    from e3.export.triton_config import EnsembleStep
+    inner = {t.name: f"_{t.name}" for t in card.inputs}
+    answers = {t.name: t.name for t in answer_specs(card)}
+    (out / "1").mkdir(parents=True, exist_ok=True)
+    (out / "config.pbtxt").write_text(render_config(ModelDescription(
+        name=m, kind="ensemble", max_batch_size=card.max_batch_size, inputs=(TensorSpec("TEXT", "BYTES", (1,)),),
+        outputs=answer_specs(card), dynamic_batching=None,
+        steps=(EnsembleStep(preprocess_name(m), {"TEXT": "TEXT"}, inner),
+               EnsembleStep(router_name(m), {k: v for k, v in inner.items()}, answers))), settings.target))
 
 
 def _output_specs(card: ModelCard, module: SplitModule) -> tuple[TensorSpec, ...]:

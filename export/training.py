@@ -24,7 +24,7 @@ from e3.export.model_api import EarlyExitModel
 from e3.router.policy import BatchRoute
 
 __all__ = ["all_exit_logits", "simulate_exits", "choose_tau", "choose_patience", "finetune_head", "train_joint",
-           "encoder_cls_features", "train_ramps_on_cls", "bf16_available", "ExitSummary", "summarize_exits"]
+           "encoder_pooled_features", "train_ramps_on_pooled", "bf16_available", "ExitSummary", "summarize_exits"]
 
 log = logging.getLogger(__name__)
 
@@ -194,10 +194,10 @@ def train_joint(model: EarlyExitModel, images: np.ndarray, labels: np.ndarray, *
 
 
 @torch.no_grad()
-def encoder_cls_features(model, ids: np.ndarray, mask: np.ndarray, batch_size: int = 128,
-                         progress: bool = True, desc: str = "cache [CLS] states") -> dict[int, np.ndarray]:
-    """Encoder models: the [CLS] hidden state after every block, block -> [N, H] (what a DeeBERT
-    ramp reads). Batches trimmed to their longest input."""
+def encoder_pooled_features(model, ids: np.ndarray, mask: np.ndarray, batch_size: int = 128,
+                            progress: bool = True, desc: str = "cache pooled states") -> dict[int, np.ndarray]:
+    """Encoder models: what a ramp's pooler reads after every block ([CLS] or masked mean),
+    block -> [N, H]. Batches trimmed to their longest input."""
     model.eval()
     lengths = mask.sum(1)
     out = {k: np.zeros((len(ids), model.config.hidden), np.float32) for k in range(1, model.card.num_blocks + 1)}
@@ -208,16 +208,16 @@ def encoder_cls_features(model, ids: np.ndarray, mask: np.ndarray, batch_size: i
         state = model.stem(torch.as_tensor(ids[idx, :width]), torch.as_tensor(mask[idx, :width]))
         for k in range(1, model.card.num_blocks + 1):
             state = model.block(k, *state)
-            out[k][idx] = state[0][:, 0].numpy()
+            out[k][idx] = model.head.pool(state[0], state[1]).numpy()
     return out
 
 
-def train_ramps_on_cls(model, feats: dict[int, np.ndarray], labels: np.ndarray, *, blocks: tuple[int, ...],
+def train_ramps_on_pooled(model, feats: dict[int, np.ndarray], labels: np.ndarray, *, blocks: tuple[int, ...],
                        epochs: int = 30, lr: float = 1e-3, batch_size: int = 128, seed: int = 0,
                        progress: bool = True) -> None:
-    """DeeBERT stage 2: train each ramp on cached [CLS] states, backbone frozen.
+    """DeeBERT stage 2: train each ramp on cached pooled states, backbone frozen.
 
-    A ramp only reads its block's [CLS] state, so training on the cache is
+    A ramp only reads its block's pooled state, so training on the cache is
     exactly training with the frozen backbone in the loop, minus its cost.
     """
     torch.manual_seed(seed)
@@ -230,8 +230,7 @@ def train_ramps_on_cls(model, feats: dict[int, np.ndarray], labels: np.ndarray, 
         x = torch.as_tensor(feats[k])
         for _ in range(epochs):
             for idx in _batches(len(x), batch_size, rng):
-                # the ramp applies pooler to x[:, 0]: feed [N, 1, H]
-                loss = nn.functional.cross_entropy(ramp(x[idx][:, None, :]), y[idx])
+                loss = nn.functional.cross_entropy(ramp.from_pooled(x[idx]), y[idx])
                 opt.zero_grad()
                 loss.backward()
                 opt.step()

@@ -23,7 +23,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from e3.core.spec import TensorSpec
 
-__all__ = ["TARGETS", "DynamicBatching", "ModelDescription", "render_config", "parse_config", "OWNER_KEY"]
+__all__ = ["TARGETS", "DynamicBatching", "EnsembleStep", "ModelDescription", "render_config", "parse_config", "OWNER_KEY"]
 
 TARGETS = ("embedded", "ngc")
 OWNER_KEY = "e3_owner"  # parameter marking models that e3 created (export never touches others)
@@ -37,9 +37,16 @@ class DynamicBatching:
 
 
 @dataclass(frozen=True)
+class EnsembleStep:
+    model: str                        # composing model
+    input_map: dict[str, str]         # the step model's input name -> ensemble tensor name
+    output_map: dict[str, str]        # the step model's output name -> ensemble tensor name
+
+
+@dataclass(frozen=True)
 class ModelDescription:
     name: str
-    kind: str                                  # "onnx" (a model.onnx to run), "tensorrt" (a model.plan) or "python"
+    kind: str                                  # "onnx" (a model.onnx), "tensorrt" (a model.plan), "python", "ensemble"
     max_batch_size: int
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
@@ -48,6 +55,7 @@ class ModelDescription:
     gpus: tuple[int, ...] = ()
     dynamic_batching: DynamicBatching | None = DynamicBatching()
     parameters: dict[str, str] = field(default_factory=dict)
+    steps: tuple[EnsembleStep, ...] = ()      # kind "ensemble" only
 
 
 def render_config(desc: ModelDescription, target: str = "embedded") -> str:
@@ -68,15 +76,23 @@ def render_config(desc: ModelDescription, target: str = "embedded") -> str:
         cfg.platform = "onnxruntime_onnx"
     elif desc.kind in ("onnx", "python"):
         cfg.backend = "python"
+    elif desc.kind == "ensemble":
+        cfg.platform = "ensemble"
+        for step in desc.steps:
+            s = cfg.ensemble_scheduling.step.add(model_name=step.model, model_version=-1)
+            s.input_map.update(step.input_map)
+            s.output_map.update(step.output_map)
     else:
         raise ValueError(f"model {desc.name}: unknown kind {desc.kind!r}")
     for spec, target_list in ((desc.inputs, cfg.input), (desc.outputs, cfg.output)):
         for t in spec:
             target_list.add(name=t.name, data_type=mc.DataType.Value(f"TYPE_{'STRING' if t.dtype == 'BYTES' else t.dtype}"),
                             dims=list(t.shape))
-    group = cfg.instance_group.add(count=desc.instances, kind=mc.ModelInstanceGroup.Kind.Value(desc.instance_kind))
-    group.gpus.extend(desc.gpus)
-    if desc.dynamic_batching is not None:
+    if desc.kind != "ensemble":  # an ensemble has neither instances nor a batcher of its own
+        group = cfg.instance_group.add(count=desc.instances,
+                                       kind=mc.ModelInstanceGroup.Kind.Value(desc.instance_kind))
+        group.gpus.extend(desc.gpus)
+    if desc.dynamic_batching is not None and desc.kind != "ensemble":
         db = cfg.dynamic_batching
         db.preferred_batch_size.extend(desc.dynamic_batching.preferred_batch_sizes)
         db.max_queue_delay_microseconds = desc.dynamic_batching.max_queue_delay_us

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from e3.core.exits import EntropyRule, PatienceRule
-from e3.export.training import (all_exit_logits, choose_patience, choose_tau, encoder_cls_features, finetune_head,
-                                simulate_exits, summarize_exits, train_ramps_on_cls)
+from e3.export.training import (all_exit_logits, choose_patience, choose_tau, encoder_pooled_features, finetune_head,
+                                simulate_exits, summarize_exits, train_ramps_on_pooled)
 from e3.export.zoo.encoder import EncoderConfig, EncoderEE
 
 
@@ -75,8 +75,8 @@ def test_tiny_two_stage_training_learns():
     ids, mask, labels = _separable(512, 0)
     finetune_head(model, ids, mask, labels, epochs=6, lr=2e-3, batch_size=32, freeze_embeddings=False,
                   progress=False)
-    feats = encoder_cls_features(model, ids, mask, progress=False)
-    train_ramps_on_cls(model, feats, labels, blocks=(1, 2), epochs=30, lr=3e-3, progress=False)
+    feats = encoder_pooled_features(model, ids, mask, progress=False)
+    train_ramps_on_pooled(model, feats, labels, blocks=(1, 2), epochs=30, lr=3e-3, progress=False)
     tids, tmask, tlabels = _separable(256, 1)
     logits = all_exit_logits(model, (tids, tmask))
     assert (logits[3].argmax(1) == tlabels).mean() > 0.9      # the head learned

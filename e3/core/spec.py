@@ -59,6 +59,7 @@ class ModelCard:
     exit_rule: dict[str, Any] = field(default_factory=dict)  # default exit rule, see e3.core.exits
     max_batch_size: int = 64         # largest batch a split accepts
     max_seq_len: int | None = None   # text models: inputs are padded/truncated to this length
+    preprocess: str | None = None    # front-door preprocessing: "minilm" (WordPiece text -> ids/mask) or None
     # Shapes of the state tensors after block k (0: after the stem) where they change
     # from block to block (CNNs); absent: ``state``'s shapes hold at every cut.
     state_shapes: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)

@@ -42,7 +42,7 @@ def _trained_encoder(name: str, ramps: bool = True) -> EarlyExitModel:
     meta = load_meta(name)
     rule = meta.get("exit_rule") or {"kind": "entropy", "tau_nats": 0.0}
     model = EncoderEE(name, minilm_config(max_seq_len=meta["max_seq_len"], ramps=(1, 2, 3, 4, 5) if ramps else ()),
-                      exit_rule=rule)
+                      exit_rule=rule, preprocess="minilm")
     model.load_state_dict(load_state(name))
     return model
 

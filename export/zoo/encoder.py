@@ -32,6 +32,7 @@ class EncoderConfig:
     ramp_blocks: tuple[int, ...] = field(default=(1, 2, 3))  # blocks followed by a ramp (< layers)
     layer_norm_eps: float = 1e-12
     dropout: float = 0.1
+    pooling: str = "cls"   # what a ramp/head reads: "cls" ([CLS] state, DeeBERT) or "mean" (masked mean)
 
 
 class _Embeddings(nn.Module):
@@ -80,23 +81,36 @@ class _Layer(nn.Module):
 
 
 class _Ramp(nn.Module):
-    """DeeBERT highway: pooler (dense + tanh on [CLS]) -> dropout -> linear."""
+    """DeeBERT highway: pooler (dense + tanh) -> dropout -> linear, on the [CLS] state or on
+    the masked mean of the layer's states (``pooling``)."""
 
     def __init__(self, c: EncoderConfig):
         super().__init__()
+        self.mean = c.pooling == "mean"
         self.pooler = nn.Linear(c.hidden, c.hidden)
         self.dropout = nn.Dropout(c.dropout)
         self.classifier = nn.Linear(c.hidden, c.num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.dropout(torch.tanh(self.pooler(x[:, 0]))))
+    def pool(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[B, S, H] states -> [B, H] what the pooler reads."""
+        if not self.mean:
+            return x[:, 0]
+        m = mask.to(x.dtype).unsqueeze(-1)
+        return (x * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+    def from_pooled(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.dropout(torch.tanh(self.pooler(pooled))))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.from_pooled(self.pool(x, mask))
 
 
 class EncoderEE(EarlyExitModel):
     """Text classifier: inputs ``input_ids`` and ``attention_mask`` (INT64 [S]),
     state ``hidden`` (FP32 [S, H]) and ``attention_mask``."""
 
-    def __init__(self, name: str, config: EncoderConfig, exit_rule: dict, max_batch_size: int = 64):
+    def __init__(self, name: str, config: EncoderConfig, exit_rule: dict, max_batch_size: int = 64,
+                 preprocess: str | None = None):
         super().__init__()
         c = self.config = config
         self.embeddings = _Embeddings(c)
@@ -108,7 +122,7 @@ class EncoderEE(EarlyExitModel):
             name=name, num_blocks=c.layers, ramp_blocks=tuple(c.ramp_blocks), num_classes=c.num_classes,
             inputs=(TensorSpec("input_ids", "INT64", (s,)), TensorSpec("attention_mask", "INT64", (s,))),
             state=(TensorSpec("hidden", "FP32", (s, c.hidden)), TensorSpec("attention_mask", "INT64", (s,))),
-            exit_rule=dict(exit_rule), max_batch_size=max_batch_size, max_seq_len=s)
+            exit_rule=dict(exit_rule), max_batch_size=max_batch_size, max_seq_len=s, preprocess=preprocess)
 
     def stem(self, input_ids, attention_mask):
         return self.embeddings(input_ids), attention_mask
@@ -117,7 +131,8 @@ class EncoderEE(EarlyExitModel):
         return self.layers[k - 1](hidden, attention_mask), attention_mask
 
     def ramp(self, k, hidden, attention_mask):
-        return self.head(hidden) if k == self.card.num_blocks else self.ramps[str(k)](hidden)
+        ramp = self.head if k == self.card.num_blocks else self.ramps[str(k)]
+        return ramp(hidden, attention_mask)
 
     def example_inputs(self, n, seed=0):
         """Random token ids with random lengths (>= 2), padded with 0 past the length."""

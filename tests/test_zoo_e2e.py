@@ -1,0 +1,121 @@
+"""The zoo's MiniLM models served split, through the text front door: same answers as PyTorch.
+
+CI cannot train the real models, so the checkpoints here come from `e3 train
+--quick` (a few hundred examples) with their ramps re-drawn so that exits
+spread over every ramp; serving correctness does not depend on accuracy.
+1,000 test snippets are sent by 16 concurrent clients in requests of mixed
+sizes to bert-ee (entropy exits) and pabee (patience: state carried across
+splits); every answer must equal the PyTorch reference run one input at a time.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+from e3.client.sdk import ClientError, E3Client
+from e3.core.exits import entropy_nats, make_exit_rule
+from e3.export.reference import reference_answers
+
+pytestmark = pytest.mark.e2e
+
+N_INPUTS, CLIENTS, TIE_BAND = 1000, 16, 1e-5
+
+
+@pytest.fixture(scope="module")
+def zoo_server(tmp_path_factory):
+    from e3.deploy.server import TritonServer, free_port
+    from e3.export.checkpoints import load_meta, save_checkpoint
+    from e3.export.recipes import train
+    from e3.export.repository import ExportSettings, export_repository
+    from e3.export.zoo import resolve_model
+    from e3.export.data.text import Tokenizer, rotten_tomatoes
+    old = os.environ.get("E3_ARTIFACTS")
+    os.environ["E3_ARTIFACTS"] = str(tmp_path_factory.mktemp("artifacts"))
+    try:
+        texts = rotten_tomatoes()["test"].texts[:N_INPUTS]
+        ids, mask = Tokenizer()(texts)
+        for name in ("bert-stock", "bert-ee", "pabee"):
+            train(name, quick=True, progress=False)
+        for name, rule in (("bert-ee", None), ("pabee", {"kind": "patience", "patience": 2})):
+            model = resolve_model(name)
+            torch.manual_seed(7)
+            for ramp in [*model.ramps.values(), model.head]:
+                torch.nn.init.normal_(ramp.classifier.weight, std=0.08)  # logits ~ N(0, 1): no saturation
+            if rule is None:  # τ near the 35% quantile of ramp-1 entropies (exits at every ramp),
+                with torch.no_grad():  # in the widest gap between observed values (few ties)
+                    state = model.block(1, *model.stem(torch.as_tensor(ids), torch.as_tensor(mask)))
+                    ent = np.sort(entropy_nats(model.ramp(1, *state).numpy()))
+                lo, hi = int(0.25 * len(ent)), int(0.45 * len(ent))
+                gap = lo + int(np.argmax(np.diff(ent[lo:hi])))
+                rule = {"kind": "entropy", "tau_nats": float((ent[gap] + ent[gap + 1]) / 2)}
+            save_checkpoint(name, model, {**load_meta(name), "exit_rule": rule})
+        repo = tmp_path_factory.mktemp("zoo-repo")
+        for name in ("bert-ee", "pabee"):
+            # A generous SLO: this test is about answers; deadlines are tested elsewhere.
+            export_repository(name, "2,4", repo, ExportSettings(router_instances=2, slo_ms=120_000), progress=False)
+        with TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()) as server:
+            yield server, texts, ids, mask
+    finally:
+        if old is None:
+            os.environ.pop("E3_ARTIFACTS", None)
+        else:
+            os.environ["E3_ARTIFACTS"] = old
+
+
+def _sizes(seed):
+    rng = np.random.default_rng(seed)
+    sizes, left = [], N_INPUTS
+    while left:
+        sizes.append(int(min(left, rng.integers(1, 17))))
+        left -= sizes[-1]
+    return sizes
+
+
+def _send(url, model, make_inputs, sizes):
+    edges = np.cumsum([0, *sizes])
+
+    def one(j):
+        with E3Client(url) as client:
+            return j, client.infer(model, make_inputs(edges[j], edges[j + 1]))
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        parts = dict(pool.map(one, range(len(sizes))))
+    order = range(len(sizes))
+    return np.concatenate([parts[j].label for j in order]), np.concatenate([parts[j].exit_ramp for j in order])
+
+
+@pytest.mark.parametrize("name, front", [("bert-ee", "text"), ("pabee", "text"), ("pabee", "router")])
+def test_thousand_inputs_from_sixteen_clients_equal_the_reference(zoo_server, name, front):
+    from e3.export.zoo import resolve_model
+    server, texts, ids, mask = zoo_server
+    model = resolve_model(name)
+    m = name.replace("-", "_")
+    if front == "text":
+        target = m  # the ensemble: <m>_preprocess -> <m>_router
+        make = lambda a, b: {"TEXT": np.array([t.encode() for t in texts[a:b]], dtype=object)[:, None]}  # noqa: E731
+    else:
+        target = f"{m}_router"
+        make = lambda a, b: {"input_ids": ids[a:b], "attention_mask": mask[a:b]}  # noqa: E731
+    label, ramp = _send(server.http_url, target, make, _sizes(len(name) + len(front)))
+    ref = reference_answers(model, (ids, mask), make_exit_rule(model.card.exit_rule))
+    clear = ref.min_margin > TIE_BAND
+    assert (~clear).sum() <= 3, "tie band must stay tiny"
+    assert (ramp[clear] == ref.exit_ramp[clear]).all()
+    assert (label[clear] == ref.label[clear]).all()
+    assert len(set(ramp.tolist())) >= 3, f"exits should spread over ramps, got {np.unique(ramp)}"
+
+
+def test_bad_text_is_refused_and_serving_goes_on(zoo_server):
+    server, texts, _, _ = zoo_server
+    with E3Client(server.http_url) as client:
+        bad = np.array([b"ok", b"\xff\xfe broken"], dtype=object)[:, None]
+        with pytest.raises(ClientError, match="not valid UTF-8"):
+            client.infer("bert_ee", {"TEXT": bad})
+        long_text = " ".join(["wonderful"] * 500)  # far past max_seq_len: truncated, still answered
+        got = client.infer("bert_ee", {"TEXT": np.array([long_text.encode(), texts[0].encode()], dtype=object)[:, None]})
+        assert len(got.label) == 2
