@@ -81,7 +81,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from e3.controller.forecast import Forecaster, Window, drifted
 from e3.core.names import parse_split_name, router_name
@@ -93,7 +93,7 @@ __all__ = [
     "score_plan", "find_stragglers", "exclude_stragglers", "devices_used", "backoff_delay_s", "failed_requests",
     "is_dead_stub", "PlanHistory", "HistoryError", "write_json_atomic", "Clock", "MonotonicClock",
     "Planner", "ProfilePlanner", "Applier", "RecordingApplier", "TritonApplier", "Controller",
-    "HISTORY_VERSION",
+    "HISTORY_VERSION", "describe_report", "status_lines",
 ]
 
 log = logging.getLogger(__name__)
@@ -616,13 +616,26 @@ class TritonApplier(Applier):
 
     def __init__(self, url: str, *, metrics_url: str | None = None, repo: Path | None = None,
                  zoo_model: str | None = None, probe_timeout_s: float = 10.0):
-        from e3.controller.triton_api import TritonControl
         self.url, self.metrics_url, self.repo, self.zoo_model = url, metrics_url, repo, zoo_model
-        self.control = TritonControl(url)
         self.probe_timeout_s = probe_timeout_s
+        self._local = threading.local()
+
+    @property
+    def control(self):
+        """This thread's :class:`TritonControl`: tritonclient's HTTP client (gevent) hangs when shared
+        across threads, and the control loop usually runs in its own thread."""
+        control = getattr(self._local, "control", None)
+        if control is None:
+            from e3.controller.triton_api import TritonControl
+            control = self._local.control = TritonControl(self.url)
+        return control
 
     def close(self) -> None:
-        self.control.close()
+        """Closes this thread's client; clients of other threads are dropped with their threads."""
+        control = getattr(self._local, "control", None)
+        if control is not None:
+            control.close()
+            self._local.control = None
 
     def current_plan(self, router: str) -> Plan | None:
         from e3.controller.triton_api import ControlError
@@ -776,12 +789,13 @@ class Controller:
 
     def __init__(self, settings: ControlSettings, *, telemetry: TelemetrySource, forecaster: Forecaster,
                  planner: Planner, applier: Applier, clock: Clock | None = None, pinned: Plan | None = None,
-                 latency: LatencyProfile | None = None):
+                 latency: LatencyProfile | None = None, on_report: Callable[[StepReport], None] | None = None):
         settings.validate()
         self.settings, self.telemetry, self.forecaster = settings, telemetry, forecaster
         self.planner, self.applier = planner, applier
         self.clock = clock or MonotonicClock()
         self.pinned = pinned
+        self.on_report = on_report            # called with every window's report (the CLI prints it)
         self.latency = latency if latency is not None else getattr(planner, "latency", None)
         files = settings.files_dir()
         self.history = PlanHistory(files / f"{settings.model}.history.json", settings.model)
@@ -877,6 +891,8 @@ class Controller:
 
     def _finish(self, rep: StepReport) -> StepReport:
         self.reports.append(rep)
+        if self.on_report is not None:
+            self.on_report(rep)
         try:
             write_json_atomic(self.state_path, {"model": self.settings.model, "updated_at": time.time(),
                                                 "pinned": self.pinned.plan_id if self.pinned else None,
@@ -1030,3 +1046,83 @@ class Controller:
 def _fmt(reach: list[float] | None) -> str:
     return "-" if reach is None else "[" + ", ".join(f"{r:.2f}" for r in reach) + "]"
 
+
+
+# --------------------------------------------------------------------------------------------- reporting
+
+def _plan_lines(plan: Plan, indent: str = "  ") -> list[str]:
+    lines = [f"{indent}{s.model:24s} blocks {s.first_block}-{s.last_block}  {s.device} x{s.instances}  "
+             f"batch {s.batch_size}  queue delay {s.queue_delay_us} us  ramps {list(s.enabled_ramps) or '-'}"
+             for s in plan.splits]
+    if plan.predicted:
+        p = plan.predicted
+        lines.append(f"{indent}predicted throughput {p.get('throughput_rps', float('nan')):.1f} inputs/s, "
+                     f"worst-case latency {p.get('latency_ms', float('nan')):.1f} ms, B0 "
+                     f"{p.get('input_batch_size', float('nan')):.0f}")
+    return lines
+
+
+def describe_report(rep: StepReport) -> str:
+    """A window's report as text (what ``e3 control`` prints)."""
+    lines = [f"window {rep.window}: {rep.inputs:.0f} inputs, observed reach {_fmt(rep.observed)}, "
+             f"forecast for it {_fmt(rep.forecast_for_window)}{' (DRIFT)' if rep.drift else ''}"]
+    if rep.error:
+        lines.append(f"  error: {rep.error}")
+    if rep.stragglers:
+        lines.append(f"  stragglers (measured/profiled): {rep.stragglers}; planned with {rep.resources}")
+    if rep.candidate is not None:
+        rps = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
+        lines.append(f"  next window forecast {_fmt(rep.forecast)}; planner's plan ({rps(rep.candidate_rps)} "
+                     f"inputs/s; running plan {rps(rep.current_rps)} under the same forecast):")
+        lines += _plan_lines(Plan.from_dict(rep.candidate), "    ")
+        lines.append("  diff vs running plan: " + ("; ".join(rep.diff) or "none"))
+    lines.append(f"  {'APPLIED' if rep.applied else 'kept'}: {rep.decision}")
+    if rep.reloaded:
+        lines.append(f"  reloaded (dead Python stub): {rep.reloaded}")
+    return "\n".join(lines)
+
+
+def status_lines(applier: Applier, model: str, state_dir: Path | None = None, history_entries: int = 10) -> list[str]:
+    """What ``e3 status`` prints: the live plan, loaded splits, last forecast vs observed, plan history."""
+    from e3.controller.triton_api import ControlError
+    settings = ControlSettings(model=model, resources={"cpu": 1}, slo_ms=1, rate_rps=1, state_dir=state_dir)
+    lines = []
+    try:
+        plan = applier.current_plan(settings.router)
+        if plan is None:
+            lines.append(f"{settings.router} is not loaded")
+        else:
+            lines.append(f"plan in force on {settings.router}: {plan.plan_id} (SLO {plan.slo_ms:g} ms, "
+                         f"slack {plan.slack:g}, exit rule {plan.exit_rule})")
+            lines += _plan_lines(plan)
+        loaded = applier.loaded_splits(model)
+        lines.append("loaded splits: " + (", ".join(f"{n} x{c}" for n, c in sorted(loaded.items())) or "none"))
+    except ControlError as err:
+        lines.append(f"server: {err}")
+    files = settings.files_dir()
+    state_path = files / f"{model}.state.json"
+    if state_path.exists():
+        try:
+            state = json.loads(state_path.read_text())
+            rep = state["report"]
+            lines.append(f"controller's last window ({rep['window']}, {time.ctime(state['updated_at'])}): "
+                         f"observed {_fmt(rep['observed'])} vs forecast {_fmt(rep['forecast_for_window'])}"
+                         f"{' DRIFT' if rep['drift'] else ''}; next forecast {_fmt(rep['forecast'])}")
+            lines.append(f"  decision: {'applied' if rep['applied'] else 'kept'} ({rep['decision']})"
+                         + (f"; pinned {state['pinned']}" if state.get("pinned") else "")
+                         + (f"; {state['failures']} refused applies" if state.get("failures") else ""))
+        except (OSError, ValueError, KeyError) as err:
+            lines.append(f"controller state {state_path} unreadable: {err}")
+    else:
+        lines.append(f"no controller state yet ({state_path})")
+    try:
+        history = PlanHistory(files / f"{model}.history.json", model)
+    except HistoryError as err:
+        lines.append(str(err))
+        return lines
+    lines.append(f"plan history ({len(history.entries)} applied, last {history_entries}):")
+    for e in history.entries[-history_entries:]:
+        plan = Plan.from_dict(e["plan"])
+        cuts = " | ".join(f"{s.first_block}-{s.last_block} x{s.instances}" for s in plan.splits)
+        lines.append(f"  {time.ctime(e['applied_at'])}  {plan.plan_id}  {cuts}  ({e['reason']})")
+    return lines

@@ -10,6 +10,8 @@
     e3 plan --profile P --exits E plan cuts, replicas, devices, batch (E3's DP) under an SLO
     e3 demo                       export + serve + side-by-side load + table
     e3 load SERVED_MODEL          closed/open-loop load or a workload replay; goodput under an SLO
+    e3 control --model M ...      every window: telemetry -> forecast -> plan -> apply to a running Triton
+    e3 status --model M           live plan, loaded splits, forecast vs observed, plan history
     e3 perf -- -m MODEL ...       run perf_analyzer with its libraries found
     e3 models                     list the model zoo
     e3 clean                      remove generated artifacts
@@ -262,6 +264,63 @@ def _load(args) -> int:
     return 1 if result.errors else 0
 
 
+def _control(args) -> int:
+    from e3.controller.controller import (ControlSettings, Controller, ProfilePlanner, TritonApplier,
+                                          describe_report)
+    from e3.controller.forecast import TelemetryReader, make_forecaster
+    from e3.controller.planner import parse_resources
+    from e3.controller.triton_api import ControlError
+    from e3.core.names import served_name
+    from e3.core.plan import Plan
+    from e3.core.profile import LatencyProfile
+    from e3.export.zoo import resolve_model
+    card = resolve_model(args.model).card
+    m = served_name(args.model)
+    latency = LatencyProfile.load(args.profile)
+    pinned = Plan.from_json(Path(args.pin).read_text()) if args.pin else None
+    settings = ControlSettings(model=m, resources=parse_resources(args.devices), slo_ms=args.slo_ms,
+                               rate_rps=args.rate_rps, slack=args.slack, window_s=args.window_s, margin=args.margin,
+                               drift_threshold=args.drift, straggler_factor=args.straggler_factor or None,
+                               dry_run=args.dry_run)
+    metrics_url = args.metrics_url or f"{args.url.rsplit(':', 1)[0]}:8002"
+    applier = TritonApplier(args.url, metrics_url=metrics_url, repo=Path(args.repo), zoo_model=args.model)
+    planner = ProfilePlanner(latency, exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks, slo_ms=args.slo_ms,
+                             rate_rps=args.rate_rps, slack=args.slack,
+                             alpha=None if args.alpha.lower() == "none" else float(args.alpha))
+    controller = Controller(settings, telemetry=TelemetryReader(metrics_url, m, window_s=args.window_s,
+                                                                num_blocks=card.num_blocks),
+                            forecaster=make_forecaster(args.forecaster), planner=planner, applier=applier,
+                            pinned=pinned, on_report=lambda rep: print(describe_report(rep), flush=True))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        running = applier.current_plan(settings.router)
+        print(f"controlling {settings.router} at {args.url} (metrics {metrics_url}), window {args.window_s:g} s"
+              + (", DRY RUN" if args.dry_run else "") + (f", pinned to {pinned.plan_id}" if pinned else "")
+              + f"; running plan {running.plan_id if running else 'none'}", flush=True)
+        controller.run(stop, max_windows=1 if args.once else None)
+    except ControlError as err:
+        print(f"e3 control: error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        applier.close()
+    return 0
+
+
+def _status(args) -> int:
+    from e3.controller.controller import TritonApplier, status_lines
+    from e3.core.names import served_name
+    applier = TritonApplier(args.url)
+    try:
+        for line in status_lines(applier, served_name(args.model),
+                                 Path(args.state_dir) if args.state_dir else None, args.history):
+            print(line)
+    finally:
+        applier.close()
+    return 0
+
+
 def _zoo_name_of(served: str) -> str:
     """The zoo model behind a served name: tiny_ee_router -> tiny-ee."""
     from e3.export.zoo import ZOO
@@ -433,6 +492,43 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--pool", type=int, default=512, help="distinct example inputs cycled through (default 512)")
     lo.add_argument("--seed", type=int, default=0, help="seeds the inputs and the arrival schedule")
     lo.set_defaults(func=_load)
+
+    ct = sub.add_parser("control", help="every window: router telemetry -> forecast -> plan -> apply to the "
+                                        "running Triton (load splits, instances, router switch, unload)")
+    ct.add_argument("--model", required=True, help="zoo name of the served model, e.g. tiny-ee")
+    ct.add_argument("--profile", required=True, help="latency profile JSON (e3 profile)")
+    ct.add_argument("--devices", required=True, help="CONFIG:COUNT,... e.g. cpu:2 (instances the plans may use)")
+    ct.add_argument("--slo-ms", type=float, required=True, help="latency objective per request (ms)")
+    ct.add_argument("--rate-rps", type=float, required=True, help="offered request rate R (inputs/s)")
+    ct.add_argument("--slack", type=float, default=0.2, help="share of the SLO kept in reserve (default 0.2)")
+    ct.add_argument("--alpha", default="1.0", help="cost bound multiplier for the planner (default 1.0; none)")
+    ct.add_argument("--window-s", type=float, default=120.0, help="seconds per window (default 120, E3's)")
+    ct.add_argument("--margin", type=float, default=0.10,
+                    help="apply when the new plan's predicted throughput beats the running one by this share "
+                         "(default 0.10)")
+    ct.add_argument("--drift", type=float, default=0.2,
+                    help="|forecast - observed| reach share that counts as drift and forces a re-plan (default 0.2)")
+    ct.add_argument("--straggler-factor", type=float, default=2.0,
+                    help="a split measured this many times slower than its profile is a straggler (default 2; "
+                         "0 turns the check off)")
+    ct.add_argument("--forecaster", choices=["arima", "last"], default="arima")
+    ct.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP address (default 127.0.0.1:8000)")
+    ct.add_argument("--metrics-url", default=None, help="Triton metrics address (default: the --url host, port 8002)")
+    ct.add_argument("--repo", default=str(default_repository()),
+                    help="model repository, to export split models that are missing (default ./model_repository)")
+    ct.add_argument("--dry-run", action="store_true", help="print the plan and the diff vs the running plan; "
+                                                           "apply nothing")
+    ct.add_argument("--pin", default=None, metavar="PLAN.json",
+                    help="hold this plan (applied once if another runs); the controller then only watches")
+    ct.add_argument("--once", action="store_true", help="one window, then exit")
+    ct.set_defaults(func=_control)
+
+    st = sub.add_parser("status", help="live plan, loaded splits and instances, forecast vs observed, plan history")
+    st.add_argument("--model", required=True, help="zoo name of the served model, e.g. tiny-ee")
+    st.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP address (default 127.0.0.1:8000)")
+    st.add_argument("--state-dir", default=None, help="controller files (default artifacts/controller)")
+    st.add_argument("--history", type=int, default=10, help="plan history entries to show (default 10)")
+    st.set_defaults(func=_status)
 
     m = sub.add_parser("models", help="list the model zoo")
     m.set_defaults(func=_models)
