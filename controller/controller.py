@@ -1040,6 +1040,9 @@ class Controller:
                 next_window += self.settings.window_s
                 if next_window <= self.clock.now():       # a slow step: do not fire a burst of windows
                     next_window = self.clock.now() + self.settings.window_s
+        if not stop.is_set() and self.drain_until is not None and not self.settings.dry_run:
+            self.clock.sleep(self.drain_until - self.clock.now(), stop)   # --once: finish the unload too
+            self.unload_unused()
         return self.reports
 
 

@@ -246,6 +246,7 @@ def test_run_loop_retries_between_windows(tmp_path):
     assert ctl.failures == 1
     ctl.run(max_windows=2)   # the retry at +0.5 s happens before the second window
     assert ranges(app.plan) == [(1, 1, 1), (2, 4, 1)]
+    assert set(app.splits) == {"tiny_ee_split_1-1", "tiny_ee_split_2-4"}   # unloaded after the drain, before returning
     assert ctl.reports[-1].window == 2 and not ctl.reports[-1].applied
 
 
