@@ -1,4 +1,5 @@
-"""Batch sizes that split 1 actually executes under a saturating load (issue 5, Must show: >= 90% at the plan's size).
+"""Batch sizes that split 1 executes under a saturating load (target >= 90% at the plan's size), and the
+router's own overhead per batch as a share of split compute (target <= 5%).
 
     .venv/bin/python benchmarks/batch_histogram.py [--model tiny-ee] [--cuts 2] [--batch-size 8]
         [--router-instances 2] [--queue-delay-us 2000] [--concurrency 64] [--requests 3000]
@@ -154,9 +155,11 @@ def run_config(model_name: str, cuts: str, config: Config, *, concurrency: int, 
         closed_loop(url, router, pool, concurrency=concurrency, batch=1, requests=4 * concurrency,
                     protocol=protocol)  # warm-up: connections, first-call costs; excluded below
         before = {name: executed_batches(server.model_statistics(name)) for name in watched}
+        cost_before = router_costs(server, m, watched[1:])
         load = closed_loop(url, router, pool, concurrency=concurrency, batch=1, requests=requests,
                            protocol=protocol)
         after = {name: executed_batches(server.model_statistics(name)) for name in watched}
+        cost_after = router_costs(server, m, watched[1:])
     hists = {name: histogram_delta(before[name], after[name]) for name in watched}
     hist, router_hist = hists[split], hists[router]
     runs_share, inputs_share = share_at(hist, plan_size)
@@ -170,7 +173,41 @@ def run_config(model_name: str, cuts: str, config: Config, *, concurrency: int, 
         "router_share_at_plan_size": share_at(router_hist, plan_size)[0],
         "later_split_histograms": {name: {str(b): n for b, n in hists[name].items()}
                                    for name in watched[2:]},  # survivors, re-batched across router instances
+        "router_overhead": overhead_report(cost_before, cost_after),
     }
+
+
+def router_costs(server, m: str, splits: list[str]) -> dict[str, float]:
+    """Cumulative router counters (metrics port) and split compute time (Triton statistics), microseconds."""
+    import urllib.request
+    from prometheus_client.parser import text_string_to_metric_families
+    from e3.core import telemetry
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    wanted = {telemetry.ROUTER_OVERHEAD_US: "overhead_us", telemetry.ROUTER_BLS_US: "bls_us",
+              telemetry.BATCHES: "batches"}
+    out = {v: 0.0 for v in wanted.values()}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = wanted.get(sample.name) or wanted.get(sample.name + "_total")
+            if key and sample.labels.get("model") == m:
+                out[key] += sample.value
+    compute_us = 0.0
+    for name in splits:
+        for entry in server.model_statistics(name)["model_stats"][0].get("batch_stats", []):
+            compute_us += int(entry["compute_infer"]["ns"]) / 1e3
+    out["split_compute_us"] = compute_us
+    return out
+
+
+def overhead_report(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Per router batch under load: the router's own Python work, its wait on BLS, and the
+    compute the splits spent on it; the overhead as a share of that compute (target <= 5%)."""
+    d = {k: after[k] - before[k] for k in after}
+    batches = max(d["batches"], 1.0)
+    per = {k: d[k] / batches for k in ("overhead_us", "bls_us", "split_compute_us")}
+    per["overhead_share_of_split_compute"] = per["overhead_us"] / per["split_compute_us"] if per["split_compute_us"] else float("nan")
+    per["batches"] = d["batches"]
+    return per
 
 
 def report(res: dict) -> str:
@@ -191,6 +228,12 @@ def report(res: dict) -> str:
         + " ".join(f"{b}:{n}" for b, n in sorted(rhist.items())),
         *(f" {name} (survivors) batches: " + " ".join(f"{b}:{n}" for b, n in h.items())
           for name, h in res["later_split_histograms"].items()),
+        " router per batch ({batches:.0f} batches): own Python work {overhead_us:.0f} us, waiting on splits (BLS: "
+        "queue + compute + Tx) {bls_us:.0f} us, split compute {split_compute_us:.0f} us -> router overhead "
+        "{share:.1%} of split compute [{verdict} the 5% target]".format(
+            share=res["router_overhead"]["overhead_share_of_split_compute"],
+            verdict="MEETS" if res["router_overhead"]["overhead_share_of_split_compute"] <= 0.05 else "MISSES",
+            **res["router_overhead"]),
     ])
 
 

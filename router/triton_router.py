@@ -57,8 +57,15 @@ class _Metrics:
         self.overhead = family(telemetry.ROUTER_OVERHEAD_US, "router's own Python work (us)").Metric({"model": model})
         self.bls = family(telemetry.ROUTER_BLS_US, "router time waiting on splits (us)").Metric({"model": model})
         self._plan = family(telemetry.PLAN_INFO, "plan in force", pb_utils.MetricFamily.GAUGE)
-        self._plan.Metric({"model": model, "plan_id": plan_id}).set(1)
+        self._plan_metric = self._plan.Metric({"model": model, "plan_id": plan_id})
+        self._plan_metric.set(1)
         self._cache: dict = {}
+        # Each Metric call is a message to the server process; counts are summed locally and
+        # flushed at most every FLUSH_S (and at every drop), which keeps them cheap per batch.
+        self._pending: dict = {}
+        self._flushed = time.monotonic()
+
+    FLUSH_S = 0.2
 
     def _metric(self, fam, **labels):
         key = (id(fam), tuple(sorted(labels.items())))
@@ -66,16 +73,35 @@ class _Metrics:
             self._cache[key] = fam.Metric({"model": self.model, **labels})
         return self._cache[key]
 
+    def _add(self, metric, n: float) -> None:
+        self._pending[metric] = self._pending.get(metric, 0) + n
+
     def record(self, route: BatchRoute, rows: int) -> None:
-        self.inputs.increment(rows)
-        self.batches.increment(1)
+        self._add(self.inputs, rows)
+        self._add(self.batches, 1)
         for k, n in route.counts.reached.items():
-            self._metric(self._reached, ramp=str(k)).increment(n)
+            self._add(self._metric(self._reached, ramp=str(k)), n)
         for k, n in route.counts.exited.items():
-            self._metric(self._exited, ramp=str(k)).increment(n)
+            self._add(self._metric(self._exited, ramp=str(k)), n)
 
     def dropped(self, reason: str, n: int) -> None:
-        self._metric(self._dropped, reason=reason).increment(n)
+        self._add(self._metric(self._dropped, reason=reason), n)
+        self.flush(force=True)
+
+    def timing(self, overhead_us: float, bls_us: float) -> None:
+        self._add(self.overhead, overhead_us)
+        self._add(self.bls, bls_us)
+        self.flush()
+
+    def flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._flushed < self.FLUSH_S:
+            return
+        for metric, n in self._pending.items():
+            if n:
+                metric.increment(n)
+        self._pending.clear()
+        self._flushed = now
 
 
 class TritonPythonModel:
@@ -90,9 +116,14 @@ class TritonPythonModel:
         self.budget_ms = deadline_budget_ms(self.plan)
         self.metrics = _Metrics(self.plan.model, self.plan.plan_id)
 
+    def finalize(self):
+        self.metrics.flush(force=True)
+
     def execute(self, requests):
-        start = time.perf_counter()
-        waited = 0.0
+        # Overhead is the router thread's CPU time outside BLS calls (its own Python work, immune to
+        # waiting for a core on a busy machine); BLS time is wall time inside the calls.
+        start, cpu_start = time.perf_counter(), time.thread_time()
+        waited, waited_cpu = 0.0, 0.0
         got = gather(requests, self.card.inputs)
         if not got.valid:
             return got.responses
@@ -107,11 +138,12 @@ class TritonPythonModel:
                 left_us = int((self.budget_ms - (time.perf_counter() - start) * 1e3) * 1e3)
                 if left_us <= 0:
                     raise TimeoutError(f"the SLO budget of {self.budget_ms:.1f} ms ran out before {split.model}")
-                called = time.perf_counter()
+                called, called_cpu = time.perf_counter(), time.thread_time()
                 try:
                     out = bls(split.model, feed, names, timeout_us=left_us)
                 finally:
                     waited += time.perf_counter() - called
+                    waited_cpu += time.thread_time() - called_cpu
                 keep = route.observe({k: out[ramp_output(k)] for k in ramps})
                 if route.done:
                     break
@@ -123,14 +155,9 @@ class TritonPythonModel:
             for i in got.valid:
                 got.responses[i] = error_response(message)
             self.metrics.dropped(reason, got.rows)
-            self._account(start, waited)
+            self.metrics.timing((time.thread_time() - cpu_start - waited_cpu) * 1e6, waited * 1e6)
             return got.responses
         self.metrics.record(route, got.rows)
         responses = answer_responses(got, route)
-        self._account(start, waited)
+        self.metrics.timing((time.thread_time() - cpu_start - waited_cpu) * 1e6, waited * 1e6)
         return responses
-
-    def _account(self, start: float, waited: float) -> None:
-        total = time.perf_counter() - start
-        self.metrics.overhead.increment(int((total - waited) * 1e6))
-        self.metrics.bls.increment(int(waited * 1e6))

@@ -13,9 +13,12 @@ number k; the head is ramp L).
 | e3_ramp_reached_total | counter | inputs not yet answered when they reached ramp k (enabled ramps and the head) |
 | e3_ramp_exited_total | counter | inputs answered at ramp k |
 | e3_dropped_total | counter | inputs answered with an error (label ``reason``: ``deadline`` or ``error``) |
-| e3_router_overhead_us_total | counter | the router's own Python work (gathering, exit decisions, slicing, responses), microseconds |
+| e3_router_overhead_us_total | counter | the router's own Python work (gathering, exit decisions, slicing, responses): CPU time of its thread outside BLS calls, microseconds |
 | e3_router_bls_us_total | counter | time the router spent waiting on BLS calls to splits (queueing + compute + Tx), microseconds |
 | e3_plan_info | gauge | 1 for the plan in force (label ``plan_id``) |
+
+The router sums its counts locally and hands them to Triton at most every
+0.2 s (and at once on a drop), so a scrape may lag by that much.
 
 Queueing delay before the router and inside each split is Triton's own
 ``nv_inference_queue_duration_us`` per model; executed batch sizes per split
