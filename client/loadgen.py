@@ -281,14 +281,15 @@ def _check(batch: int, workers: int) -> None:
 
 def closed_loop(url: str, model: str, pool: dict[str, np.ndarray], *, concurrency: int = 8, batch: int = 4,
                 requests: int = 200, protocol: str = "http", warmup: int = 0,
-                slo_ms: float | None = None) -> LoadResult:
-    """Run a closed loop against ``model``; returns counts, latencies, goodput and the exit histogram."""
+                slo_ms: float | None = None, true_label: np.ndarray | None = None) -> LoadResult:
+    """Run a closed loop against ``model``; returns counts, latencies, goodput and the exit histogram
+    (and accuracy, given ``true_label`` per pool row)."""
     _check(batch, concurrency)
     size = next(iter(pool.values())).shape[0]
     rows = [request_rows(i, batch, size) for i in range(requests)]
     records, wall = _run(url, model, pool, rows, workers=concurrency, schedule=None, protocol=protocol,
                          warmup=warmup)
-    return summarize(records, model, duration_s=wall, slo_ms=slo_ms)
+    return summarize(records, model, duration_s=wall, slo_ms=slo_ms, true_label=true_label)
 
 
 def open_loop(url: str, model: str, pool: dict[str, np.ndarray], *, rate_rps: float,

@@ -438,7 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=_plan)
 
     d = sub.add_parser("demo", help="export, serve, load router and baselines side by side, print a table")
-    d.add_argument("--model", default="tiny-ee")
+    d.add_argument("--model", default="bert-ee", help="zoo model (default bert-ee, trained on first use; "
+                                                      "tiny-ee needs no training)")
     d.add_argument("--cuts", default=None, help="default: one cut in the middle")
     d.add_argument("--repo", default=str(default_repository()), help=repo_help)
     d.add_argument("--requests", type=int, default=300, help="requests per served model (default 300)")

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DemoSettings:
-    model: str = "tiny-ee"
+    model: str = "bert-ee"       # trained on first use
     cuts: str | None = None      # default: cut in the middle
     requests: int = 300          # per served model
     concurrency: int = 8
@@ -35,13 +35,18 @@ class DemoSettings:
 
 
 def run_demo(repo: Path, settings: DemoSettings = DemoSettings(), echo=print) -> list[LoadResult]:
+    from e3.export.recipes import missing_checkpoints, train
+    for name in missing_checkpoints(settings.model):
+        echo(f"[0/3] {name} is not trained yet: training it now (once; cached under artifacts/checkpoints)")
+        report = train(name)
+        echo(f"      {name} trained in {report.seconds / 60:.1f} min")
     model = resolve_model(settings.model)
     L = model.card.num_blocks
     cuts = settings.cuts if settings.cuts is not None else str(L // 2)
     echo(f"[1/3] exporting {settings.model} cut after block(s) {cuts} into {repo}")
     plan = export_repository(settings.model, cuts, repo, ExportSettings())
     m = served_name(settings.model)
-    pool = {spec.name: x.numpy() for spec, x in zip(model.card.inputs, model.example_inputs(settings.pool, seed=7))}
+    pool, labels = _pool(settings, model)
     ports = [8000, 8001, 8002]
     if any(port_taken("127.0.0.1", p) for p in ports):
         ports = [free_port(), free_port(), free_port()]
@@ -56,9 +61,23 @@ def run_demo(repo: Path, settings: DemoSettings = DemoSettings(), echo=print) ->
              f"to {router_name(m)} (plan: splits {', '.join(s.model for s in plan.splits)}) and both baselines")
         for name in (router_name(m), ee_name(m), stock_name(m)):
             results.append(closed_loop(url, name, pool, concurrency=settings.concurrency, batch=settings.batch,
-                                       requests=settings.requests, protocol=settings.protocol, warmup=2))
+                                       requests=settings.requests, protocol=settings.protocol, warmup=2,
+                                       true_label=labels))
     echo("")
     echo(format_table(results, reference=stock_name(m)))
     failed = sum(r.errors for r in results)
     echo(f"\n{failed} failed requests" if failed else "\nevery request answered")
     return results
+
+
+def _pool(settings: DemoSettings, model):
+    """The model's test inputs with their labels (zoo models with a dataset), else random inputs."""
+    from e3.export.data import split_inputs
+    from e3.export.zoo import ZOO
+    entry = ZOO.get(settings.model)
+    if entry is not None and entry.dataset:
+        inputs, labels = split_inputs(entry.dataset, "test", model.card.max_seq_len)
+        names = [t.name for t in model.card.inputs]
+        return {n: x[:settings.pool] for n, x in zip(names, inputs)}, labels[:settings.pool]
+    xs = model.example_inputs(settings.pool, seed=7)
+    return {spec.name: x.numpy() for spec, x in zip(model.card.inputs, xs)}, None

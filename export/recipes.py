@@ -35,7 +35,7 @@ import numpy as np
 from e3.export.checkpoints import CheckpointMissing, load_meta, load_state, save_checkpoint
 from e3.paths import artifacts_dir
 
-__all__ = ["RECIPES", "train", "TrainReport"]
+__all__ = ["RECIPES", "STOCK_OF", "train", "missing_checkpoints", "TrainReport"]
 
 log = logging.getLogger(__name__)
 RECIPE_VERSION = 2  # bump when a recipe changes what it trains (2: ramps and head read mean-pooled states)
@@ -185,6 +185,18 @@ def _train_resnet(name: str, quick: bool, progress: bool) -> dict:
 
 RECIPES = {"bert-ee": _train_bert, "bert-stock": _train_bert, "pabee": _train_bert,
            "resnet-ee": _train_resnet, "resnet-stock": _train_resnet}
+
+
+STOCK_OF = {"bert-ee": "bert-stock", "pabee": "bert-stock", "resnet-ee": "resnet-stock"}
+
+
+def missing_checkpoints(name: str) -> list[str]:
+    """What must be trained before ``name`` can be exported (its stock counterpart, then itself)."""
+    from e3.export.checkpoints import checkpoint_dir
+    if name not in RECIPES:
+        return []
+    needed = [STOCK_OF[name], name] if name in STOCK_OF else [name]
+    return [n for n in needed if not (checkpoint_dir(n) / "meta.json").exists()]
 
 
 def train(name: str, quick: bool = False, progress: bool = True) -> TrainReport:
