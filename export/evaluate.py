@@ -119,7 +119,7 @@ def plot_evaluation(ev: Evaluation, path: Path) -> Path:
     if ev.stock_accuracy is not None:
         a.axhline(100 * ev.stock_accuracy, color="gray", ls="--", label="stock accuracy")
     a.axvline(ev.rule[key], color="red", ls=":", label=f"default {key}")
-    a.set_xlabel(key.replace("_", " ") + (" (nats)" if key == "tau_nats" else ""))
+    a.set_xlabel("τ (nats)" if key == "tau_nats" else "patience")
     a.set_ylabel("%")
     a.set_title(f"{ev.model}: accuracy and compute saved")
     a.legend(fontsize=8)
