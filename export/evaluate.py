@@ -49,21 +49,29 @@ class Evaluation:
                 "sweep": self.sweep}
 
 
-def evaluate(name: str, progress: bool = True, limit: int | None = None) -> Evaluation:
-    """Evaluate zoo model ``name`` on its test split (``limit``: first N inputs only)."""
+def test_split_logits(name: str, progress: bool = True, limit: int | None = None, desc: str = "evaluate"):
+    """Zoo model ``name``, its test inputs and labels, and every exit's logits on them
+    (``limit``: first N inputs only)."""
     from e3.export.data import split_inputs
-    from e3.export.zoo import ZOO, resolve_model, resolve_stock
+    from e3.export.zoo import ZOO, resolve_model
     entry = ZOO.get(name)
     if entry is None or entry.dataset is None:
-        raise ValueError(f"{name!r} has no dataset to evaluate on; evaluable: "
-                         f"{', '.join(n for n, e in ZOO.items() if e.dataset and e.build_stock)}")
+        raise ValueError(f"{name!r} has no dataset; models with one: "
+                         f"{', '.join(n for n, e in ZOO.items() if e.dataset)}")
     model = resolve_model(name)
-    card = model.card
-    L = card.num_blocks
-    inputs, labels = split_inputs(entry.dataset, "test", card.max_seq_len)
+    inputs, labels = split_inputs(entry.dataset, "test", model.card.max_seq_len)
     if limit:
         inputs, labels = tuple(x[:limit] for x in inputs), labels[:limit]
-    logits = all_exit_logits(model, inputs, progress=progress, desc=f"evaluate {name}")
+    return model, inputs, labels, all_exit_logits(model, inputs, progress=progress, desc=f"{desc} {name}")
+
+
+def evaluate(name: str, progress: bool = True, limit: int | None = None) -> Evaluation:
+    """Evaluate zoo model ``name`` on its test split (``limit``: first N inputs only)."""
+    from e3.export.zoo import ZOO, resolve_stock
+    model, inputs, labels, logits = test_split_logits(name, progress, limit)
+    entry = ZOO[name]
+    card = model.card
+    L = card.num_blocks
     rule = card.exit_rule
     at_default = summarize_exits(simulate_exits(logits, make_exit_rule(rule), L), labels, L)
     if rule["kind"] == "entropy":

@@ -149,13 +149,7 @@ def finetune_head(model, ids: np.ndarray, mask: np.ndarray, labels: np.ndarray, 
             for k in range(1, L + 1):
                 state = model.block(k, *state)
             logits = model.ramp(L, *state).float()
-        loss = nn.functional.cross_entropy(logits, torch.as_tensor(labels[idx]))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+        _step(opt, sched, nn.functional.cross_entropy(logits, torch.as_tensor(labels[idx])), losses, bar)
     model.eval()
     model.embeddings.requires_grad_(True)
     return losses
@@ -183,14 +177,19 @@ def train_joint(model: EarlyExitModel, images: np.ndarray, labels: np.ndarray, *
                 state = model.block(k, *state)
                 if k in exits:
                     loss = loss + nn.functional.cross_entropy(model.ramp(k, *state).float(), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+        _step(opt, sched, loss, losses, bar)
     model.eval()
     return losses
+
+
+def _step(opt, sched, loss, losses: list[float], bar) -> None:
+    """One optimiser step; the loss is logged and shown as a running mean on the progress bar."""
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    sched.step()
+    losses.append(loss.item())
+    bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
 
 
 @torch.no_grad()

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from e3.core.exits import make_exit_rule
-from e3.export.training import all_exit_logits, simulate_exits
+from e3.export.training import simulate_exits
 
 __all__ = ["MIXES", "build_workloads", "load_workload"]
 
@@ -40,17 +40,10 @@ def _mix_name(easy: int, hard: int) -> str:
 def build_workloads(name: str, out_dir: Path, count: int = 1000, rate_rps: float = 50.0, seed: int = 0,
                     progress: bool = True) -> list[Path]:
     """Write the three mixes and the switching stream for zoo model ``name``; returns the .npz paths."""
-    from e3.export.data import split_inputs
-    from e3.export.zoo import ZOO, resolve_model
-    entry = ZOO.get(name)
-    if entry is None or entry.dataset is None:
-        raise ValueError(f"{name!r} has no dataset; workloads exist for "
-                         f"{', '.join(n for n, e in ZOO.items() if e.dataset)}")
-    model = resolve_model(name)
+    from e3.export.evaluate import test_split_logits
+    model, inputs, labels, logits = test_split_logits(name, progress, desc="bin test inputs of")
     card = model.card
     L = card.num_blocks
-    inputs, labels = split_inputs(entry.dataset, "test", card.max_seq_len)
-    logits = all_exit_logits(model, inputs, progress=progress, desc=f"bin {name} test inputs")
     exit_ramp = simulate_exits(logits, make_exit_rule(card.exit_rule), L).exit_ramp
     hard = exit_ramp > L // 2
     bins = {False: np.flatnonzero(~hard), True: np.flatnonzero(hard)}

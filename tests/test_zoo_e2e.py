@@ -1,11 +1,13 @@
-"""The zoo's MiniLM models served split, through the text front door: same answers as PyTorch.
+"""The zoo's trained models served split: same answers as PyTorch.
 
 CI cannot train the real models, so the checkpoints here come from `e3 train
 --quick` (a few hundred examples) with their ramps re-drawn so that exits
 spread over every ramp; serving correctness does not depend on accuracy.
 1,000 test snippets are sent by 16 concurrent clients in requests of mixed
-sizes to bert-ee (entropy exits) and pabee (patience: state carried across
-splits); every answer must equal the PyTorch reference run one input at a time.
+sizes to bert-ee (entropy exits, text front door) and pabee (patience: state
+carried across splits), and 1,000 Fashion-MNIST test images to resnet-ee
+(state shapes change across cuts); every answer must equal the PyTorch
+reference run one input at a time.
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ def zoo_server(tmp_path_factory):
     try:
         texts = rotten_tomatoes()["test"].texts[:N_INPUTS]
         ids, mask = Tokenizer()(texts)
-        for name in ("bert-stock", "bert-ee", "pabee"):
+        for name in ("bert-stock", "bert-ee", "pabee", "resnet-stock", "resnet-ee"):
             train(name, quick=True, progress=False)
+        from e3.export.data.images import fashion_mnist
+        pixels = fashion_mnist()["test"].images[:N_INPUTS]
         for name, rule in (("bert-ee", None), ("pabee", {"kind": "patience", "patience": 2})):
             model = resolve_model(name)
             torch.manual_seed(7)
@@ -54,12 +58,19 @@ def zoo_server(tmp_path_factory):
                 gap = lo + int(np.argmax(np.diff(ent[lo:hi])))
                 rule = {"kind": "entropy", "tau_nats": float((ent[gap] + ent[gap + 1]) / 2)}
             save_checkpoint(name, model, {**load_meta(name), "exit_rule": rule})
+        resnet = resolve_model("resnet-ee")  # quick-trained: τ in the widest gap of ramp-1 entropies
+        with torch.no_grad():
+            ent = np.sort(entropy_nats(resnet.ramp(1, *resnet.block(1, *resnet.stem(torch.as_tensor(pixels)))).numpy()))
+        lo, hi = int(0.25 * len(ent)), int(0.45 * len(ent))
+        gap = lo + int(np.argmax(np.diff(ent[lo:hi])))
+        save_checkpoint("resnet-ee", resnet, {**load_meta("resnet-ee"),
+                                              "exit_rule": {"kind": "entropy", "tau_nats": float((ent[gap] + ent[gap + 1]) / 2)}})
         repo = tmp_path_factory.mktemp("zoo-repo")
-        for name in ("bert-ee", "pabee"):
+        for name in ("bert-ee", "pabee", "resnet-ee"):
             # A generous SLO: this test is about answers; deadlines are tested elsewhere.
             export_repository(name, "2,4", repo, ExportSettings(router_instances=2, slo_ms=120_000), progress=False)
         with TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()) as server:
-            yield server, texts, ids, mask
+            yield server, texts, ids, mask, pixels
     finally:
         if old is None:
             os.environ.pop("E3_ARTIFACTS", None)
@@ -89,20 +100,25 @@ def _send(url, model, make_inputs, sizes):
     return np.concatenate([parts[j].label for j in order]), np.concatenate([parts[j].exit_ramp for j in order])
 
 
-@pytest.mark.parametrize("name, front", [("bert-ee", "text"), ("pabee", "text"), ("pabee", "router")])
+@pytest.mark.parametrize("name, front", [("bert-ee", "text"), ("pabee", "text"), ("pabee", "router"),
+                                         ("resnet-ee", "router")])
 def test_thousand_inputs_from_sixteen_clients_equal_the_reference(zoo_server, name, front):
     from e3.export.zoo import resolve_model
-    server, texts, ids, mask = zoo_server
+    server, texts, ids, mask, pixels = zoo_server
     model = resolve_model(name)
     m = name.replace("-", "_")
     if front == "text":
         target = m  # the ensemble: <m>_preprocess -> <m>_router
         make = lambda a, b: {"TEXT": np.array([t.encode() for t in texts[a:b]], dtype=object)[:, None]}  # noqa: E731
+    elif name == "resnet-ee":
+        target = f"{m}_router"
+        make = lambda a, b: {"pixels": pixels[a:b]}  # noqa: E731
     else:
         target = f"{m}_router"
         make = lambda a, b: {"input_ids": ids[a:b], "attention_mask": mask[a:b]}  # noqa: E731
     label, ramp = _send(server.http_url, target, make, _sizes(len(name) + len(front)))
-    ref = reference_answers(model, (ids, mask), make_exit_rule(model.card.exit_rule))
+    inputs = (pixels,) if name == "resnet-ee" else (ids, mask)
+    ref = reference_answers(model, inputs, make_exit_rule(model.card.exit_rule))
     clear = ref.min_margin > TIE_BAND
     assert (~clear).sum() <= 3, "tie band must stay tiny"
     assert (ramp[clear] == ref.exit_ramp[clear]).all()
@@ -111,7 +127,7 @@ def test_thousand_inputs_from_sixteen_clients_equal_the_reference(zoo_server, na
 
 
 def test_bad_text_is_refused_and_serving_goes_on(zoo_server):
-    server, texts, _, _ = zoo_server
+    server, texts, _, _, _ = zoo_server
     with E3Client(server.http_url) as client:
         bad = np.array([b"ok", b"\xff\xfe broken"], dtype=object)[:, None]
         with pytest.raises(ClientError, match="not valid UTF-8"):
