@@ -57,8 +57,12 @@ def synthetic_stream(windows: int, window_inputs: int, seed: int) -> tuple[list[
 
 
 def load_workload(path: Path) -> tuple[list[int], list[int]]:
-    """Exit ramps (and switch points from a ``mix`` field) from a workload JSON file."""
+    """Exit ramps (and switch points) from a workload JSON file: an `e3 workload` file (top-level
+    ``exit_ramp`` list and a ``phases`` table), a list of ramps, or ``{"inputs": [{"exit_ramp": k, "mix": ..}]}``."""
     data = json.loads(path.read_text())
+    if isinstance(data, dict) and isinstance(data.get("exit_ramp"), list):
+        switches = [int(p["start_index"]) for p in data.get("phases", [])[1:]]
+        return [int(k) for k in data["exit_ramp"]], switches
     items = data["inputs"] if isinstance(data, dict) else data
     if not isinstance(items, list) or not items:
         raise SystemExit(f"{path}: expected a non-empty list of inputs (or {{\"inputs\": [...]}})")
