@@ -126,3 +126,23 @@ def test_user_model_by_module_factory(tmp_path):
     assert model.card.num_blocks == 4
     with pytest.raises(UnknownModelError, match="cannot import"):
         resolve_model("no_such_pkg.mod:factory")
+
+
+@pytest.mark.parametrize("family", ["minilm", "resnet"])
+def test_zoo_architectures_export_a_few_cuts_with_parity(family, tmp_path):
+    """bert-ee/pabee (MiniLM encoder, mean-pooled ramps) and resnet-ee (state shapes change per cut):
+    a few splits each, random weights (parity does not depend on training)."""
+    import torch
+    torch.manual_seed(0)
+    if family == "minilm":
+        from e3.export.zoo.encoder import EncoderEE
+        from e3.export.zoo.minilm import minilm_config
+        model = EncoderEE("m", minilm_config(), exit_rule={"kind": "entropy", "tau_nats": 0.3}).eval()
+    else:
+        from e3.export.zoo.resnet import ResNetEE
+        model = ResNetEE("r", {"kind": "entropy", "tau_nats": 0.3}).eval()
+    for first, last in ((1, 2), (3, 5), (6, 6)):
+        split = SplitModule(model, first, last, model.card.ramp_blocks)
+        export_onnx(split, tmp_path / f"{first}-{last}.onnx", max_batch_size=8)
+        graph = onnx.load(str(tmp_path / f"{first}-{last}.onnx")).graph
+        assert [o.name for o in graph.output] == split.output_names

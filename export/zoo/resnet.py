@@ -3,7 +3,7 @@
 Six residual blocks (16, 16, 32, 32, 64, 64 channels; stride 2 at blocks 3
 and 5: 28x28 -> 14x14 -> 7x7), a branch after blocks 1-5 and the final head
 after block 6. A branch is BranchyNet's small side network: 3x3 conv to 16
-channels, ReLU, 4x4 average pooling to a 4x4 map, linear to 10 classes. The
+channels, ReLU, 7x7 average pooling (to 4x4, 2x2 or 1x1), linear to 10 classes. The
 state across a cut is one tensor, ``features`` [C, H, W], whose shape changes
 with the block (``ModelCard.state_shapes``).
 """
@@ -38,11 +38,13 @@ class _Block(nn.Module):
 
 
 class _Branch(nn.Module):
-    def __init__(self, cin: int, num_classes: int):
+    def __init__(self, cin: int, side: int, num_classes: int):
         super().__init__()
         self.conv = nn.Conv2d(cin, 16, 3, 1, 1)
-        self.pool = nn.AdaptiveAvgPool2d(4)
-        self.fc = nn.Linear(16 * 16, num_classes)
+        # A fixed 7x7 average pool (28 -> 4x4, 14 -> 2x2, 7 -> 1x1): ONNX cannot export
+        # adaptive pooling to sizes that do not divide the input.
+        self.pool = nn.AvgPool2d(7)
+        self.fc = nn.Linear(16 * (side // 7) ** 2, num_classes)
 
     def forward(self, x):
         return self.fc(torch.flatten(self.pool(torch.relu(self.conv(x))), 1))
@@ -65,12 +67,12 @@ class ResNetEE(EarlyExitModel):
         self.stem_conv = nn.Sequential(nn.Conv2d(1, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
         cins = (16, *CHANNELS[:-1])
         self.blocks = nn.ModuleList(_Block(a, b, s) for a, b, s in zip(cins, CHANNELS, STRIDES))
-        self.ramps = nn.ModuleDict({str(k): _Branch(CHANNELS[k - 1], num_classes) for k in ramps})
-        self.head = _Head(CHANNELS[-1], num_classes)
         sizes, side = [28], 28
         for s in STRIDES:
             side //= s
             sizes.append(side)
+        self.ramps = nn.ModuleDict({str(k): _Branch(CHANNELS[k - 1], sizes[k], num_classes) for k in ramps})
+        self.head = _Head(CHANNELS[-1], num_classes)
         shapes = {0: ((16, 28, 28),), **{k: ((CHANNELS[k - 1], sizes[k], sizes[k]),) for k in range(1, 7)}}
         self.card = ModelCard(
             name=name, num_blocks=6, ramp_blocks=tuple(ramps), num_classes=num_classes,
