@@ -15,7 +15,9 @@ index and by time at a nominal arrival rate.
 Files (under ``artifacts/workloads/<model>/``): ``<name>.npz`` holds the model
 inputs (arrays named like the model's inputs) plus ``exit_ramp``, ``label``
 and ``hard`` per input, in arrival order; ``<name>.json`` holds the metadata,
-the phase table and the per-input exit ramps (for forecaster replays).
+the phase table and the per-input exit ramps (for forecaster replays);
+``<name>.exits.json`` is the batch profile the mix implies (the planner's
+``--exits`` input).
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from e3.core.exits import make_exit_rule
+from e3.core.profile import BatchProfile
 from e3.export.training import simulate_exits
 
-__all__ = ["MIXES", "build_workloads", "load_workload"]
+__all__ = ["MIXES", "build_workloads", "load_workload", "batch_profile_of"]
 
 MIXES = ((80, 20), (50, 50), (20, 80))
 
@@ -76,7 +79,17 @@ def _phase(easy, hard, start, count, rate_rps):
     return {"mix": f"{easy}:{hard}", "start_index": start, "count": count, "start_s": start / rate_rps}
 
 
+def batch_profile_of(exit_ramps: np.ndarray, num_blocks: int, model: str, batch_size: int = 8,
+                     source: str = "") -> BatchProfile:
+    """The batch profile a stream of exit ramps implies: reach[k-1] = share of inputs entering block k."""
+    reach = [float((exit_ramps >= k).mean()) for k in range(1, num_blocks + 1)]
+    return BatchProfile(model=model, batch_size=batch_size, reach=reach, source=source)
+
+
 def _write(stem: Path, idx, inputs, names, exit_ramp, labels, hard, meta) -> Path:
+    from e3.core.names import served_name
+    batch_profile_of(exit_ramp[idx], meta["num_blocks"], served_name(meta["model"]),
+                     source=f"{stem.name} of {meta['model']} (e3 workload)").save(stem.with_suffix(".exits.json"))
     arrays = {n: x[idx] for n, x in zip(names, inputs)}
     np.savez_compressed(stem.with_suffix(".npz"), **arrays, exit_ramp=exit_ramp[idx], label=labels[idx],
                         hard=hard[idx])

@@ -108,3 +108,10 @@ def test_simulated_exits_match_the_rule_block_by_block():
         assert route.exit_ramp[i] == first and route.label[i] == logits[first][i].argmax()
     s = summarize_exits(simulate_exits(logits, PatienceRule(1), 4), np.zeros(30, int), 4)
     assert abs(sum(s["exit_share"].values()) - 1) < 1e-9
+
+
+def test_batch_profile_of_an_exit_stream():
+    from e3.export.workload import batch_profile_of
+    prof = batch_profile_of(np.array([1, 1, 2, 3]), 3, "m", batch_size=8)
+    assert prof.reach == [1.0, 0.5, 0.25]
+    assert prof.batch_at(2) == 4.0
