@@ -191,7 +191,7 @@ def _perf(args) -> int:
 def _train(args) -> int:
     from e3.export.recipes import train
     for name in args.models:
-        report = train(name, quick=args.quick)
+        report = train(name, quick=args.quick, retune=args.retune)
         meta = report.meta
         print(f"{name}: trained in {report.seconds / 60:.1f} min"
               f"{' (QUICK: a few hundred examples, for tests only)' if args.quick else ''}")
@@ -456,6 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train zoo models on their data (cached checkpoints under artifacts/)")
     t.add_argument("models", nargs="+", help="bert-ee, bert-stock, pabee, resnet-ee, resnet-stock")
     t.add_argument("--quick", action="store_true", help="a few hundred examples: checks the pipeline in seconds")
+    t.add_argument("--retune", action="store_true", help="resnet-ee: keep the weights, choose τ again")
     t.set_defaults(func=_train)
 
     ev = sub.add_parser("evaluate", help="accuracy and exits against the threshold, compute saved vs stock")

@@ -150,7 +150,7 @@ def _train_bert(name: str, quick: bool, progress: bool) -> dict:
     return meta
 
 
-def _train_resnet(name: str, quick: bool, progress: bool) -> dict:
+def _train_resnet(name: str, quick: bool, progress: bool, retune_only: bool = False) -> dict:
     """BranchyNet recipe: branches and backbone trained jointly (sum of the exits' losses,
     weight 1 each); the stock model is the same backbone with its head only, trained alone."""
     import torch
@@ -165,7 +165,11 @@ def _train_resnet(name: str, quick: bool, progress: bool) -> dict:
     torch.manual_seed(0)
     model = ResNetEE(name, {"kind": "entropy", "tau_nats": 0.0}, ramps=() if stock else (1, 2, 3, 4, 5))
     settings = dict(epochs=1 if quick else 2, lr=2e-3, batch_size=128, seed=0)
-    train_joint(model, *split["train"], progress=progress, **settings)
+    if retune_only:  # keep the trained weights, choose τ again
+        model.load_state_dict(load_state(name))
+        settings = load_meta(name).get("settings", settings)
+    else:
+        train_joint(model, *split["train"], progress=progress, **settings)
     from e3.export.training import all_exit_logits
     L = model.card.num_blocks
     dev = all_exit_logits(model, (split["dev"][0],), batch_size=256)
@@ -174,9 +178,17 @@ def _train_resnet(name: str, quick: bool, progress: bool) -> dict:
     if stock:
         meta = {**base, "exit_rule": None, "test_accuracy": float((test[L].argmax(1) == split["test"][1]).mean())}
     else:
-        tau, dev_summary = choose_tau(dev, split["dev"][1], L)
+        reference = None
+        try:  # the stock model's dev accuracy is the reference (its head is trained alone)
+            from e3.export.zoo import resolve_model
+            stock_model = resolve_model("resnet-stock")
+            stock_dev = all_exit_logits(stock_model, (split["dev"][0],), batch_size=256)
+            reference = float((stock_dev[L].argmax(1) == split["dev"][1]).mean())
+        except CheckpointMissing:
+            log.warning("resnet-stock is not trained: choosing τ against resnet-ee's own head")
+        tau, dev_summary = choose_tau(dev, split["dev"][1], L, reference_accuracy=reference)
         rule = {"kind": "entropy", "tau_nats": tau}
-        meta = {**base, "exit_rule": rule, "dev": dict(dev_summary),
+        meta = {**base, "exit_rule": rule, "dev": dict(dev_summary), "tau_reference_accuracy": reference,
                 "test": dict(summarize_exits(simulate_exits(test, make_exit_rule(rule), L), split["test"][1], L)),
                 "per_ramp_test_accuracy": _per_ramp_accuracy(test, split["test"][1])}
     save_checkpoint(name, model, meta)
@@ -199,10 +211,13 @@ def missing_checkpoints(name: str) -> list[str]:
     return [n for n in needed if not (checkpoint_dir(n) / "meta.json").exists()]
 
 
-def train(name: str, quick: bool = False, progress: bool = True) -> TrainReport:
-    """Train zoo model ``name`` (cached: stage 1 is shared and reused)."""
+def train(name: str, quick: bool = False, progress: bool = True, retune: bool = False) -> TrainReport:
+    """Train zoo model ``name`` (cached: stage 1 is shared and reused). ``retune``: keep the
+    trained weights of resnet-ee and choose its τ again (BERT models retrain only their ramps anyway)."""
     if name not in RECIPES:
-        raise KeyError(f"no training recipe for {name!r}; trainable: {', '.join(sorted(RECIPES))}")
+        raise ValueError(f"no training recipe for {name!r}; trainable: {', '.join(sorted(RECIPES))}")
     start = time.perf_counter()
-    meta = RECIPES[name](name, quick, progress)
+    if retune and name != "resnet-ee":
+        raise ValueError("--retune applies to resnet-ee; bert-ee and pabee rerun only their ramps (about a minute)")
+    meta = _train_resnet(name, quick, progress, retune_only=True) if retune else RECIPES[name](name, quick, progress)
     return TrainReport(name, time.perf_counter() - start, meta)
