@@ -49,8 +49,9 @@ def _export(args) -> int:
     for s in plan.splits:
         print(f"  {s.model:28s} blocks {s.first_block}-{s.last_block}  ramps {list(s.enabled_ramps) or '-'}  "
               f"batch {s.batch_size}  instances {s.instances}")
-    print(f"  front door {plan.model}_router, baselines {plan.model}_stock and {plan.model}_ee; "
-          f"exit rule {plan.exit_rule}")
+    text_door = (Path(args.repo) / plan.model / "config.pbtxt").exists()
+    door = f"{plan.model} (text) -> {plan.model}_router" if text_door else f"{plan.model}_router"
+    print(f"  front door {door}, baselines {plan.model}_stock and {plan.model}_ee; exit rule {plan.exit_rule}")
     return 0
 
 
