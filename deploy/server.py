@@ -110,6 +110,23 @@ def binary_libs(binary: Path) -> Path | None:
     return libs if libs.is_dir() else None
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM the server if the process that started it dies.
+
+    The server runs in its own session (so Ctrl-C reaches only the launcher, which
+    stops it in order); without this a launcher killed outright (a test runner's
+    timeout, kill -9) would leave tritonserver running. Linux only; Linux ties the
+    signal to the launching thread, so start servers from a thread that outlives them.
+    """
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on right now (for tests and ephemeral servers)."""
     with socket.socket() as s:
@@ -215,7 +232,8 @@ class TritonServer:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libs), env.get("LD_LIBRARY_PATH")]))
         log.info("starting %s", " ".join(cmd))
         self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        start_new_session=True, env=env, text=True, errors="replace")
+                                        start_new_session=True, env=env, text=True, errors="replace",
+                                        preexec_fn=_die_with_parent)
         self._reader = threading.Thread(target=self._pump_logs, daemon=True)
         self._reader.start()
         try:
