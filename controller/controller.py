@@ -743,7 +743,13 @@ class TritonApplier(Applier):
         return None
 
     def reload(self, name: str) -> None:
-        self.control.load(name, self.control.model_config(name))
+        """Reload ``name`` with fresh instances. Triton skips a load whose config and files are
+        unchanged (measured: a dead stub stayed dead), so the override carries a new
+        ``e3_reload`` parameter; the old version serves until the new one is ready."""
+        import time
+        config = self.control.model_config(name)
+        config.setdefault("parameters", {})["e3_reload"] = {"string_value": f"{time.time():.6f}"}
+        self.control.load(name, config)
 
 
 def _with_split_settings(config: dict, split: SplitPlan) -> dict:

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.e2e
 SPLIT = "tiny_ee_split_3-4"
 
 
-def _stub_pids(model: str) -> list[int]:
+def _stub_pids(model: str, shm_prefix: str) -> list[int]:
+    """This server's stub processes for ``model`` (its shm prefix is on their command line)."""
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -26,7 +27,7 @@ def _stub_pids(model: str) -> list[int]:
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "triton_python_backend_stub" in cmd and f"/{model}/" in cmd:
+        if "triton_python_backend_stub" in cmd and f"/{model}/" in cmd and shm_prefix in cmd:
             pids.append(int(proc.name))
     return pids
 
@@ -39,7 +40,7 @@ def test_dead_stub_is_detected_and_reloaded(tiny_repo, tiny_model):
                       metrics_port=free_port()) as server:
         with E3Client(server.http_url) as client:
             before = client.infer("tiny_ee_router", inputs)
-        pids = _stub_pids(SPLIT)
+        pids = _stub_pids(SPLIT, server.shm_prefix)
         assert pids, "the split's stub process should be running"
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
