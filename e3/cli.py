@@ -147,10 +147,15 @@ def _plan(args) -> int:
             except ValueError:
                 raise PlannerError(f"--alpha takes a number or none, got {args.alpha!r}") from None
             result = best_plan(latency, exits, resources, rate_rps=args.rate_rps, alpha=alpha, **common)
-        ramps = [k for k in range(1, latency.num_blocks)
-                 if any(max(latency.ramp_ms[d][k - 1]) > 0 for d in latency.devices)]
-        plan = result.to_plan(latency.model, latency.num_blocks, {"kind": "entropy", "tau_nats": args.tau_nats},
-                              ramps, args.slo_ms, args.slack)
+        if args.model:  # the model's own ramps and exit rule
+            from e3.export.zoo import resolve_model
+            card = resolve_model(args.model).card
+            ramps, rule = list(card.ramp_blocks), dict(card.exit_rule)
+        else:  # without the model: ramps are the blocks the profile measured a ramp for
+            ramps = [k for k in range(1, latency.num_blocks)
+                     if any(max(latency.ramp_ms[d][k - 1]) > 0 for d in latency.devices)]
+            rule = {"kind": "entropy", "tau_nats": args.tau_nats}
+        plan = result.to_plan(latency.model, latency.num_blocks, rule, ramps, args.slo_ms, args.slack)
     except (ProfileError, PlannerError, ValueError) as err:
         print(f"e3 plan: error: {err}", file=sys.stderr)
         return 2
@@ -434,7 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--min-goodput", type=float, default=None,
                     help="instead: the cheapest plan whose throughput reaches this many inputs/s (E3 §5.3)")
     pl.add_argument("--no-pipelining", action="store_true", help="splits run one after another (E3 §3.2.1)")
-    pl.add_argument("--tau-nats", type=float, default=0.5, help="entropy threshold written into the plan")
+    pl.add_argument("--model", default=None, help="zoo model (or module:factory) whose ramps and exit rule the "
+                                                  "written plan uses (recommended with --out)")
+    pl.add_argument("--tau-nats", type=float, default=0.5, help="entropy threshold written into the plan without --model")
     pl.add_argument("--out", default=None, help="write the plan JSON here")
     pl.set_defaults(func=_plan)
 
