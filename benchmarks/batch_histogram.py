@@ -115,7 +115,7 @@ def run_config(model_name: str, cuts: str, config: Config, *, concurrency: int, 
     from e3.client.loadgen import closed_loop
     from e3.core.names import ranges_from_cuts, router_name, served_name
     from e3.core.plan import default_plan
-    from e3.deploy.server import TritonServer, free_port
+    from e3.deploy.server import TritonServer
     from e3.export.repository import MANIFEST, ExportSettings, export_repository
     from e3.export.zoo import resolve_model
 
@@ -147,9 +147,8 @@ def run_config(model_name: str, cuts: str, config: Config, *, concurrency: int, 
     splits = manifest["deployments"][m]["plan"]["splits"]
     split, plan_size = splits[0]["model"], int(splits[0]["batch_size"])
     watched = [router, *(s["model"] for s in splits)]
-    pool = {s.name: x.numpy() for s, x in zip(model.card.inputs, model.example_inputs(512, seed=7))}
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          log_file=workdir / f"{repo.name}.tritonserver.log")
+    pool = model.example_arrays(512, seed=7)
+    server = TritonServer.on_free_ports(repo, log_file=workdir / f"{repo.name}.tritonserver.log")
     with server:
         url = server.http_url if protocol == "http" else server.grpc_url
         closed_loop(url, router, pool, concurrency=concurrency, batch=1, requests=4 * concurrency,

@@ -177,6 +177,11 @@ class TritonServer:
         self._log_tail: deque[str] = deque(maxlen=60)
         self._reader: threading.Thread | None = None
 
+    @classmethod
+    def on_free_ports(cls, repo: str | os.PathLike, models: list[str] | None = None, **kwargs) -> "TritonServer":
+        """A server on three loopback ports nobody listens on (tests, benchmarks, probes)."""
+        return cls(repo, models, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), **kwargs)
+
     # -- addresses -------------------------------------------------------------
     @property
     def http_url(self) -> str:

@@ -81,7 +81,7 @@ def _infer(args) -> int:
     from e3.export.zoo import resolve_model
     model = resolve_model(args.model)
     target = args.target or f"{served_name(args.model)}_router"
-    inputs = {s.name: x.numpy() for s, x in zip(model.card.inputs, model.example_inputs(args.n, seed=args.seed))}
+    inputs = model.example_arrays(args.n, seed=args.seed)
     with E3Client(args.url, args.protocol) as client:
         print(f"{'input':>5}  {'label':>5}  {'exit ramp':>9}  {'p(label)':>8}  {'latency ms':>10}")
         for i in range(args.n):
@@ -142,11 +142,7 @@ def _plan(args) -> int:
         else:
             if args.rate_rps is None:
                 raise PlannerError("--rate-rps is needed (or --min-goodput for the cheapest plan reaching a goodput)")
-            try:
-                alpha = None if args.alpha.lower() == "none" else float(args.alpha)
-            except ValueError:
-                raise PlannerError(f"--alpha takes a number or none, got {args.alpha!r}") from None
-            result = best_plan(latency, exits, resources, rate_rps=args.rate_rps, alpha=alpha, **common)
+            result = best_plan(latency, exits, resources, rate_rps=args.rate_rps, alpha=args.alpha, **common)
         if args.model:  # the model's own ramps and exit rule
             from e3.export.zoo import resolve_model
             card = resolve_model(args.model).card
@@ -243,9 +239,11 @@ def _load(args) -> int:
                                  workers=args.workers, **common)
     else:
         from e3.export.zoo import resolve_model
-        zoo = args.inputs_from or _zoo_name_of(args.model)
+        from e3.core.names import zoo_name_of
+        from e3.export.zoo import ZOO
+        zoo = args.inputs_from or zoo_name_of(args.model, ZOO)
         model = resolve_model(zoo)
-        pool = {s.name: x.numpy() for s, x in zip(model.card.inputs, model.example_inputs(args.pool, seed=args.seed))}
+        pool = model.example_arrays(args.pool, seed=args.seed)
         if args.closed:
             result = closed_loop(args.url, args.model, pool, concurrency=args.concurrency, requests=args.requests,
                                  warmup=1, **common)
@@ -292,7 +290,7 @@ def _control(args) -> int:
     applier = TritonApplier(args.url, metrics_url=metrics_url, repo=Path(args.repo), zoo_model=args.model)
     planner = ProfilePlanner(latency, exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks, slo_ms=args.slo_ms,
                              rate_rps=args.rate_rps, slack=args.slack,
-                             alpha=None if args.alpha.lower() == "none" else float(args.alpha))
+                             alpha=args.alpha)
     controller = Controller(settings, telemetry=TelemetryReader(metrics_url, m, window_s=args.window_s,
                                                                 num_blocks=card.num_blocks),
                             forecaster=make_forecaster(args.forecaster), planner=planner, applier=applier,
@@ -327,16 +325,6 @@ def _status(args) -> int:
     return 0
 
 
-def _zoo_name_of(served: str) -> str:
-    """The zoo model behind a served name: tiny_ee_router -> tiny-ee."""
-    from e3.export.zoo import ZOO
-    for name in sorted(ZOO, key=len, reverse=True):
-        base = name.replace("-", "_")
-        if served == base or served.startswith(base + "_"):
-            return name
-    raise ValueError(f"cannot tell which zoo model {served!r} serves; pass --inputs-from MODEL or --workload FILE")
-
-
 def _models(args) -> int:
     from e3.export.zoo import ZOO
     for entry in ZOO.values():
@@ -357,6 +345,27 @@ def _clean(args) -> int:
         removed.append(f"{repo}/* (kept README.md)")
     print("removed " + ", ".join(removed) if removed else "nothing to remove")
     return 0
+
+
+def _planning_args(p: argparse.ArgumentParser, rate_required: bool) -> None:
+    """The planner's inputs, shared by `e3 plan` and `e3 control`."""
+    p.add_argument("--profile", required=True, help="latency profile JSON (e3 profile)")
+    p.add_argument("--devices", required=True, help="CONFIG:COUNT,... e.g. cpu:2 or v100:6,t4:8,k80:15")
+    p.add_argument("--slo-ms", type=float, required=True, help="latency objective per request (ms)")
+    p.add_argument("--rate-rps", type=float, required=rate_required, default=None,
+                   help="offered request rate R (inputs/s)")
+    p.add_argument("--slack", type=float, default=0.2, help="share of the SLO kept in reserve (default 0.2)")
+    p.add_argument("--alpha", type=_alpha, default=1.0,
+                   help="cost <= alpha x the cheapest stock one-split plan reaching R (default 1.0; none: no bound)")
+
+
+def _alpha(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a number or none, got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -428,14 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="plan cuts, replicas, device configurations and batch size (E3's DP) "
                                      "from a latency profile and a batch (exit) profile")
-    pl.add_argument("--profile", required=True, help="latency profile JSON (e3 profile)")
+    _planning_args(pl, rate_required=False)
     pl.add_argument("--exits", required=True, help="batch profile JSON: share of inputs reaching every block")
-    pl.add_argument("--devices", required=True, help="CONFIG:COUNT,... e.g. cpu:2 or v100:6,t4:8,k80:15")
-    pl.add_argument("--slo-ms", type=float, required=True, help="latency objective per request (ms)")
-    pl.add_argument("--rate-rps", type=float, default=None, help="offered request rate R (inputs/s)")
-    pl.add_argument("--slack", type=float, default=0.2, help="share of the SLO kept in reserve (default 0.2)")
-    pl.add_argument("--alpha", default="1.0",
-                    help="cost <= alpha x the cheapest stock one-split plan reaching R (default 1.0; none: no bound)")
     pl.add_argument("--min-goodput", type=float, default=None,
                     help="instead: the cheapest plan whose throughput reaches this many inputs/s (E3 §5.3)")
     pl.add_argument("--no-pipelining", action="store_true", help="splits run one after another (E3 §3.2.1)")
@@ -506,12 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     ct = sub.add_parser("control", help="every window: router telemetry -> forecast -> plan -> apply to the "
                                         "running Triton (load splits, instances, router switch, unload)")
     ct.add_argument("--model", required=True, help="zoo name of the served model, e.g. tiny-ee")
-    ct.add_argument("--profile", required=True, help="latency profile JSON (e3 profile)")
-    ct.add_argument("--devices", required=True, help="CONFIG:COUNT,... e.g. cpu:2 (instances the plans may use)")
-    ct.add_argument("--slo-ms", type=float, required=True, help="latency objective per request (ms)")
-    ct.add_argument("--rate-rps", type=float, required=True, help="offered request rate R (inputs/s)")
-    ct.add_argument("--slack", type=float, default=0.2, help="share of the SLO kept in reserve (default 0.2)")
-    ct.add_argument("--alpha", default="1.0", help="cost bound multiplier for the planner (default 1.0; none)")
+    _planning_args(ct, rate_required=True)
     ct.add_argument("--window-s", type=float, default=120.0, help="seconds per window (default 120, E3's)")
     ct.add_argument("--margin", type=float, default=0.10,
                     help="apply when the new plan's predicted throughput beats the running one by this share "

@@ -79,5 +79,4 @@ def _pool(settings: DemoSettings, model):
         inputs, labels = split_inputs(entry.dataset, "test", model.card.max_seq_len)
         names = [t.name for t in model.card.inputs]
         return {n: x[:settings.pool] for n, x in zip(names, inputs)}, labels[:settings.pool]
-    xs = model.example_inputs(settings.pool, seed=7)
-    return {spec.name: x.numpy() for spec, x in zip(model.card.inputs, xs)}, None
+    return model.example_arrays(settings.pool, seed=7), None

@@ -16,7 +16,6 @@ import abc
 import torch
 from torch import nn
 
-from e3.core.names import ramp_output, state_output
 from e3.core.spec import ModelCard
 
 __all__ = ["EarlyExitModel", "SplitModule"]
@@ -44,6 +43,10 @@ class EarlyExitModel(nn.Module, abc.ABC):
     def example_inputs(self, n: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
         """``n`` valid random inputs (batch first), deterministic in ``seed``."""
 
+    def example_arrays(self, n: int, seed: int = 0) -> dict:
+        """:meth:`example_inputs` as numpy arrays named like the model's inputs (what a client sends)."""
+        return {spec.name: x.numpy() for spec, x in zip(self.card.inputs, self.example_inputs(n, seed=seed))}
+
 
 class SplitModule(nn.Module):
     """Blocks ``first..last`` of a model as one module, the unit that is exported.
@@ -60,9 +63,7 @@ class SplitModule(nn.Module):
         if not 1 <= first <= last <= L:
             raise ValueError(f"split {first}-{last} is outside blocks 1..{L}")
         self.model, self.first, self.last = model, first, last
-        self.ramps = tuple(sorted(k for k in set(ramps) if first <= k <= last))
-        if last == L and L not in self.ramps:
-            self.ramps = (*self.ramps, L)
+        self.ramps = model.card.split_ramps(first, last, ramps)
         # A split is only ever run for inference; exporting restores the wrapper's
         # mode recursively, so a wrapper left in training mode would switch the
         # model's dropout on.
@@ -83,5 +84,4 @@ class SplitModule(nn.Module):
 
     @property
     def output_names(self) -> list[str]:
-        state = [state_output(t.name) for t in self.model.card.state] if self.last < self.model.card.num_blocks else []
-        return state + [ramp_output(k) for k in self.ramps]
+        return self.model.card.split_outputs(self.first, self.last, self.ramps)

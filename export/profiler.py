@@ -312,15 +312,15 @@ def measure_tx(card: ModelCard, batch_sizes: Sequence[int], repeats: int, warmup
     batch size, on a real tritonserver."""
     import tritonclient.http as httpclient
 
-    from e3.deploy.server import TritonServer, free_port
+    from e3.deploy.server import TritonServer
 
     with tempfile.TemporaryDirectory(prefix="e3-tx-") as tmp:
         repo = Path(tmp)
         state = cut_state(card)
         _tx_repository(repo, state, max(batch_sizes), warmup)
         log_file = artifacts_dir() / "logs" / f"profile-tx-tritonserver-{os.getpid()}.log"
-        with TritonServer(repo, [TX_ECHO, TX_CALLER], http_port=free_port(), grpc_port=free_port(),
-                          metrics_port=free_port(), tritonserver=tritonserver, log_file=log_file) as server:
+        with TritonServer.on_free_ports(repo, [TX_ECHO, TX_CALLER], tritonserver=tritonserver,
+                                        log_file=log_file) as server:
             client = httpclient.InferenceServerClient(server.http_url, network_timeout=300)
             try:
                 result = []

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from e3.core.exits import ExitRule, softmax
+from e3.core.names import ramp_output, state_output
 from e3.core.plan import Plan
 
 __all__ = ["BatchRoute", "RampCounts", "deadline_budget_ms"]
@@ -98,6 +99,16 @@ class BatchRoute:
         keep = ~decided
         self.active = entered[keep]
         return keep
+
+    def advance(self, outputs: dict[str, np.ndarray], ramps: tuple[int, ...],
+                state_names: list[str]) -> dict[str, np.ndarray] | None:
+        """One split done: apply the exit rule to its ``ramps`` (logits in ``outputs`` under
+        ``ramp_<k>``) and return the next split's inputs, the survivors' state (``outputs``
+        under ``<name>_out``, sliced to the survivors); None when every input is answered."""
+        keep = self.observe({k: outputs[ramp_output(k)] for k in ramps})
+        if self.done:
+            return None
+        return {name: outputs[state_output(name)][keep] for name in state_names}
 
 
 def deadline_budget_ms(plan: Plan) -> float:

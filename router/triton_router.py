@@ -24,13 +24,13 @@ Telemetry: the metrics of :mod:`e3.core.telemetry`.
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import triton_python_backend_utils as pb_utils
 
 from e3.core import telemetry
 from e3.core.exits import make_exit_rule
-from e3.core.names import ramp_output, state_output
 from e3.core.plan import Plan
 from e3.core.spec import ModelCard
 from e3.export.runtime.triton_io import answer_responses, bls, error_response, gather, model_parameters
@@ -61,11 +61,25 @@ class _Metrics:
         self._plan_metric.set(1)
         self._cache: dict = {}
         # Each Metric call is a message to the server process; counts are summed locally and
-        # flushed at most every FLUSH_S (and at every drop), which keeps them cheap per batch.
+        # handed over by a background thread every FLUSH_S (and at once on a drop), which keeps
+        # them cheap per batch and never leaves the last batches' counts unreported when
+        # traffic stops.
         self._pending: dict = {}
-        self._flushed = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_loop, name="e3-metrics-flush", daemon=True)
+        self._flusher.start()
 
     FLUSH_S = 0.2
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.FLUSH_S):
+            self.flush()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._flusher.join(timeout=2)
+        self.flush()
 
     def _metric(self, fam, **labels):
         key = (id(fam), tuple(sorted(labels.items())))
@@ -74,7 +88,8 @@ class _Metrics:
         return self._cache[key]
 
     def _add(self, metric, n: float) -> None:
-        self._pending[metric] = self._pending.get(metric, 0) + n
+        with self._lock:
+            self._pending[metric] = self._pending.get(metric, 0) + n
 
     def record(self, route: BatchRoute, rows: int) -> None:
         self._add(self.inputs, rows)
@@ -86,22 +101,18 @@ class _Metrics:
 
     def dropped(self, reason: str, n: int) -> None:
         self._add(self._metric(self._dropped, reason=reason), n)
-        self.flush(force=True)
+        self.flush()
 
     def timing(self, overhead_us: float, bls_us: float) -> None:
         self._add(self.overhead, overhead_us)
         self._add(self.bls, bls_us)
-        self.flush()
 
-    def flush(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._flushed < self.FLUSH_S:
-            return
-        for metric, n in self._pending.items():
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for metric, n in pending.items():
             if n:
                 metric.increment(n)
-        self._pending.clear()
-        self._flushed = now
 
 
 class TritonPythonModel:
@@ -117,7 +128,7 @@ class TritonPythonModel:
         self.metrics = _Metrics(self.plan.model, self.plan.plan_id)
 
     def finalize(self):
-        self.metrics.flush(force=True)
+        self.metrics.close()
 
     def execute(self, requests):
         # Overhead is the router thread's CPU time outside BLS calls (its own Python work, immune to
@@ -127,27 +138,24 @@ class TritonPythonModel:
         got = gather(requests, self.card.inputs)
         if not got.valid:
             return got.responses
-        L = self.card.num_blocks
-        route = BatchRoute(got.rows, self.card.num_classes, L, self.rule)
+        route = BatchRoute(got.rows, self.card.num_classes, self.card.num_blocks, self.rule)
+        state_names = [t.name for t in self.card.state]
         feed = got.arrays
         try:
             for split in self.plan.splits:
-                ramps = [*split.enabled_ramps, *([L] if split.last_block == L else [])]
-                names = ([state_output(t.name) for t in self.card.state] if split.last_block < L else []) + \
-                        [ramp_output(k) for k in ramps]
+                span = (split.first_block, split.last_block, split.enabled_ramps)
                 left_us = int((self.budget_ms - (time.perf_counter() - start) * 1e3) * 1e3)
                 if left_us <= 0:
                     raise TimeoutError(f"the SLO budget of {self.budget_ms:.1f} ms ran out before {split.model}")
                 called, called_cpu = time.perf_counter(), time.thread_time()
                 try:
-                    out = bls(split.model, feed, names, timeout_us=left_us)
+                    out = bls(split.model, feed, self.card.split_outputs(*span), timeout_us=left_us)
                 finally:
                     waited += time.perf_counter() - called
                     waited_cpu += time.thread_time() - called_cpu
-                keep = route.observe({k: out[ramp_output(k)] for k in ramps})
-                if route.done:
+                feed = route.advance(out, self.card.split_ramps(*span), state_names)
+                if feed is None:
                     break
-                feed = {t.name: out[state_output(t.name)][keep] for t in self.card.state}
         except (RuntimeError, TimeoutError) as err:
             reason = "deadline" if isinstance(err, TimeoutError) or "timeout" in str(err).lower() else "error"
             message = (f"dropped: {self.plan.model} cannot answer within its SLO of {self.plan.slo_ms:.0f} ms ({err})"

@@ -33,8 +33,7 @@ def tiny_repo(tmp_path_factory):
 @pytest.fixture(scope="session")
 def server(tiny_repo):
     """The real embedded tritonserver serving ``tiny_repo``, on free loopback ports."""
-    from e3.deploy.server import TritonServer, free_port
+    from e3.deploy.server import TritonServer
     log = artifacts_dir() / "logs" / f"test-tritonserver-{os.getpid()}.log"
-    with TritonServer(tiny_repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                      log_file=log) as srv:
+    with TritonServer.on_free_ports(tiny_repo, log_file=log) as srv:
         yield srv

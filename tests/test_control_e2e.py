@@ -22,7 +22,7 @@ from e3.controller.forecast import TelemetryReader, make_forecaster
 from e3.controller.triton_api import TritonControl
 from e3.core.exits import make_exit_rule
 from e3.core.profile import BatchProfile
-from e3.deploy.server import TritonServer, free_port
+from e3.deploy.server import TritonServer
 from e3.export.reference import reference_answers
 from e3.export.repository import ExportSettings, all_ranges, export_repository
 from test_controller import DEVICES, RATE_RPS, SLO_MS, synthetic_profile
@@ -42,7 +42,7 @@ def control_server(tmp_path_factory, tiny_model):
     repo = tmp_path_factory.mktemp("control-repo")
     export_repository("tiny-ee", "2", repo, ExportSettings(), progress=False,
                       extra_ranges=all_ranges(tiny_model.card.num_blocks))
-    with TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()) as server:
+    with TritonServer.on_free_ports(repo) as server:
         yield server
 
 

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 import torch
 
 from e3.client.sdk import ClientError, E3Client
+from helpers import mixed_sizes, send_concurrently
 from e3.core.exits import make_exit_rule
 from e3.export.model_api import SplitModule
 from e3.export.reference import reference_answers
@@ -37,35 +37,16 @@ def reference(tiny_model, inputs):
     return reference_answers(tiny_model, (inputs["input_ids"], inputs["attention_mask"]), rule)
 
 
-def _send_concurrently(url, protocol, model, inputs, sizes, workers=8):
-    """Send the inputs in requests of ``sizes`` rows from ``workers`` clients at once; reassemble."""
-    edges = np.cumsum([0, *sizes])
-    assert edges[-1] == N_INPUTS
-
-    def one(j):
-        with E3Client(url, protocol) as client:
-            return j, client.infer(model, {k: v[edges[j]:edges[j + 1]] for k, v in inputs.items()})
-
-    with ThreadPoolExecutor(workers) as pool:
-        parts = dict(pool.map(one, range(len(sizes))))
-    return (np.concatenate([parts[j].label for j in range(len(sizes))]),
-            np.concatenate([parts[j].exit_ramp for j in range(len(sizes))]))
+def _rows(inputs):
+    return lambda a, b: {k: v[a:b] for k, v in inputs.items()}
 
 
-def _mixed_sizes(seed):
-    rng = np.random.default_rng(seed)
-    sizes, left = [], N_INPUTS
-    while left:
-        sizes.append(int(min(left, rng.integers(1, 12))))
-        left -= sizes[-1]
-    return sizes
-
-
-@pytest.mark.parametrize("model, protocol", [("tiny_ee_router", "http"), ("tiny_ee_router", "grpc"),
-                                             ("tiny_ee_ee", "http")])
-def test_served_answers_equal_the_pytorch_reference(server, inputs, reference, model, protocol):
+@pytest.mark.parametrize("model, protocol, seed", [("tiny_ee_router", "http", 1), ("tiny_ee_router", "grpc", 2),
+                                                   ("tiny_ee_ee", "http", 3)])
+def test_served_answers_equal_the_pytorch_reference(server, inputs, reference, model, protocol, seed):
     url = server.http_url if protocol == "http" else server.grpc_url
-    label, ramp = _send_concurrently(url, protocol, model, inputs, _mixed_sizes(hash(model) % 100))
+    label, ramp = send_concurrently(url, model, _rows(inputs), mixed_sizes(N_INPUTS, 11, seed), workers=8,
+                                    protocol=protocol)
     clear = reference.min_margin > TIE_BAND
     assert (~clear).sum() <= 2, "tie band must stay tiny"
     assert (ramp[clear] == reference.exit_ramp[clear]).all()
@@ -79,7 +60,8 @@ def test_stock_baseline_equals_pytorch_final_head(server, tiny_model, inputs):
     with torch.no_grad():
         logits = torch.cat([split(*(torch.as_tensor(inputs[k][i:i + 1]) for k in ("input_ids", "attention_mask")))[0]
                             for i in range(N_INPUTS)]).numpy()
-    label, ramp = _send_concurrently(server.http_url, "http", "tiny_ee_stock", inputs, _mixed_sizes(5))
+    label, ramp = send_concurrently(server.http_url, "tiny_ee_stock", _rows(inputs), mixed_sizes(N_INPUTS, 11, 5),
+                                    workers=8)
     assert (ramp == -1).all()
     top2 = np.sort(logits, axis=1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] > TIE_BAND

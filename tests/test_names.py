@@ -34,3 +34,14 @@ def test_illegal_cuts_are_named(cuts, message):
 def test_bad_model_name_is_rejected():
     with pytest.raises(ValueError):
         served_name("9lives")
+
+
+def test_zoo_name_of_a_served_model():
+    from e3.core.names import zoo_name_of
+    zoo = ["tiny-ee", "bert-ee", "bert-stock", "pabee"]
+    assert zoo_name_of("tiny_ee_router", zoo) == "tiny-ee"
+    assert zoo_name_of("bert_ee_split_1-3", zoo) == "bert-ee"
+    assert zoo_name_of("bert_ee", zoo) == "bert-ee"
+    assert zoo_name_of("bert_stock", zoo) == "bert-stock"
+    with pytest.raises(ValueError, match="--inputs-from"):
+        zoo_name_of("resnet_ee_router", zoo)

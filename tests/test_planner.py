@@ -341,3 +341,22 @@ def test_parse_resources():
     for bad in ("v100", "v100:x", ":3", "", "a:-1"):
         with pytest.raises(PlannerError):
             parse_resources(bad)
+
+
+def test_e3_plan_cli_prints_and_writes_a_valid_plan(tmp_path, capsys):
+    from e3.cli import main
+    from e3.core.plan import Plan
+    make_profile(4, {"cpu": (1.0, 0.1, 1.0)}).save(tmp_path / "p.json")
+    make_batch([1.0, 0.5, 0.3, 0.2]).save(tmp_path / "x.json")
+    base = ["plan", "--profile", str(tmp_path / "p.json"), "--exits", str(tmp_path / "x.json"),
+            "--slo-ms", "500", "--rate-rps", "50", "--devices", "cpu:2"]
+    assert main([*base, "--model", "tiny-ee", "--out", str(tmp_path / "plan.json")]) == 0
+    out = capsys.readouterr().out
+    assert "predicted throughput" in out and "worst-case latency" in out
+    plan = Plan.from_json((tmp_path / "plan.json").read_text())
+    assert plan.exit_rule["kind"] == "entropy" and plan.exit_rule["tau_nats"] > 0  # tiny-ee's own τ
+    assert main([*base, "--alpha", "none"]) == 0
+    with pytest.raises(SystemExit):
+        main([*base, "--alpha", "cheap"])
+    assert main([*base[:-1], "gpu:2"]) == 2  # a device the profile does not have: a clear error
+    assert "not in the latency profile" in capsys.readouterr().err

@@ -65,3 +65,28 @@ def test_any_split_layout_gives_the_unsplit_answers(rule_factory, seed):
     assert route.done
     assert route.label.tolist() == label.tolist()
     assert route.exit_ramp.tolist() == ramp.tolist()
+
+
+def test_advance_hands_on_only_the_survivors_state():
+    route = BatchRoute(3, num_classes=3, num_blocks=4, rule=EntropyRule(0.5))
+    hidden = np.arange(3 * 2, dtype=np.float32).reshape(3, 2)
+    out = {"ramp_1": np.stack([UNSURE, CONFIDENT, UNSURE]), "hidden_out": hidden, "mask_out": np.ones((3, 5))}
+    feed = route.advance(out, (1,), ["hidden", "mask"])
+    assert set(feed) == {"hidden", "mask"}
+    np.testing.assert_array_equal(feed["hidden"], hidden[[0, 2]])  # input 1 exited at ramp 1
+    assert route.active.tolist() == [0, 2]
+    # A split without ramps hands everything on unchanged; the head answers the rest.
+    feed = route.advance({"hidden_out": feed["hidden"], "mask_out": feed["mask"]}, (), ["hidden", "mask"])
+    assert feed["hidden"].shape == (2, 2)
+    assert route.advance({"ramp_4": np.stack([UNSURE, UNSURE])}, (4,), ["hidden", "mask"]) is None
+    assert route.exit_ramp.tolist() == [4, 1, 4]
+
+
+def test_split_outputs_and_ramps_from_the_card():
+    from e3.core.spec import ModelCard, TensorSpec
+    card = ModelCard(name="m", num_blocks=4, ramp_blocks=(1, 2, 3), num_classes=2,
+                     inputs=(TensorSpec("x", "FP32", (2,)),), state=(TensorSpec("h", "FP32", (2,)),))
+    assert card.split_ramps(1, 2, (1, 2, 3)) == (1, 2)
+    assert card.split_ramps(3, 4, (1, 2)) == (4,)            # disabled ramp 3 is not computed; the head is
+    assert card.split_outputs(1, 2, (2,)) == ["h_out", "ramp_2"]
+    assert card.split_outputs(3, 4, (3,)) == ["ramp_3", "ramp_4"]

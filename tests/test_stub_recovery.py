@@ -11,7 +11,7 @@ import pytest
 
 from e3.client.sdk import ClientError, E3Client
 from e3.controller.controller import TritonApplier, is_dead_stub
-from e3.deploy.server import TritonServer, free_port
+from e3.deploy.server import TritonServer
 
 pytestmark = pytest.mark.e2e
 SPLIT = "tiny_ee_split_3-4"
@@ -36,8 +36,7 @@ def test_dead_stub_is_detected_and_reloaded(tiny_repo, tiny_model):
     ids, mask = (x.numpy() for x in tiny_model.example_inputs(6, seed=3))
     inputs = {"input_ids": ids, "attention_mask": mask}
     models = ["tiny_ee_split_1-2", SPLIT, "tiny_ee_router"]
-    with TritonServer(tiny_repo, models, http_port=free_port(), grpc_port=free_port(),
-                      metrics_port=free_port()) as server:
+    with TritonServer.on_free_ports(tiny_repo, models) as server:
         with E3Client(server.http_url) as client:
             before = client.infer("tiny_ee_router", inputs)
         pids = _stub_pids(SPLIT, server.shm_prefix)

@@ -13,13 +13,13 @@ reference run one input at a time.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import torch
 
 from e3.client.sdk import ClientError, E3Client
+from helpers import mixed_sizes, send_concurrently, tau_in_widest_gap
 from e3.core.exits import entropy_nats, make_exit_rule
 from e3.export.reference import reference_answers
 
@@ -30,7 +30,7 @@ N_INPUTS, CLIENTS, TIE_BAND = 1000, 16, 1e-5
 
 @pytest.fixture(scope="module")
 def zoo_server(tmp_path_factory):
-    from e3.deploy.server import TritonServer, free_port
+    from e3.deploy.server import TritonServer
     from e3.export.checkpoints import load_meta, save_checkpoint
     from e3.export.recipes import train
     from e3.export.repository import ExportSettings, export_repository
@@ -53,51 +53,25 @@ def zoo_server(tmp_path_factory):
             if rule is None:  # τ near the 35% quantile of ramp-1 entropies (exits at every ramp),
                 with torch.no_grad():  # in the widest gap between observed values (few ties)
                     state = model.block(1, *model.stem(torch.as_tensor(ids), torch.as_tensor(mask)))
-                    ent = np.sort(entropy_nats(model.ramp(1, *state).numpy()))
-                lo, hi = int(0.25 * len(ent)), int(0.45 * len(ent))
-                gap = lo + int(np.argmax(np.diff(ent[lo:hi])))
-                rule = {"kind": "entropy", "tau_nats": float((ent[gap] + ent[gap + 1]) / 2)}
+                    ent = entropy_nats(model.ramp(1, *state).numpy())
+                rule = {"kind": "entropy", "tau_nats": tau_in_widest_gap(ent)}
             save_checkpoint(name, model, {**load_meta(name), "exit_rule": rule})
         resnet = resolve_model("resnet-ee")  # quick-trained: τ in the widest gap of ramp-1 entropies
         with torch.no_grad():
-            ent = np.sort(entropy_nats(resnet.ramp(1, *resnet.block(1, *resnet.stem(torch.as_tensor(pixels)))).numpy()))
-        lo, hi = int(0.25 * len(ent)), int(0.45 * len(ent))
-        gap = lo + int(np.argmax(np.diff(ent[lo:hi])))
+            ent = entropy_nats(resnet.ramp(1, *resnet.block(1, *resnet.stem(torch.as_tensor(pixels)))).numpy())
         save_checkpoint("resnet-ee", resnet, {**load_meta("resnet-ee"),
-                                              "exit_rule": {"kind": "entropy", "tau_nats": float((ent[gap] + ent[gap + 1]) / 2)}})
+                                              "exit_rule": {"kind": "entropy", "tau_nats": tau_in_widest_gap(ent)}})
         repo = tmp_path_factory.mktemp("zoo-repo")
         for name in ("bert-ee", "pabee", "resnet-ee"):
             # A generous SLO: this test is about answers; deadlines are tested elsewhere.
             export_repository(name, "2,4", repo, ExportSettings(router_instances=2, slo_ms=120_000), progress=False)
-        with TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()) as server:
+        with TritonServer.on_free_ports(repo) as server:
             yield server, texts, ids, mask, pixels
     finally:
         if old is None:
             os.environ.pop("E3_ARTIFACTS", None)
         else:
             os.environ["E3_ARTIFACTS"] = old
-
-
-def _sizes(seed):
-    rng = np.random.default_rng(seed)
-    sizes, left = [], N_INPUTS
-    while left:
-        sizes.append(int(min(left, rng.integers(1, 17))))
-        left -= sizes[-1]
-    return sizes
-
-
-def _send(url, model, make_inputs, sizes):
-    edges = np.cumsum([0, *sizes])
-
-    def one(j):
-        with E3Client(url) as client:
-            return j, client.infer(model, make_inputs(edges[j], edges[j + 1]))
-
-    with ThreadPoolExecutor(CLIENTS) as pool:
-        parts = dict(pool.map(one, range(len(sizes))))
-    order = range(len(sizes))
-    return np.concatenate([parts[j].label for j in order]), np.concatenate([parts[j].exit_ramp for j in order])
 
 
 @pytest.mark.parametrize("name, front", [("bert-ee", "text"), ("pabee", "text"), ("pabee", "router"),
@@ -116,7 +90,8 @@ def test_thousand_inputs_from_sixteen_clients_equal_the_reference(zoo_server, na
     else:
         target = f"{m}_router"
         make = lambda a, b: {"input_ids": ids[a:b], "attention_mask": mask[a:b]}  # noqa: E731
-    label, ramp = _send(server.http_url, target, make, _sizes(len(name) + len(front)))
+    label, ramp = send_concurrently(server.http_url, target, make, mixed_sizes(N_INPUTS, 16, len(name) + len(front)),
+                                    workers=CLIENTS)
     inputs = (pixels,) if name == "resnet-ee" else (ids, mask)
     ref = reference_answers(model, inputs, make_exit_rule(model.card.exit_rule))
     clear = ref.min_margin > TIE_BAND

@@ -22,6 +22,7 @@ __all__ = [
     "parse_split_name",
     "ramp_output",
     "state_output",
+    "zoo_name_of",
 ]
 
 _SERVED = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -123,3 +124,13 @@ def state_output(name: str) -> str:
     split unchanged (the attention mask) is both.
     """
     return f"{name}_out"
+
+
+def zoo_name_of(served: str, zoo_names) -> str:
+    """The zoo model behind a served name: ``tiny_ee_router`` -> ``tiny-ee``, ``bert_stock`` ->
+    ``bert-stock``; the longest zoo name that is the served name or its prefix wins."""
+    for name in sorted(zoo_names, key=len, reverse=True):
+        base = served_name(name)
+        if served == base or served.startswith(base + "_"):
+            return name
+    raise ValueError(f"cannot tell which zoo model {served!r} serves; pass --inputs-from MODEL or --workload FILE")

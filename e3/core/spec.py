@@ -79,6 +79,18 @@ class ModelCard:
             return self.state
         return tuple(TensorSpec(t.name, t.dtype, shape) for t, shape in zip(self.state, shapes))
 
+    def split_ramps(self, first: int, last: int, enabled: tuple[int, ...] | set[int]) -> tuple[int, ...]:
+        """Ramps a split over blocks first..last computes: the enabled ones inside it, and the
+        final head (block L) when the split holds it; ascending."""
+        inner = sorted(k for k in set(enabled) if first <= k <= last and k < self.num_blocks)
+        return (*inner, *((self.num_blocks,) if last == self.num_blocks else ()))
+
+    def split_outputs(self, first: int, last: int, enabled: tuple[int, ...] | set[int]) -> list[str]:
+        """Output names of that split: the state it hands on (unless it holds block L), then its ramps."""
+        from e3.core.names import ramp_output, state_output
+        state = [state_output(t.name) for t in self.state] if last < self.num_blocks else []
+        return state + [ramp_output(k) for k in self.split_ramps(first, last, enabled)]
+
     @property
     def exit_blocks(self) -> tuple[int, ...]:
         """Every block whose output can answer: the ramps, then the final head at L."""

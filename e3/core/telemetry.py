@@ -17,8 +17,8 @@ number k; the head is ramp L).
 | e3_router_bls_us_total | counter | time the router spent waiting on BLS calls to splits (queueing + compute + Tx), microseconds |
 | e3_plan_info | gauge | 1 for the plan in force (label ``plan_id``) |
 
-The router sums its counts locally and hands them to Triton at most every
-0.2 s (and at once on a drop), so a scrape may lag by that much.
+The router sums its counts locally and a background thread hands them to
+Triton every 0.2 s (also after traffic stops), so a scrape may lag by that much.
 
 Queueing delay before the router and inside each split is Triton's own
 ``nv_inference_queue_duration_us`` per model; executed batch sizes per split

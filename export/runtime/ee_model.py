@@ -13,7 +13,6 @@ import json
 import os
 
 from e3.core.exits import make_exit_rule
-from e3.core.names import ramp_output, state_output
 from e3.core.spec import ModelCard
 from e3.export.runtime.onnx_model import make_session
 from e3.export.runtime.triton_io import answer_responses, gather, model_parameters
@@ -35,16 +34,13 @@ class TritonPythonModel:
         got = gather(requests, self.card.inputs)
         if not got.valid:
             return got.responses
-        L = self.card.num_blocks
-        route = BatchRoute(got.rows, self.card.num_classes, L, self.rule)
+        route = BatchRoute(got.rows, self.card.num_classes, self.card.num_blocks, self.rule)
+        state_names = [t.name for t in self.card.state]
         feed = got.arrays
         for k, session in enumerate(self.blocks, start=1):
-            has_ramp = k == L or k in self.enabled
-            names = ([state_output(t.name) for t in self.card.state] if k < L else []) + \
-                    ([ramp_output(k)] if has_ramp else [])
-            out = dict(zip(names, session.run(names, feed)))
-            keep = route.observe({k: out[ramp_output(k)]}) if has_ramp else slice(None)
-            if route.done:
+            names = self.card.split_outputs(k, k, self.enabled)
+            feed = route.advance(dict(zip(names, session.run(names, feed))), self.card.split_ramps(k, k, self.enabled),
+                                 state_names)
+            if feed is None:
                 break
-            feed = {t.name: out[state_output(t.name)][keep] for t in self.card.state}
         return answer_responses(got, route)

@@ -35,26 +35,26 @@ def _tiny() -> EarlyExitModel:
     return build_tiny_ee()
 
 
-def _trained_encoder(name: str, ramps: bool = True) -> EarlyExitModel:
-    from e3.export.checkpoints import load_meta, load_state
+def _encoder(name: str, meta: dict, ramps: tuple[int, ...]) -> EarlyExitModel:
     from e3.export.zoo.encoder import EncoderEE
     from e3.export.zoo.minilm import minilm_config
-    meta = load_meta(name)
-    rule = meta.get("exit_rule") or {"kind": "entropy", "tau_nats": 0.0}
-    model = EncoderEE(name, minilm_config(max_seq_len=meta["max_seq_len"], ramps=(1, 2, 3, 4, 5) if ramps else ()),
-                      exit_rule=rule, preprocess="minilm")
-    model.load_state_dict(load_state(name))
-    return model
+    return EncoderEE(name, minilm_config(max_seq_len=meta["max_seq_len"], ramps=ramps),
+                     exit_rule=meta.get("exit_rule") or {"kind": "entropy", "tau_nats": 0.0}, preprocess="minilm")
 
 
-def _trained_resnet(name: str, ramps: bool = True) -> EarlyExitModel:
-    from e3.export.checkpoints import load_meta, load_state
+def _resnet(name: str, meta: dict, ramps: tuple[int, ...]) -> EarlyExitModel:
     from e3.export.zoo.resnet import ResNetEE
-    meta = load_meta(name)
-    model = ResNetEE(name, meta.get("exit_rule") or {"kind": "entropy", "tau_nats": 0.0},
-                     ramps=(1, 2, 3, 4, 5) if ramps else ())
-    model.load_state_dict(load_state(name))
-    return model
+    return ResNetEE(name, meta.get("exit_rule") or {"kind": "entropy", "tau_nats": 0.0}, ramps=ramps)
+
+
+def _trained(architecture, name: str, ramps: bool = True) -> Callable[[], EarlyExitModel]:
+    """A builder that loads checkpoint ``name`` into ``architecture`` (ramps after blocks 1-5, or none)."""
+    def build() -> EarlyExitModel:
+        from e3.export.checkpoints import load_meta, load_state
+        model = architecture(name, load_meta(name), (1, 2, 3, 4, 5) if ramps else ())
+        model.load_state_dict(load_state(name))
+        return model
+    return build
 
 
 ZOO: dict[str, ZooEntry] = {
@@ -62,20 +62,20 @@ ZOO: dict[str, ZooEntry] = {
                         _tiny),
     "bert-ee": ZooEntry("bert-ee", "all-MiniLM-L6-v2 + DeeBERT ramps after layers 1-5, entropy exits; "
                         "Rotten Tomatoes (`e3 train bert-ee`)",
-                        lambda: _trained_encoder("bert-ee"), lambda: _trained_encoder("bert-stock", ramps=False),
+                        _trained(_encoder, "bert-ee"), _trained(_encoder, "bert-stock", ramps=False),
                         "rotten-tomatoes"),
     "bert-stock": ZooEntry("bert-stock", "all-MiniLM-L6-v2 fine-tuned, final classifier only (the stock baseline)",
-                           lambda: _trained_encoder("bert-stock", ramps=False), None, "rotten-tomatoes"),
+                           _trained(_encoder, "bert-stock", ramps=False), None, "rotten-tomatoes"),
     "pabee": ZooEntry("pabee", "all-MiniLM-L6-v2 + PABEE classifiers after layers 1-5, patience exits "
                       "(`e3 train pabee`)",
-                      lambda: _trained_encoder("pabee"), lambda: _trained_encoder("bert-stock", ramps=False),
+                      _trained(_encoder, "pabee"), _trained(_encoder, "bert-stock", ramps=False),
                       "rotten-tomatoes"),
     "resnet-ee": ZooEntry("resnet-ee", "BranchyNet-style ResNet (6 blocks, branches after 1-5), entropy exits; "
                           "Fashion-MNIST (`e3 train resnet-ee`)",
-                          lambda: _trained_resnet("resnet-ee"), lambda: _trained_resnet("resnet-stock", ramps=False),
+                          _trained(_resnet, "resnet-ee"), _trained(_resnet, "resnet-stock", ramps=False),
                           "fashion-mnist"),
     "resnet-stock": ZooEntry("resnet-stock", "the same ResNet, final head only (the stock baseline)",
-                             lambda: _trained_resnet("resnet-stock", ramps=False), None, "fashion-mnist"),
+                             _trained(_resnet, "resnet-stock", ramps=False), None, "fashion-mnist"),
 }
 
 

@@ -1,0 +1,45 @@
+"""Small helpers shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import numpy as np
+
+from e3.client.sdk import E3Client
+
+
+def mixed_sizes(total: int, max_size: int, seed: int) -> list[int]:
+    """Request sizes 1..max_size (seeded) adding up to ``total`` inputs."""
+    rng = np.random.default_rng(seed)
+    sizes, left = [], total
+    while left:
+        sizes.append(int(min(left, rng.integers(1, max_size + 1))))
+        left -= sizes[-1]
+    return sizes
+
+
+def send_concurrently(url: str, model: str, make_inputs: Callable[[int, int], dict], sizes: list[int], *,
+                      workers: int, protocol: str = "http") -> tuple[np.ndarray, np.ndarray]:
+    """Send rows [a, b) of each request (``make_inputs(a, b)``) from ``workers`` clients at once;
+    returns (label, exit_ramp) reassembled in input order."""
+    edges = np.cumsum([0, *sizes])
+
+    def one(j):
+        with E3Client(url, protocol) as client:
+            return j, client.infer(model, make_inputs(edges[j], edges[j + 1]))
+
+    with ThreadPoolExecutor(workers) as pool:
+        parts = dict(pool.map(one, range(len(sizes))))
+    order = range(len(sizes))
+    return np.concatenate([parts[j].label for j in order]), np.concatenate([parts[j].exit_ramp for j in order])
+
+
+def tau_in_widest_gap(entropies: np.ndarray, lo_q: float = 0.25, hi_q: float = 0.45) -> float:
+    """A τ between the 25% and 45% quantiles of ``entropies`` (exits at every ramp), placed
+    mid-way in the widest gap between observed values there (so few inputs sit near it)."""
+    ent = np.sort(entropies)
+    lo, hi = int(lo_q * len(ent)), int(hi_q * len(ent))
+    gap = lo + int(np.argmax(np.diff(ent[lo:hi])))
+    return float((ent[gap] + ent[gap + 1]) / 2)
