@@ -20,6 +20,11 @@ split 1, so it explains most of what split 1 sees.
 ``--sweep`` runs several export settings (router instances, queue delay) in
 one invocation, one server each, and writes every configuration's histogram.
 
+Since these findings, ``e3.core.plan.entry_queue_delay_us`` fixes the router's and
+split 1's queue delay at 0 in every plan; ``--queue-delay-us`` (and the sweep's
+delays) now set the later splits' delay only. The findings below were measured
+before that change, with the delay applied to the router and split 1 too.
+
 Findings (Triton 2.51's dynamic batcher, ``src/dynamic_batch_scheduler.cc``;
 measured here on 2 shared cores, noisy):
 
@@ -72,7 +77,8 @@ class Config:
         later = "" if self.later_queue_delay_us is None else f" later_splits_delay_us={self.later_queue_delay_us}"
         cap = "" if self.router_max_batch_size is None else f" router_max_batch_size={self.router_max_batch_size}"
         return (f"B={self.batch_size} router_instances={self.router_instances} "
-                f"queue_delay_us={self.queue_delay_us}{later} split_instances={self.split_instances}{cap}")
+                f"later_queue_delay_us={self.queue_delay_us}{later} split_instances={self.split_instances}{cap}"
+                " (router and split 1: delay 0)")
 
 
 def executed_batches(stats: dict) -> dict[int, int]:
