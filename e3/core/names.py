@@ -19,6 +19,7 @@ __all__ = [
     "preprocess_name",
     "parse_cuts",
     "ranges_from_cuts",
+    "ramps_in_range",
     "parse_split_name",
     "ramp_output",
     "state_output",
@@ -110,6 +111,16 @@ def ranges_from_cuts(cuts: list[int], num_blocks: int) -> list[tuple[int, int]]:
     cuts = parse_cuts(cuts, num_blocks)
     edges = [0, *cuts, num_blocks]
     return [(edges[i] + 1, edges[i + 1]) for i in range(len(edges) - 1)]
+
+
+def ramps_in_range(ramps, first: int, last: int, num_blocks: int | None = None) -> tuple[int, ...]:
+    """The ramps of ``ramps`` that lie in blocks ``first..last`` (inclusive), ascending and distinct.
+
+    With ``num_blocks`` (L) given, the final head (block L) is left out: it is
+    not a ramp a plan can enable or disable.
+    """
+    return tuple(sorted({int(k) for k in ramps
+                         if first <= int(k) <= last and (num_blocks is None or int(k) < num_blocks)}))
 
 
 def ramp_output(k: int) -> str:

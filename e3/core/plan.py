@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from e3.core.exits import make_exit_rule
-from e3.core.names import split_name
+from e3.core.names import ramps_in_range, split_name
 
 __all__ = ["PLAN_VERSION", "PlanError", "SplitPlan", "Plan", "default_plan", "entry_queue_delay_us"]
 
@@ -181,7 +181,7 @@ def default_plan(model: str, num_blocks: int, ranges: list[tuple[int, int]], exi
     splits = tuple(
         SplitPlan(model=split_name(model, a, b), first_block=a, last_block=b, batch_size=batch_size,
                   instances=instances, queue_delay_us=entry_queue_delay_us() if a == 1 else queue_delay_us,
-                  enabled_ramps=tuple(k for k in ramp_blocks if a <= k <= b))
+                  enabled_ramps=ramps_in_range(ramp_blocks, a, b, num_blocks))
         for a, b in ranges)
     plan = Plan(model=model, num_blocks=num_blocks, exit_rule=dict(exit_rule), splits=splits, slo_ms=slo_ms)
     plan.validate(ramp_blocks)

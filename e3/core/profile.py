@@ -16,6 +16,7 @@ with every ramp enabled. The batch reaching block k is ``B0 * reach[k-1]``.
 Both are JSON files (version 1). Latencies between measured batch sizes are
 interpolated linearly; beyond the largest measured batch they are
 extrapolated linearly from the last two points (a planner may ask for B_k/m').
+:func:`interp_linear` is the one place a profile is read between its points.
 """
 
 from __future__ import annotations
@@ -23,17 +24,35 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["PROFILE_VERSION", "ProfileError", "DeviceConfig", "LatencyProfile", "BatchProfile"]
+from e3.core.files import write_json_atomic
+
+__all__ = ["PROFILE_VERSION", "ProfileError", "DeviceConfig", "LatencyProfile", "BatchProfile", "interp_linear"]
 
 PROFILE_VERSION = 1
 
 
 class ProfileError(ValueError):
     """A malformed profile file; the message names the field."""
+
+
+def interp_linear(xs: Sequence[float], ys: Sequence[float], x: float | np.ndarray) -> np.ndarray:
+    """The value of the measured curve ``ys`` (at ascending ``xs``) at ``x`` (any shape).
+
+    Linear between measured points; the first value below the first point; past
+    the last point, linear extrapolation from the last two (a latency keeps
+    growing with the batch); 0 where ``x <= 0`` (no input, no work).
+    """
+    xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    x = np.asarray(x, dtype=float)
+    out = np.interp(x, xs, ys)
+    if len(xs) > 1:
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        out = np.where(x > xs[-1], ys[-1] + slope * (x - xs[-1]), out)
+    return np.where(x <= 0, 0.0, out)
 
 
 @dataclass(frozen=True)
@@ -60,26 +79,37 @@ class LatencyProfile:
     def modelled(self) -> bool:
         return any(d.modelled for d in self.devices.values())
 
-    def _interp(self, values: list[float], batch: float) -> float:
-        xs = np.asarray(self.batch_sizes, dtype=float)
-        ys = np.asarray(values, dtype=float)
-        if batch <= 0:
-            return 0.0
-        if batch <= xs[-1] or len(xs) == 1:
-            return float(np.interp(batch, xs, ys))
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-        return float(ys[-1] + slope * (batch - xs[-1]))
-
     def block(self, k: int, device: str, batch: float, with_ramp: bool = True) -> float:
         """Latency (ms) of block ``k`` (1-based) on ``device`` at ``batch`` inputs (may be fractional)."""
-        t = self._interp(self.block_ms[device][k - 1], batch)
+        t = interp_linear(self.batch_sizes, self.block_ms[device][k - 1], batch)
         if with_ramp:
-            t += self._interp(self.ramp_ms[device][k - 1], batch)
-        return t
+            t = t + interp_linear(self.batch_sizes, self.ramp_ms[device][k - 1], batch)
+        return float(t)
 
-    def tx(self, device: str, batch: float) -> float:
-        """Latency (ms) of one hop between splits carrying ``batch`` inputs."""
-        return self._interp(self.tx_ms[device], batch)
+    def blocks_at(self, device: str, batch: np.ndarray, with_ramp: bool = True) -> np.ndarray:
+        """Vectorised :meth:`block`: ``out[k-1, ...]`` is block k's latency (ms) at ``batch[k-1, ...]``.
+
+        ``batch`` is [L, ...]: row k-1 holds the batches block k is asked about.
+        """
+        batch = np.asarray(batch, dtype=float)
+        if batch.shape[0] != self.num_blocks:
+            raise ValueError(f"blocks_at needs one row per block ({self.num_blocks}), got shape {batch.shape}")
+        out = np.stack([interp_linear(self.batch_sizes, self.block_ms[device][k], batch[k])
+                        for k in range(self.num_blocks)])
+        if with_ramp:
+            out += np.stack([interp_linear(self.batch_sizes, self.ramp_ms[device][k], batch[k])
+                             for k in range(self.num_blocks)])
+        return out
+
+    def tx(self, device: str, batch: float | np.ndarray) -> float | np.ndarray:
+        """Latency (ms) of one hop between splits carrying ``batch`` inputs (a float for a float)."""
+        out = interp_linear(self.batch_sizes, self.tx_ms[device], batch)
+        return float(out) if out.ndim == 0 else out
+
+    def ramp_blocks(self) -> list[int]:
+        """Blocks (< L) with a measured ramp on some device: the ramps this profile can speak for."""
+        return [k for k in range(1, self.num_blocks)
+                if any(max(self.ramp_ms[d][k - 1]) > 0 for d in self.devices)]
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": self.version, "model": self.model, "num_blocks": self.num_blocks,
@@ -89,7 +119,7 @@ class LatencyProfile:
                 "spread_ms": self.spread_ms}
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+        write_json_atomic(path, self.to_dict(), sort_keys=False)
 
     @classmethod
     def load(cls, path: str | Path) -> "LatencyProfile":
@@ -146,7 +176,7 @@ class BatchProfile:
                 "reach": list(self.reach), "source": self.source}
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+        write_json_atomic(path, self.to_dict(), sort_keys=False)
 
     @classmethod
     def load(cls, path: str | Path) -> "BatchProfile":

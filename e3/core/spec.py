@@ -11,17 +11,38 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["TensorSpec", "ModelCard", "NUMPY_DTYPES"]
+__all__ = ["TensorSpec", "ModelCard", "NUMPY_DTYPES", "dtype_from_config", "config_dtype"]
 
-# Triton datatype name -> numpy dtype name. Only what the project uses.
+# Triton datatype name (the protocol's, as tritonclient writes it) -> numpy dtype name.
 NUMPY_DTYPES = {
     "FP32": "float32",
     "FP16": "float16",
     "INT64": "int64",
     "INT32": "int32",
+    "INT8": "int8",
+    "UINT8": "uint8",
     "BOOL": "bool",
     "BYTES": "object",
 }
+
+
+def dtype_from_config(data_type: str) -> str:
+    """A model config's ``data_type`` (``TYPE_FP32``, ``TYPE_STRING``) -> the protocol's name (``FP32``, ``BYTES``).
+
+    Raises ValueError for a type the project does not handle.
+    """
+    name = data_type.removeprefix("TYPE_")
+    name = "BYTES" if name == "STRING" else name
+    if name not in NUMPY_DTYPES:
+        raise ValueError(f"unsupported Triton datatype {data_type!r}; supported: {sorted(NUMPY_DTYPES)}")
+    return name
+
+
+def config_dtype(dtype: str) -> str:
+    """Inverse of :func:`dtype_from_config`: ``FP32`` -> ``TYPE_FP32``, ``BYTES`` -> ``TYPE_STRING``."""
+    if dtype not in NUMPY_DTYPES:
+        raise ValueError(f"unsupported Triton datatype {dtype!r}; supported: {sorted(NUMPY_DTYPES)}")
+    return f"TYPE_{'STRING' if dtype == 'BYTES' else dtype}"
 
 
 @dataclass(frozen=True)
@@ -82,7 +103,8 @@ class ModelCard:
     def split_ramps(self, first: int, last: int, enabled: tuple[int, ...] | set[int]) -> tuple[int, ...]:
         """Ramps a split over blocks first..last computes: the enabled ones inside it, and the
         final head (block L) when the split holds it; ascending."""
-        inner = sorted(k for k in set(enabled) if first <= k <= last and k < self.num_blocks)
+        from e3.core.names import ramps_in_range
+        inner = ramps_in_range(enabled, first, last, self.num_blocks)
         return (*inner, *((self.num_blocks,) if last == self.num_blocks else ()))
 
     def split_outputs(self, first: int, last: int, enabled: tuple[int, ...] | set[int]) -> list[str]:

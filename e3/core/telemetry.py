@@ -25,6 +25,10 @@ Queueing delay before the router and inside each split is Triton's own
 are in Triton's per-model statistics (``batch_stats``).
 """
 
+from __future__ import annotations
+
+from typing import Iterator
+
 INPUTS = "e3_inputs_total"
 BATCHES = "e3_batches_total"
 RAMP_REACHED = "e3_ramp_reached_total"
@@ -34,5 +38,18 @@ ROUTER_OVERHEAD_US = "e3_router_overhead_us_total"
 ROUTER_BLS_US = "e3_router_bls_us_total"
 PLAN_INFO = "e3_plan_info"
 
-__all__ = ["INPUTS", "BATCHES", "RAMP_REACHED", "RAMP_EXITED", "DROPPED", "ROUTER_OVERHEAD_US", "ROUTER_BLS_US",
+__all__ = ["metric_samples", "INPUTS", "BATCHES", "RAMP_REACHED", "RAMP_EXITED", "DROPPED", "ROUTER_OVERHEAD_US", "ROUTER_BLS_US",
            "PLAN_INFO"]
+
+
+def metric_samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
+    """Every sample of a Prometheus text page as ``(name, labels, value)``.
+
+    Names lose the counter suffix ``_total`` (``e3_inputs_total`` -> ``e3_inputs``), as the
+    Prometheus parser does for counter families, so callers match one spelling whatever the
+    exporter declared. The one place the project parses Triton's metrics page.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            yield sample.name.removesuffix("_total"), dict(sample.labels), float(sample.value)
