@@ -8,12 +8,11 @@ SETUP_INPUTS := requirements.txt requirements-nodeps.txt requirements.lock pypro
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export E3_DEPS_DIR := $(CURDIR)/.deps
 
-.PHONY: setup demo test test-full clean help
+.PHONY: setup demo test clean help
 
 help:
 	@echo "make demo       set up, export the demo model, serve it on the embedded Triton, print a side-by-side table"
 	@echo "make test       set up and run the test suite (unit + end-to-end on the real tritonserver)"
-	@echo "make test-full  the test suite plus the heavy end-to-end cases"
 	@echo "make setup      create .venv with the pinned dependencies (idempotent)"
 	@echo "make clean      remove generated artifacts (keeps .venv)"
 
@@ -45,9 +44,6 @@ define run_pytest
 endef
 
 test: setup
-	$(call run_pytest,-m "not full")
-
-test-full: setup
 	$(call run_pytest,)
 
 clean:

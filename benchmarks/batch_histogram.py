@@ -61,6 +61,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from e3.core.files import write_atomic, write_json_atomic
+
 log = logging.getLogger("batch_histogram")
 
 
@@ -147,7 +149,7 @@ def run_config(model_name: str, cuts: str, config: Config, *, concurrency: int, 
         text = cfg.read_text()
         head, sep, tail = text.partition("max_batch_size:")
         rest = tail.split("\n", 1)[1]
-        cfg.write_text(f"{head}{sep} {config.router_max_batch_size}\n{rest}")
+        write_atomic(cfg, f"{head}{sep} {config.router_max_batch_size}\n{rest}")
     router = router_name(m)
     manifest = json.loads((repo / MANIFEST).read_text())
     splits = manifest["deployments"][m]["plan"]["splits"]
@@ -185,17 +187,15 @@ def run_config(model_name: str, cuts: str, config: Config, *, concurrency: int, 
 def router_costs(server, m: str, splits: list[str]) -> dict[str, float]:
     """Cumulative router counters (metrics port) and split compute time (Triton statistics), microseconds."""
     import urllib.request
-    from prometheus_client.parser import text_string_to_metric_families
     from e3.core import telemetry
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
     wanted = {telemetry.ROUTER_OVERHEAD_US: "overhead_us", telemetry.ROUTER_BLS_US: "bls_us",
               telemetry.BATCHES: "batches"}
     out = {v: 0.0 for v in wanted.values()}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = wanted.get(sample.name) or wanted.get(sample.name + "_total")
-            if key and sample.labels.get("model") == m:
-                out[key] += sample.value
+    for name, labels, value in telemetry.metric_samples(text):
+        key = wanted.get(name + "_total")
+        if key and labels.get("model") == m:
+            out[key] += value
     compute_us = 0.0
     for name in splits:
         for entry in server.model_statistics(name)["model_stats"][0].get("batch_stats", []):
@@ -282,11 +282,10 @@ def main(argv: list[str] | None = None) -> int:
             print(report(res), flush=True)
             print()
     out = Path(args.out) if args.out else artifacts_dir() / "results" / "batch_histogram.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     best = max(results, key=lambda r: r["share_at_plan_size"])
-    out.write_text(json.dumps({"benchmark": "batch_histogram", "target_share": 0.9, "results": results,
-                               "best": {"config": best["config"], "share_at_plan_size": best["share_at_plan_size"]}},
-                              indent=2))
+    write_json_atomic(out, {"benchmark": "batch_histogram", "target_share": 0.9, "results": results,
+                            "best": {"config": best["config"], "share_at_plan_size": best["share_at_plan_size"]}},
+                      indent=2, sort_keys=False)
     print(f"wrote {out}")
     return 0 if best["share_at_plan_size"] >= 0.9 else 1
 

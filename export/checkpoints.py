@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from e3.core.files import atomic_path, write_json_atomic
 from e3.paths import artifacts_dir
 
 __all__ = ["CheckpointMissing", "checkpoint_dir", "save_checkpoint", "load_state", "load_meta"]
@@ -32,8 +33,9 @@ def save_checkpoint(name: str, model: torch.nn.Module, meta: dict) -> Path:
     final = checkpoint_dir(name)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{name}."))
-    torch.save(model.state_dict(), tmp / "model.pt")
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True, default=float))
+    with atomic_path(tmp / "model.pt") as part:
+        torch.save(model.state_dict(), part)
+    write_json_atomic(tmp / "meta.json", meta, indent=2, default=float)
     if final.exists():
         old = final.with_name(f".{name}.old-{os.getpid()}")
         final.rename(old)

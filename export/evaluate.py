@@ -9,7 +9,6 @@ FLOPs for MiniLM, ignored and said so). The analogue of E3 Fig. 2.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,14 +136,15 @@ def plot_evaluation(ev: Evaluation, path: Path) -> Path:
     b.set_ylabel("% of test inputs")
     b.set_title("exit distribution at the default rule")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    from e3.core.files import atomic_path
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path
 
 
 def save_evaluation(ev: Evaluation, folder: Path) -> tuple[Path, Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    js = folder / f"{ev.model}.evaluation.json"
-    js.write_text(json.dumps(ev.to_dict(), indent=2, default=float))
+    from e3.core.files import write_json_atomic
+    js = write_json_atomic(folder / f"{ev.model}.evaluation.json", ev.to_dict(), indent=2, sort_keys=False,
+                           default=float)
     return js, plot_evaluation(ev, folder / f"{ev.model}.evaluation.png")

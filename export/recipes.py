@@ -97,8 +97,10 @@ def _pooled_cache(model, data, sha, quick, progress):
                     for split in data}
     feats = {split: encoder_pooled_features(model, ids, mask, progress=progress, desc=f"cache pooled states ({split})")
              for split, (ids, mask, _) in data.items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, sha=f"{sha}-{RECIPE_VERSION}", **{f"{s}_{k}": v for s, f in feats.items() for k, v in f.items()})
+    from e3.core.files import atomic_path
+    with atomic_path(path) as tmp:
+        np.savez(tmp, sha=f"{sha}-{RECIPE_VERSION}",
+                 **{f"{s}_{k}": v for s, f in feats.items() for k, v in f.items()})
     return feats
 
 

@@ -91,10 +91,11 @@ def _write(stem: Path, idx, inputs, names, exit_ramp, labels, hard, meta) -> Pat
     batch_profile_of(exit_ramp[idx], meta["num_blocks"], served_name(meta["model"]),
                      source=f"{stem.name} of {meta['model']} (e3 workload)").save(stem.with_suffix(".exits.json"))
     arrays = {n: x[idx] for n, x in zip(names, inputs)}
-    np.savez_compressed(stem.with_suffix(".npz"), **arrays, exit_ramp=exit_ramp[idx], label=labels[idx],
-                        hard=hard[idx])
-    stem.with_suffix(".json").write_text(json.dumps({**meta, "count": int(len(idx)),
-                                                     "exit_ramp": exit_ramp[idx].tolist()}, indent=1))
+    from e3.core.files import atomic_path, write_json_atomic
+    with atomic_path(stem.with_suffix(".npz")) as tmp:
+        np.savez_compressed(tmp, **arrays, exit_ramp=exit_ramp[idx], label=labels[idx], hard=hard[idx])
+    write_json_atomic(stem.with_suffix(".json"), {**meta, "count": int(len(idx)), "exit_ramp": exit_ramp[idx].tolist()},
+                      sort_keys=False)
     return stem.with_suffix(".npz")
 
 

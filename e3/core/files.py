@@ -12,22 +12,33 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-__all__ = ["write_atomic", "write_json_atomic", "copy_atomic"]
+__all__ = ["write_atomic", "write_json_atomic", "copy_atomic", "atomic_path"]
 
 
-def write_atomic(path: str | Path, data: str | bytes) -> Path:
-    """Write ``data`` (text as UTF-8, or bytes) to ``path`` atomically; creates the parent folder."""
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` (same suffix, so writers that pick a format by suffix work) for a
+    library that writes files itself (``savefig``, ``np.savez``, ``torch.save``); on leaving the block
+    without an error the file is fsynced and moved onto ``path``, otherwise removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix or ".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-            f.flush()
+        yield Path(tmp)
+        if os.stat(tmp).st_mode & 0o777 == 0o600:   # mkstemp's private mode, not the writer's choice
+            os.chmod(tmp, 0o666 & ~_umask())
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -36,7 +47,14 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
         except OSError:
             pass
         raise
-    return path
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> Path:
+    """Write ``data`` (text as UTF-8, or bytes) to ``path`` atomically; creates the parent folder."""
+    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(raw)
+    return Path(path)
 
 
 def write_json_atomic(path: str | Path, data: Any, *, indent: int | None = 1, sort_keys: bool = True,
@@ -47,19 +65,6 @@ def write_json_atomic(path: str | Path, data: Any, *, indent: int | None = 1, so
 
 def copy_atomic(src: str | Path, dest: str | Path) -> Path:
     """Copy ``src`` to ``dest`` (with its mode and times) so that ``dest`` is never half-written."""
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(dest) as tmp:
         shutil.copy2(src, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return dest
+    return Path(dest)

@@ -62,8 +62,24 @@ class DeviceConfig:
     modelled: bool = False    # True when latencies are modelled, not measured
 
 
+class _JsonFile:
+    """``save``/``load`` of a profile as a JSON file (written atomically; ``KIND`` names it in errors)."""
+    KIND = "profile"
+
+    def save(self, path: str | Path) -> None:
+        write_json_atomic(path, self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def load(cls, path: str | Path):
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ProfileError(f"cannot read {cls.KIND} {path}: {err}") from None
+        return cls.from_dict(data)
+
+
 @dataclass
-class LatencyProfile:
+class LatencyProfile(_JsonFile):
     model: str                                  # served model name <m>
     num_blocks: int                             # L
     batch_sizes: list[int]                      # measured batch sizes, ascending
@@ -74,6 +90,7 @@ class LatencyProfile:
     spread_ms: dict[str, list[list[float]]] = field(default_factory=dict)  # optional: IQR of block_ms repeats
     source: str = ""                            # how it was made (runtime, repeats, or "modelled from ...")
     version: int = PROFILE_VERSION
+    KIND = "latency profile"
 
     @property
     def modelled(self) -> bool:
@@ -118,17 +135,6 @@ class LatencyProfile:
                 "block_ms": self.block_ms, "ramp_ms": self.ramp_ms, "tx_ms": self.tx_ms,
                 "spread_ms": self.spread_ms}
 
-    def save(self, path: str | Path) -> None:
-        write_json_atomic(path, self.to_dict(), sort_keys=False)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "LatencyProfile":
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise ProfileError(f"cannot read latency profile {path}: {err}") from None
-        return cls.from_dict(data)
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "LatencyProfile":
         try:
@@ -160,12 +166,13 @@ class LatencyProfile:
 
 
 @dataclass
-class BatchProfile:
+class BatchProfile(_JsonFile):
     model: str               # served model name <m>
     batch_size: int          # B0: the input batch size the shares refer to
     reach: list[float]       # [L] share of inputs entering block k (reach[0] == 1), non-increasing
     source: str = ""         # measured window, workload file, or forecast
     version: int = PROFILE_VERSION
+    KIND = "batch profile"
 
     def batch_at(self, k: int, b0: float | None = None) -> float:
         """Expected inputs entering block ``k`` for an input batch ``b0`` (default ``batch_size``)."""
@@ -174,17 +181,6 @@ class BatchProfile:
     def to_dict(self) -> dict[str, Any]:
         return {"version": self.version, "model": self.model, "batch_size": self.batch_size,
                 "reach": list(self.reach), "source": self.source}
-
-    def save(self, path: str | Path) -> None:
-        write_json_atomic(path, self.to_dict(), sort_keys=False)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "BatchProfile":
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise ProfileError(f"cannot read batch profile {path}: {err}") from None
-        return cls.from_dict(data)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BatchProfile":

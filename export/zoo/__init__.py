@@ -57,26 +57,28 @@ def _trained(architecture, name: str, ramps: bool = True) -> Callable[[], EarlyE
     return build
 
 
-ZOO: dict[str, ZooEntry] = {
-    "tiny-ee": ZooEntry("tiny-ee", "4-layer transformer encoder, random weights, ramps after layers 1-3 (demo/tests)",
-                        _tiny),
-    "bert-ee": ZooEntry("bert-ee", "all-MiniLM-L6-v2 + DeeBERT ramps after layers 1-5, entropy exits; "
-                        "Rotten Tomatoes (`e3 train bert-ee`)",
-                        _trained(_encoder, "bert-ee"), _trained(_encoder, "bert-stock", ramps=False),
-                        "rotten-tomatoes"),
-    "bert-stock": ZooEntry("bert-stock", "all-MiniLM-L6-v2 fine-tuned, final classifier only (the stock baseline)",
-                           _trained(_encoder, "bert-stock", ramps=False), None, "rotten-tomatoes"),
-    "pabee": ZooEntry("pabee", "all-MiniLM-L6-v2 + PABEE classifiers after layers 1-5, patience exits "
-                      "(`e3 train pabee`)",
-                      _trained(_encoder, "pabee"), _trained(_encoder, "bert-stock", ramps=False),
-                      "rotten-tomatoes"),
-    "resnet-ee": ZooEntry("resnet-ee", "BranchyNet-style ResNet (6 blocks, branches after 1-5), entropy exits; "
-                          "Fashion-MNIST (`e3 train resnet-ee`)",
-                          _trained(_resnet, "resnet-ee"), _trained(_resnet, "resnet-stock", ramps=False),
-                          "fashion-mnist"),
-    "resnet-stock": ZooEntry("resnet-stock", "the same ResNet, final head only (the stock baseline)",
-                             _trained(_resnet, "resnet-stock", ramps=False), None, "fashion-mnist"),
-}
+def _ee_entry(name: str, summary: str, architecture, stock: str, data: str) -> ZooEntry:
+    """A trained early-exit model whose stock baseline is checkpoint ``stock`` of the same architecture."""
+    return ZooEntry(name, summary, _trained(architecture, name), _trained(architecture, stock, ramps=False), data)
+
+
+def _stock_entry(name: str, summary: str, architecture, data: str) -> ZooEntry:
+    """A trained stock model (final head only); it is its own baseline."""
+    return ZooEntry(name, summary, _trained(architecture, name, ramps=False), None, data)
+
+
+ZOO: dict[str, ZooEntry] = {e.name: e for e in (
+    ZooEntry("tiny-ee", "4-layer transformer encoder, random weights, ramps after layers 1-3 (demo/tests)", _tiny),
+    _ee_entry("bert-ee", "all-MiniLM-L6-v2 + DeeBERT ramps after layers 1-5, entropy exits; Rotten Tomatoes "
+              "(`e3 train bert-ee`)", _encoder, "bert-stock", "rotten-tomatoes"),
+    _stock_entry("bert-stock", "all-MiniLM-L6-v2 fine-tuned, final classifier only (the stock baseline)",
+                 _encoder, "rotten-tomatoes"),
+    _ee_entry("pabee", "all-MiniLM-L6-v2 + PABEE classifiers after layers 1-5, patience exits (`e3 train pabee`)",
+              _encoder, "bert-stock", "rotten-tomatoes"),
+    _ee_entry("resnet-ee", "BranchyNet-style ResNet (6 blocks, branches after 1-5), entropy exits; Fashion-MNIST "
+              "(`e3 train resnet-ee`)", _resnet, "resnet-stock", "fashion-mnist"),
+    _stock_entry("resnet-stock", "the same ResNet, final head only (the stock baseline)", _resnet, "fashion-mnist"),
+)}
 
 
 def resolve_model(name: str) -> EarlyExitModel:
