@@ -16,8 +16,8 @@ Files (under ``artifacts/workloads/<model>/``): ``<name>.npz`` holds the model
 inputs (arrays named like the model's inputs) plus ``exit_ramp``, ``label``
 and ``hard`` per input, in arrival order; ``<name>.json`` holds the metadata,
 the phase table and the per-input exit ramps (for forecaster replays);
-``<name>.exits.json`` is the batch profile the mix implies (the planner's
-``--exits`` input).
+``<name>.batch-profile.json`` is the batch profile the mix implies (the planner's
+``--batch-profile`` input).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def batch_profile_of(exit_ramps: np.ndarray, num_blocks: int, model: str, batch_
 def _write(stem: Path, idx, inputs, names, exit_ramp, labels, hard, meta) -> Path:
     from e3.core.names import served_name
     batch_profile_of(exit_ramp[idx], meta["num_blocks"], served_name(meta["model"]),
-                     source=f"{stem.name} of {meta['model']} (e3 workload)").save(stem.with_suffix(".exits.json"))
+                     source=f"{stem.name} of {meta['model']} (e3 workload)").save(stem.with_suffix(".batch-profile.json"))
     arrays = {n: x[idx] for n, x in zip(names, inputs)}
     from e3.core.files import atomic_path, write_json_atomic
     with atomic_path(stem.with_suffix(".npz")) as tmp:
