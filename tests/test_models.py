@@ -10,6 +10,20 @@ from e3.core.exits import EntropyRule, PatienceRule
 from e3.export.training import (all_exit_logits, choose_patience, choose_tau, encoder_pooled_features, finetune_head,
                                 simulate_exits, summarize_exits, train_ramps_on_pooled)
 from e3.export.zoo.encoder import EncoderConfig, EncoderEE
+from reference_bert import bert_hidden_states, load_checkpoint, sentence_embedding, wordpiece_ids
+
+# Real sentences of different lengths, with punctuation, an accent and words split into pieces.
+SENTENCES = ["A man is eating food.",
+             "The unaffable critic hated this overlong, self-indulgent film!",
+             "Café society isn't what it was -- or is it?",
+             "Embeddings"]
+
+
+@pytest.fixture(scope="module")
+def minilm_reference():
+    """The raw all-MiniLM-L6-v2 checkpoint, located the way the project locates it."""
+    from e3.export.data.text import minilm_zip
+    return load_checkpoint(minilm_zip())
 
 
 def test_rotten_tomatoes_loader_reads_the_shipped_file():
@@ -33,6 +47,24 @@ def test_tokenizer_pads_and_truncates_to_max_seq_len():
     assert mask[1].all() and ids[1, -1] == 102  # truncated, still closed with [SEP]
 
 
+def test_tokenizer_matches_an_independent_wordpiece(minilm_reference):
+    """The project's tokenizer against a plain greedy WordPiece over the checkpoint's own vocabulary."""
+    from e3.export.data.text import Tokenizer
+    vocab = minilm_reference.vocab
+    assert (vocab["[PAD]"], vocab["[UNK]"], vocab["[CLS]"], vocab["[SEP]"]) == (0, 100, 101, 102)
+    ids, mask = Tokenizer()(SENTENCES)
+    for text, row, row_mask in zip(SENTENCES, ids, mask):
+        expected = wordpiece_ids(text, vocab)
+        n = int(row_mask.sum())
+        assert row[:n].tolist() == expected and not row[n:].any() and row_mask[:n].all()
+    # Word pieces known from the BERT uncased vocabulary: a wrong vocabulary or a whole-word
+    # tokenizer would not give these.
+    inverse = {i: t for t, i in vocab.items()}
+    pieces = lambda text: [inverse[i] for i in Tokenizer()([text])[0][0] if i]  # noqa: E731
+    assert pieces("embeddings") == ["[CLS]", "em", "##bed", "##ding", "##s", "[SEP]"]
+    assert pieces("Café, unaffable!") == ["[CLS]", "cafe", ",", "una", "##ffa", "##ble", "!", "[SEP]"]
+
+
 def test_fashion_mnist_loader_reads_the_debian_files():
     from e3.export.data.images import fashion_mnist
     data = fashion_mnist()
@@ -42,19 +74,37 @@ def test_fashion_mnist_loader_reads_the_debian_files():
     assert abs(float(data["train"].images.mean())) < 0.05  # normalised with the training mean
 
 
-def test_minilm_weights_give_the_reference_sentence_embedding():
-    """Mean-pooled, normalised all-MiniLM-L6-v2 embedding of one sentence, computed once with these weights."""
-    from e3.export.data.text import Tokenizer
+def test_minilm_backbone_matches_an_independent_bert_forward_pass(minilm_reference):
+    """The project's MiniLM (weights mapped by name, its own layer code) against a numpy BERT in
+    float64 on the raw checkpoint: every layer's states at the real tokens, and the sentence
+    embedding as sentence-transformers defines it for this model (masked mean, L2-normalised).
+    The sentences differ in length, so all but the longest carry padding."""
     from e3.export.zoo.minilm import build_minilm_ee
+    assert minilm_reference.modules == ["Transformer", "Pooling", "Normalize"]
+    pooling = minilm_reference.pooling
+    assert pooling["pooling_mode_mean_tokens"] and not pooling["pooling_mode_cls_token"]
+    rows = [wordpiece_ids(t, minilm_reference.vocab) for t in SENTENCES]
+    width = max(map(len, rows)) + 3  # even the longest sentence has padding
+    ids = np.zeros((len(rows), width), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)], mask[i, :len(row)] = row, 1
+    expected = bert_hidden_states(minilm_reference, ids, mask)
+
     model = build_minilm_ee("x", {"kind": "entropy", "tau_nats": 0.3}).eval()
-    ids, mask = (torch.as_tensor(a) for a in Tokenizer()(["A man is eating food."]))
+    real = mask.astype(bool)
     with torch.no_grad():
-        state = model.stem(ids, mask)
+        state = model.stem(torch.as_tensor(ids), torch.as_tensor(mask))
+        np.testing.assert_allclose(state[0].numpy()[real], expected[0][real], atol=1e-4, rtol=0)
         for k in range(1, 7):
             state = model.block(k, *state)
-    emb = torch.nn.functional.normalize((state[0] * mask[..., None]).sum(1) / mask.sum(), dim=-1)[0]
-    reference = [0.03324, 0.00441, -0.00628, 0.04838, -0.1387, -0.03362, 0.10113, -0.05438]
-    np.testing.assert_allclose(emb[:8].numpy(), reference, atol=2e-5)
+            np.testing.assert_allclose(state[0].numpy()[real], expected[k][real], atol=1e-4, rtol=0,
+                                       err_msg=f"hidden states after block {k}")
+    ours = sentence_embedding(state[0].numpy().astype(np.float64), mask)
+    np.testing.assert_allclose(ours, sentence_embedding(expected[-1], mask), atol=1e-5, rtol=0)
+    # The ramps read this same masked mean (pooling="mean"), so check their pooling too.
+    pooled = model.head.pool(state[0], torch.as_tensor(mask)).numpy()
+    np.testing.assert_allclose(pooled / np.linalg.norm(pooled, axis=-1, keepdims=True), ours, atol=1e-5, rtol=0)
 
 
 def _separable(n, seed, vocab=40, seq=10):
@@ -99,15 +149,33 @@ def test_threshold_choice_on_hand_built_logits():
     assert patience == 1 and s["exit_share"] == {2: 1.0}  # with 2 blocks, patience 1 exits at ramp 2 at the earliest
 
 
-def test_simulated_exits_match_the_rule_block_by_block():
+def _entropy_nats(row):
+    """Entropy of softmax(row) in nats, written out here rather than taken from e3.core.exits."""
+    p = np.exp(row - row.max())
+    p /= p.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def test_simulated_exits_match_the_rule_input_by_input():
     rng = np.random.default_rng(3)
     logits = {k: rng.normal(size=(30, 3)) * 3 for k in (1, 2, 3, 4)}
+    labels = rng.integers(0, 3, 30)
+    # Entropy rule: each input leaves at the first ramp whose entropy is under τ, else at the head.
+    first = [next((k for k in (1, 2, 3) if _entropy_nats(logits[k][i]) < 0.4), 4) for i in range(30)]
+    assert len(set(first)) >= 3  # the draw exercises early exits and the head alike
     route = simulate_exits(logits, EntropyRule(0.4), 4)
-    for i in range(30):
-        first = next((k for k in (1, 2, 3) if EntropyRule(0.4).decide(k, logits[k][i:i + 1], {}, np.zeros(1, int))[0]), 4)
-        assert route.exit_ramp[i] == first and route.label[i] == logits[first][i].argmax()
-    s = summarize_exits(simulate_exits(logits, PatienceRule(1), 4), np.zeros(30, int), 4)
-    assert abs(sum(s["exit_share"].values()) - 1) < 1e-9
+    assert route.exit_ramp.tolist() == first
+    assert route.label.tolist() == [int(logits[k][i].argmax()) for i, k in enumerate(first)]
+    # PABEE with patience 1: leave at the first ramp that agrees with the ramp before it.
+    preds = {k: v.argmax(1) for k, v in logits.items()}
+    first = [next((k for k in (2, 3) if preds[k][i] == preds[k - 1][i]), 4) for i in range(30)]
+    assert len(set(first)) >= 2
+    route = simulate_exits(logits, PatienceRule(1), 4)
+    assert route.exit_ramp.tolist() == first
+    s = summarize_exits(route, labels, 4)
+    assert s["exit_share"] == pytest.approx({k: first.count(k) / 30 for k in set(first)})
+    assert s["accuracy"] == pytest.approx(np.mean([preds[k][i] == labels[i] for i, k in enumerate(first)]))
+    assert s["blocks_fraction"] == pytest.approx(np.mean(first) / 4)
 
 
 def test_batch_profile_of_an_exit_stream():
