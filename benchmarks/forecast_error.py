@@ -3,7 +3,7 @@
 Replays per-input exit ramps in arrival order, cut into windows of
 ``--window-inputs`` inputs. Each window goes through the same code the
 controller runs on live telemetry: cumulative router counters
-(:class:`~e3.controller.forecast.RouterSnapshot`) are diffed into the
+(:class:`~e3.controller.telemetry.RouterSnapshot`) are diffed into the
 window's batch profile by ``window_profile``, every forecaster forecasts
 each window from the previous ones, and ``forecast_error`` scores them on
 shares of B0, with the windows right after a mix switch reported apart.
@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from e3.controller.forecast import RouterSnapshot, forecast_error, make_forecaster, window_profile
+from e3.controller.forecast import forecast_error, make_forecaster
+from e3.controller.telemetry import RouterSnapshot, window_profile
 from e3.paths import artifacts_dir
 
 TARGET_MAE = 0.10   # share of B0

@@ -1,7 +1,18 @@
-"""Control plane: exit forecaster (ARIMA), planner (E3's DP) and the controller.
+"""Control plane: exit forecaster (ARIMA), planner (E3's DP) and the control loop that applies plans to Triton.
 
-forecast.py     router telemetry on Triton's metrics port -> window batch profiles -> forecasts
-planner.py      E3's dynamic program: cuts, replicas, device configurations, batch size (pure)
-triton_api.py   load / unload / instance counts / plan switch through Triton's repository API
-controller.py   the control loop that ties them together (`e3 control`, `e3 status`)
+One job per module:
+
+telemetry.py          router counters on Triton's metrics port -> one window's measured batch profile
+forecast.py           forecasts of the next window's batch profile (ARIMA, last value), their error, drift
+planner/              E3's dynamic program: cuts, instances, device configurations, input batch (pure)
+settings.py           what the controller is asked to do (ControlSettings), validated once; where its files go
+decisions.py          apply a plan or not, score a running plan, diff two plans, retry backoff (pure)
+health.py             straggling splits and dead Python stubs, from Triton's counters (pure)
+history.py            every applied plan, validated, in one atomically replaced JSON file
+applier.py            the controller's contract with a server: ServerView (reads), ServerControl (changes)
+triton_applier.py     ServerView and ServerControl on a running Triton (HTTP API, metrics port)
+recording_applier.py  ServerView and ServerControl held in memory, recording every call (tests)
+triton_api.py         Triton's model-repository calls: load, unload, configs, statistics, router plan switch
+loop.py               the control loop: telemetry -> forecast -> plan -> decide -> apply, every window
+report.py             text for people: plans, planner results, window reports, status (`e3 plan/control/status`)
 """

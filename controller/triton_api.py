@@ -19,15 +19,12 @@ import copy
 import json
 import logging
 
+from e3.controller.applier import ControlError
 from e3.core.plan import Plan, PlanError
 
 __all__ = ["TritonControl", "ControlError"]
 
 log = logging.getLogger(__name__)
-
-
-class ControlError(RuntimeError):
-    """Triton refused a control operation; the message is Triton's."""
 
 
 class TritonControl:
@@ -38,6 +35,7 @@ class TritonControl:
         self._client = http.InferenceServerClient(url, connection_timeout=timeout_s, network_timeout=timeout_s)
 
     def close(self) -> None:
+        """Closes the HTTP client."""
         self._client.close()
 
     def __enter__(self) -> "TritonControl":
@@ -54,6 +52,7 @@ class TritonControl:
             raise ControlError(f"{what}: {err.message()}") from None
 
     def model_config(self, name: str) -> dict:
+        """The live config of ``name`` as JSON (Triton's, with every default filled in)."""
         return self._call(f"config of {name}", self._client.get_model_config, name)
 
     def loaded(self) -> dict[str, str]:
@@ -61,7 +60,12 @@ class TritonControl:
         index = self._call("repository index", self._client.get_model_repository_index)
         return {m["name"]: m.get("state", "") for m in index}
 
+    def statistics(self, name: str) -> dict:
+        """Triton's cumulative inference statistics of ``name`` (``GET v2/models/<name>/stats``)."""
+        return self._call(f"statistics of {name}", self._client.get_inference_statistics, name)
+
     def is_ready(self, name: str) -> bool:
+        """Is ``name`` loaded and ready to serve?"""
         return bool(self._call(f"readiness of {name}", self._client.is_model_ready, name))
 
     def load(self, name: str, config: dict | None = None) -> None:
@@ -71,6 +75,7 @@ class TritonControl:
         log.info("loaded %s%s", name, " (config override)" if config is not None else "")
 
     def unload(self, name: str) -> None:
+        """Unload ``name`` (requests in flight finish first)."""
         self._call(f"unload {name}", self._client.unload_model, name)
         log.info("unloaded %s", name)
 

@@ -32,11 +32,22 @@ from pathlib import Path
 
 from e3.paths import artifacts_dir
 
-__all__ = ["ServerError", "TritonServer", "find_tritonserver", "free_port", "port_taken", "models_to_serve", "ENV_BINARY"]
+__all__ = ["ServerError", "TritonServer", "find_tritonserver", "free_port", "port_taken", "models_to_serve", "ENV_BINARY",
+           "DEFAULT_METRICS_PORT", "metrics_url_for"]
 
 log = logging.getLogger(__name__)
 ENV_BINARY = "E3_TRITONSERVER"
 SHM_DIR = Path("/dev/shm")
+DEFAULT_METRICS_PORT = 8002   # tritonserver's own default, and `e3 serve`'s
+
+
+def metrics_url_for(http_url: str, metrics_port: int = DEFAULT_METRICS_PORT) -> str:
+    """The metrics page of the server whose HTTP address is ``http_url`` (``host:port`` or a URL), when its
+    metrics listen on ``metrics_port`` of the same host: ``127.0.0.1:8000`` -> ``http://127.0.0.1:8002/metrics``."""
+    scheme, sep, rest = http_url.partition("://")
+    host_port = (rest if sep else http_url).split("/", 1)[0]
+    host = host_port.rsplit(":", 1)[0] if ":" in host_port and not host_port.endswith("]") else host_port
+    return f"{scheme if sep else 'http'}://{host}:{metrics_port}/metrics"
 
 
 class ServerError(RuntimeError):

@@ -7,7 +7,7 @@
     e3 train MODEL                train a zoo model (checkpoints under artifacts/)
     e3 evaluate MODEL             accuracy/exits vs threshold, compute saved vs stock (table + PNG)
     e3 workload MODEL             easy/hard workload mixes and a switching stream
-    e3 plan --profile P --exits E plan cuts, replicas, devices, batch (E3's DP) under an SLO
+    e3 plan                       plan cuts, instances, devices, input batch (E3's DP) under an SLO
     e3 demo                       export + serve + side-by-side load + table
     e3 load SERVED_MODEL          closed/open-loop load or a workload replay; goodput under an SLO
     e3 control --model M ...      every window: telemetry -> forecast -> plan -> apply to a running Triton
@@ -101,16 +101,9 @@ def _profile(args) -> int:
     try:
         batches = parse_batch_sizes(args.batch_sizes, resolve_model(args.model).card.max_batch_size)
         if args.modelled:
-            from e3.export.modelled_profile import model_modelled_profile
-            prices = {}
-            for item in args.price:
-                name, _, value = item.partition("=")
-                try:
-                    prices[name.strip().lower()] = float(value)
-                except ValueError:
-                    raise ProfileError(f"--price takes GPU=USD_PER_HOUR, e.g. a30=1.5; got {item!r}") from None
+            from e3.export.modelled_profile import model_modelled_profile, parse_prices
             gpus = [g.strip().lower() for g in args.modelled.split(",") if g.strip()]
-            profile = model_modelled_profile(args.model, gpus, batches, prices)
+            profile = model_modelled_profile(args.model, gpus, batches, parse_prices(args.price))
         else:
             profile = profile_model(args.model, ProfileSettings(
                 batch_sizes=tuple(batches), repeats=args.repeats, warmup=args.warmup, tx=not args.no_tx),
@@ -130,49 +123,37 @@ def _profile(args) -> int:
 
 
 def _plan(args) -> int:
-    from e3.controller.planner import PlannerError, best_plan, cheapest_plan, parse_resources
+    from e3.controller.planner import PlannerError, best_plan, cheapest_plan, parse_devices
+    from e3.controller.report import planner_result_lines
+    from e3.core.files import write_atomic
     from e3.core.profile import BatchProfile, LatencyProfile, ProfileError
     try:
-        latency, exits = LatencyProfile.load(args.profile), BatchProfile.load(args.exits)
-        resources = parse_resources(args.devices)
+        latency, batch = LatencyProfile.load(args.latency_profile), BatchProfile.load(args.batch_profile)
+        devices = parse_devices(args.devices)
         common = dict(slo_ms=args.slo_ms, slack=args.slack, pipelined=not args.no_pipelining)
         if args.min_goodput is not None:
-            result = cheapest_plan(latency, exits, resources, goodput_rps=args.min_goodput, rate_rps=args.rate_rps,
+            result = cheapest_plan(latency, batch, devices, goodput_rps=args.min_goodput, rate_rps=args.rate_rps,
                                    **common)
         else:
             if args.rate_rps is None:
                 raise PlannerError("--rate-rps is needed (or --min-goodput for the cheapest plan reaching a goodput)")
-            result = best_plan(latency, exits, resources, rate_rps=args.rate_rps, alpha=args.alpha, **common)
+            result = best_plan(latency, batch, devices, rate_rps=args.rate_rps, alpha=args.alpha, **common)
         if args.model:  # the model's own ramps and exit rule
             from e3.export.zoo import resolve_model
             card = resolve_model(args.model).card
             ramps, rule = list(card.ramp_blocks), dict(card.exit_rule)
-        else:  # without the model: ramps are the blocks the profile measured a ramp for
-            ramps = [k for k in range(1, latency.num_blocks)
-                     if any(max(latency.ramp_ms[d][k - 1]) > 0 for d in latency.devices)]
-            rule = {"kind": "entropy", "tau_nats": args.tau_nats}
-        plan = result.to_plan(latency.model, latency.num_blocks, rule, ramps, args.slo_ms, args.slack)
+        else:  # without the model: the ramps the latency profile measured
+            ramps, rule = latency.ramp_blocks(), {"kind": "entropy", "tau_nats": args.tau_nats}
+        plan = result.to_plan(model=latency.model, num_blocks=latency.num_blocks, exit_rule=rule, ramp_blocks=ramps,
+                              slo_ms=args.slo_ms, slack=args.slack)
     except (ProfileError, PlannerError, ValueError) as err:
         print(f"e3 plan: error: {err}", file=sys.stderr)
         return 2
-    kind = "MODELLED" if latency.modelled else "measured"
-    print(f"plan for {latency.model} ({kind} latency profile), devices {resources}, SLO {args.slo_ms:g} ms "
-          f"- slack {args.slack:g}:")
-    for s, split in zip(result.splits, plan.splits):
-        print(f"  {split.model:28s} blocks {s.first_block}-{s.last_block}  {s.device} x{s.replicas}  "
-              f"batch/replica {s.batch_per_replica:.1f}  stage {s.stage_ms:.2f} ms  hop {s.tx_ms:.2f} ms")
-    print(f"  input batch B0 {result.input_batch_size}, cycle {result.cycle_ms:.2f} ms")
-    print(f"  predicted throughput {result.throughput_rps:.1f} inputs/s, goodput {result.goodput_rps:.1f} inputs/s "
-          f"at {result.rate_rps:g} inputs/s offered, worst-case latency {result.latency_ms:.1f} ms "
-          f"(budget {result.latency_budget_ms:.1f}), cost {result.cost:g}"
-          + (f" (bound {result.cost_bound:g})" if result.cost_bound is not None else ""))
-    for note in result.notes:
-        print(f"  note: {note}")
+    for line in planner_result_lines(result, plan, latency, devices, args.slo_ms, args.slack):
+        print(line)
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(plan.to_json())
-        print(f"wrote {out}")
+        write_atomic(args.out, plan.to_json())
+        print(f"wrote {args.out}")
     return 0
 
 
@@ -269,32 +250,36 @@ def _load(args) -> int:
 
 
 def _control(args) -> int:
-    from e3.controller.controller import (ControlSettings, Controller, ProfilePlanner, TritonApplier,
-                                          describe_report)
-    from e3.controller.forecast import TelemetryReader, make_forecaster
-    from e3.controller.planner import parse_resources
-    from e3.controller.triton_api import ControlError
+    from e3.controller.applier import ControlError
+    from e3.controller.forecast import make_forecaster
+    from e3.controller.loop import Controller, ProfilePlanner
+    from e3.controller.planner import parse_devices
+    from e3.controller.report import describe_report
+    from e3.controller.settings import ControlSettings
+    from e3.controller.telemetry import TelemetryReader
+    from e3.controller.triton_applier import TritonApplier
     from e3.core.names import served_name
     from e3.core.plan import Plan
     from e3.core.profile import LatencyProfile
+    from e3.deploy.server import metrics_url_for
     from e3.export.zoo import resolve_model
     card = resolve_model(args.model).card
     m = served_name(args.model)
-    latency = LatencyProfile.load(args.profile)
+    latency = LatencyProfile.load(args.latency_profile)
     pinned = Plan.from_json(Path(args.pin).read_text()) if args.pin else None
-    settings = ControlSettings(model=m, resources=parse_resources(args.devices), slo_ms=args.slo_ms,
+    settings = ControlSettings(model=m, devices=parse_devices(args.devices), slo_ms=args.slo_ms,
                                rate_rps=args.rate_rps, slack=args.slack, window_s=args.window_s, margin=args.margin,
                                drift_threshold=args.drift, straggler_factor=args.straggler_factor or None,
                                dry_run=args.dry_run)
-    metrics_url = args.metrics_url or f"{args.url.rsplit(':', 1)[0]}:8002"
+    metrics_url = args.metrics_url or metrics_url_for(args.url)
     applier = TritonApplier(args.url, metrics_url=metrics_url, repo=Path(args.repo), zoo_model=args.model)
     planner = ProfilePlanner(latency, exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks, slo_ms=args.slo_ms,
-                             rate_rps=args.rate_rps, slack=args.slack,
-                             alpha=args.alpha)
+                             rate_rps=args.rate_rps, slack=args.slack, alpha=args.alpha)
     controller = Controller(settings, telemetry=TelemetryReader(metrics_url, m, window_s=args.window_s,
                                                                 num_blocks=card.num_blocks),
-                            forecaster=make_forecaster(args.forecaster), planner=planner, applier=applier,
-                            pinned=pinned, on_report=lambda rep: print(describe_report(rep), flush=True))
+                            forecaster=make_forecaster(args.forecaster), planner=planner, view=applier,
+                            control=None if args.dry_run else applier, pinned=pinned,
+                            on_report=lambda rep: print(describe_report(rep), flush=True))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -313,12 +298,12 @@ def _control(args) -> int:
 
 
 def _status(args) -> int:
-    from e3.controller.controller import TritonApplier, status_lines
+    from e3.controller.report import status_lines
+    from e3.controller.triton_applier import TritonApplier
     from e3.core.names import served_name
     applier = TritonApplier(args.url)
     try:
-        for line in status_lines(applier, served_name(args.model),
-                                 Path(args.state_dir) if args.state_dir else None, args.history):
+        for line in status_lines(applier, served_name(args.model), args.state_dir, args.history):
             print(line)
     finally:
         applier.close()
@@ -349,8 +334,11 @@ def _clean(args) -> int:
 
 def _planning_args(p: argparse.ArgumentParser, rate_required: bool) -> None:
     """The planner's inputs, shared by `e3 plan` and `e3 control`."""
-    p.add_argument("--profile", required=True, help="latency profile JSON (e3 profile)")
-    p.add_argument("--devices", required=True, help="CONFIG:COUNT,... e.g. cpu:2 or v100:6,t4:8,k80:15")
+    p.add_argument("--latency-profile", "--profile", dest="latency_profile", required=True,
+                   help="latency profile JSON (e3 profile); --profile is an old alias")
+    p.add_argument("--devices", required=True,
+                   help="devices per device configuration, CONFIG:COUNT,... e.g. cpu:2 or v100:6,t4:8,k80:15; "
+                        "each device runs one instance of a split")
     p.add_argument("--slo-ms", type=float, required=True, help="latency objective per request (ms)")
     p.add_argument("--rate-rps", type=float, required=rate_required, default=None,
                    help="offered request rate R (inputs/s)")
@@ -369,6 +357,7 @@ def _alpha(text: str) -> float | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from e3.deploy.server import DEFAULT_METRICS_PORT
     p = argparse.ArgumentParser(prog="e3", description="E3 on Triton: serve early-exit models split, "
                                 "re-batched and planned, on NVIDIA Triton Inference Server.")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -401,14 +390,14 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--repeats", type=int, default=20, help="timed calls per block and batch size (default 20)")
     pr.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     pr.add_argument("--out", default=None,
-                    help="profile file (default artifacts/profiles/<m>.<devices>[.modelled].json)")
+                    help="latency profile file (default artifacts/profiles/<m>.<devices>[.modelled].json)")
     pr.add_argument("--modelled", default=None, metavar="GPU[,GPU...]",
-                    help="do not measure: MODEL a profile of v100, t4, a100, a30, a10, k80 from public "
+                    help="do not measure: MODEL a latency profile of v100, t4, a100, a30, a10, k80 from public "
                          "whole-model figures (labelled modelled); several GPUs go into one file")
     pr.add_argument("--price", action="append", default=[], metavar="GPU=USD",
                     help="with --modelled: price per device-hour (a30 has no public price)")
     pr.add_argument("--add", action="append", default=[], metavar="PROFILE",
-                    help="merge this profile file's devices into the output (repeatable)")
+                    help="merge this latency profile file's devices into the output (repeatable)")
     pr.add_argument("--no-tx", action="store_true", help="skip the Tx measurement (no tritonserver; Tx = 0)")
     pr.add_argument("--tritonserver", default=None, help="tritonserver binary for the Tx measurement")
     pr.set_defaults(func=_profile)
@@ -420,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback)")
     s.add_argument("--http-port", type=int, default=8000)
     s.add_argument("--grpc-port", type=int, default=8001)
-    s.add_argument("--metrics-port", type=int, default=8002)
+    s.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT)
     s.add_argument("--tritonserver", default=None,
                    help="tritonserver binary (default: $E3_TRITONSERVER, else the nvidia-pytriton wheel's)")
     s.add_argument("--timeout", type=float, default=180, help="seconds to wait for readiness (default 180)")
@@ -435,17 +424,19 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--protocol", choices=["http", "grpc"], default="http")
     i.set_defaults(func=_infer)
 
-    pl = sub.add_parser("plan", help="plan cuts, replicas, device configurations and batch size (E3's DP) "
-                                     "from a latency profile and a batch (exit) profile")
+    pl = sub.add_parser("plan", help="plan cuts, instances per split, device configurations and input batch "
+                                     "(E3's DP) from a latency profile and a batch profile")
     _planning_args(pl, rate_required=False)
-    pl.add_argument("--exits", required=True, help="batch profile JSON: share of inputs reaching every block")
+    pl.add_argument("--batch-profile", "--exits", dest="batch_profile", required=True,
+                    help="batch profile JSON: share of inputs reaching every block (e3 workload writes one per "
+                         "mix); --exits is an old alias")
     pl.add_argument("--min-goodput", type=float, default=None,
                     help="instead: the cheapest plan whose throughput reaches this many inputs/s (E3 §5.3)")
     pl.add_argument("--no-pipelining", action="store_true", help="splits run one after another (E3 §3.2.1)")
     pl.add_argument("--model", default=None, help="zoo model (or module:factory) whose ramps and exit rule the "
                                                   "written plan uses (recommended with --out)")
     pl.add_argument("--tau-nats", type=float, default=0.5, help="entropy threshold written into the plan without --model")
-    pl.add_argument("--out", default=None, help="write the plan JSON here")
+    pl.add_argument("--out", default=None, help="write the plan JSON here (atomically)")
     pl.set_defaults(func=_plan)
 
     d = sub.add_parser("demo", help="export, serve, load router and baselines side by side, print a table")
@@ -517,11 +508,13 @@ def build_parser() -> argparse.ArgumentParser:
     ct.add_argument("--drift", type=float, default=0.2,
                     help="|forecast - observed| reach share that counts as drift and forces a re-plan (default 0.2)")
     ct.add_argument("--straggler-factor", type=float, default=2.0,
-                    help="a split measured this many times slower than its profile is a straggler (default 2; "
+                    help="a split measured this many times slower than its latency profile is a straggler (default 2; "
                          "0 turns the check off)")
-    ct.add_argument("--forecaster", choices=["arima", "last"], default="arima")
+    ct.add_argument("--forecaster", choices=["arima", "last"], default="arima",
+                    help="how the next window's batch profile is forecast (default arima, E3's)")
     ct.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP address (default 127.0.0.1:8000)")
-    ct.add_argument("--metrics-url", default=None, help="Triton metrics address (default: the --url host, port 8002)")
+    ct.add_argument("--metrics-url", default=None,
+                    help="Triton metrics address (default: the --url host, Triton's default metrics port)")
     ct.add_argument("--repo", default=str(default_repository()),
                     help="model repository, to export split models that are missing (default ./model_repository)")
     ct.add_argument("--dry-run", action="store_true", help="print the plan and the diff vs the running plan; "

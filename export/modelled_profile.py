@@ -49,7 +49,7 @@ import csv
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -60,7 +60,8 @@ if TYPE_CHECKING:
     from e3.export.model_api import EarlyExitModel
 
 __all__ = ["GPUS", "PRICES_PER_HOUR", "REF_LAYERS", "REF_SEQ_LEN", "REF_LAYER_FLOPS", "default_data_file",
-           "load_reference_curves", "Curve", "block_flops", "modelled_profile", "model_modelled_profile"]
+           "load_reference_curves", "Curve", "block_flops", "modelled_profile", "model_modelled_profile",
+           "parse_prices"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,25 @@ _REFERENCE_ROWS = {
 }
 _RESNET_K80 = ("resnet50(mxnet)", "K80", "S8")
 _RESNET_V100 = ("resnet50(mxnet)", "V100", "S8")
+
+
+def parse_prices(items: Iterable[str]) -> dict[str, float]:
+    """``["a30=1.5", "T4=0.6"]`` (``--price GPU=USD_PER_HOUR``, repeatable) -> ``{"a30": 1.5, "t4": 0.6}``.
+
+    Names are lower-cased; a price is a finite number >= 0 (USD per device-hour). Raises
+    ProfileError naming the item and what to write instead.
+    """
+    prices: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            price = float(value) if sep and name.strip() else float("nan")
+        except ValueError:
+            price = float("nan")
+        if not (np.isfinite(price) and price >= 0):
+            raise ProfileError(f"--price takes GPU=USD_PER_HOUR, e.g. a30=1.5; got {item!r}")
+        prices[name.strip().lower()] = price
+    return prices
 
 
 def default_data_file() -> Path:

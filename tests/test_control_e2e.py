@@ -17,14 +17,19 @@ import numpy as np
 import pytest
 
 from e3.client.loadgen import closed_loop
-from e3.controller.controller import ControlSettings, Controller, ProfilePlanner, TritonApplier, layout
-from e3.controller.forecast import TelemetryReader, make_forecaster
+from e3.controller.decisions import layout
+from e3.controller.forecast import make_forecaster
+from e3.controller.loop import Controller, ProfilePlanner
+from e3.controller.settings import ControlSettings
+from e3.controller.telemetry import TelemetryReader
+from e3.controller.triton_applier import TritonApplier
 from e3.controller.triton_api import TritonControl
 from e3.core.exits import make_exit_rule
 from e3.core.profile import BatchProfile
 from e3.deploy.server import TritonServer
 from e3.export.reference import reference_answers
 from e3.export.repository import ExportSettings, all_ranges, export_repository
+from polling import wait_until
 from test_controller import DEVICES, RATE_RPS, SLO_MS, synthetic_profile
 
 pytestmark = pytest.mark.e2e
@@ -77,13 +82,13 @@ def test_controller_follows_a_mix_switch_without_failed_requests(control_server,
     pools = _pools(tiny_model)
 
     url = control_server.http_url
-    settings = ControlSettings(model="tiny_ee", resources=dict(DEVICES), slo_ms=SLO_MS, rate_rps=RATE_RPS,
+    settings = ControlSettings(model="tiny_ee", devices=dict(DEVICES), slo_ms=SLO_MS, rate_rps=RATE_RPS,
                                window_s=WINDOW_S, state_dir=tmp_path)
     applier = TritonApplier(url, metrics_url=control_server.metrics_url, repo=control_server.repo,
                             zoo_model="tiny-ee")
     controller = Controller(settings, telemetry=TelemetryReader(control_server.metrics_url, "tiny_ee",
                                                                 window_s=WINDOW_S, num_blocks=L),
-                            forecaster=make_forecaster("arima"), planner=planner, applier=applier)
+                            forecaster=make_forecaster("arima"), planner=planner, view=applier)
     results, phase_start = [], {}
     stop_load, stop_control = threading.Event(), threading.Event()
     mix = {"name": "easy"}
@@ -104,18 +109,21 @@ def test_controller_follows_a_mix_switch_without_failed_requests(control_server,
     loader.start()
     loop.start()
     try:
-        deadline = time.monotonic() + 20
-        while _ranges(live()) != EASY_RANGES and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _ranges(live()) == EASY_RANGES, f"the easy plan was not applied: {[r.decision for r in controller.reports]}"
-        time.sleep(WINDOW_S)                     # one steady easy window under the easy plan
+        # the easy plan serves, and the window whose step applied it has been reported
+        easy_window = wait_until(
+            lambda: _ranges(live()) == EASY_RANGES and next((r.window for r in controller.reports if r.applied), 0),
+            20, poll_s=0.2, what=lambda: f"the easy plan; decisions: {[r.decision for r in controller.reports]}")
+        # one steady window with traffic under the easy plan: the next window after the one that applied it
+        wait_until(lambda: any(r.window > easy_window and r.observed for r in controller.reports),
+                   2 * WINDOW_S + 6, "a window under the easy plan")
         mix["name"] = "hard"
         switch_at = phase_start["hard"] = time.monotonic()
-        deadline = switch_at + 3 * WINDOW_S + 6
-        while _ranges(live()) != HARD_RANGES and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: _ranges(live()) == HARD_RANGES, 3 * WINDOW_S + 6, poll_s=0.2,
+                   what=lambda: f"the hard plan; decisions: {[r.decision for r in controller.reports]}")
         applied_at = time.monotonic()
-        time.sleep(1.0)                          # traffic keeps flowing after the switch, then stop
+        # traffic keeps flowing after the switch: two more load rounds end under the new plan, then stop
+        rounds = len(results)
+        wait_until(lambda: len(results) >= rounds + 2, 60, "load rounds after the switch")
     finally:
         stop_load.set()
         loader.join(timeout=60)

@@ -3,18 +3,26 @@ stragglers, dead stubs, and the order of operations (load, switch, drain, unload
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
 
+import numpy as np
 import pytest
 
-from e3.controller.controller import (ControlSettings, Controller, HistoryError, PlanHistory, ProfilePlanner,
-                                      RecordingApplier, SplitStats, Clock, backoff_delay_s, decide,
-                                      exclude_stragglers, failed_requests, find_stragglers, is_dead_stub, layout,
-                                      plan_diff, same_layout, score_plan)
-from e3.controller.forecast import Window, make_forecaster
+from e3.controller.applier import ServerControl, ServerView
+from e3.controller.decisions import backoff_delay_s, decide, layout, plan_diff, same_layout, score_plan
+from e3.controller.forecast import make_forecaster
+from e3.controller.health import SplitStats, exclude_stragglers, failed_requests, find_stragglers, is_dead_stub
+from e3.controller.history import HistoryError, PlanHistory
+from e3.controller.loop import Clock, Controller, ProfilePlanner
 from e3.controller.planner import best_plan
+from e3.controller.recording_applier import RecordingApplier
+from e3.controller.report import describe_report, status_lines
+from e3.controller.settings import ControlSettings
+from e3.controller.telemetry import Window
+from e3.controller.triton_applier import probe_inputs, with_split_settings
 from e3.core.plan import default_plan
 from e3.core.profile import BatchProfile, DeviceConfig, LatencyProfile
 
@@ -80,12 +88,12 @@ def initial_plan():
 
 
 def make_controller(tmp_path, reaches, *, applier=None, pinned=None, **overrides):
-    settings = ControlSettings(model=MODEL, resources=dict(DEVICES), slo_ms=SLO_MS, rate_rps=RATE_RPS,
+    settings = ControlSettings(model=MODEL, devices=dict(DEVICES), slo_ms=SLO_MS, rate_rps=RATE_RPS,
                                window_s=2.0, state_dir=tmp_path, **overrides)
     applier = applier or RecordingApplier(initial_plan())
     clock = FakeClock()
     ctl = Controller(settings, telemetry=ScriptedTelemetry(reaches), forecaster=make_forecaster("last"),
-                     planner=make_planner(), applier=applier, clock=clock, pinned=pinned)
+                     planner=make_planner(), view=applier, control=applier, clock=clock, pinned=pinned)
     return ctl, applier, clock
 
 
@@ -104,8 +112,31 @@ def test_score_plan_reproduces_the_planners_prediction(reach):
     latency = synthetic_profile()
     batch = BatchProfile(MODEL, 8, reach)
     result = best_plan(latency, batch, DEVICES, slo_ms=SLO_MS, rate_rps=RATE_RPS)
-    plan = result.to_plan(MODEL, 4, EXIT_RULE, RAMPS, SLO_MS, 0.2)
+    plan = result.to_plan(model=MODEL, num_blocks=4, exit_rule=EXIT_RULE, ramp_blocks=RAMPS, slo_ms=SLO_MS,
+                          slack=0.2)
     assert score_plan(latency, batch, plan, RATE_RPS) == pytest.approx(result.throughput_rps, rel=1e-9)
+
+
+def test_score_plan_against_hand_computed_numbers():
+    # Synthetic profile: block 2 + 0.25 B ms, ramps 0.5 ms (blocks 1-3), Tx 1 + 0.1 B ms, all linear in B.
+    latency, easy = synthetic_profile(), BatchProfile(MODEL, 8, EASY)
+    plan = initial_plan()   # no prediction: B0 = first split's batch 8 x 1 instance
+    cut_after_1 = default_plan(MODEL, 4, [(1, 1), (2, 4)], EXIT_RULE, RAMPS, batch_size=8)
+    # split 1-1 at 8: 4 + 0.5 = 4.5 ms; split 2-4 at 8 x 0.15 = 1.2: 3 x 2.3 + 2 x 0.5 = 7.9 ms, Tx 1.12 ms
+    assert score_plan(latency, easy, cut_after_1, RATE_RPS) == pytest.approx(8000 / 7.9)
+    # split 1-2 at 8: 2 x 4 + 2 x 0.5 = 9 ms; split 3-4 at 8 x 0.10 = 0.8 (P(1) below batch 1): 2 x 2.25 + 0.5
+    assert score_plan(latency, easy, plan, RATE_RPS) == pytest.approx(8000 / 9.0)
+    # B0 comes from the plan's prediction when it has one: 16 -> split 2-4 at 2.4: 3 x 2.6 + 1 = 8.8 ms
+    predicted = dataclasses.replace(cut_after_1, predicted={"input_batch_size": 16.0})
+    assert score_plan(latency, easy, predicted, RATE_RPS) == pytest.approx(16000 / 8.8)
+    # one split 1-4 with 2 instances: B0 = 8 x 2, each instance 8: 4 x 4 + 3 x 0.5 = 17.5 ms
+    wide = default_plan(MODEL, 4, [(1, 4)], EXIT_RULE, RAMPS, batch_size=8, instances=2)
+    assert score_plan(latency, easy, wide, RATE_RPS) == pytest.approx(16000 / 17.5)
+    # worst-case latency of cut_after_1: fill 7 / 2000 s = 3.5 ms + 4.5 + 7.9 + 1.12 = 17.02 ms
+    assert score_plan(latency, easy, dataclasses.replace(cut_after_1, slo_ms=21.0), RATE_RPS) == 0.0   # 16.8 ms
+    assert score_plan(latency, easy, dataclasses.replace(cut_after_1, slo_ms=21.5), RATE_RPS) > 0    # 17.2 ms
+    # a batch profile of another model length cannot be scored
+    assert score_plan(latency, BatchProfile(MODEL, 8, [1.0, 0.5, 0.2]), plan, RATE_RPS) is None
 
 
 def test_score_plan_cannot_score_unknown_devices():
@@ -161,11 +192,12 @@ def test_backoff_doubles_and_caps():
 
 def test_settings_are_validated_with_what_to_write():
     with pytest.raises(ValueError, match="e.g. 0.1"):
-        ControlSettings(model=MODEL, resources=DEVICES, slo_ms=1, rate_rps=1, margin=-1).validate()
-    with pytest.raises(ValueError, match="cpu"):
-        ControlSettings(model=MODEL, resources={}, slo_ms=1, rate_rps=1).validate()
+        ControlSettings(model=MODEL, devices=DEVICES, slo_ms=1, rate_rps=1, margin=-1).validate()
+    with pytest.raises(ValueError, match=r"--devices cpu:2"):
+        ControlSettings(model=MODEL, devices={}, slo_ms=1, rate_rps=1).validate()
     with pytest.raises(ValueError, match="window_s"):
-        ControlSettings(model=MODEL, resources=DEVICES, slo_ms=1, rate_rps=1, window_s=0.1).validate()
+        ControlSettings(model=MODEL, devices=DEVICES, slo_ms=1, rate_rps=1, window_s=0.1).validate()
+    ControlSettings(model=MODEL, devices=DEVICES, slo_ms=1, rate_rps=1).validate()   # the defaults are valid
 
 
 # ------------------------------------------------------------------------------------------- the loop
@@ -301,7 +333,7 @@ def test_a_straggler_is_left_out_of_the_next_plan(tmp_path):
     assert not ctl.step().applied                   # first window: baseline stats only
     app.stats[name] = SplitStats(50, 1600, int(50 * 200e6))   # 200 ms per batch of 32 (profile: 41.5 ms)
     rep = ctl.step()
-    assert set(rep.stragglers) == {name} and rep.resources == {"cpu": 1}
+    assert set(rep.stragglers) == {name} and rep.devices == {"cpu": 1}
     assert rep.applied and sum(s.instances for s in app.plan.splits) == 1
 
 
@@ -364,3 +396,96 @@ def test_history_is_validated_and_replaced_atomically(tmp_path, monkeypatch):
     path.write_text('{"version": 1, "entries": [{"plan": {"model": "x"}}]}')
     with pytest.raises(HistoryError, match="entry 0"):
         PlanHistory(path, MODEL)
+
+
+# ------------------------------------------------------------------------------------------- view and control
+
+class ViewOnly(ServerView):
+    """A server the controller may read but not change (what a dry run gets)."""
+
+    def __init__(self, inner: RecordingApplier):
+        self.inner = inner
+
+    def current_plan(self, router):
+        return self.inner.current_plan(router)
+
+    def loaded_splits(self, model):
+        return self.inner.loaded_splits(model)
+
+    def exported(self, split):
+        return self.inner.exported(split)
+
+    def split_stats(self, names):
+        return self.inner.split_stats(names)
+
+    def failed_requests(self):
+        return self.inner.failed_requests()
+
+    def probe(self, name):
+        return self.inner.probe(name)
+
+
+def test_reads_go_to_the_view_and_changes_to_the_control(tmp_path):
+    settings = ControlSettings(model=MODEL, devices=dict(DEVICES), slo_ms=SLO_MS, rate_rps=RATE_RPS, window_s=2.0,
+                               state_dir=tmp_path)
+    served = RecordingApplier(initial_plan())
+    kw = dict(telemetry=ScriptedTelemetry([EASY]), forecaster=make_forecaster("last"), planner=make_planner(),
+              clock=FakeClock())
+    with pytest.raises(ValueError, match="control="):
+        Controller(settings, view=ViewOnly(served), **kw)      # it could not apply anything
+    dry = Controller(dataclasses.replace(settings, dry_run=True), view=ViewOnly(served), **kw)
+    assert dry.control is None and dry.step().decision.startswith("dry run, would apply")
+    assert served.calls == []
+    control = RecordingApplier(initial_plan())
+    ctl = Controller(settings, view=ViewOnly(served), control=control,
+                     **{**kw, "telemetry": ScriptedTelemetry([EASY])})
+    assert ctl.step().applied
+    assert ranges(control.plan) == [(1, 1, 1), (2, 4, 1)] and ranges(served.plan) == [(1, 2, 1), (3, 4, 1)]
+    assert [c[0] for c in control.calls] == ["load", "load", "switch"] and served.calls == []
+    assert isinstance(served, ServerView) and isinstance(served, ServerControl)
+
+
+def test_probe_inputs_use_the_one_dtype_map():
+    config = {"input": [{"name": "input_ids", "data_type": "TYPE_INT64", "dims": [-1]},
+                        {"name": "attention_mask", "data_type": "TYPE_INT32", "dims": [48]},
+                        {"name": "hidden", "data_type": "TYPE_FP16", "dims": [3, 4]},
+                        {"name": "text", "data_type": "TYPE_STRING", "dims": [1]}]}
+    got = {name: (dtype, data) for name, dtype, data in probe_inputs(config)}
+    assert {n: d for n, (d, _) in got.items()} == {"input_ids": "INT64", "attention_mask": "INT32",
+                                                   "hidden": "FP16", "text": "BYTES"}
+    assert got["input_ids"][1].shape == (1, 1) and got["input_ids"][1].dtype == np.int64
+    assert (got["attention_mask"][1] == 1).all() and got["attention_mask"][1].shape == (1, 48)   # a real mask
+    assert got["hidden"][1].dtype == np.float16 and got["hidden"][1].shape == (1, 3, 4) and not got["hidden"][1].any()
+    assert got["text"][1].dtype == object
+    assert probe_inputs({"input": [{"name": "x", "data_type": "TYPE_FP64", "dims": [1]}]}) is None   # no probe
+
+
+def test_split_settings_override_instances_batch_and_delay():
+    config = {"name": "tiny_ee_split_1-2", "max_batch_size": 16, "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
+              "dynamic_batching": {"preferred_batch_size": [4], "max_queue_delay_microseconds": 0}}
+    split = dataclasses.replace(initial_plan().splits[0], instances=3, batch_size=32, queue_delay_us=700)
+    want = with_split_settings(config, split)
+    assert want["instance_group"] == [{"count": 3, "kind": "KIND_CPU"}]
+    assert want["dynamic_batching"] == {"preferred_batch_size": [16], "max_queue_delay_microseconds": 700}
+    assert config["instance_group"][0]["count"] == 1                    # the live config is not modified
+
+
+# ------------------------------------------------------------------------------------------- reports
+
+def test_reports_and_status_show_what_the_loop_did(tmp_path):
+    ctl, app, _ = make_controller(tmp_path, [EASY])
+    rep = ctl.step()
+    text = describe_report(rep)
+    assert text.splitlines()[-1] == f"  APPLIED: {rep.decision}" and rep.decision.startswith("predicted throughput")
+    assert "observed reach [1.00, 0.15, 0.10, 0.08]" in text
+    assert "+ tiny_ee_split_1-1 x1" in text and "- tiny_ee_split_1-2" in text
+    lines = status_lines(app, MODEL, tmp_path)
+    assert lines[0] == f"plan in force on tiny_ee_router: {app.plan.plan_id} (SLO 1000 ms, slack 0.2, " \
+                       f"exit rule {EXIT_RULE})"
+    assert "loaded splits: tiny_ee_split_1-1 x1, tiny_ee_split_1-2 x1, tiny_ee_split_2-4 x1, tiny_ee_split_3-4 x1" \
+        in lines                                                        # before the drain: old splits still loaded
+    assert any(line.startswith("controller's last window (1,") for line in lines)
+    assert "plan history (1 applied, last 10):" in lines
+    assert lines[-1].endswith(f"{app.plan.plan_id}  1-1 x1 | 2-4 x1  ({rep.decision})")
+    assert status_lines(RecordingApplier(), MODEL, tmp_path / "empty")[:2] == [
+        "tiny_ee_router is not loaded", "loaded splits: none"]

@@ -30,7 +30,7 @@ def test_requests_past_their_slo_are_dropped_explicitly_and_counted(tmp_path, ti
                     assert "dropped: tiny_ee cannot answer within its SLO of 0 ms" in str(err) or \
                            "dropped: tiny_ee cannot answer within its SLO of 1 ms" in str(err), str(err)
                     dropped += 3
-        from e3.controller.forecast import parse_snapshots
+        from e3.controller.telemetry import parse_snapshots
         time.sleep(0.5)  # the router hands its counts to Triton every 0.2 s, also when traffic has stopped
         text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
         snap = parse_snapshots(text)["tiny_ee"]

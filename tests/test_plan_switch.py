@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import urllib.request
 
-import numpy as np
 import pytest
 
 from e3.client.loadgen import closed_loop
@@ -16,6 +15,7 @@ from e3.core.plan import default_plan
 from e3.deploy.server import TritonServer
 from e3.export.reference import reference_answers
 from e3.export.repository import ExportSettings, all_ranges, export_repository
+from polling import wait_until
 
 pytestmark = pytest.mark.e2e
 REQUESTS = 3000
@@ -52,8 +52,7 @@ def test_switch_under_load_loses_nothing(switch_server, tiny_model):
         load = threading.Thread(target=lambda: results.setdefault("r", closed_loop(
             switch_server.http_url, "tiny_ee_router", pool, concurrency=8, batch=3, requests=REQUESTS)))
         load.start()
-        while not _answered(switch_server):  # the old plan is serving under load
-            pass
+        wait_until(lambda: _answered(switch_server), 60, "the old plan serving under load")
         control.switch_plan("tiny_ee_router", new_plan)
         assert load.is_alive(), "the load must still be running when the switch completes"
         load.join()
@@ -97,9 +96,26 @@ def test_malformed_plan_is_refused_and_the_old_plan_stays(switch_server, tiny_mo
 
 
 def test_router_telemetry_counts_every_input(switch_server, tiny_model):
-    from e3.controller.forecast import parse_snapshots
-    text = urllib.request.urlopen(switch_server.metrics_url, timeout=10).read().decode()
-    snap = parse_snapshots(text)["tiny_ee"]
+    from e3.client.sdk import E3Client
+    from e3.controller.telemetry import parse_snapshots
+
+    def snapshot():
+        text = urllib.request.urlopen(switch_server.metrics_url, timeout=10).read().decode()
+        return parse_snapshots(text).get("tiny_ee")
+
+    before = snapshot()
+    start = before.inputs if before is not None else 0.0
+    ids, mask = (x.numpy() for x in tiny_model.example_inputs(24, seed=2))
+    with E3Client(switch_server.http_url) as client:
+        for i in range(0, 24, 4):
+            client.infer("tiny_ee_router", {"input_ids": ids[i:i + 4], "attention_mask": mask[i:i + 4]})
+
+    def counted():
+        snap = snapshot()
+        return snap if snap is not None and snap.inputs >= start + 24 else None
+
+    # the router hands its counts to Triton every 0.2 s: wait until these 24 inputs are on the metrics page
+    snap = wait_until(counted, 10, "the router's counters of 24 new inputs")
     assert snap.inputs > 0 and snap.batches > 0
     L = tiny_model.card.num_blocks
     # Every input is answered at exactly one ramp.

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from e3.client.sdk import ClientError, E3Client
-from e3.controller.controller import TritonApplier, is_dead_stub
+from e3.controller.health import is_dead_stub
+from e3.controller.triton_applier import TritonApplier
 from e3.deploy.server import TritonServer
 
 pytestmark = pytest.mark.e2e
