@@ -46,7 +46,8 @@ class PlanHistory:
         try:
             data = json.loads(self.path.read_text())
         except (OSError, json.JSONDecodeError) as err:
-            raise HistoryError(f"plan history {self.path} is unreadable ({err}); move it away to start afresh") from None
+            raise HistoryError(f"plan history {self.path} is unreadable ({err}); "
+                               "move it away to start afresh") from None
         if not isinstance(data, dict) or data.get("version") != HISTORY_VERSION or not isinstance(
                 data.get("entries"), list):
             raise HistoryError(f"plan history {self.path} is not a version-{HISTORY_VERSION} history; "

@@ -435,7 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-pipelining", action="store_true", help="splits run one after another (E3 §3.2.1)")
     pl.add_argument("--model", default=None, help="zoo model (or module:factory) whose ramps and exit rule the "
                                                   "written plan uses (recommended with --out)")
-    pl.add_argument("--tau-nats", type=float, default=0.5, help="entropy threshold written into the plan without --model")
+    pl.add_argument("--tau-nats", type=float, default=0.5,
+                    help="entropy threshold (nats) written into the plan without --model (default 0.5)")
     pl.add_argument("--out", default=None, help="write the plan JSON here (atomically)")
     pl.set_defaults(func=_plan)
 
