@@ -7,21 +7,24 @@ artifacts/results/planning_time.json.
 
     .venv/bin/python -m benchmarks.planning_time [--quick] [--repeats 3] [--reference]
 
-``--reference`` times the planner's original exact search (``_reference_best_plan``) instead of the fast
-one, for before/after tables; both return the same plans.
+``--reference`` times the planner's original exact search (``tests/planner_oracle.reference_best_plan``,
+the tests' oracle) instead of the fast one, for before/after tables; both return the same plans.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
 
+import sys
+from pathlib import Path
+
 import numpy as np
 
-from e3.controller.planner import _reference_best_plan, best_plan
+from e3.controller.planner import best_plan
+from e3.core.files import write_json_atomic
 from e3.core.profile import BatchProfile, DeviceConfig, LatencyProfile
 from e3.paths import artifacts_dir
 
@@ -55,6 +58,13 @@ def split_devices(total: int, configs: list[str]) -> dict[str, int]:
     return {c: base + (1 if i < extra else 0) for i, c in enumerate(configs)}
 
 
+def _reference():
+    """The tests' oracle (the original reference search), imported from tests/."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from planner_oracle import reference_best_plan
+    return reference_best_plan
+
+
 def run_case(layers: int, devices: int, n_configs: int, repeats: int, reference: bool = False) -> dict:
     configs = list(GPU_SHAPES)[:n_configs]
     lat, batch = synthetic_profile(layers, configs), synthetic_batch(layers)
@@ -62,9 +72,10 @@ def run_case(layers: int, devices: int, n_configs: int, repeats: int, reference:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        r = (_reference_best_plan if reference else best_plan)(lat, batch, res, slo_ms=200.0, rate_rps=3000.0, slack=0.2, alpha=None)
+        r = (_reference() if reference else best_plan)(lat, batch, res, slo_ms=200.0, rate_rps=3000.0, slack=0.2,
+                                                       alpha=None)
         times.append(time.perf_counter() - start)
-    return {"layers": layers, "devices": devices, "configs": n_configs, "resources": res,
+    return {"layers": layers, "devices": devices, "configs": n_configs, "device_counts": res,
             "seconds_median": statistics.median(times), "seconds_all": times,
             "splits": len(r.splits), "cuts": r.cuts, "input_batch_size": r.input_batch_size,
             "throughput_rps": r.throughput_rps, "latency_ms": r.latency_ms, "cost": r.cost}
@@ -88,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['input_batch_size']:>5} {row['throughput_rps']:>11.0f} {row['latency_ms']:>7.1f} "
               f"{row['cost']:>7.1f}", flush=True)
     out = artifacts_dir() / "results" / ("planning_time_reference.json" if args.reference else "planning_time.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "planning_time", "search": "reference" if args.reference else "fast", "profile": "synthetic GPU-like (not measured)",
-                               "machine": platform.processor() or platform.machine(),
-                               "python": platform.python_version(), "rows": rows}, indent=1))
+    write_json_atomic(out, {"benchmark": "planning_time", "search": "reference" if args.reference else "fast",
+                            "profile": "synthetic GPU-like (not measured)",
+                            "machine": platform.processor() or platform.machine(),
+                            "python": platform.python_version(), "rows": rows}, sort_keys=False)
     print(f"wrote {out}")
     return 0
 

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from e3.core.profile import DeviceConfig, LatencyProfile, ProfileError
+from e3.core.profile import DeviceConfig, LatencyProfile, ProfileError, interp_linear
 from e3.core.spec import ModelCard, NUMPY_DTYPES
 
 if TYPE_CHECKING:
@@ -123,14 +123,9 @@ class Curve:
     how: str
 
     def __call__(self, batch: float | np.ndarray) -> np.ndarray:
-        """Linear between points, linear extrapolation past the last, the batch-1 value below 1."""
-        xs, ys = np.asarray(self.batches, float), np.asarray(self.latency_ms, float)
-        b = np.maximum(np.asarray(batch, float), xs[0])
-        out = np.interp(b, xs, ys)
-        if len(xs) > 1:
-            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-            out = np.where(b > xs[-1], ys[-1] + slope * (b - xs[-1]), out)
-        return out
+        """Linear between points, linear extrapolation past the last, the first point's value below it
+        (:func:`e3.core.profile.interp_linear`, the one interpolation of a measured curve)."""
+        return interp_linear(self.batches, self.latency_ms, np.maximum(np.asarray(batch, float), self.batches[0]))
 
 
 def load_reference_curves(path: str | Path | None = None) -> dict[str, Curve]:

@@ -1,7 +1,7 @@
 """The planner's DP against brute-force enumeration, hand-checked cases and the converse (E3 §3.2, §5.3).
 
 The brute force below shares nothing with the DP but the model it implements (see the planner's
-docstring): it enumerates every cut set, configuration and replica count per split and input batch,
+docstring): it enumerates every cut set, configuration and instance count per split and input batch,
 and evaluates each plan with LatencyProfile.block / .tx directly.
 """
 
@@ -14,10 +14,11 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from e3.controller.planner import (PlannerError, _reference_best_plan, best_plan, cheapest_plan, parse_resources,
-                                   stock_baseline)
+from e3.controller.planner import PlannerError, best_plan, cheapest_plan, parse_devices, stock_baseline
+from e3.core.cost import plan_cost
 from e3.core.plan import Plan
 from e3.core.profile import BatchProfile, DeviceConfig, LatencyProfile
+from planner_oracle import reference_best_plan
 
 BATCHES = [1, 2, 4, 8]
 
@@ -64,7 +65,7 @@ def random_reach(rng: np.random.Generator, num_blocks: int) -> list[float]:
 def enumerate_plans(lat: LatencyProfile, batch: BatchProfile, res: dict[str, int], *, slo_ms: float,
                     slack: float, rate_rps: float, b0s: list[int], pipelined: bool = True,
                     cost_bound: float | None = None, with_ramp: bool = True):
-    """Every legal plan meeting latency, resources and cost: (throughput, cost, latency, b0, splits)."""
+    """Every legal plan meeting latency, devices and cost: (throughput, cost, latency, b0, splits)."""
     L, budget, bmax = lat.num_blocks, slo_ms * (1 - slack), lat.batch_sizes[-1]
 
     @lru_cache(maxsize=None)
@@ -125,7 +126,7 @@ def assert_feasible(r, lat, batch, res, slo_ms, slack, rate_rps, cost_bound=None
     assert r.splits[-1].last_block == lat.num_blocks
     pipe = 0.0
     for s in r.splits:
-        x = r.input_batch_size * batch.reach[s.first_block - 1] / s.replicas
+        x = r.input_batch_size * batch.reach[s.first_block - 1] / s.instances
         T = sum(lat.block(k, s.device, x) for k in range(s.first_block, s.last_block + 1))
         assert s.stage_ms == pytest.approx(T, rel=1e-9)
         pipe += T + (lat.tx(s.device, x) if s.first_block > 1 else 0.0)
@@ -175,7 +176,7 @@ def test_fast_search_matches_reference_search(seed):
               alpha=None, cost_bound=float(rng.uniform(2, 12)) if seed % 4 == 1 else None,
               b0s=None if seed % 2 else [1, 2, 4, 8, 16, 32])
     try:
-        want = _reference_best_plan(lat, batch, res, **kw)
+        want = reference_best_plan(lat, batch, res, **kw)
     except PlannerError:
         with pytest.raises(PlannerError):
             best_plan(lat, batch, res, **kw)
@@ -228,12 +229,12 @@ def test_cheapest_plan_matches_brute_force(seed):
 def test_huge_tx_gives_one_split():
     lat = make_profile(4, {"gpu": (1.0, 0.2, 1.0)}, tx_ms=1000.0)
     r = best_plan(lat, make_batch([1.0, 0.5, 0.3, 0.2]), {"gpu": 4}, slo_ms=500, rate_rps=1000, alpha=None)
-    assert len(r.splits) == 1 and r.splits[0].replicas == 4
+    assert len(r.splits) == 1 and r.splits[0].instances == 4
 
 
 def shrinking_case(tx_ms: float = 0.01):
     """Hand-checked: 4 equal blocks P(b) = 1 + 0.5 b ms, 3 in 4 inputs exit after block 2, B0 = 8, 2 GPUs.
-    One split, 2 replicas (4 inputs each): 4 x 3 = 12 ms. Cut after 2, one replica each: split 1 runs 8
+    One split, 2 instances (4 inputs each): 4 x 3 = 12 ms. Cut after 2, one instance each: split 1 runs 8
     inputs (2 x 5 = 10 ms), split 2 the 2 survivors (2 x 2 = 4 ms): cycle 10 ms. Cutting after 1 or 3
     leaves a 3-block split at batch 8 (15 ms)."""
     lat = make_profile(4, {"gpu": (1.0, 0.5, 1.0)}, tx_ms=tx_ms, tx_per_input_ms=0.0, ramp_ms=0.0)
@@ -244,7 +245,7 @@ def shrinking_case(tx_ms: float = 0.01):
 def test_cheap_tx_and_exits_give_a_cut_where_the_batch_shrinks():
     r = shrinking_case()
     assert r.cuts == [2]
-    assert [s.replicas for s in r.splits] == [1, 1]
+    assert [s.instances for s in r.splits] == [1, 1]
     assert r.cycle_ms == pytest.approx(10.0) and r.throughput_rps == pytest.approx(800.0)
     assert r.latency_ms == pytest.approx(1e3 * 7 / 10000 + 10.0 + 4.0 + 0.01)
 
@@ -252,19 +253,19 @@ def test_cheap_tx_and_exits_give_a_cut_where_the_batch_shrinks():
 def test_a_hop_slower_than_the_stages_sets_the_pipelined_cycle():
     r = shrinking_case(tx_ms=11.0)        # cut: max(10, 11, 4) = 11 ms < 12 ms for one split
     assert r.cuts == [2] and r.cycle_ms == pytest.approx(11.0)
-    r = shrinking_case(tx_ms=13.0)        # the hop now costs more than the whole model on two replicas
+    r = shrinking_case(tx_ms=13.0)        # the hop now costs more than the whole model on two instances
     assert r.cuts == [] and r.cycle_ms == pytest.approx(12.0)
 
 
-def test_expensive_late_block_reached_by_few_inputs_gets_fewer_replicas():
+def test_expensive_late_block_reached_by_few_inputs_gets_fewer_instances():
     # block 4 costs 4x the others, but only 1 input in 8 reaches it (4 of B0 = 32)
     lat = make_profile(4, {"gpu": (0.2, 0.1, 1.0)}, tx_ms=0.01, tx_per_input_ms=0.0, ramp_ms=0.0,
                        block_scale=[1.0, 1.0, 1.0, 4.0])
     r = best_plan(lat, make_batch([1.0, 1.0, 1.0, 0.125]), {"gpu": 8}, slo_ms=1000, rate_rps=100000,
                   b0s=[32], alpha=None)
     assert r.splits[-1].first_block == 4
-    assert r.splits[-1].replicas < r.splits[0].replicas
-    assert sum(s.replicas for s in r.splits) <= 8
+    assert r.splits[-1].instances < r.splits[0].instances
+    assert sum(s.instances for s in r.splits) <= 8
 
 
 def test_slo_limits_the_input_batch():
@@ -276,11 +277,16 @@ def test_slo_limits_the_input_batch():
     assert tight.latency_ms <= 8.0 + 1e-9 and loose.throughput_rps > tight.throughput_rps
 
 
-def test_heterogeneous_split_puts_replicas_of_one_split_on_one_config():
+def test_heterogeneous_split_puts_instances_of_one_split_on_one_config():
     lat = make_profile(4, {"fast": (0.5, 0.05, 4.0), "slow": (2.0, 0.4, 1.0)})
     r = best_plan(lat, make_batch([1.0, 0.6, 0.3, 0.1]), {"fast": 2, "slow": 3}, slo_ms=200, rate_rps=5000,
                   alpha=None)
-    assert sum(r.devices_used.values()) == sum(s.replicas for s in r.splits)
+    # the answer is the brute force's best plan, which here needs both configurations
+    want = brute_best(enumerate_plans(lat, make_batch([1.0, 0.6, 0.3, 0.1]), {"fast": 2, "slow": 3}, slo_ms=200,
+                                      slack=0.2, rate_rps=5000, b0s=[r.input_batch_size]))
+    assert [(rng, c, m) for rng, c, m in want[4]] == [((s.first_block, s.last_block), s.device, s.instances)
+                                                    for s in r.splits]
+    assert {s.device for s in r.splits} == {"fast", "slow"}
     assert r.devices_used.get("fast", 0) <= 2 and r.devices_used.get("slow", 0) <= 3
 
 
@@ -289,23 +295,57 @@ def test_cost_bound_from_alpha_and_stock_baseline():
     batch = make_batch([1.0, 0.5, 0.3, 0.2])
     base = stock_baseline(lat, {"gpu": 8}, slo_ms=200, rate_rps=500)
     assert base is not None and len(base.splits) == 1 and base.throughput_rps >= 500
+    # the stock baseline by hand: the cheapest single split (no ramps, every input through every block)
+    # reaching 500 inputs/s within 160 ms is the brute force's cheapest stock plan
+    stock = make_profile(4, {"gpu": (1.0, 0.2, 2.0)}, ramp_ms=0.0)
+    stocks = [p for p in enumerate_plans(stock, make_batch([1.0] * 4), {"gpu": 8}, slo_ms=200, slack=0.2,
+                                         rate_rps=500, b0s=[1, 2, 4, 8, 16, 32, 64], with_ramp=False)
+              if len(p[4]) == 1 and p[0] >= 500]
+    assert base.cost == pytest.approx(min(p[1] for p in stocks))
     r = best_plan(lat, batch, {"gpu": 8}, slo_ms=200, rate_rps=500, alpha=1.0)
     assert r.cost_baseline == base.cost and r.cost <= base.cost + 1e-9
     unbounded = best_plan(lat, batch, {"gpu": 8}, slo_ms=200, rate_rps=500, alpha=None)
-    assert unbounded.throughput_rps >= r.throughput_rps
+    assert unbounded.cost > base.cost       # the bound binds here: without it the planner buys more devices
+    bounded = brute_best(enumerate_plans(lat, batch, {"gpu": 8}, slo_ms=200, slack=0.2, rate_rps=500,
+                                         b0s=[r.input_batch_size], cost_bound=base.cost))
+    assert r.throughput_rps == pytest.approx(bounded[0], rel=1e-9)
 
 
-def test_pipelining_never_loses_throughput():
+def test_pipelining_gains_what_the_brute_force_says():
     lat = make_profile(4, {"gpu": (1.0, 0.2, 1.0)}, tx_ms=0.5)
     batch = make_batch([1.0, 0.5, 0.3, 0.2])
-    pipe = best_plan(lat, batch, {"gpu": 4}, slo_ms=200, rate_rps=2000, alpha=None)
-    serial = best_plan(lat, batch, {"gpu": 4}, slo_ms=200, rate_rps=2000, alpha=None, pipelined=False)
-    assert pipe.throughput_rps >= serial.throughput_rps * (1 - 1e-12)
+    b0s = [1, 2, 4, 8]
+    pipe = best_plan(lat, batch, {"gpu": 4}, slo_ms=200, rate_rps=2000, alpha=None, b0s=b0s)
+    serial = best_plan(lat, batch, {"gpu": 4}, slo_ms=200, rate_rps=2000, alpha=None, pipelined=False, b0s=b0s)
+    for got, pipelined in ((pipe, True), (serial, False)):
+        want = brute_best(enumerate_plans(lat, batch, {"gpu": 4}, slo_ms=200, slack=0.2, rate_rps=2000, b0s=b0s,
+                                          pipelined=pipelined))
+        assert got.throughput_rps == pytest.approx(want[0], rel=1e-9)
+    assert pipe.throughput_rps > 1.2 * serial.throughput_rps   # several splits overlap only when pipelined
+
+
+def test_cost_model_reproduces_the_planners_numbers_and_the_brute_force():
+    """The planner's result, re-priced by e3.core.cost from its splits alone, and by the brute force's
+    own formulas (LatencyProfile.block / .tx), gives the same throughput, latency and cost."""
+    rng = np.random.default_rng(5)
+    lat = random_profile(rng, 5, ["a", "b"])
+    batch = make_batch(random_reach(rng, 5))
+    r = best_plan(lat, batch, {"a": 3, "b": 2}, slo_ms=80, rate_rps=800, alpha=None)
+    pc = plan_cost(lat, batch.reach, [(s.first_block, s.last_block, s.device, s.instances) for s in r.splits],
+                   r.input_batch_size, 800)
+    assert (pc.throughput_rps, pc.latency_ms, pc.cost) == pytest.approx((r.throughput_rps, r.latency_ms, r.cost))
+    ranges = [(s.first_block, s.last_block) for s in r.splits]
+    same = [p for p in enumerate_plans(lat, batch, {"a": 3, "b": 2}, slo_ms=80, slack=0.2, rate_rps=800,
+                                       b0s=[r.input_batch_size])
+            if p[4] == [(rg, s.device, s.instances) for rg, s in zip(ranges, r.splits)]]
+    assert len(same) == 1
+    assert (same[0][0], same[0][2], same[0][1]) == pytest.approx((r.throughput_rps, r.latency_ms, r.cost))
 
 
 def test_to_plan_builds_a_valid_shared_plan():
     r = shrinking_case()
-    plan = r.to_plan("toy", 4, {"kind": "entropy", "tau_nats": 0.3}, ramp_blocks=(1, 2, 3), slo_ms=1000, slack=0.2)
+    plan = r.to_plan(model="toy", num_blocks=4, exit_rule={"kind": "entropy", "tau_nats": 0.3}, ramp_blocks=(1, 2, 3),
+                     slo_ms=1000, slack=0.2)
     again = Plan.from_json(plan.to_json())
     assert again.cuts == [2]
     assert [(s.model, s.instances, s.device, s.batch_size, s.enabled_ramps) for s in again.splits] == [
@@ -336,11 +376,11 @@ def test_mismatched_batch_profile_is_rejected():
         best_plan(lat, make_batch([1.0, 0.5]), {"cpu": 2}, slo_ms=100, rate_rps=10)
 
 
-def test_parse_resources():
-    assert parse_resources("v100:6, t4:8,K80:15") == {"v100": 6, "t4": 8, "k80": 15}
+def test_parse_devices():
+    assert parse_devices("v100:6, t4:8,K80:15") == {"v100": 6, "t4": 8, "k80": 15}
     for bad in ("v100", "v100:x", ":3", "", "a:-1"):
         with pytest.raises(PlannerError):
-            parse_resources(bad)
+            parse_devices(bad)
 
 
 def test_e3_plan_cli_prints_and_writes_a_valid_plan(tmp_path, capsys):

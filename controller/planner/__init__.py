@@ -1,0 +1,131 @@
+"""E3's planner (E3 §3.2-3.2.3, Fig. 6): cuts, instances per split, device configurations and
+input batch size, by dynamic programming. A pure function of its inputs: no I/O,
+no Triton, no torch.
+
+One job per module:
+
+result.py   what a search returns (PlannerResult, its plan document) and the search's context
+tables.py   the inputs checked, the B0 candidates, and one B0's table of every split's stage and hop
+            (priced by E3's one cost model, :mod:`e3.core.cost`)
+dp.py       the dynamic programs over (blocks, devices used) and the backtrack to a plan
+search.py   the searches: best plan (fast, exact), cheapest plan, stock baseline
+
+The model of a plan
+-------------------
+A plan cuts blocks 1..L into splits. Split i covers blocks a..b, runs on one
+device configuration c with m instances (the paper's replicas; instances of one
+split share one configuration, §3.2.3). The formulas below are E3's cost
+model, implemented once in :mod:`e3.core.cost`. Per *cycle* the front door admits one input batch of
+B0 inputs; B_k = B0 * reach[k-1] of them reach block k (batch profile). Split i
+receives the B_a inputs that reach its first block and each replica takes
+B_a / m of them (Fig. 6: "each GPU handles B_k/m samples"):
+
+* stage time   T_i  = sum_{k=a..b} P(k, c, B_a / m)          (ms, ramps included)
+* hop into it  Tx_i = Tx(c, B_a / m)  for i > 1, 0 for the first split
+* cycle time   C    = max_i max(T_i, Tx_i)  (pipelined, §3.2.2), or
+                      sum_i (T_i + Tx_i)   (``pipelined=False``, §3.2.1)
+* throughput        = 1000 * B0 / C                          (inputs/s)
+* worst-case latency = 1000 * (B0 - 1) / R + sum_i (T_i + Tx_i)   (ms)
+* cost              = sum_i m_i * price(c_i)
+
+Constraints: latency <= SLO * (1 - slack); devices of each configuration <=
+the devices; cost <= alpha * Cost_baseline (when alpha is given). Objective
+of :func:`best_plan`: the highest throughput; ties go to the lower cost, then
+the lower latency. :func:`cheapest_plan` answers the converse (E3 §5.3): the
+lowest cost whose throughput reaches a given goodput (ties: higher throughput).
+
+Decisions where the paper is silent or ambiguous
+------------------------------------------------
+* **No shrinking inside a split.** DESIGN §2: the runtime cannot shrink a
+  batch inside a split (inputs that exit at an inner ramp keep computing to
+  the split's end), so every block of a split runs at the batch that entered
+  it, B_a / m. Fig. 6 writes P(k, c, B_k/m), i.e. shrinking at every ramp;
+  ``shrink_in_split=True`` gives that reading.
+* **Tx** is the hop *into* a split, taken at the receiving configuration and
+  its per-replica batch (``LatencyProfile.tx(c, B_a/m)``): each replica
+  receives its share in one call, replicas receive in parallel. It is its own
+  pipeline stage in the ``max`` (Fig. 6) and adds to latency. The hops into
+  the first split and out of the last are the same for every plan (and for
+  the stock baseline) and are left out.
+* **Worst-case latency** = batch fill time of the first input of a batch,
+  (B0 - 1) / R, plus one pass through every stage and hop. With throughput
+  >= R consecutive batches arrive at least one cycle apart, so no stage is
+  busy when a batch reaches it (no queueing in the steady state); with
+  throughput < R the front door drops the excess (E3 §3.1), same bound. The
+  paper's "worst case latency is simply CycleTime" is the non-pipelined case
+  without fill time.
+* **B0** (input batch size) is chosen by the planner from powers of two up to
+  ``max_batch * total devices`` (max_batch = the profile's largest measured
+  batch) whose fill time alone fits the latency budget; the best one wins.
+  ``b0s=`` overrides the set.
+* **Instances.** m ranges over 1..min(N_c, ceil(B_a)): more instances than
+  inputs reaching the split per cycle cannot shorten the stage (an instance's
+  batch below 1 costs P(1), the profile's smallest batch; a higher rate is
+  served by a larger B0). A per-instance batch above the largest measured batch
+  is not allowed (the latency profile says nothing about memory there).
+* **Cost_baseline** (see :func:`stock_baseline`): the cheapest *stock* plan
+  (model without ramps, every input through every block, one split on one
+  configuration with m instances, B0 from the same candidates) whose
+  throughput reaches R within the latency budget. If no stock plan reaches R,
+  the stock plan with the highest throughput sets it; if no stock plan meets
+  the latency budget at all, the cost bound is dropped (logged).
+* **Exit shares do not depend on B0** (independent exits): reach is the
+  batch profile's, whatever B0 is chosen.
+* **Ramps.** Every ramp inside a split is computed and paid for (``with_ramp``);
+  disabling ramps (E3 §3.4's exit-wrapper) is not planned here.
+
+How it is solved
+----------------
+For each B0 the pipelined optimum is the smallest cycle bound t (one of the
+finitely many stage/hop times) for which a plan exists with every stage and
+hop <= t and latency, resources and cost within their bounds; feasibility is
+monotone in t, so t is found by binary search. A cheap boolean DP (fewest
+replicas per split, which is enough when latency is ignored) finds the
+smallest t that resources and cost allow; the latency DP below then checks
+that t and, only if latency binds, the search continues upwards with it.
+B0 values are visited in order of an upper bound on their throughput and
+skipped once that bound cannot beat the best plan found.
+
+That is the *reference* search; it lives in ``tests/planner_oracle.py``, the
+tests' oracle (and ``benchmarks/planning_time.py --reference``). :func:`best_plan`
+(pipelined) runs a faster search for the same answer (:func:`search._search`); profiling showed
+the time went to latency DPs on a B0 that loses (2.4 s of 2.8 s at 24 blocks,
+64 devices, 3 configurations: the binary search starts at the most expensive
+bound, the top one) and, with one configuration, to ~16 latency DPs per B0:
+
+* **best-first over B0**: the B0 with the highest throughput upper bound gets
+  the next step; tables are built only for B0s whose cheap bound
+  (:func:`_cheap_cycle_bound`, least measured block + ramp time) can still
+  beat the best plan; a B0 is dropped once its lowest open bound exceeds the
+  ``max_bound`` the best plan leaves it, as in the reference.
+* **exact lower bounds first**: one configuration: the latency DP itself on
+  the 1-D device grid as one gather per prefix over the (start, replicas)
+  pairs that fit the bound (:meth:`_B0Search._feasible_1d`), bisected to the
+  smallest feasible bound; several configurations: the boolean DP (latency
+  ignored), as before. Bisection splits geometrically while the candidates
+  span > 1.5x (low bounds give cheap DPs).
+* **racing probes**: then the full latency DP (the reference's own test,
+  :func:`_latency_dp` + :func:`_best_cell`) is probed at the lowest open
+  bound, then at the bound where this B0 would tie the runner-up's upper
+  bound (an infeasible answer hands the work to the runner-up), then at the
+  top, then by bisection.
+
+Why it is still exact: every B0's answer is still the smallest candidate bound
+(same candidate set, same ``max_bound``) at which the same latency DP finds a
+cell within latency and cost; the extra tests only skip bounds they prove
+infeasible (a 1-D DP that computes the same f values, the latency-free DP,
+monotonicity in the bound) or B0s whose throughput bound cannot reach the best
+plan; the plan itself comes from the same f, :func:`_best_cell` and
+:func:`_backtrack`. ``tests/test_planner.py`` checks both searches against
+brute force and the fast one against the reference on 30 random instances
+(1-3 configurations, cost bounds); 330 such instances agreed plan for plan.
+Non-pipelined planning (``pipelined=False``) solves each B0 with one latency DP
+without a cycle bound (the cycle is the pipeline latency itself).
+"""
+
+from e3.controller.planner.result import PlannerError, PlannerResult, SearchContext
+from e3.controller.planner.search import best_plan, cheapest_plan, stock_baseline
+from e3.controller.planner.tables import b0_candidates, parse_devices
+
+__all__ = ["PlannerError", "PlannerResult", "SearchContext", "best_plan", "cheapest_plan", "stock_baseline",
+           "parse_devices", "b0_candidates"]

@@ -1,0 +1,105 @@
+"""What a planner search returns (:class:`PlannerResult`) and the context every search step shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from e3.core.cost import StageCost, summarise
+from e3.core.names import ramps_in_range, split_name
+from e3.core.plan import Plan, SplitPlan, entry_queue_delay_us
+
+__all__ = ["PlannerError", "SearchContext", "PlannerResult", "make_result", "better"]
+
+REL = 1e-9  # relative tolerance when comparing throughputs and costs
+
+
+class PlannerError(ValueError):
+    """Inputs the planner cannot use, or no plan meets the constraints; the message says which."""
+
+
+@dataclass(frozen=True)
+class SearchContext:
+    """What every step of one search shares: the constraints and what to report with the result."""
+    rate_rps: float                   # R: offered rate the plan is made for (inputs/s)
+    latency_budget_ms: float          # SLO * (1 - slack) (ms)
+    pipelined: bool = True            # cycle = slowest stage or hop (True) or their sum
+    cost_bound: float | None = None   # alpha * Cost_baseline; None: unbounded
+    cost_baseline: float | None = None  # cost of the stock baseline plan (see stock_baseline)
+    notes: tuple[str, ...] = ()       # anything the caller should know (e.g. fallback baselines)
+
+
+@dataclass(frozen=True)
+class PlannerResult:
+    splits: tuple[StageCost, ...]     # in block order, each priced by e3.core.cost
+    input_batch_size: int             # B0: inputs admitted per cycle
+    cycle_ms: float                   # pipelined: slowest stage or hop; else their sum (ms)
+    throughput_rps: float             # 1000 * B0 / cycle_ms (inputs/s)
+    goodput_rps: float                # min(throughput, R): what the offered rate lets it answer (inputs/s)
+    latency_ms: float                 # worst-case latency: fill time + every stage and hop (ms)
+    cost: float                       # sum of instances x price
+    devices_used: dict[str, int]      # device configuration -> instances used
+    rate_rps: float                   # R the plan was made for (inputs/s)
+    latency_budget_ms: float          # SLO * (1 - slack)
+    cost_bound: float | None = None   # alpha * Cost_baseline, None when unbounded
+    cost_baseline: float | None = None  # cost of the stock baseline plan (see stock_baseline)
+    pipelined: bool = True
+    notes: tuple[str, ...] = field(default=())  # anything the caller should know (e.g. fallback baselines)
+
+    @property
+    def cuts(self) -> list[int]:
+        """Cut after these blocks (the `--cuts` vocabulary)."""
+        return [s.last_block for s in self.splits[:-1]]
+
+    def to_plan(self, *, model: str, num_blocks: int, exit_rule: Mapping[str, Any], ramp_blocks: Iterable[int],
+                slo_ms: float, slack: float) -> Plan:
+        """The shared plan document for this result (every ramp inside a split enabled).
+
+        ``queue_delay_us`` of each split after the first is one cycle (an instance's batch arrives within
+        one cycle in the steady state; waiting longer means the forecast was wrong), capped so that the
+        splits' queue delays together stay within the SLO's slack; the first split's (and the router's)
+        is :func:`e3.core.plan.entry_queue_delay_us` (0, measured).
+        """
+        ramps = tuple(sorted(set(int(k) for k in ramp_blocks)))
+        slack_us = slo_ms * slack * 1e3 / max(1, len(self.splits))
+        delay_us = int(max(0.0, min(self.cycle_ms * 1e3, slack_us)))
+        splits = tuple(
+            SplitPlan(model=split_name(model, s.first_block, s.last_block), first_block=s.first_block,
+                      last_block=s.last_block, batch_size=s.preferred_batch, instances=s.instances,
+                      device=s.device,
+                      queue_delay_us=entry_queue_delay_us() if s.first_block == 1 else delay_us,
+                      enabled_ramps=ramps_in_range(ramps, s.first_block, s.last_block, num_blocks))
+            for s in self.splits)
+        predicted = {"throughput_rps": self.throughput_rps, "goodput_rps": self.goodput_rps,
+                     "latency_ms": self.latency_ms, "cost": self.cost, "cycle_ms": self.cycle_ms,
+                     "input_batch_size": float(self.input_batch_size)}
+        if self.cost_bound is not None:
+            predicted["cost_bound"] = self.cost_bound
+        plan = Plan(model=model, num_blocks=num_blocks, exit_rule=dict(exit_rule), splits=splits, slo_ms=slo_ms,
+                    slack=slack, predicted=predicted)
+        plan.validate(ramps)
+        return plan
+
+
+def make_result(stages: Sequence[StageCost], b0: int, prices: Mapping[str, float],
+                ctx: SearchContext) -> PlannerResult:
+    """The result for priced ``stages`` at input batch ``b0``: its numbers come from E3's cost model."""
+    pc = summarise(stages, b0, ctx.rate_rps, prices, pipelined=ctx.pipelined)
+    return PlannerResult(splits=pc.stages, input_batch_size=int(b0), cycle_ms=pc.cycle_ms,
+                         throughput_rps=pc.throughput_rps, goodput_rps=min(pc.throughput_rps, ctx.rate_rps),
+                         latency_ms=pc.latency_ms, cost=pc.cost, devices_used=pc.devices_used,
+                         rate_rps=ctx.rate_rps, latency_budget_ms=ctx.latency_budget_ms, cost_bound=ctx.cost_bound,
+                         cost_baseline=ctx.cost_baseline, pipelined=ctx.pipelined, notes=ctx.notes)
+
+
+def better(r: PlannerResult, best: PlannerResult) -> bool:
+    """Is ``r`` better than ``best``: higher throughput; ties go to the lower cost, then the lower latency."""
+    if r.throughput_rps > best.throughput_rps * (1 + REL):
+        return True
+    if r.throughput_rps < best.throughput_rps * (1 - REL):
+        return False
+    if r.cost < best.cost * (1 - REL) - 1e-12:
+        return True
+    if r.cost > best.cost * (1 + REL) + 1e-12:
+        return False
+    return r.latency_ms < best.latency_ms
