@@ -53,7 +53,6 @@ measured here on 2 shared cores, noisy):
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import tempfile
@@ -124,7 +123,8 @@ def run_config(model_name: str, cuts: str, config: Config, *, concurrency: int, 
     from e3.core.names import ranges_from_cuts, router_name, served_name
     from e3.core.plan import default_plan
     from e3.deploy.server import TritonServer
-    from e3.export.repository import MANIFEST, ExportSettings, export_repository
+    from e3.core.manifest import read_manifest
+    from e3.export.repository import ExportSettings, export_repository
     from e3.export.zoo import resolve_model
 
     repo = workdir / f"repo-b{config.batch_size}-r{config.router_instances}-d{config.queue_delay_us}" \
@@ -151,7 +151,7 @@ def run_config(model_name: str, cuts: str, config: Config, *, concurrency: int, 
         rest = tail.split("\n", 1)[1]
         write_atomic(cfg, f"{head}{sep} {config.router_max_batch_size}\n{rest}")
     router = router_name(m)
-    manifest = json.loads((repo / MANIFEST).read_text())
+    manifest = read_manifest(repo)
     splits = manifest["deployments"][m]["plan"]["splits"]
     split, plan_size = splits[0]["model"], int(splits[0]["batch_size"])
     watched = [router, *(s["model"] for s in splits)]

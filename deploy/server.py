@@ -30,6 +30,9 @@ import urllib.request
 from collections import deque
 from pathlib import Path
 
+from e3.core.files import copy_atomic
+from e3.core.manifest import ManifestError
+from e3.core.manifest import models_to_serve as manifest_models
 from e3.paths import artifacts_dir
 
 __all__ = ["ServerError", "TritonServer", "find_tritonserver", "free_port", "port_taken", "models_to_serve", "ENV_BINARY",
@@ -109,9 +112,7 @@ def prepare_backends(binary: Path, dest: Path | None = None) -> Path:
                 root / "backends" / "python" / "triton_python_backend_utils.py", stub):
         target = python_dir / src.name
         if not target.exists() or target.stat().st_size != src.stat().st_size:
-            tmp = target.with_suffix(target.suffix + ".tmp")
-            shutil.copy2(src, tmp)
-            os.replace(tmp, target)
+            copy_atomic(src, target)
     return dest
 
 
@@ -157,15 +158,10 @@ def port_taken(host: str, port: int) -> bool:
 
 def models_to_serve(repo: Path) -> list[str]:
     """Models of the current plan and the baselines, from the repository's e3 manifest."""
-    from e3.export.repository import MANIFEST, read_manifest  # the manifest's format is the exporter's
-
-    if not (repo / MANIFEST).exists():
-        raise ServerError(f"{repo} has no {MANIFEST}: export a model first (`e3 export MODEL`) "
-                          "or name the models to load with --models")
-    names = []
-    for deployment in read_manifest(repo)["deployments"].values():
-        names += deployment["serve"]
-    return list(dict.fromkeys(names))
+    try:
+        return manifest_models(repo)
+    except ManifestError as err:
+        raise ServerError(str(err)) from None
 
 
 class TritonServer:

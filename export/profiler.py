@@ -15,7 +15,7 @@ What is measured (device configuration ``cpu``: one core, one instance, one thre
   of the block's repeats.
 * **Tx** -- one BLS hop carrying one cut's tensors (``card.state``, e.g. hidden
   state + mask) at each batch size, between two Python-backend models on the
-  real ``tritonserver`` (a caller and an echo model, :mod:`e3.export.runtime.tx_probe`),
+  real ``tritonserver`` (a caller and an echo model, :mod:`e3.serving.tx_probe`),
   timed inside the caller: that is what the router pays per cut. The tensors
   are zeros: a hop copies bytes, their values do not matter.
 
@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from e3.core.files import write_atomic
 from e3.core.names import served_name, state_output
 from e3.core.profile import DeviceConfig, LatencyProfile, ProfileError
 from e3.core.spec import ModelCard, TensorSpec
@@ -240,7 +241,7 @@ def measure_blocks(model: "EarlyExitModel", batch_sizes: Sequence[int], settings
     """Timings (ms) of every block without and with its ramp: ([k-1][i] repeats, same or None)."""
     from e3.export.model_api import SplitModule
     from e3.export.onnx_export import export_onnx, split_inputs
-    from e3.export.runtime.session import make_session
+    from e3.serving.session import make_session
 
     card = model.card
     L = card.num_blocks
@@ -288,7 +289,7 @@ def _tx_repository(repo: Path, state: Sequence[TensorSpec], max_batch: int, warm
     import json
     from e3.export.triton_config import ModelDescription, render_config
 
-    module = "e3.export.runtime.tx_probe"
+    module = "e3.serving.tx_probe"
     outputs = tuple(TensorSpec(state_output(t.name), t.dtype, t.shape) for t in state)
     models = {
         TX_ECHO: ModelDescription(name=TX_ECHO, kind="python", max_batch_size=max_batch, inputs=tuple(state),
@@ -301,9 +302,8 @@ def _tx_repository(repo: Path, state: Sequence[TensorSpec], max_batch: int, warm
                         "callee_outputs": json.dumps([t.name for t in outputs])}),
     }
     for name, desc in models.items():
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "1" / "model.py").write_text(f"from {module} import TritonPythonModel  # noqa: F401\n")
-        (repo / name / "config.pbtxt").write_text(render_config(desc, "embedded"))
+        write_atomic(repo / name / "1" / "model.py", f"from {module} import TritonPythonModel  # noqa: F401\n")
+        write_atomic(repo / name / "config.pbtxt", render_config(desc, "embedded"))
 
 
 def measure_tx(card: ModelCard, batch_sizes: Sequence[int], repeats: int, warmup: int = 3,

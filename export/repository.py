@@ -25,6 +25,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from e3.core.files import write_atomic
+from e3.core.manifest import ManifestError, read_manifest, write_manifest
 from e3.core.names import (ee_name, preprocess_name, ramp_output, ranges_from_cuts, router_name, served_name,
                            split_name, state_output, stock_name)
 from e3.core.plan import Plan, SplitPlan, default_plan
@@ -34,12 +36,11 @@ from e3.export.onnx_export import export_onnx
 from e3.export.triton_config import DynamicBatching, ModelDescription, render_config
 from e3.export.zoo import resolve_model, resolve_stock
 
-__all__ = ["MANIFEST", "ExportError", "ExportSettings", "export_repository", "read_manifest", "answer_specs",
+__all__ = ["ExportError", "ExportSettings", "export_repository", "answer_specs",
            "all_ranges"]
 
 log = logging.getLogger(__name__)
-MANIFEST = "e3_repository.json"
-RUNTIME = "e3.export.runtime"
+SERVING = "e3.serving"   # the package whose modules the generated model.py files import
 
 
 class ExportError(RuntimeError):
@@ -82,17 +83,6 @@ def answer_specs(card: ModelCard) -> tuple[TensorSpec, ...]:
             TensorSpec("probs", "FP32", (card.num_classes,)))
 
 
-def read_manifest(repo: Path) -> dict:
-    """The repository's manifest, or an empty one if e3 has not written here yet."""
-    path = Path(repo) / MANIFEST
-    if not path.exists():
-        return {"created_by": "e3", "models": {}, "deployments": {}}
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ExportError(f"{path} is not valid JSON ({err}); remove it or re-export into an empty folder") from None
-
-
 def all_ranges(num_blocks: int) -> list[tuple[int, int]]:
     """Every contiguous block range a..b of an L-block model (L(L+1)/2 splits)."""
     return [(a, b) for a in range(1, num_blocks + 1) for b in range(a, num_blocks + 1)]
@@ -119,7 +109,10 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
                             queue_delay_us=settings.queue_delay_us, slo_ms=settings.slo_ms)
     plan.validate(card.ramp_blocks)
     _check_writable(repo)
-    manifest = read_manifest(repo)
+    try:
+        manifest = read_manifest(repo)
+    except ManifestError as err:
+        raise ExportError(str(err)) from None
     splits = {s.model: s for s in plan.splits}
     for a, b in extra_ranges:
         extra = SplitPlan(model=split_name(m, a, b), first_block=a, last_block=b,
@@ -153,7 +146,7 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
                                   "front_door": m if card.preprocess else router_name(m), "router": router_name(m),
                                   "baselines": [stock_name(m), ee_name(m)],
                                   "serve": [*(s.model for s in plan.splits), *front, stock_name(m), ee_name(m)]}
-    _atomic_write(repo / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+    write_manifest(repo, manifest)
     return plan
 
 
@@ -190,7 +183,7 @@ def _write_ee(model: EarlyExitModel, plan: Plan, name: str, out: Path, settings:
         dynamic_batching=DynamicBatching((settings.batch_size,), settings.queue_delay_us),
         parameters={"model_card": json.dumps(card.to_dict()), "exit_rule": json.dumps(plan.exit_rule),
                     "enabled_ramps": json.dumps(list(enabled)), "intra_op_threads": "1"}),
-        f"{RUNTIME}.ee_model", settings)
+        f"{SERVING}.ee", settings)
 
 
 def _write_router(card: ModelCard, plan: Plan, name: str, out: Path, settings: ExportSettings) -> None:
@@ -200,14 +193,18 @@ def _write_router(card: ModelCard, plan: Plan, name: str, out: Path, settings: E
         outputs=answer_specs(card), instances=settings.router_instances,
         dynamic_batching=DynamicBatching((first.batch_size,), first.queue_delay_us),
         parameters={"model_card": json.dumps(card.to_dict()), "plan": json.dumps(plan.to_dict(), sort_keys=True)}),
-        "e3.router.triton_router", settings)
+        f"{SERVING}.router", settings)
 
 
 def _write_preprocess(card: ModelCard, name: str, out: Path, settings: ExportSettings) -> None:
     _write_python_model(out, ModelDescription(
         name=name, kind="python", max_batch_size=card.max_batch_size, inputs=(TensorSpec("TEXT", "BYTES", (1,)),),
         outputs=card.inputs, instances=1, dynamic_batching=DynamicBatching((), 0),
-        parameters={"model_card": json.dumps(card.to_dict())}), f"{RUNTIME}.preprocess", settings)
+        parameters={"model_card": json.dumps(card.to_dict())}), f"{SERVING}.preprocess", settings)
+    if card.preprocess == "minilm":
+        from e3.export.data.text import minilm_tokenizer_json
+        from e3.serving.preprocess import TOKENIZER_FILE
+        write_atomic(out / "1" / TOKENIZER_FILE, minilm_tokenizer_json())
 
 
 def _write_ensemble(card: ModelCard, m: str, out: Path, settings: ExportSettings) -> None:
@@ -216,7 +213,7 @@ def _write_ensemble(card: ModelCard, m: str, out: Path, settings: ExportSettings
     inner = {t.name: f"_{t.name}" for t in card.inputs}
     answers = {t.name: t.name for t in answer_specs(card)}
     (out / "1").mkdir(parents=True, exist_ok=True)
-    (out / "config.pbtxt").write_text(render_config(ModelDescription(
+    write_atomic(out / "config.pbtxt", render_config(ModelDescription(
         name=m, kind="ensemble", max_batch_size=card.max_batch_size, inputs=(TensorSpec("TEXT", "BYTES", (1,)),),
         outputs=answer_specs(card), dynamic_batching=None,
         steps=(EnsembleStep(preprocess_name(m), {"TEXT": "TEXT"}, inner),
@@ -245,20 +242,18 @@ def _write_onnx_model(module: SplitModule, out: Path, desc: ModelDescription, se
         desc = ModelDescription(**{**desc.__dict__, "kind": "tensorrt", "instance_kind": "KIND_GPU"})
     if settings.target == "embedded":
         desc = ModelDescription(**{**desc.__dict__, "parameters": {**desc.parameters, "intra_op_threads": "1"}})
-        _write_model_py(out, f"{RUNTIME}.onnx_model")
-    (out / "config.pbtxt").write_text(render_config(desc, settings.target))
+        _write_model_py(out, f"{SERVING}.split")
+    write_atomic(out / "config.pbtxt", render_config(desc, settings.target))
 
 
 def _write_python_model(out: Path, desc: ModelDescription, module: str, settings: ExportSettings) -> None:
     _write_model_py(out, module)
-    (out / "config.pbtxt").write_text(render_config(desc, settings.target))
+    write_atomic(out / "config.pbtxt", render_config(desc, settings.target))
 
 
 def _write_model_py(out: Path, module: str) -> None:
-    (out / "1").mkdir(parents=True, exist_ok=True)
-    (out / "1" / "model.py").write_text(
-        f'"""Generated by `e3 export`; the model\'s code lives in the e3 package."""\n'
-        f"from {module} import TritonPythonModel  # noqa: F401\n")
+    write_atomic(out / "1" / "model.py", f'"""Generated by `e3 export`; the model\'s code lives in the e3 package."""\n'
+                                         f"from {module} import TritonPythonModel  # noqa: F401\n")
 
 
 def _check_writable(repo: Path) -> None:
@@ -298,10 +293,3 @@ class _staging:
         self.tmp.rename(final)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)

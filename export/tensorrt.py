@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Sequence
 
+from e3.core.files import write_atomic
 from e3.core.spec import TensorSpec
 
 __all__ = ["TensorRTError", "ShapeProfile", "EngineSettings", "optimisation_profile", "import_tensorrt",
@@ -134,10 +134,4 @@ def build_engine(onnx_path: str | os.PathLike, plan_path: str | os.PathLike, inp
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise TensorRTError(f"TensorRT could not build an engine from {onnx_path} (see the TensorRT log above)")
-    plan_path = Path(plan_path)
-    plan_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=plan_path.parent, prefix=f".{plan_path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(bytes(serialized))
-    os.replace(tmp, plan_path)
-    return plan_path
+    return write_atomic(plan_path, bytes(serialized))

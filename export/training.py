@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from e3.core.exits import EntropyRule, ExitRule, PatienceRule
 from e3.export.model_api import EarlyExitModel
-from e3.router.policy import BatchRoute
+from e3.serving.policy import BatchRoute
 
 __all__ = ["all_exit_logits", "simulate_exits", "choose_tau", "choose_patience", "finetune_head", "train_joint",
            "encoder_pooled_features", "train_ramps_on_pooled", "bf16_available", "ExitSummary", "summarize_exits"]

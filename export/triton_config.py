@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from e3.core.spec import TensorSpec
+from e3.core.spec import TensorSpec, config_dtype
 
 __all__ = ["TARGETS", "DynamicBatching", "EnsembleStep", "ModelDescription", "render_config", "parse_config", "OWNER_KEY"]
 
@@ -86,7 +86,7 @@ def render_config(desc: ModelDescription, target: str = "embedded") -> str:
         raise ValueError(f"model {desc.name}: unknown kind {desc.kind!r}")
     for spec, target_list in ((desc.inputs, cfg.input), (desc.outputs, cfg.output)):
         for t in spec:
-            target_list.add(name=t.name, data_type=mc.DataType.Value(f"TYPE_{'STRING' if t.dtype == 'BYTES' else t.dtype}"),
+            target_list.add(name=t.name, data_type=mc.DataType.Value(config_dtype(t.dtype)),
                             dims=list(t.shape))
     if desc.kind != "ensemble":  # an ensemble has neither instances nor a batcher of its own
         group = cfg.instance_group.add(count=desc.instances,

@@ -12,7 +12,8 @@ import pytest
 from e3.core.names import CutError
 from e3.export.model_api import SplitModule
 from e3.export.onnx_export import ParityError, check_parity, export_onnx
-from e3.export.repository import MANIFEST, ExportError, ExportSettings, export_repository
+from e3.core.manifest import MANIFEST
+from e3.export.repository import ExportError, ExportSettings, export_repository
 from e3.export.triton_config import parse_config, render_config
 from e3.export.zoo import UnknownModelError
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from e3.core.exits import EntropyRule, PatienceRule, softmax
-from e3.router.policy import BatchRoute
+from e3.serving.policy import BatchRoute
 
 CONFIDENT, UNSURE = np.array([6.0, 0.0, 0.0]), np.array([0.1, 0.0, 0.0])
 

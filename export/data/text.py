@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bz2
 import csv
-import io
 import zipfile
 from dataclasses import dataclass
 from functools import lru_cache
@@ -24,8 +23,9 @@ from functools import lru_cache
 import numpy as np
 
 from e3.export.data.assets import file_sha256, package_file
+from e3.serving.tokenizer import Tokenizer as WordPiece
 
-__all__ = ["TextSplit", "rotten_tomatoes", "minilm_zip", "Tokenizer", "MAX_SEQ_LEN"]
+__all__ = ["TextSplit", "rotten_tomatoes", "minilm_zip", "minilm_tokenizer_json", "Tokenizer", "MAX_SEQ_LEN"]
 
 MAX_SEQ_LEN = 48   # covers the snippets' p95 (47 tokens); about 4% are truncated
 SPLIT_SEED = 2024
@@ -63,27 +63,15 @@ def corpus_sha256() -> str:
     return file_sha256(_corpus_path())
 
 
-class Tokenizer:
-    """MiniLM's WordPiece tokenizer: texts -> (input_ids, attention_mask), INT64 [N, max_seq_len]."""
+def minilm_tokenizer_json() -> str:
+    """MiniLM's ``tokenizer.json`` (WordPiece), from the model's registry package."""
+    with zipfile.ZipFile(minilm_zip()) as z:
+        return z.read("tokenizer.json").decode("utf-8")
+
+
+class Tokenizer(WordPiece):
+    """MiniLM's WordPiece tokenizer (:class:`e3.serving.tokenizer.Tokenizer` on the package's
+    ``tokenizer.json``): texts -> (input_ids, attention_mask), INT64 [N, max_seq_len]."""
 
     def __init__(self, max_seq_len: int = MAX_SEQ_LEN):
-        from tokenizers import Tokenizer as HFTokenizer
-        with zipfile.ZipFile(minilm_zip()) as z:
-            self._tok = HFTokenizer.from_str(z.read("tokenizer.json").decode("utf-8"))
-        self.max_seq_len = max_seq_len
-        self._tok.enable_truncation(max_length=max_seq_len)
-        self._tok.enable_padding(length=max_seq_len, pad_id=0, pad_token="[PAD]")
-
-    def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        encodings = self._tok.encode_batch(list(texts))
-        ids = np.array([e.ids for e in encodings], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-        return ids, mask
-
-    def lengths(self, texts: list[str]) -> np.ndarray:
-        """Untruncated token counts (with [CLS]/[SEP])."""
-        self._tok.no_truncation()
-        try:
-            return np.array([len(e.ids) - e.ids.count(0) for e in self._tok.encode_batch(list(texts))])
-        finally:
-            self._tok.enable_truncation(max_length=self.max_seq_len)
+        super().__init__(minilm_tokenizer_json(), max_seq_len)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 
 from e3.core.exits import make_exit_rule
 from e3.core.spec import ModelCard
-from e3.export.runtime.onnx_model import make_session
-from e3.export.runtime.triton_io import answer_responses, gather, model_parameters
-from e3.router.policy import BatchRoute
+from e3.serving.policy import BatchRoute
+from e3.serving.session import make_session
+from e3.serving.triton_io import answer_responses, gather, model_parameters
 
 
 class TritonPythonModel:
@@ -35,12 +36,12 @@ class TritonPythonModel:
         if not got.valid:
             return got.responses
         route = BatchRoute(got.rows, self.card.num_classes, self.card.num_blocks, self.rule)
-        state_names = [t.name for t in self.card.state]
-        feed = got.arrays
-        for k, session in enumerate(self.blocks, start=1):
-            names = self.card.split_outputs(k, k, self.enabled)
-            feed = route.advance(dict(zip(names, session.run(names, feed))), self.card.split_ramps(k, k, self.enabled),
-                                 state_names)
-            if feed is None:
-                break
+        steps = ((self.card.split_ramps(k, k, self.enabled), partial(self._block, k))
+                 for k in range(1, self.card.num_blocks + 1))
+        route.follow(got.arrays, steps, [t.name for t in self.card.state])
         return answer_responses(got, route)
+
+    def _block(self, k: int, feed: dict) -> dict:
+        """Block k (with its ramp if enabled) in ONNX Runtime, on the rows still running."""
+        names = self.card.split_outputs(k, k, self.enabled)
+        return dict(zip(names, self.blocks[k - 1].run(names, feed)))

@@ -1,8 +1,11 @@
-"""Glue shared by the project's Python-backend models: parameters, inputs, responses.
+"""Glue shared by the project's Python-backend models: parameters, inputs, responses, BLS calls.
 
 Only imported inside Triton's Python-backend stub (it needs
 ``triton_python_backend_utils``). Requests that cannot be served get their own
 error response; the others in the same batch are still answered.
+
+BLS calls raise typed errors (:class:`BlsTimeout`, :class:`BlsError`), decided
+here once (:func:`bls_error`), so callers never match error text.
 """
 
 from __future__ import annotations
@@ -13,14 +16,23 @@ from dataclasses import dataclass
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from e3.core.spec import TensorSpec
+from e3.core.rows import request_slices, split_rows
+from e3.core.spec import TensorSpec, dtype_from_config
 
-__all__ = ["InputError", "Gathered", "model_parameters", "io_specs", "gather", "error_response",
-           "tensor_response", "answer_responses", "bls"]
+__all__ = ["InputError", "BlsError", "BlsTimeout", "Gathered", "model_parameters", "io_specs", "gather",
+           "error_response", "tensor_response", "answer_responses", "split_responses", "bls", "bls_error"]
 
 
 class InputError(ValueError):
     """A request this model cannot serve; the message goes back to the client."""
+
+
+class BlsError(RuntimeError):
+    """A BLS call to another model failed; the message names the model and carries Triton's."""
+
+
+class BlsTimeout(BlsError):
+    """A BLS call's timeout expired while the request waited in the callee's queue (its deadline passed)."""
 
 
 def model_parameters(args: dict) -> tuple[dict, dict[str, str]]:
@@ -32,8 +44,8 @@ def model_parameters(args: dict) -> tuple[dict, dict[str, str]]:
 
 def io_specs(config: dict, key: str) -> tuple[TensorSpec, ...]:
     """Input or output specs ("input"/"output") of a model config, as TensorSpecs."""
-    return tuple(TensorSpec(t["name"], t["data_type"].removeprefix("TYPE_").replace("STRING", "BYTES"),
-                            tuple(int(d) for d in t["dims"])) for t in config.get(key, []))
+    return tuple(TensorSpec(t["name"], dtype_from_config(t["data_type"]), tuple(int(d) for d in t["dims"]))
+                 for t in config.get(key, []))
 
 
 @dataclass
@@ -92,20 +104,26 @@ def answer_responses(got: Gathered, answers) -> list:
     answers: anything with ``label`` [N] int64, ``exit_ramp`` [N] int32 and
     ``probs`` [N, C] float32 over the concatenated batch (a BatchRoute).
     """
-    edges = np.cumsum([0, *got.sizes])
-    for j, i in enumerate(got.valid):
-        rows = slice(edges[j], edges[j + 1])
+    for i, rows in zip(got.valid, request_slices(got.sizes)):
         got.responses[i] = tensor_response({"label": answers.label[rows, None],
                                             "exit_ramp": answers.exit_ramp[rows, None],
                                             "probs": answers.probs[rows]})
     return got.responses
 
 
+def split_responses(got: Gathered, outputs: dict[str, np.ndarray]) -> list:
+    """Fill ``got.responses`` with each valid request's rows of ``outputs`` (arrays over the concatenated batch)."""
+    for i, part in zip(got.valid, split_rows(outputs, got.sizes)):
+        got.responses[i] = tensor_response(part)
+    return got.responses
+
+
 def bls(model: str, inputs: dict[str, np.ndarray], outputs: list[str], timeout_us: int = 0) -> dict[str, np.ndarray]:
     """Run ``model`` on ``inputs`` through BLS and return the requested ``outputs``.
 
-    Raises RuntimeError with the callee's message if the call fails, so a caller
-    can never read outputs of a failed response.
+    Raises :class:`BlsTimeout` when the callee's queue rejected the request because
+    ``timeout_us`` expired, :class:`BlsError` for any other failure (both carry the
+    callee's message), so a caller can never read outputs of a failed response.
     """
     request = pb_utils.InferenceRequest(
         model_name=model, requested_output_names=outputs,
@@ -113,11 +131,27 @@ def bls(model: str, inputs: dict[str, np.ndarray], outputs: list[str], timeout_u
         **({"timeout": int(timeout_us)} if timeout_us else {}))
     response = request.exec()
     if response.has_error():
-        raise RuntimeError(f"{model}: {response.error().message()}")
+        error = response.error()
+        raise bls_error(model, error.code() if hasattr(error, "code") else None, error.message())
     result = {}
     for name in outputs:
         tensor = pb_utils.get_output_tensor_by_name(response, name)
         if tensor is None:
-            raise RuntimeError(f"{model}: response lacks output '{name}'")
+            raise BlsError(f"{model}: response lacks output '{name}'")
         result[name] = tensor.as_numpy()
     return result
+
+
+def bls_error(model: str, code, message: str) -> BlsError:
+    """The typed error for a failed BLS call to ``model``.
+
+    Triton rejects a request whose timeout expired in a queue (the split's
+    queue policy REJECT with ``allow_timeout_override``) with the code
+    UNAVAILABLE and the message "Request timeout expired" (Triton 2.51). The
+    code alone does not tell it from other unavailability (a model being
+    unloaded), so both are checked, here and nowhere else.
+    """
+    text = f"{model}: {message}"
+    if code == getattr(pb_utils.TritonError, "UNAVAILABLE", None) and "timeout" in message.lower():
+        return BlsTimeout(text)
+    return BlsError(text)

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
-from e3.export.runtime.session import make_session  # noqa: F401  (re-exported: ee_model imports it from here)
-from e3.export.runtime.triton_io import gather, io_specs, model_parameters, tensor_response
+from e3.serving.session import make_session
+from e3.serving.triton_io import gather, io_specs, model_parameters, split_responses
 
 
 class TritonPythonModel:
@@ -28,9 +26,5 @@ class TritonPythonModel:
     def execute(self, requests):
         got = gather(requests, self.inputs)
         if got.valid:
-            results = self.session.run(self.outputs, got.arrays)
-            edges = np.cumsum([0, *got.sizes])
-            for j, i in enumerate(got.valid):
-                got.responses[i] = tensor_response(
-                    {name: r[edges[j]:edges[j + 1]] for name, r in zip(self.outputs, results)})
+            split_responses(got, dict(zip(self.outputs, self.session.run(self.outputs, got.arrays))))
         return got.responses

@@ -2,7 +2,8 @@
 
 Input ``TEXT`` (BYTES [1] per input, UTF-8). Output the model card's inputs
 (``input_ids``, ``attention_mask``: INT64 [max_seq_len]), tokenized exactly as
-the training and the PyTorch reference tokenize (:class:`e3.export.data.text.Tokenizer`):
+the training and the PyTorch reference tokenize (:class:`e3.serving.tokenizer.Tokenizer` on the
+``tokenizer.json`` the exporter put in this model's version folder):
 [CLS] ... [SEP], truncated to ``max_seq_len`` tokens, padded with 0. A request
 whose text is not valid UTF-8 gets its own error; the others are answered.
 """
@@ -10,13 +11,17 @@ whose text is not valid UTF-8 gets its own error; the others are answered.
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 
+from e3.core.rows import request_slices, split_rows
 from e3.core.spec import ModelCard, TensorSpec
-from e3.export.runtime.triton_io import InputError, error_response, gather, model_parameters, tensor_response
+from e3.serving.tokenizer import Tokenizer
+from e3.serving.triton_io import InputError, error_response, gather, model_parameters, tensor_response
 
 TEXT = TensorSpec("TEXT", "BYTES", (1,))
+TOKENIZER_FILE = "tokenizer.json"   # written by the exporter beside model.py
 
 
 def decode_texts(raw: np.ndarray) -> list[str]:
@@ -32,28 +37,27 @@ def decode_texts(raw: np.ndarray) -> list[str]:
 
 class TritonPythonModel:
     def initialize(self, args):
-        from e3.export.data.text import Tokenizer
         _, params = model_parameters(args)
         self.card = ModelCard.from_dict(json.loads(params["model_card"]))
         if self.card.preprocess != "minilm":
             raise ValueError(f"no preprocessing named {self.card.preprocess!r}")
-        self.tokenizer = Tokenizer(self.card.max_seq_len)
+        path = os.path.join(args["model_repository"], args["model_version"], TOKENIZER_FILE)
+        with open(path, encoding="utf-8") as f:
+            self.tokenizer = Tokenizer(f.read(), self.card.max_seq_len)
 
     def execute(self, requests):
         got = gather(requests, (TEXT,))
-        texts, owners = [], []
-        for j, i in enumerate(got.valid):
-            start = sum(got.sizes[:j])
+        texts, owners, sizes = [], [], []
+        for i, rows, n in zip(got.valid, request_slices(got.sizes), got.sizes):
             try:
-                texts += decode_texts(got.arrays["TEXT"][start:start + got.sizes[j]])
-                owners.append(i)
+                texts += decode_texts(got.arrays["TEXT"][rows])
             except InputError as err:
                 got.responses[i] = error_response(str(err))
+                continue
+            owners.append(i)
+            sizes.append(n)
         if texts:
             ids, mask = self.tokenizer(texts)
-            row = 0
-            for i in owners:
-                n = got.sizes[got.valid.index(i)]
-                got.responses[i] = tensor_response({"input_ids": ids[row:row + n], "attention_mask": mask[row:row + n]})
-                row += n
+            for i, part in zip(owners, split_rows({"input_ids": ids, "attention_mask": mask}, sizes)):
+                got.responses[i] = tensor_response(part)
         return got.responses

@@ -21,7 +21,8 @@ import time
 
 import numpy as np
 
-from e3.export.runtime.triton_io import bls, error_response, gather, io_specs, model_parameters, tensor_response
+from e3.core.names import state_output
+from e3.serving.triton_io import bls, error_response, gather, io_specs, model_parameters, split_responses, tensor_response
 
 REPEATS = "repeats"
 TIMES = "times_ms"
@@ -41,11 +42,7 @@ class TritonPythonModel:
     def execute(self, requests):
         if self.role == "echo":
             got = gather(requests, self.inputs)
-            edges = np.cumsum([0, *got.sizes])
-            for j, i in enumerate(got.valid):
-                got.responses[i] = tensor_response(
-                    {f"{name}_out": a[edges[j]:edges[j + 1]] for name, a in got.arrays.items()})
-            return got.responses
+            return split_responses(got, {state_output(name): a for name, a in got.arrays.items()})
         return [self._time_hops(r) for r in requests]
 
     def _time_hops(self, request):

@@ -18,6 +18,7 @@ the batch shrinking after every ramp), so both answer exactly alike.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -25,7 +26,9 @@ from e3.core.exits import ExitRule, softmax
 from e3.core.names import ramp_output, state_output
 from e3.core.plan import Plan
 
-__all__ = ["BatchRoute", "RampCounts", "deadline_budget_ms"]
+__all__ = ["BatchRoute", "RampCounts", "Drop", "DEADLINE", "ERROR", "drop_for", "deadline_budget_ms"]
+
+DEADLINE, ERROR = "deadline", "error"   # drop reasons: the label of e3_dropped_total
 
 
 @dataclass
@@ -110,6 +113,17 @@ class BatchRoute:
             return None
         return {name: outputs[state_output(name)][keep] for name in state_names}
 
+    def follow(self, feed: dict[str, np.ndarray],
+               steps: Iterable[tuple[tuple[int, ...], Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]]],
+               state_names: list[str]) -> None:
+        """Run the batch through ``steps`` in order, each ``(ramps, call)``: ``call(inputs)`` computes one
+        split (the router: a BLS call; the in-process baseline: one block) and :meth:`advance` applies
+        the exit rule at its ``ramps``; stops as soon as every input is answered."""
+        for ramps, call in steps:
+            feed = self.advance(call(feed), ramps, state_names)
+            if feed is None:
+                return
+
 
 def deadline_budget_ms(plan: Plan) -> float:
     """Time a batch may spend from entering the router to its last answer (ms).
@@ -120,3 +134,19 @@ def deadline_budget_ms(plan: Plan) -> float:
     """
     first = plan.splits[0]
     return max(1.0, plan.slo_ms * (1.0 - plan.slack) - first.queue_delay_us / 1e3)
+
+
+@dataclass(frozen=True)
+class Drop:
+    """How a batch the router cannot finish is answered."""
+    reason: str    # DEADLINE (the SLO cannot be met) or ERROR (a split failed): the e3_dropped_total label
+    message: str   # the error every request of the batch is answered with
+
+
+def drop_for(plan: Plan, *, late: bool, detail: str) -> Drop:
+    """The drop of a batch: ``late`` when its deadline passed (the budget ran out, or a split's queue
+    rejected the call as expired), else a split's failure; ``detail`` says what happened. The SLO is
+    written as configured (``%g``), never rounded to "0 ms"."""
+    if late:
+        return Drop(DEADLINE, f"dropped: {plan.model} cannot answer within its SLO of {plan.slo_ms:g} ms ({detail})")
+    return Drop(ERROR, f"{plan.model} router: {detail}")

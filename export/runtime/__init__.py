@@ -1,1 +1,0 @@
-"""Bodies of the Python-backend models that run splits and baselines inside Triton."""

@@ -1,1 +1,0 @@
-"""The router: pure exit/dispatch policy and the Triton Python-backend router model."""

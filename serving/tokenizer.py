@@ -1,0 +1,40 @@
+"""The text front door's tokenizer: a WordPiece ``tokenizer.json`` -> (input_ids, attention_mask).
+
+The one tokenizing code: the ``<m>_preprocess`` model runs it on the
+``tokenizer.json`` the exporter put beside it, and training and the PyTorch
+reference run it on the same file read from the model's package
+(:class:`e3.export.data.text.Tokenizer`), so served inputs are tokenized
+exactly as in training: [CLS] ... [SEP], truncated to ``max_seq_len`` tokens,
+padded with 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["Tokenizer"]
+
+
+class Tokenizer:
+    """WordPiece texts -> (input_ids, attention_mask), INT64 [N, max_seq_len]."""
+
+    def __init__(self, tokenizer_json: str, max_seq_len: int):
+        from tokenizers import Tokenizer as HFTokenizer
+        self._tok = HFTokenizer.from_str(tokenizer_json)
+        self.max_seq_len = max_seq_len
+        self._tok.enable_truncation(max_length=max_seq_len)
+        self._tok.enable_padding(length=max_seq_len, pad_id=0, pad_token="[PAD]")
+
+    def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        encodings = self._tok.encode_batch(list(texts))
+        ids = np.array([e.ids for e in encodings], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        return ids, mask
+
+    def lengths(self, texts: list[str]) -> np.ndarray:
+        """Untruncated token counts (with [CLS]/[SEP])."""
+        self._tok.no_truncation()
+        try:
+            return np.array([len(e.ids) - e.ids.count(0) for e in self._tok.encode_batch(list(texts))])
+        finally:
+            self._tok.enable_truncation(max_length=self.max_seq_len)
