@@ -120,5 +120,17 @@ def test_e3_profile_rejects_bad_batch_sizes(capsys):
     assert "within 1..64" in capsys.readouterr().err
 
 
-def test_tx_carries_the_heaviest_cut(tiny_model):
+def test_tx_carries_the_heaviest_cut():
+    """A CNN-like card whose state changes shape at every cut: the heaviest cut between two blocks
+    (here the middle one; the stem's output, k = 0, is no cut between splits) sets the Tx tensors."""
+    from e3.core.spec import ModelCard, TensorSpec
+    card = ModelCard(name="cnn", num_blocks=4, ramp_blocks=(1, 2, 3), num_classes=10,
+                     inputs=(TensorSpec("pixels", "FP32", (1, 28, 28)),),
+                     state=(TensorSpec("features", "FP32", (4, 7, 7)),),
+                     state_shapes={0: ((64, 28, 28),), 1: ((4, 7, 7),), 2: ((16, 14, 14),), 3: ((8, 7, 7),)})
+    got = cut_state(card)
+    assert [(t.name, t.dtype, t.shape) for t in got] == [("features", "FP32", (16, 14, 14))]
+
+
+def test_tx_of_an_encoder_is_its_state(tiny_model):
     assert cut_state(tiny_model.card) == tiny_model.card.state  # an encoder's state is the same at every cut

@@ -1,0 +1,37 @@
+"""The rooms that only decide things load without torch (STYLE: heavy imports stay out of them),
+and the data path imports in one direction."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+# Modules that decide: the planner, the controller's decisions, health and loop, the router's policy,
+# the cost model and the rest of the vocabulary.
+LIGHT = ["e3.controller.planner", "e3.controller.decisions", "e3.controller.health", "e3.controller.loop",
+         "e3.controller.forecast", "e3.controller.telemetry", "e3.serving.policy", "e3.core.cost",
+         "e3.core.plan", "e3.core.profile", "e3.core.exits", "e3.core.manifest", "e3.core.rows", "e3.core.files"]
+
+
+def _loaded_after_import(modules: list[str]) -> set[str]:
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in modules) +
+            "print('\\n'.join(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize("module", LIGHT)
+def test_deciding_modules_import_without_torch(module):
+    loaded = _loaded_after_import([module])
+    assert module in loaded
+    assert not {m for m in loaded if m == "torch" or m.startswith("torch.")}, f"{module} pulls in torch"
+
+
+def test_the_server_side_never_imports_the_exporter_controller_or_client():
+    """deploy/ and the serving glue that needs no Triton import only the vocabulary (and each other)."""
+    loaded = _loaded_after_import(["e3.deploy.server", "e3.serving.policy", "e3.serving.tokenizer"])
+    crossing = sorted(m for m in loaded if m.startswith(("e3.export", "e3.controller", "e3.client")))
+    assert not crossing, crossing
