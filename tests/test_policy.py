@@ -90,3 +90,36 @@ def test_split_outputs_and_ramps_from_the_card():
     assert card.split_ramps(3, 4, (1, 2)) == (4,)            # disabled ramp 3 is not computed; the head is
     assert card.split_outputs(1, 2, (2,)) == ["h_out", "ramp_2"]
     assert card.split_outputs(3, 4, (3,)) == ["ramp_3", "ramp_4"]
+
+
+def test_follow_stops_once_every_input_is_answered():
+    """BatchRoute.follow (the router's and the in-process baseline's loop): survivors' state is sliced to
+    the rows still running, and no step runs after every input is answered."""
+    from e3.core.names import ramp_output, state_output
+    route = BatchRoute(3, num_classes=3, num_blocks=3, rule=EntropyRule(0.5))
+    calls = []
+
+    def step(logits_by_ramp):
+        def call(feed):
+            calls.append(feed["hidden"].tolist())
+            return {state_output("hidden"): feed["hidden"] + 1, **{ramp_output(k): v for k, v in logits_by_ramp.items()}}
+        return call
+
+    steps = [((1,), step({1: np.stack([CONFIDENT, UNSURE, CONFIDENT])})),
+             ((2,), step({2: np.stack([CONFIDENT])})),
+             ((3,), step({3: np.stack([UNSURE])}))]          # never runs: nothing is left
+    route.follow({"hidden": np.array([10, 20, 30])}, steps, ["hidden"])
+    assert calls == [[10, 20, 30], [21]]                   # split 2 saw only input 1's state, moved on by split 1
+    assert route.done and route.exit_ramp.tolist() == [1, 2, 1]
+
+
+def test_drops_say_why_with_the_slo_as_configured():
+    from e3.core.plan import default_plan
+    from e3.serving.policy import DEADLINE, ERROR, drop_for
+    plan = default_plan("m", 4, [(1, 2), (3, 4)], {"kind": "entropy", "tau_nats": 0.3}, (1, 2, 3), slo_ms=0.5)
+    late = drop_for(plan, late=True, detail="m_split_3-4: Request timeout expired")
+    assert late.reason == DEADLINE
+    assert late.message == ("dropped: m cannot answer within its SLO of 0.5 ms "
+                            "(m_split_3-4: Request timeout expired)")
+    failed = drop_for(plan, late=False, detail="m_split_1-2: Stub process is not healthy")
+    assert failed.reason == ERROR and failed.message == "m router: m_split_1-2: Stub process is not healthy"
