@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from e3.core.closing import ClosingClient
+from e3.core.exits import softmax
+
 __all__ = ["Answers", "E3Client", "ClientError"]
 
 
@@ -27,7 +30,7 @@ class Answers:
     probs: np.ndarray      # [N, C] float32
 
 
-class E3Client:
+class E3Client(ClosingClient):
     """One connection to a Triton server; not thread-safe (use one per thread)."""
 
     def __init__(self, url: str, protocol: str = "http", timeout_s: float = 60.0):
@@ -41,15 +44,6 @@ class E3Client:
             raise ValueError(f"unknown protocol {protocol!r}; use 'http' or 'grpc'")
         self._api, self.protocol, self.timeout_s = api, protocol, timeout_s
         self._outputs: dict[str, list[str]] = {}
-
-    def close(self) -> None:
-        self._client.close()
-
-    def __enter__(self) -> "E3Client":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def model_config(self, model: str) -> dict:
         from tritonclient.utils import InferenceServerException
@@ -81,9 +75,7 @@ class E3Client:
             raise ClientError(err.message()) from None
         names = self._outputs[model]
         if "logits" in names and "label" not in names:
-            logits = result.as_numpy("logits").astype(np.float64)
-            e = np.exp(logits - logits.max(axis=1, keepdims=True))
-            probs = (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
+            probs = softmax(result.as_numpy("logits"))
             return Answers(probs.argmax(axis=1), np.full(len(probs), -1, np.int32), probs)
         return Answers(result.as_numpy("label").reshape(-1), result.as_numpy("exit_ramp").reshape(-1),
                        result.as_numpy("probs"))

@@ -20,6 +20,7 @@ import json
 import logging
 
 from e3.controller.applier import ControlError
+from e3.core.closing import ClosingClient
 from e3.core.plan import Plan, PlanError
 
 __all__ = ["TritonControl", "ControlError"]
@@ -27,22 +28,12 @@ __all__ = ["TritonControl", "ControlError"]
 log = logging.getLogger(__name__)
 
 
-class TritonControl:
+class TritonControl(ClosingClient):
     """Model-control calls on one Triton server (HTTP API)."""
 
     def __init__(self, url: str, timeout_s: float = 300.0):
         import tritonclient.http as http
         self._client = http.InferenceServerClient(url, connection_timeout=timeout_s, network_timeout=timeout_s)
-
-    def close(self) -> None:
-        """Closes the HTTP client."""
-        self._client.close()
-
-    def __enter__(self) -> "TritonControl":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def _call(self, what: str, fn, *args, **kwargs):
         from tritonclient.utils import InferenceServerException
