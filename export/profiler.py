@@ -162,24 +162,14 @@ def merge_profiles(profiles: Sequence[LatencyProfile]) -> LatencyProfile:
     merged = LatencyProfile(model=first.model, num_blocks=first.num_blocks, batch_sizes=batches, devices={},
                             block_ms={}, ramp_ms={}, tx_ms={}, spread_ms={},
                             source=" | ".join(dict.fromkeys(p.source for p in profiles if p.source)))
-    L = first.num_blocks
-    for p in profiles:
-        same = p.batch_sizes == batches
+    for p in (p.at_batch_sizes(batches) for p in profiles):
         for dev, cfg in p.devices.items():
             merged.devices[dev] = cfg
-            if same:
-                merged.block_ms[dev] = [list(r) for r in p.block_ms[dev]]
-                merged.ramp_ms[dev] = [list(r) for r in p.ramp_ms[dev]]
-                merged.tx_ms[dev] = list(p.tx_ms[dev])
-                if dev in p.spread_ms:
-                    merged.spread_ms[dev] = [list(r) for r in p.spread_ms[dev]]
-                continue
-            merged.block_ms[dev] = [[p.block(k, dev, b, with_ramp=False) for b in batches] for k in range(1, L + 1)]
-            merged.ramp_ms[dev] = [[max(0.0, p.block(k, dev, b) - p.block(k, dev, b, with_ramp=False))
-                                    for b in batches] for k in range(1, L + 1)]
-            merged.tx_ms[dev] = [p.tx(dev, b) for b in batches]
-            if dev in p.spread_ms:  # a spread is not extrapolated: the nearest measured one is kept
-                merged.spread_ms[dev] = [list(np.interp(batches, p.batch_sizes, row)) for row in p.spread_ms[dev]]
+            merged.block_ms[dev] = [list(r) for r in p.block_ms[dev]]
+            merged.ramp_ms[dev] = [list(r) for r in p.ramp_ms[dev]]
+            merged.tx_ms[dev] = list(p.tx_ms[dev])
+            if dev in p.spread_ms:
+                merged.spread_ms[dev] = [list(r) for r in p.spread_ms[dev]]
     merged.validate()
     return merged
 

@@ -123,6 +123,24 @@ class LatencyProfile(_JsonFile):
         out = interp_linear(self.batch_sizes, self.tx_ms[device], batch)
         return float(out) if out.ndim == 0 else out
 
+    def at_batch_sizes(self, batches: Sequence[int]) -> "LatencyProfile":
+        """The same profile read at other batch sizes (``interp_linear``); spreads are not extrapolated
+        (np.interp keeps the nearest measured one past the ends)."""
+        batches = [int(b) for b in batches]
+        if batches == list(self.batch_sizes):
+            return self
+        L, x = self.num_blocks, np.asarray(batches, dtype=float)
+        out = LatencyProfile(model=self.model, num_blocks=L, batch_sizes=batches, devices=dict(self.devices),
+                             block_ms={}, ramp_ms={}, tx_ms={}, spread_ms={}, source=self.source)
+        for dev in self.devices:
+            out.block_ms[dev] = [interp_linear(self.batch_sizes, r, x).tolist() for r in self.block_ms[dev]]
+            out.ramp_ms[dev] = [np.maximum(0.0, interp_linear(self.batch_sizes, r, x)).tolist()
+                                for r in self.ramp_ms[dev]]
+            out.tx_ms[dev] = interp_linear(self.batch_sizes, self.tx_ms[dev], x).tolist()
+            if dev in self.spread_ms:
+                out.spread_ms[dev] = [np.interp(x, self.batch_sizes, r).tolist() for r in self.spread_ms[dev]]
+        return out
+
     def ramp_blocks(self) -> list[int]:
         """Blocks (< L) with a measured ramp on some device: the ramps this profile can speak for."""
         return [k for k in range(1, self.num_blocks)
