@@ -17,7 +17,7 @@ device configuration c with m instances (the paper's replicas; instances of one
 split share one configuration, §3.2.3). The formulas below are E3's cost
 model, implemented once in :mod:`e3.core.cost`. Per *cycle* the front door admits one input batch of
 B0 inputs; B_k = B0 * reach[k-1] of them reach block k (batch profile). Split i
-receives the B_a inputs that reach its first block and each replica takes
+receives the B_a inputs that reach its first block and each instance takes
 B_a / m of them (Fig. 6: "each GPU handles B_k/m samples"):
 
 * stage time   T_i  = sum_{k=a..b} P(k, c, B_a / m)          (ms, ramps included)
@@ -42,8 +42,8 @@ Decisions where the paper is silent or ambiguous
   it, B_a / m. Fig. 6 writes P(k, c, B_k/m), i.e. shrinking at every ramp;
   ``shrink_in_split=True`` gives that reading.
 * **Tx** is the hop *into* a split, taken at the receiving configuration and
-  its per-replica batch (``LatencyProfile.tx(c, B_a/m)``): each replica
-  receives its share in one call, replicas receive in parallel. It is its own
+  its per-instance batch (``LatencyProfile.tx(c, B_a/m)``): each instance
+  receives its share in one call, instances receive in parallel. It is its own
   pipeline stage in the ``max`` (Fig. 6) and adds to latency. The hops into
   the first split and out of the last are the same for every plan (and for
   the stock baseline) and are left out.
@@ -78,10 +78,10 @@ How it is solved
 ----------------
 For each B0 the pipelined optimum is the smallest cycle bound t (one of the
 finitely many stage/hop times) for which a plan exists with every stage and
-hop <= t and latency, resources and cost within their bounds; feasibility is
+hop <= t and latency, devices and cost within their bounds; feasibility is
 monotone in t, so t is found by binary search. A cheap boolean DP (fewest
-replicas per split, which is enough when latency is ignored) finds the
-smallest t that resources and cost allow; the latency DP below then checks
+instances per split, which is enough when latency is ignored) finds the
+smallest t that devices and cost allow; the latency DP below then checks
 that t and, only if latency binds, the search continues upwards with it.
 B0 values are visited in order of an upper bound on their throughput and
 skipped once that bound cannot beat the best plan found.
@@ -99,7 +99,7 @@ bound, the top one) and, with one configuration, to ~16 latency DPs per B0:
   beat the best plan; a B0 is dropped once its lowest open bound exceeds the
   ``max_bound`` the best plan leaves it, as in the reference.
 * **exact lower bounds first**: one configuration: the latency DP itself on
-  the 1-D device grid as one gather per prefix over the (start, replicas)
+  the 1-D device grid as one gather per prefix over the (start, instances)
   pairs that fit the bound (:meth:`_B0Search._feasible_1d`), bisected to the
   smallest feasible bound; several configurations: the boolean DP (latency
   ignored), as before. Bisection splits geometrically while the candidates

@@ -31,9 +31,9 @@ def cost_grid(t: Tables) -> np.ndarray:
 
 
 def feasible_ignoring_latency(t: Tables, bound: float, cost_ok: np.ndarray) -> bool:
-    """Is there a plan with every stage and hop <= bound within resources and cost (latency ignored)?
+    """Is there a plan with every stage and hop <= bound within devices and cost (latency ignored)?
 
-    Boolean DP over (prefix, devices used): with latency ignored the fewest replicas that meet the bound
+    Boolean DP over (prefix, devices used): with latency ignored the fewest instances that meet the bound
     are always best, so one transition per (split, configuration).
     """
     L, G = t.T[0].shape[0], tuple(n + 1 for n in t.caps)
@@ -68,10 +68,10 @@ def latency_dp(t: Tables, bound: float) -> np.ndarray:
         best = f[j]
         for c in range(nd):
             lat = np.where(t.stage[c][:j, j - 1, :] <= bound, t.lat[c][:j, j - 1, :], np.inf)  # [a-1, m-1]
-            # a replica more that does not lower the latency is never needed ("at most u" semantics)
+            # a instance more that does not lower the latency is never needed ("at most u" semantics)
             before = np.concatenate([np.full((j, 1), np.inf), np.minimum.accumulate(lat, axis=1)[:, :-1]], axis=1)
             useful = lat < before
-            if nd > 1:   # big grid: one shifted copy per replica count, rows = the split starts that use it
+            if nd > 1:   # big grid: one shifted copy per instance count, rows = the split starts that use it
                 for m0 in np.nonzero(useful.any(axis=0))[0]:
                     rows = np.nonzero(useful[:, m0])[0]
                     add = lat[rows, m0].reshape((-1,) + (1,) * nd)

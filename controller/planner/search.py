@@ -81,9 +81,9 @@ class _B0Search:
 
     def _feasible_1d(self, bound: float) -> bool:
         """One configuration: the latency DP of :func:`latency_dp` on its 1-D grid, as one gather per
-        prefix over the (split start, replicas) pairs whose stage fits the bound. It adds the same two
+        prefix over the (split start, instances) pairs whose stage fits the bound. It adds the same two
         numbers per transition and takes the same minima, so it gives the same f to the last bit (dropping
-        "useless" replica counts there only drops sums that are >= a kept one)."""
+        "useless" instance counts there only drops sums that are >= a kept one)."""
         if not hasattr(self, "_ent"):
             t, L = self.t, self.t.T[0].shape[0]
             M = t.caps[0]

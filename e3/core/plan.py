@@ -1,4 +1,4 @@
-"""The plan: how an early-exit model is cut, batched and replicated (DESIGN §2).
+"""The plan: how an early-exit model is cut, batched and spread over instances (DESIGN §2).
 
 One versioned JSON document, defined here once. The exporter writes it into
 the router's config, the router validates it and keeps the last good one, the
@@ -33,7 +33,7 @@ class SplitPlan:
     first_block: int            # first block in the split (1-based)
     last_block: int             # last block in the split (inclusive)
     batch_size: int             # preferred batch size per Triton instance (inputs)
-    instances: int = 1          # Triton instances of this split (replicas)
+    instances: int = 1          # Triton instances of this split (the E3 paper's instances)
     device: str = "cpu"         # device configuration name, as in latency profiles
     queue_delay_us: int = 2000  # dynamic batcher's max queue delay (microseconds)
     enabled_ramps: tuple[int, ...] = ()  # ramps computed in this split (blocks < L; the head is implied)
