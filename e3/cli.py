@@ -77,10 +77,10 @@ def _serve(args) -> int:
 
 def _infer(args) -> int:
     from e3.client.sdk import E3Client
-    from e3.core.names import served_name
+    from e3.core.names import router_name, served_name
     from e3.export.zoo import resolve_model
     model = resolve_model(args.model)
-    target = args.target or f"{served_name(args.model)}_router"
+    target = args.target or router_name(served_name(args.model))
     inputs = model.example_arrays(args.n, seed=args.seed)
     with E3Client(args.url, args.protocol) as client:
         print(f"{'input':>5}  {'label':>5}  {'exit ramp':>9}  {'p(label)':>8}  {'latency ms':>10}")
@@ -112,7 +112,6 @@ def _profile(args) -> int:
             profile = merge_profiles([profile, *(LatencyProfile.load(p) for p in args.add)])
         out = Path(args.out) if args.out else default_profile_path(
             args.model, list(profile.devices), modelled=all(d.modelled for d in profile.devices.values()))
-        out.parent.mkdir(parents=True, exist_ok=True)
         profile.save(out)
     except (ProfileError, ValueError) as err:
         print(f"e3 profile: error: {err}", file=sys.stderr)
