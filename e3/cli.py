@@ -34,6 +34,7 @@ __all__ = ["main"]
 
 
 def _export(args) -> int:
+    from e3.core.names import ee_name, router_name, stock_name
     from e3.core.plan import Plan
     from e3.export.repository import ExportSettings, all_ranges, export_repository
     from e3.export.zoo import resolve_model
@@ -49,9 +50,9 @@ def _export(args) -> int:
     for s in plan.splits:
         print(f"  {s.model:28s} blocks {s.first_block}-{s.last_block}  ramps {list(s.enabled_ramps) or '-'}  "
               f"batch {s.batch_size}  instances {s.instances}")
-    text_door = (Path(args.repo) / plan.model / "config.pbtxt").exists()
-    door = f"{plan.model} (text) -> {plan.model}_router" if text_door else f"{plan.model}_router"
-    print(f"  front door {door}, baselines {plan.model}_stock and {plan.model}_ee; exit rule {plan.exit_rule}")
+    m = plan.model
+    door = f"{m} (text) -> {router_name(m)}" if (Path(args.repo) / m / "config.pbtxt").exists() else router_name(m)
+    print(f"  front door {door}, baselines {stock_name(m)} and {ee_name(m)}; exit rule {plan.exit_rule}")
     return 0
 
 
