@@ -14,6 +14,6 @@ split.py           ``<m>_split_<a>-<b>`` on the embedded server: one split's ONN
 ee.py              ``<m>_ee``: the early-exit baseline in one process, the batch shrinking in place
 tx_probe.py        the echo and caller models ``e3 profile`` uses to measure one BLS hop (Tx)
 
-The exporter (``e3.export.repository``) writes a one-line ``model.py`` per model that imports
+The exporter (``export/repository.py``, offline) writes a one-line ``model.py`` per model that imports
 ``TritonPythonModel`` from one of these modules.
 """

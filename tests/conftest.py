@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-from e3.paths import artifacts_dir
+from helpers import serving
 
 torch.set_num_threads(1)  # the machine has 2 cores; Triton gets the rest
 
@@ -32,8 +30,7 @@ def tiny_repo(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def server(tiny_repo):
-    """The real embedded tritonserver serving ``tiny_repo``, on free loopback ports."""
-    from e3.deploy.server import TritonServer
-    log = artifacts_dir() / "logs" / f"test-tritonserver-{os.getpid()}.log"
-    with TritonServer.on_free_ports(tiny_repo, log_file=log) as srv:
+    """The real embedded tritonserver serving ``tiny_repo``, on free loopback ports; every e2e
+    test that needs no server configuration of its own uses this one."""
+    with serving(tiny_repo) as srv:
         yield srv

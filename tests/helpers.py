@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 
 from e3.client.sdk import E3Client
+from e3.core.rows import request_slices
+
+
+@contextmanager
+def serving(repo: str | os.PathLike, models: list[str] | None = None, *, name: str = "session") -> Iterator:
+    """The real embedded tritonserver serving ``repo`` (``models``, default: its manifest) on free
+    loopback ports, for as long as the ``with`` lasts; its log goes to
+    ``artifacts/logs/test-tritonserver-<name>-<pid>.log``. Every e2e test starts its servers here."""
+    from e3.deploy.server import TritonServer
+    from e3.paths import artifacts_dir
+    log = Path(artifacts_dir()) / "logs" / f"test-tritonserver-{name}-{os.getpid()}.log"
+    with TritonServer.on_free_ports(repo, models, log_file=log) as server:
+        yield server
 
 
 def mixed_sizes(total: int, max_size: int, seed: int) -> list[int]:
@@ -24,11 +40,11 @@ def send_concurrently(url: str, model: str, make_inputs: Callable[[int, int], di
                       workers: int, protocol: str = "http") -> tuple[np.ndarray, np.ndarray]:
     """Send rows [a, b) of each request (``make_inputs(a, b)``) from ``workers`` clients at once;
     returns (label, exit_ramp) reassembled in input order."""
-    edges = np.cumsum([0, *sizes])
+    rows = request_slices(sizes)
 
     def one(j):
         with E3Client(url, protocol) as client:
-            return j, client.infer(model, make_inputs(edges[j], edges[j + 1]))
+            return j, client.infer(model, make_inputs(rows[j].start, rows[j].stop))
 
     with ThreadPoolExecutor(workers) as pool:
         parts = dict(pool.map(one, range(len(sizes))))

@@ -10,8 +10,8 @@ import pytest
 from e3.client.sdk import ClientError, E3Client
 from e3.controller.telemetry import parse_snapshots
 from e3.core.telemetry import metric_samples
-from e3.deploy.server import TritonServer
 from e3.export.repository import ExportSettings, export_repository
+from helpers import serving
 from polling import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -23,7 +23,7 @@ def test_requests_past_their_slo_are_dropped_explicitly_and_counted(tmp_path, ti
     export_repository("tiny-ee", "2", tmp_path, ExportSettings(slo_ms=0.5), progress=False)
     ids, mask = (x.numpy() for x in tiny_model.example_inputs(30, seed=4))
     answered, dropped = 0, 0
-    with TritonServer.on_free_ports(tmp_path, ["tiny_ee_split_1-2", "tiny_ee_split_3-4", "tiny_ee_router"]) as server:
+    with serving(tmp_path, ["tiny_ee_split_1-2", "tiny_ee_split_3-4", "tiny_ee_router"], name="deadlines") as server:
         with E3Client(server.http_url) as client:
             for i in range(0, 30, 3):
                 try:

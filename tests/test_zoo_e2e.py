@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from e3.client.sdk import ClientError, E3Client
-from helpers import mixed_sizes, send_concurrently, tau_in_widest_gap
+from helpers import mixed_sizes, send_concurrently, serving, tau_in_widest_gap
 from e3.core.exits import entropy_nats, make_exit_rule
 from e3.export.reference import reference_answers
 
@@ -30,7 +30,6 @@ N_INPUTS, CLIENTS, TIE_BAND = 1000, 16, 1e-5
 
 @pytest.fixture(scope="module")
 def zoo_server(tmp_path_factory):
-    from e3.deploy.server import TritonServer
     from e3.export.checkpoints import load_meta, save_checkpoint
     from e3.export.recipes import train
     from e3.export.repository import ExportSettings, export_repository
@@ -65,7 +64,7 @@ def zoo_server(tmp_path_factory):
         for name in ("bert-ee", "pabee", "resnet-ee"):
             # A generous SLO: this test is about answers; deadlines are tested elsewhere.
             export_repository(name, "2,4", repo, ExportSettings(router_instances=2, slo_ms=120_000), progress=False)
-        with TritonServer.on_free_ports(repo) as server:
+        with serving(repo, name="zoo") as server:
             yield server, texts, ids, mask, pixels
     finally:
         if old is None:
