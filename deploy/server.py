@@ -168,7 +168,7 @@ class TritonServer:
     """A tritonserver process serving ``repo`` (explicit model control, loopback by default)."""
 
     def __init__(self, repo: str | os.PathLike, models: list[str] | None = None, *, host: str = "127.0.0.1",
-                 http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002,
+                 http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = DEFAULT_METRICS_PORT,
                  tritonserver: str | os.PathLike | None = None, log_file: str | os.PathLike | None = None,
                  echo_logs: bool = False, exit_timeout_s: int = 10, extra_args: list[str] | None = None):
         self.repo = Path(repo).resolve()

@@ -101,3 +101,12 @@ def test_tiny_ee_modelled_profile_on_three_gpus_loads_merges_and_says_modelled(t
     assert "MODELLED" in printed and "not measured" in printed
     assert LatencyProfile.load(out).modelled
     assert main(["profile", "tiny-ee", "--modelled", "p100", "--out", str(out)]) == 2
+
+
+def test_parse_prices():
+    from e3.export.modelled_profile import parse_prices
+    assert parse_prices(["a30=1.5", "T4=0.6"]) == {"a30": 1.5, "t4": 0.6}
+    assert parse_prices([]) == {}
+    for bad in ("a30", "a30=cheap", "=1", "a30=-1", "a30=nan"):
+        with pytest.raises(ProfileError, match="GPU=USD_PER_HOUR"):
+            parse_prices([bad])

@@ -56,3 +56,11 @@ def test_busy_port_is_refused_before_starting(tiny_repo):
         with pytest.raises(ServerError, match=f"gRPC port {port} on 127.0.0.1 is already in use"):
             server.start()
         assert server.process is None
+
+
+def test_metrics_url_for_the_same_host():
+    from e3.deploy.server import metrics_url_for
+    assert metrics_url_for("127.0.0.1:8000") == "http://127.0.0.1:8002/metrics"
+    assert metrics_url_for("http://triton.local:9000/", 9002) == "http://triton.local:9002/metrics"
+    assert metrics_url_for("[::1]:8000") == "http://[::1]:8002/metrics"
+    assert metrics_url_for("localhost") == "http://localhost:8002/metrics"
