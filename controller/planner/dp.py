@@ -68,7 +68,7 @@ def latency_dp(t: Tables, bound: float) -> np.ndarray:
         best = f[j]
         for c in range(nd):
             lat = np.where(t.stage[c][:j, j - 1, :] <= bound, t.lat[c][:j, j - 1, :], np.inf)  # [a-1, m-1]
-            # a instance more that does not lower the latency is never needed ("at most u" semantics)
+            # an instance more that does not lower the latency is never needed ("at most u" semantics)
             before = np.concatenate([np.full((j, 1), np.inf), np.minimum.accumulate(lat, axis=1)[:, :-1]], axis=1)
             useful = lat < before
             if nd > 1:   # big grid: one shifted copy per instance count, rows = the split starts that use it
