@@ -31,6 +31,7 @@ class SearchContext:
 
 @dataclass(frozen=True)
 class PlannerResult:
+    """One chosen plan: its splits and the summary numbers of e3.core.cost.summarise for them."""
     splits: tuple[StageCost, ...]     # in block order, each priced by e3.core.cost
     input_batch_size: int             # B0: inputs admitted per cycle
     cycle_ms: float                   # pipelined: slowest stage or hop; else their sum (ms)
