@@ -27,6 +27,12 @@ __all__ = ["TARGETS", "DynamicBatching", "EnsembleStep", "ModelDescription", "re
 
 TARGETS = ("embedded", "ngc")
 OWNER_KEY = "e3_owner"  # parameter marking models that e3 created (export never touches others)
+# A reject-late queue's own timeout. Triton applies a request's timeout (the router's BLS deadline)
+# only where it is shorter than the queue's default, and a default of 0 means "no timeout", which
+# silently disables every override (measured: a split held a request with a 1 ms timeout for its
+# whole 1 s queue delay and ran it). One hour: longer than any SLO, so only the router's deadlines
+# reject, and a request without a timeout (a client or a profiler calling a split) still runs.
+QUEUE_DEFAULT_TIMEOUT_US = 3_600_000_000
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,7 @@ class DynamicBatching:
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_us: int = 0
     reject_late: bool = False   # queue policy: reject requests whose (BLS-given) timeout expired in the queue
+    #                             (the queue's own default is QUEUE_DEFAULT_TIMEOUT_US, see there)
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,7 @@ def render_config(desc: ModelDescription, target: str = "embedded") -> str:
         db.max_queue_delay_microseconds = desc.dynamic_batching.max_queue_delay_us
         if desc.dynamic_batching.reject_late:
             db.default_queue_policy.timeout_action = mc.ModelQueuePolicy.TimeoutAction.REJECT
+            db.default_queue_policy.default_timeout_microseconds = QUEUE_DEFAULT_TIMEOUT_US
             db.default_queue_policy.allow_timeout_override = True
     params = dict(desc.parameters)
     params[OWNER_KEY] = "e3"

@@ -20,7 +20,12 @@ from e3.core.rows import request_slices, split_rows
 from e3.core.spec import TensorSpec, dtype_from_config
 
 __all__ = ["InputError", "BlsError", "BlsTimeout", "Gathered", "model_parameters", "io_specs", "gather",
-           "error_response", "tensor_response", "answer_responses", "split_responses", "bls", "bls_error"]
+           "error_response", "tensor_response", "answer_responses", "split_responses", "bls", "bls_error",
+           "EXPIRED_IN_QUEUE"]
+
+
+# Triton's text for a request rejected because its timeout expired in a model's queue.
+EXPIRED_IN_QUEUE = "Request timeout expired"
 
 
 class InputError(ValueError):
@@ -131,8 +136,7 @@ def bls(model: str, inputs: dict[str, np.ndarray], outputs: list[str], timeout_u
         **({"timeout": int(timeout_us)} if timeout_us else {}))
     response = request.exec()
     if response.has_error():
-        error = response.error()
-        raise bls_error(model, error.code() if hasattr(error, "code") else None, error.message())
+        raise bls_error(model, response.error().message())
     result = {}
     for name in outputs:
         tensor = pb_utils.get_output_tensor_by_name(response, name)
@@ -142,16 +146,17 @@ def bls(model: str, inputs: dict[str, np.ndarray], outputs: list[str], timeout_u
     return result
 
 
-def bls_error(model: str, code, message: str) -> BlsError:
-    """The typed error for a failed BLS call to ``model``.
+def bls_error(model: str, message: str) -> BlsError:
+    """The typed error for a failed BLS call to ``model`` whose response error reads ``message``.
 
-    Triton rejects a request whose timeout expired in a queue (the split's
-    queue policy REJECT with ``allow_timeout_override``) with the code
-    UNAVAILABLE and the message "Request timeout expired" (Triton 2.51). The
-    code alone does not tell it from other unavailability (a model being
-    unloaded), so both are checked, here and nowhere else.
+    Triton rejects a request whose timeout expired in a queue (the split's queue
+    policy REJECT with ``allow_timeout_override``) with UNAVAILABLE and the text
+    ``EXPIRED_IN_QUEUE``. The Python backend's BLS response does not keep that code
+    (measured with this project's Triton: the error arrives as INTERNAL), so the code
+    cannot tell an expired request from a failing split and the text decides; this
+    is the one place that reads it.
     """
     text = f"{model}: {message}"
-    if code == getattr(pb_utils.TritonError, "UNAVAILABLE", None) and "timeout" in message.lower():
+    if EXPIRED_IN_QUEUE.lower() in message.lower():
         return BlsTimeout(text)
     return BlsError(text)

@@ -54,3 +54,37 @@ def test_requests_past_their_slo_are_dropped_explicitly_and_counted(tmp_path, ti
     assert snap.inputs == answered          # answered inputs are counted in the batch profile, dropped ones not
     assert handled == 10                    # Triton saw all 10 requests answered (a per-request error response
     #                                         counts as a success for Triton: the Python backend answered it)
+
+
+def test_a_split_queue_rejecting_an_expired_call_is_a_deadline_drop(tmp_path, tiny_model):
+    # Split 3-4's dynamic batcher waits 1 s for a batch of 8 (the router and split 1 wait 0), while one
+    # client sends 3 inputs at a time: the router's budget is 0.8 * 200 = 160 ms, so a batch with
+    # survivors after split 1-2 has its BLS call expire in split 3-4's queue, where Triton rejects
+    # it. The router must read that rejection as a deadline drop (BlsTimeout), not a failing split;
+    # a batch that exits whole in split 1-2 is answered.
+    export_repository("tiny-ee", "2", tmp_path, ExportSettings(slo_ms=200, queue_delay_us=1_000_000), progress=False)
+    ids, mask = (x.numpy() for x in tiny_model.example_inputs(24, seed=5))
+    answered, dropped = 0, 0
+    with serving(tmp_path, ["tiny_ee_split_1-2", "tiny_ee_split_3-4", "tiny_ee_router"], name="queue-timeout") as server:
+        with E3Client(server.http_url) as client:
+            for i in range(0, 24, 3):
+                try:
+                    got = client.infer("tiny_ee_router", {"input_ids": ids[i:i + 3], "attention_mask": mask[i:i + 3]})
+                except ClientError as err:
+                    assert re.match(r"dropped: tiny_ee cannot answer within its SLO of 200 ms \(tiny_ee_split_3-4: "
+                                    r".*timeout expired", str(err), re.IGNORECASE), str(err)
+                    dropped += 3
+                else:
+                    assert (got.exit_ramp <= 2).all(), got.exit_ramp   # only batches that never needed split 3-4
+                    answered += 3
+
+        def drops_by_reason():
+            text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+            return {labels["reason"]: v for name, labels, v in metric_samples(text)
+                    if name == "e3_dropped" and labels.get("model") == "tiny_ee"}
+
+        drops = wait_until(lambda: sum(drops_by_reason().values()) >= dropped and drops_by_reason(), 10,
+                           "the router's drop counters")
+    assert dropped >= 6, f"only {dropped} of 24 inputs needed split 3-4; the test needs survivors"
+    assert answered + dropped == 24
+    assert drops == {"deadline": dropped}
