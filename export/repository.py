@@ -203,7 +203,7 @@ def _write_preprocess(card: ModelCard, name: str, out: Path, settings: ExportSet
         parameters={"model_card": json.dumps(card.to_dict())}), f"{SERVING}.preprocess", settings)
     if card.preprocess == "minilm":
         from e3.export.data.text import minilm_tokenizer_json
-        from e3.serving.preprocess import TOKENIZER_FILE
+        from e3.serving.tokenizer import TOKENIZER_FILE
         write_atomic(out / "1" / TOKENIZER_FILE, minilm_tokenizer_json())
 
 

@@ -17,11 +17,10 @@ import numpy as np
 
 from e3.core.rows import request_slices, split_rows
 from e3.core.spec import ModelCard, TensorSpec
-from e3.serving.tokenizer import Tokenizer
+from e3.serving.tokenizer import TOKENIZER_FILE, Tokenizer
 from e3.serving.triton_io import InputError, error_response, gather, model_parameters, tensor_response
 
 TEXT = TensorSpec("TEXT", "BYTES", (1,))
-TOKENIZER_FILE = "tokenizer.json"   # written by the exporter beside model.py
 
 
 def decode_texts(raw: np.ndarray) -> list[str]:

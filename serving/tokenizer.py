@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Tokenizer"]
+__all__ = ["Tokenizer", "TOKENIZER_FILE"]
+
+# The file name of the tokenizer in a ``<m>_preprocess`` version folder: the exporter writes it, the
+# model reads it. Here, not in preprocess.py, so the exporter can name it outside Triton's stub.
+TOKENIZER_FILE = "tokenizer.json"
 
 
 class Tokenizer:

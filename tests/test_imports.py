@@ -35,3 +35,18 @@ def test_the_server_side_never_imports_the_exporter_controller_or_client():
     loaded = _loaded_after_import(["e3.deploy.server", "e3.serving.policy", "e3.serving.tokenizer"])
     crossing = sorted(m for m in loaded if m.startswith(("e3.export", "e3.controller", "e3.client")))
     assert not crossing, crossing
+
+
+def test_modules_outside_triton_import_only_serving_modules_that_load_outside_it():
+    """The exporter, profiler, benchmarks and deploy run in a plain interpreter: every serving module
+    they import (even inside a function) must load without Triton's ``triton_python_backend_utils``."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    used = set()
+    for folder in ("export", "deploy", "controller", "client", "benchmarks", "e3"):
+        for path in (root / folder).rglob("*.py"):
+            used |= set(re.findall(r"from (e3\.serving\.\w+) import", path.read_text()))
+    assert used, "no serving import found: the scan is broken"
+    loaded = _loaded_after_import(sorted(used))
+    assert "triton_python_backend_utils" not in loaded
