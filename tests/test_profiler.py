@@ -134,3 +134,20 @@ def test_tx_carries_the_heaviest_cut():
 
 def test_tx_of_an_encoder_is_its_state(tiny_model):
     assert cut_state(tiny_model.card) == tiny_model.card.state  # an encoder's state is the same at every cut
+
+
+def test_tx_of_the_resnet_is_its_heaviest_real_cut():
+    """On the untrained ResNet-EE architecture, cut_state names the tensor that really crosses the
+    heaviest cut: shapes measured by running the blocks, not read from the card."""
+    import torch
+    from e3.export.zoo.resnet import ResNetEE
+    model = ResNetEE("resnet-ee", {"kind": "entropy", "tau_nats": 0.5}).eval()
+    crossing = []
+    with torch.no_grad():
+        state = model.stem(*model.example_inputs(1, seed=3))
+        for k in range(1, model.card.num_blocks):       # the cuts between two blocks
+            state = model.block(k, *state)
+            crossing.append(tuple(tuple(t.shape[1:]) for t in state))
+    heaviest = max(crossing, key=lambda shapes: sum(int(np.prod(s)) for s in shapes))
+    assert len(set(crossing)) > 1                       # the state does change shape between cuts
+    assert tuple(t.shape for t in cut_state(model.card)) == heaviest
