@@ -22,7 +22,22 @@ def serving(repo: str | os.PathLike, models: list[str] | None = None, *, name: s
     from e3.deploy.server import TritonServer
     from e3.paths import artifacts_dir
     log = Path(artifacts_dir()) / "logs" / f"test-tritonserver-{name}-{os.getpid()}.log"
-    with TritonServer.on_free_ports(repo, models, log_file=log) as server:
+    # A test server has nothing in flight when it stops; Triton's wait for models that never report
+    # unloaded (seen after a refused router reload) is cut to 3 s, after which the launcher kills it.
+    with TritonServer.on_free_ports(repo, models, log_file=log, exit_timeout_s=3) as server:
+        yield server
+
+
+@contextmanager
+def serving_every_range(tmp_path_factory, name: str) -> Iterator:
+    """:func:`serving` on a repository of its own: tiny-ee cut after block 2, with every block range
+    pre-exported, so that a controller or a plan switch can load any split at once."""
+    from e3.export.repository import ExportSettings, all_ranges, export_repository
+    from e3.export.zoo import resolve_model
+    repo = tmp_path_factory.mktemp(name)
+    export_repository("tiny-ee", "2", repo, ExportSettings(), progress=False,
+                      extra_ranges=all_ranges(resolve_model("tiny-ee").card.num_blocks))
+    with serving(repo, name=name) as server:
         yield server
 
 

@@ -26,9 +26,8 @@ from e3.controller.triton_applier import TritonApplier
 from e3.controller.triton_api import TritonControl
 from e3.core.exits import make_exit_rule
 from e3.core.profile import BatchProfile
-from e3.deploy.server import TritonServer
 from e3.export.reference import reference_answers
-from e3.export.repository import ExportSettings, all_ranges, export_repository
+from helpers import serving_every_range
 from polling import wait_until
 from test_controller import DEVICES, RATE_RPS, SLO_MS, synthetic_profile
 
@@ -43,11 +42,8 @@ def _ranges(plan):
 
 
 @pytest.fixture(scope="module")
-def control_server(tmp_path_factory, tiny_model):
-    repo = tmp_path_factory.mktemp("control-repo")
-    export_repository("tiny-ee", "2", repo, ExportSettings(), progress=False,
-                      extra_ranges=all_ranges(tiny_model.card.num_blocks))
-    with TritonServer.on_free_ports(repo) as server:
+def control_server(tmp_path_factory):
+    with serving_every_range(tmp_path_factory, "control-repo") as server:
         yield server
 
 

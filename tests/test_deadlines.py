@@ -22,20 +22,11 @@ def test_requests_past_their_slo_are_dropped_explicitly_and_counted(tmp_path, ti
     # BLS hops, so (nearly) every request must come back as a "dropped" error, never silently.
     export_repository("tiny-ee", "2", tmp_path, ExportSettings(slo_ms=0.5), progress=False)
     ids, mask = (x.numpy() for x in tiny_model.example_inputs(30, seed=4))
-    answered, dropped = 0, 0
     with serving(tmp_path, ["tiny_ee_split_1-2", "tiny_ee_split_3-4", "tiny_ee_router"], name="deadlines") as server:
-        with E3Client(server.http_url) as client:
-            for i in range(0, 30, 3):
-                try:
-                    got = client.infer("tiny_ee_router", {"input_ids": ids[i:i + 3], "attention_mask": mask[i:i + 3]})
-                except ClientError as err:
-                    # the configured SLO, written as configured (not rounded to "0 ms" or "1 ms"), and why
-                    assert re.match(r"dropped: tiny_ee cannot answer within its SLO of 0\.5 ms \(.*"
-                                    r"(tiny_ee_split_\d-\d|budget)", str(err)), str(err)
-                    dropped += 3
-                else:
-                    assert len(got.label) == 3 and (got.exit_ramp > 0).all()   # every input of it answered
-                    answered += 3
+        # the configured SLO, written as configured (not rounded to "0 ms" or "1 ms"), and why
+        answered, dropped = _send_in_threes(server, ids, mask, r"dropped: tiny_ee cannot answer within its SLO of "
+                                            r"0\.5 ms \(.*(tiny_ee_split_\d-\d|budget)",
+                                            lambda got: (got.exit_ramp > 0).all())
 
         def router_counters():
             text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
@@ -57,26 +48,17 @@ def test_requests_past_their_slo_are_dropped_explicitly_and_counted(tmp_path, ti
 
 
 def test_a_split_queue_rejecting_an_expired_call_is_a_deadline_drop(tmp_path, tiny_model):
-    # Split 3-4's dynamic batcher waits 1 s for a batch of 8 (the router and split 1 wait 0), while one
+    # Split 3-4's dynamic batcher waits 0.4 s for a batch of 8 (the router and split 1 wait 0), while one
     # client sends 3 inputs at a time: the router's budget is 0.8 * 200 = 160 ms, so a batch with
     # survivors after split 1-2 has its BLS call expire in split 3-4's queue, where Triton rejects
     # it. The router must read that rejection as a deadline drop (BlsTimeout), not a failing split;
     # a batch that exits whole in split 1-2 is answered.
-    export_repository("tiny-ee", "2", tmp_path, ExportSettings(slo_ms=200, queue_delay_us=1_000_000), progress=False)
+    export_repository("tiny-ee", "2", tmp_path, ExportSettings(slo_ms=200, queue_delay_us=400_000), progress=False)
     ids, mask = (x.numpy() for x in tiny_model.example_inputs(24, seed=5))
-    answered, dropped = 0, 0
     with serving(tmp_path, ["tiny_ee_split_1-2", "tiny_ee_split_3-4", "tiny_ee_router"], name="queue-timeout") as server:
-        with E3Client(server.http_url) as client:
-            for i in range(0, 24, 3):
-                try:
-                    got = client.infer("tiny_ee_router", {"input_ids": ids[i:i + 3], "attention_mask": mask[i:i + 3]})
-                except ClientError as err:
-                    assert re.match(r"dropped: tiny_ee cannot answer within its SLO of 200 ms \(tiny_ee_split_3-4: "
-                                    r".*timeout expired", str(err), re.IGNORECASE), str(err)
-                    dropped += 3
-                else:
-                    assert (got.exit_ramp <= 2).all(), got.exit_ramp   # only batches that never needed split 3-4
-                    answered += 3
+        answered, dropped = _send_in_threes(server, ids, mask, r"(?i)dropped: tiny_ee cannot answer within its SLO "
+                                            r"of 200 ms \(tiny_ee_split_3-4: .*timeout expired",
+                                            lambda got: (got.exit_ramp <= 2).all())  # never needed split 3-4
 
         def drops_by_reason():
             text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
@@ -88,3 +70,21 @@ def test_a_split_queue_rejecting_an_expired_call_is_a_deadline_drop(tmp_path, ti
     assert dropped >= 6, f"only {dropped} of 24 inputs needed split 3-4; the test needs survivors"
     assert answered + dropped == 24
     assert drops == {"deadline": dropped}
+
+
+def _send_in_threes(server, ids, mask, drop_pattern: str, answer_ok) -> tuple[int, int]:
+    """Send the inputs three per request from one client. Each request must come back either answered
+    (three answers, ``answer_ok(answers)`` true) or dropped with a message matching ``drop_pattern``.
+    Returns (inputs answered, inputs dropped)."""
+    answered, dropped = 0, 0
+    with E3Client(server.http_url) as client:
+        for i in range(0, len(ids), 3):
+            try:
+                got = client.infer("tiny_ee_router", {"input_ids": ids[i:i + 3], "attention_mask": mask[i:i + 3]})
+            except ClientError as err:
+                assert re.match(drop_pattern, str(err)), str(err)
+                dropped += 3
+            else:
+                assert len(got.label) == 3 and answer_ok(got), got.exit_ramp
+                answered += 3
+    return answered, dropped

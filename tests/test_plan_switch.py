@@ -12,9 +12,8 @@ from e3.client.loadgen import closed_loop
 from e3.controller.triton_api import ControlError, TritonControl
 from e3.core.exits import make_exit_rule
 from e3.core.plan import default_plan
-from e3.deploy.server import TritonServer
 from e3.export.reference import reference_answers
-from e3.export.repository import ExportSettings, all_ranges, export_repository
+from helpers import serving_every_range
 from polling import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -27,11 +26,8 @@ def _answered(server) -> bool:
 
 
 @pytest.fixture(scope="module")
-def switch_server(tmp_path_factory, tiny_model):
-    repo = tmp_path_factory.mktemp("switch-repo")
-    export_repository("tiny-ee", "2", repo, ExportSettings(), progress=False,
-                      extra_ranges=all_ranges(tiny_model.card.num_blocks))
-    with TritonServer.on_free_ports(repo) as server:
+def switch_server(tmp_path_factory):
+    with serving_every_range(tmp_path_factory, "switch-repo") as server:
         yield server
 
 
