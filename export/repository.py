@@ -27,8 +27,8 @@ from tqdm import tqdm
 
 from e3.core.files import write_atomic
 from e3.core.manifest import ManifestError, read_manifest, write_manifest
-from e3.core.names import (ee_name, preprocess_name, ramp_output, ranges_from_cuts, router_name, served_name,
-                           split_name, state_output, stock_name)
+from e3.core.names import (ee_name, preprocess_name, ramp_output, ramps_in_range, ranges_from_cuts, router_name,
+                           served_name, split_name, state_output, stock_name)
 from e3.core.plan import Plan, SplitPlan, default_plan
 from e3.core.spec import ModelCard, TensorSpec
 from e3.export.model_api import EarlyExitModel, SplitModule
@@ -118,7 +118,7 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
         extra = SplitPlan(model=split_name(m, a, b), first_block=a, last_block=b,
                           batch_size=plan.splits[0].batch_size, instances=plan.splits[0].instances,
                           queue_delay_us=plan.splits[0].queue_delay_us,
-                          enabled_ramps=tuple(k for k in card.ramp_blocks if a <= k <= b))
+                          enabled_ramps=ramps_in_range(card.ramp_blocks, a, b, card.num_blocks))
         splits.setdefault(extra.model, extra)
     steps = [*[(name, "split") for name in splits], (router_name(m), "router"),
              (stock_name(m), "stock"), (ee_name(m), "ee")]
