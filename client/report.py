@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Mapping
 
 from e3.client.loadgen import LoadResult
 
@@ -17,24 +18,27 @@ def exit_histogram(result: LoadResult) -> str:
     return " ".join(f"{k}:{100 * v / total:.0f}%" for k, v in sorted(result.exit_counts.items()))
 
 
-def format_table(results: list[LoadResult], reference: str | None = None) -> str:
+def format_table(results: list[LoadResult], reference: str | None = None,
+                 budgets: Mapping[str, str] | None = None) -> str:
     """One row per result: throughput, latency percentiles, errors, exit histogram.
 
     ``reference`` names the model whose throughput the ``speedup`` column
     divides by. When any result has an SLO, goodput (inputs/s answered within
     it) and SLO misses (inputs answered late) are shown; when any has labels
     (workload replays), accuracy. A result of one workload phase is named
-    ``model [mix]``.
+    ``model [mix]``. ``budgets`` (served model -> text) adds a ``cores`` column: the compute each
+    system was given, so that a comparison shows it ran at an equal budget.
     """
     base = next((r.throughput_ips for r in results if r.model == reference and r.phase is None), None)
     slo = any(r.slo_ms is not None for r in results)
     acc = any(r.labelled for r in results)
-    header = ["model", "requests", "inputs/s"] + (["goodput/s", "SLO ms", "SLO misses"] if slo else []) + \
+    header = ["model"] + (["cores"] if budgets else []) + ["requests", "inputs/s"] + (["goodput/s", "SLO ms", "SLO misses"] if slo else []) + \
         ["p50 ms", "p99 ms", "errors"] + (["accuracy"] if acc else []) + (["speedup"] if base else []) + \
         ["exit histogram (ramp:share)"]
     rows = []
     for r in results:
-        row = [r.model + (f" [{r.phase}]" if r.phase else ""), str(r.requests), f"{r.throughput_ips:.1f}"]
+        row = [r.model + (f" [{r.phase}]" if r.phase else "")] + ([budgets.get(r.model, "-")] if budgets else []) + \
+            [str(r.requests), f"{r.throughput_ips:.1f}"]
         if slo:
             row += [f"{r.goodput_ips:.1f}", f"{r.slo_ms:g}" if r.slo_ms is not None else "-", str(r.slo_misses)]
         row += [f"{r.percentile_ms(50):.1f}", f"{r.percentile_ms(99):.1f}", str(r.errors)]

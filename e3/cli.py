@@ -160,7 +160,8 @@ def _plan(args) -> int:
 def _demo(args) -> int:
     from e3.demo import DemoSettings, run_demo
     run_demo(Path(args.repo), DemoSettings(model=args.model, cuts=args.cuts, requests=args.requests,
-                                           concurrency=args.concurrency, batch=args.batch, protocol=args.protocol))
+                                           concurrency=args.concurrency, batch=args.batch, protocol=args.protocol,
+                                           cores=args.cores))
     return 0
 
 
@@ -449,6 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--concurrency", type=int, default=8)
     d.add_argument("--batch", type=int, default=4, help="inputs per request (default 4)")
     d.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    d.add_argument("--cores", type=int, default=2,
+                   help="compute cores every system gets, as instances x 1 thread (default 2, the machine's)")
     d.set_defaults(func=_demo)
 
     pa = sub.add_parser("perf", help="run Triton's perf_analyzer (from the client wheel) with its libraries "

@@ -1,6 +1,12 @@
 """`e3 demo`: export a model, serve it on the embedded Triton, load the router and
 both baselines side by side, print one table, stop the server.
 
+Equal budgets: every system gets the same compute cores, counted as Triton
+instances x ONNX Runtime threads (1 per instance): each baseline runs
+``cores`` instances, and E3's splits share ``cores`` instances between them
+(the router's own instances mostly wait on its splits; they are listed
+beside the budget, not counted in it). The table prints each system's budget.
+
 Glue only: each step is a call into its room (export, deploy, client).
 """
 
@@ -12,13 +18,14 @@ from pathlib import Path
 
 from e3.client.loadgen import LoadResult, closed_loop
 from e3.client.report import format_table
-from e3.core.names import ee_name, router_name, served_name, stock_name
+from e3.core.names import ee_name, parse_cuts, ranges_from_cuts, router_name, served_name, stock_name
+from e3.core.plan import Plan
 from e3.deploy.server import TritonServer, free_port, port_taken
 from e3.export.repository import ExportSettings, export_repository
 from e3.export.zoo import resolve_model
 from e3.paths import artifacts_dir
 
-__all__ = ["DemoSettings", "run_demo"]
+__all__ = ["DemoSettings", "run_demo", "core_budgets"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +39,7 @@ class DemoSettings:
     batch: int = 4               # inputs per request
     pool: int = 512              # distinct inputs cycled through
     protocol: str = "http"
+    cores: int = 2               # compute cores each system gets (instances x 1 thread)
 
 
 def run_demo(repo: Path, settings: DemoSettings = DemoSettings(), echo=print) -> list[LoadResult]:
@@ -44,8 +52,11 @@ def run_demo(repo: Path, settings: DemoSettings = DemoSettings(), echo=print) ->
     L = model.card.num_blocks
     cuts = settings.cuts if settings.cuts is not None else str(L // 2)
     echo(f"[1/3] exporting {settings.model} cut after block(s) {cuts} into {repo}")
-    plan = export_repository(settings.model, cuts, repo, ExportSettings())
+    n_splits = len(ranges_from_cuts(parse_cuts(cuts, L), L))
+    export = ExportSettings(split_instances=max(1, settings.cores // n_splits), baseline_instances=settings.cores)
+    plan = export_repository(settings.model, cuts, repo, export)
     m = served_name(settings.model)
+    budgets = core_budgets(plan, export)
     pool, labels = _pool(settings, model)
     ports = [8000, 8001, 8002]
     if any(port_taken("127.0.0.1", p) for p in ports):
@@ -58,16 +69,27 @@ def run_demo(repo: Path, settings: DemoSettings = DemoSettings(), echo=print) ->
     with server:
         url = server.http_url if settings.protocol == "http" else server.grpc_url
         echo(f"[3/3] {settings.requests} requests x {settings.batch} inputs, {settings.concurrency} clients, "
-             f"to {router_name(m)} (plan: splits {', '.join(s.model for s in plan.splits)}) and both baselines")
+             f"to {router_name(m)} (plan: splits {', '.join(s.model for s in plan.splits)}) and both baselines, "
+             f"each system on {settings.cores} cores (instances x 1 thread)")
         for name in (router_name(m), ee_name(m), stock_name(m)):
             results.append(closed_loop(url, name, pool, concurrency=settings.concurrency, batch=settings.batch,
                                        requests=settings.requests, protocol=settings.protocol, warmup=2,
                                        true_label=labels))
     echo("")
-    echo(format_table(results, reference=stock_name(m)))
+    echo(format_table(results, reference=stock_name(m), budgets=budgets))
     failed = sum(r.errors for r in results)
     echo(f"\n{failed} failed requests" if failed else "\nevery request answered")
     return results
+
+
+def core_budgets(plan: Plan, export: ExportSettings) -> dict[str, str]:
+    """Served model -> its core budget as printed: instances x threads (1 ONNX Runtime thread each)."""
+    m = plan.model
+    splits = "+".join(str(s.instances) for s in plan.splits)
+    return {router_name(m): f"{sum(s.instances for s in plan.splits)} (splits {splits}; "
+                            f"router x{export.router_instances})",
+            ee_name(m): f"{export.baseline_instances} (x{export.baseline_instances} inst.)",
+            stock_name(m): f"{export.baseline_instances} (x{export.baseline_instances} inst.)"}
 
 
 def _pool(settings: DemoSettings, model):

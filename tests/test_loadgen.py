@@ -255,3 +255,17 @@ def test_open_loop_and_replay_on_the_real_server(server, tiny_model, tmp_path):
     assert [(p.phase, p.inputs) for p in w.phases] == [("80:20", 8), ("50:50", 8), ("20:80", 8)]
     c = replay_workload(server.http_url, "tiny_ee_router", path, batch=5, concurrency=3)
     assert (c.requests, c.inputs, c.errors, c.offered_rps) == (5, 24, 0, None)
+
+
+def test_demo_gives_every_system_the_same_core_budget_and_prints_it():
+    from e3.core.plan import default_plan
+    from e3.demo import core_budgets
+    from e3.export.repository import ExportSettings
+    plan = default_plan("m", 4, [(1, 2), (3, 4)], {"kind": "entropy", "tau_nats": 0.3}, (1, 2, 3), instances=1)
+    budgets = core_budgets(plan, ExportSettings(split_instances=1, baseline_instances=2))
+    assert budgets == {"m_router": "2 (splits 1+1; router x2)", "m_ee": "2 (x2 inst.)", "m_stock": "2 (x2 inst.)"}
+    table = format_table([summarize([record(0)], "m_router", duration_s=1.0),
+                          summarize([record(0)], "m_stock", duration_s=2.0)], reference="m_stock", budgets=budgets)
+    header, _, router_row, stock_row = table.splitlines()
+    assert header.split()[:2] == ["model", "cores"]
+    assert "2 (splits 1+1; router x2)" in router_row and "2 (x2 inst.)" in stock_row
