@@ -13,19 +13,19 @@ Glue only: each step is a call into its room (export, deploy, client).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from e3.client.loadgen import LoadResult, closed_loop
 from e3.client.report import format_table
 from e3.core.names import ee_name, parse_cuts, ranges_from_cuts, router_name, served_name, stock_name
-from e3.core.plan import Plan
+from e3.core.plan import Plan, default_plan
 from e3.deploy.server import TritonServer, free_port, port_taken
 from e3.export.repository import ExportSettings, export_repository
 from e3.export.zoo import resolve_model
 from e3.paths import artifacts_dir
 
-__all__ = ["DemoSettings", "run_demo", "core_budgets"]
+__all__ = ["DemoSettings", "run_demo", "core_budgets", "split_instances"]
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,13 @@ def run_demo(repo: Path, settings: DemoSettings = DemoSettings(), echo=print) ->
     L = model.card.num_blocks
     cuts = settings.cuts if settings.cuts is not None else str(L // 2)
     echo(f"[1/3] exporting {settings.model} cut after block(s) {cuts} into {repo}")
-    n_splits = len(ranges_from_cuts(parse_cuts(cuts, L), L))
-    export = ExportSettings(split_instances=max(1, settings.cores // n_splits), baseline_instances=settings.cores)
-    plan = export_repository(settings.model, cuts, repo, export)
+    ranges = ranges_from_cuts(parse_cuts(cuts, L), L)
+    export = ExportSettings(baseline_instances=settings.cores)
+    plan = default_plan(served_name(settings.model), L, ranges, model.card.exit_rule, model.card.ramp_blocks,
+                        batch_size=export.batch_size, queue_delay_us=export.queue_delay_us, slo_ms=export.slo_ms)
+    plan = replace(plan, splits=tuple(replace(s, instances=n)
+                                      for s, n in zip(plan.splits, split_instances(settings.cores, len(ranges)))))
+    plan = export_repository(settings.model, None, repo, export, plan=plan)
     m = served_name(settings.model)
     budgets = core_budgets(plan, export)
     pool, labels = _pool(settings, model)
@@ -80,6 +84,17 @@ def run_demo(repo: Path, settings: DemoSettings = DemoSettings(), echo=print) ->
     failed = sum(r.errors for r in results)
     echo(f"\n{failed} failed requests" if failed else "\nevery request answered")
     return results
+
+
+def split_instances(cores: int, n_splits: int) -> list[int]:
+    """Instances of each split so that E3's splits together get exactly ``cores`` (1 thread each):
+    as even as possible, earlier splits (which see every input) first. Raises ValueError when there
+    are fewer cores than splits: each split needs an instance, and E3 would get more cores than the
+    baselines."""
+    if cores < n_splits:
+        raise ValueError(f"--cores {cores} is fewer than the {n_splits} splits: each split needs one instance; "
+                         f"use --cores {n_splits} or fewer cuts")
+    return [cores // n_splits + (1 if i < cores % n_splits else 0) for i in range(n_splits)]
 
 
 def core_budgets(plan: Plan, export: ExportSettings) -> dict[str, str]:

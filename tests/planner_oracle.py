@@ -17,7 +17,7 @@ from e3.controller.planner.dp import (Found, best_cell, cost_grid, feasible_igno
                                       lower_bound_cycle, result_of)
 from e3.controller.planner.result import REL, PlannerError, PlannerResult, better
 from e3.controller.planner.search import plan_context
-from e3.controller.planner.tables import Tables, build_tables, check_inputs
+from e3.controller.planner.tables import Tables, build_tables
 from e3.core.cost import fill_ms
 
 __all__ = ["reference_best_plan", "solve_b0"]
@@ -26,9 +26,8 @@ __all__ = ["reference_best_plan", "solve_b0"]
 def reference_best_plan(latency, batch, devices, *, slo_ms, rate_rps, slack=0.2, alpha=1.0,
                         shrink_in_split=False, b0s=None, cost_bound=None) -> PlannerResult:
     """:func:`e3.controller.planner.best_plan` (pipelined) through the reference search."""
-    ctx, cands = plan_context(latency, batch, devices, slo_ms=slo_ms, rate_rps=rate_rps, slack=slack, alpha=alpha,
-                              pipelined=True, b0s=b0s, cost_bound=cost_bound)
-    res = check_inputs(latency, batch, devices, slo_ms, slack, rate_rps)
+    ctx, cands, res = plan_context(latency, batch, devices, slo_ms=slo_ms, rate_rps=rate_rps, slack=slack,
+                                   alpha=alpha, pipelined=True, b0s=b0s, cost_bound=cost_bound)
     reach = np.asarray(batch.reach, dtype=float)
     tables = {b0: build_tables(latency, reach, res, int(b0), shrink_in_split=shrink_in_split) for b0 in cands}
     bound_of = {b0: lower_bound_cycle(t) for b0, t in tables.items()}

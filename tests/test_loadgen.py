@@ -269,3 +269,13 @@ def test_demo_gives_every_system_the_same_core_budget_and_prints_it():
     header, _, router_row, stock_row = table.splitlines()
     assert header.split()[:2] == ["model", "cores"]
     assert "2 (splits 1+1; router x2)" in router_row and "2 (x2 inst.)" in stock_row
+
+
+def test_demo_splits_share_exactly_the_baselines_cores():
+    from e3.demo import split_instances
+    assert split_instances(2, 2) == [1, 1]
+    assert split_instances(3, 2) == [2, 1]          # the remainder goes to the first split (every input)
+    assert split_instances(4, 3) == [2, 1, 1]
+    assert all(sum(split_instances(c, n)) == c for c in range(1, 9) for n in range(1, c + 1))
+    with pytest.raises(ValueError, match="--cores 2 is fewer than the 3 splits"):
+        split_instances(2, 3)

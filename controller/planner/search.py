@@ -234,9 +234,8 @@ def best_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str
     devices: configuration -> device count, e.g. ``{"v100": 6, "t4": 8}``; rate_rps: R, the offered rate.
     Raises :class:`PlannerError` when no plan fits.
     """
-    ctx, cands = plan_context(latency, batch, devices, slo_ms=slo_ms, rate_rps=rate_rps, slack=slack, alpha=alpha,
-                              pipelined=pipelined, b0s=b0s, cost_bound=cost_bound)
-    res = check_inputs(latency, batch, devices, slo_ms, slack, rate_rps)
+    ctx, cands, res = plan_context(latency, batch, devices, slo_ms=slo_ms, rate_rps=rate_rps, slack=slack,
+                                   alpha=alpha, pipelined=pipelined, b0s=b0s, cost_bound=cost_bound)
     reach = np.asarray(batch.reach, dtype=float)
 
     def build(b0: int) -> Tables:
@@ -263,8 +262,10 @@ def best_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str
 
 def plan_context(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str, int], *, slo_ms: float,
                  rate_rps: float, slack: float, alpha: float | None, pipelined: bool,
-                 b0s: Iterable[int] | None, cost_bound: float | None) -> tuple[SearchContext, list[int]]:
-    """The search context (cost bound from alpha x the stock baseline unless given) and the B0 candidates."""
+                 b0s: Iterable[int] | None,
+                 cost_bound: float | None) -> tuple[SearchContext, list[int], dict[str, int]]:
+    """The search context (cost bound from alpha x the stock baseline unless given), the B0 candidates and
+    the checked devices (:func:`~e3.controller.planner.tables.check_inputs`)."""
     res = check_inputs(latency, batch, devices, slo_ms, slack, rate_rps)
     budget = slo_ms * (1 - slack)
     cands = list(b0s) if b0s is not None else b0_candidates(latency, res, rate_rps, budget)
@@ -283,7 +284,7 @@ def plan_context(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[
                              f"plan's ({base.throughput_rps:.1f} inputs/s)")
                 log.info("planner: %s", notes[-1])
     return SearchContext(rate_rps=rate_rps, latency_budget_ms=budget, pipelined=pipelined, cost_bound=cost_bound,
-                         cost_baseline=baseline_cost, notes=tuple(notes)), cands
+                         cost_baseline=baseline_cost, notes=tuple(notes)), cands, res
 
 
 def cheapest_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str, int], *, slo_ms: float,
