@@ -18,9 +18,20 @@ from typing import Any
 from e3.core.exits import make_exit_rule
 from e3.core.names import ramps_in_range, split_name
 
-__all__ = ["PLAN_VERSION", "PlanError", "SplitPlan", "Plan", "default_plan", "entry_queue_delay_us"]
+__all__ = ["PLAN_VERSION", "PlanError", "SplitPlan", "Plan", "default_plan", "entry_queue_delay_us", "FORMS",
+           "CONSTANT", "COMPACT"]
 
 PLAN_VERSION = 1
+
+# Split forms (device-aware, chosen per split by the planner from the measured profile):
+#   CONSTANT -- E3's form: a Triton model of its own (reached by BLS) runs the whole batch to the split's
+#               end; rows that exit at an inner ramp keep computing (the batch never shrinks inside it).
+#               What an accelerator wants: its latency barely grows with the batch.
+#   COMPACT  -- the router runs the split's blocks itself, one ONNX Runtime call per block, and rows that
+#               exit leave the batch between blocks (as ``<m>_ee`` does): no hop, no wasted rows. What a
+#               CPU wants: its latency grows linearly with the batch, so every exited row is time saved.
+CONSTANT, COMPACT = "constant", "compact"
+FORMS = (CONSTANT, COMPACT)
 
 
 class PlanError(ValueError):
@@ -37,6 +48,7 @@ class SplitPlan:
     device: str = "cpu"         # device configuration name, as in latency profiles
     queue_delay_us: int = 2000  # dynamic batcher's max queue delay (microseconds)
     enabled_ramps: tuple[int, ...] = ()  # ramps computed in this split (blocks < L; the head is implied)
+    form: str = CONSTANT        # CONSTANT (own Triton model, constant batch) or COMPACT (in the router, shrinking)
 
 
 @dataclass(frozen=True)
@@ -104,7 +116,8 @@ class Plan:
                     last_block=_int(s, "last_block", i), batch_size=_int(s, "batch_size", i),
                     instances=_int(s, "instances", i, 1), device=str(s.get("device", "cpu")),
                     queue_delay_us=_int(s, "queue_delay_us", i, 2000),
-                    enabled_ramps=tuple(int(k) for k in s.get("enabled_ramps", ()))))
+                    enabled_ramps=tuple(int(k) for k in s.get("enabled_ramps", ())),
+                    form=str(s.get("form", CONSTANT))))
             except KeyError as missing:
                 raise PlanError(f"splits[{i}] is missing the field {missing}") from None
         known = {f for f in cls.__dataclass_fields__}
@@ -140,6 +153,8 @@ class Plan:
             if s.model != split_name(self.model, s.first_block, s.last_block):
                 raise PlanError(f"{where}: name should be "
                                 f"{split_name(self.model, s.first_block, s.last_block)!r}")
+            if s.form not in FORMS:
+                raise PlanError(f"{where}: form {s.form!r} is not one of {', '.join(FORMS)}")
             if s.batch_size < 1 or s.instances < 1 or s.queue_delay_us < 0:
                 raise PlanError(f"{where}: batch_size and instances must be >= 1 and queue_delay_us >= 0")
             for k in s.enabled_ramps:
