@@ -293,11 +293,11 @@ class Controller:
         current = None
         try:
             current = self.view.current_plan(self.settings.router)
-            missing = [sp for sp in plan.splits if not self.view.exported(sp.model)]
+            missing = [sp for sp in plan.triton_splits if not self.view.exported(sp.model)]
             if missing:
                 log.info("exporting missing split models %s", [sp.model for sp in missing])
                 self.control.export(missing, current)
-            for sp in plan.splits:
+            for sp in plan.triton_splits:   # compact splits run inside the router: nothing to load
                 self.control.configure_split(sp)
             self.control.switch_plan(self.settings.router, plan)
         except (ControlError, OSError) as err:
@@ -336,9 +336,9 @@ class Controller:
             current = self.view.current_plan(self.settings.router)
             if current is None:
                 return []
-            used = {sp.model for sp in current.splits}
+            used = {sp.model for sp in current.triton_splits}
             if self.pending is not None:
-                used |= {sp.model for sp in self.pending[0].splits}   # keep what a retry will need
+                used |= {sp.model for sp in self.pending[0].triton_splits}   # keep what a retry will need
             unused = sorted(set(self.view.loaded_splits(self.settings.model)) - used)
         except ControlError as err:
             log.warning("cannot list loaded splits (%s)", err)
@@ -361,7 +361,7 @@ class Controller:
         if current is None or s.straggler_factor is None or self.latency is None:
             return {}
         try:
-            now = self.view.split_stats([sp.model for sp in current.splits])
+            now = self.view.split_stats([sp.model for sp in current.triton_splits])
         except Exception as err:  # noqa: BLE001
             log.warning("no split statistics (%s); straggler check skipped", err)
             return {}
@@ -378,7 +378,7 @@ class Controller:
         before, self._failed = self._failed, failed
         if before is None:
             return []
-        watched = [self.settings.router] + ([sp.model for sp in current.splits] if current else [])
+        watched = [self.settings.router] + ([sp.model for sp in current.triton_splits] if current else [])
         rose = [m for m in watched if failed.get(m, 0.0) > before.get(m, 0.0)]
         reloaded = []
         for name in rose:

@@ -22,7 +22,7 @@ class RecordingApplier(ServerView, ServerControl):
     def __init__(self, plan: Plan | None = None, exported: Iterable[str] | None = None):
         self.plan = plan
         self.splits: dict[str, dict] = {s.model: {"instances": s.instances, "batch": s.batch_size}
-                                        for s in (plan.splits if plan else ())}
+                                        for s in (plan.triton_splits if plan else ())}
         self.repository: set[str] | None = set(exported) if exported is not None else None   # None: everything
         self.calls: list[tuple] = []
         self.fail: dict[str, int] = {}
@@ -75,7 +75,7 @@ class RecordingApplier(ServerView, ServerControl):
 
     def switch_plan(self, router: str, plan: Plan) -> None:
         self._maybe_fail("switch", plan.plan_id)
-        missing = [s.model for s in plan.splits if s.model not in self.splits]
+        missing = [s.model for s in plan.triton_splits if s.model not in self.splits]
         if missing:
             raise ControlError(f"load the plan's splits before switching {router}: {missing} not ready")
         self.calls.append(("switch", plan.plan_id))

@@ -86,14 +86,13 @@ class TritonControl(ClosingClient):
             plan = Plan.from_dict(json.loads(plan.to_json()))
         except PlanError as err:
             raise ControlError(f"refusing to switch {router} to a malformed plan: {err}") from None
-        not_ready = [s.model for s in plan.splits if not self.is_ready(s.model)]
+        not_ready = [s.model for s in plan.triton_splits if not self.is_ready(s.model)]
         if not_ready:
             raise ControlError(f"load the plan's splits before switching {router}: {', '.join(not_ready)} not ready")
         config = copy.deepcopy(self.model_config(router))
         config.setdefault("parameters", {})["plan"] = {"string_value": json.dumps(plan.to_dict(), sort_keys=True)}
-        first = plan.splits[0]
-        config.setdefault("dynamic_batching", {}).update(
-            preferred_batch_size=[first.batch_size], max_queue_delay_microseconds=first.queue_delay_us)
+        # The router's execute only admits requests to its scheduler and returns: no reason to hold them.
+        config.setdefault("dynamic_batching", {}).update(max_queue_delay_microseconds=0)
         self.load(router, config)
 
     def current_plan(self, router: str) -> Plan:

@@ -49,7 +49,7 @@ def _export(args) -> int:
     print(f"exported {args.model} into {args.repo}:")
     for s in plan.splits:
         print(f"  {s.model:28s} blocks {s.first_block}-{s.last_block}  ramps {list(s.enabled_ramps) or '-'}  "
-              f"batch {s.batch_size}  instances {s.instances}")
+              f"batch {s.batch_size}  instances {s.instances}  {s.form}")
     m = plan.model
     door = f"{m} (text) -> {router_name(m)}" if (Path(args.repo) / m / "config.pbtxt").exists() else router_name(m)
     print(f"  front door {door}, baselines {stock_name(m)} and {ee_name(m)}; exit rule {plan.exit_rule}")

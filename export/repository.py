@@ -27,8 +27,8 @@ from tqdm import tqdm
 
 from e3.core.files import write_atomic
 from e3.core.manifest import ManifestError, read_manifest, write_manifest
-from e3.core.names import (ee_name, preprocess_name, ramp_output, ramps_in_range, ranges_from_cuts, router_name,
-                           served_name, split_name, state_output, stock_name)
+from e3.core.names import (block_file, ee_name, preprocess_name, ramp_file, ramp_output, ramps_in_range,
+                           ranges_from_cuts, router_name, served_name, split_name, state_output, stock_name)
 from e3.core.plan import Plan, SplitPlan, default_plan
 from e3.core.spec import ModelCard, TensorSpec
 from e3.export.model_api import EarlyExitModel, SplitModule
@@ -52,7 +52,8 @@ class ExportSettings:
     target: str = "embedded"        # "embedded" (Python backend + ONNX Runtime) or "ngc"
     batch_size: int = 8             # preferred batch size of every split (until the planner sets them)
     split_instances: int = 1        # Triton instances per split
-    router_instances: int = 2       # router instances (each mostly waits on BLS)
+    router_instances: int = 1       # router instances: 1, so that one scheduler sees every request (a second
+                                    # instance would schedule its own requests apart and merge less)
     baseline_instances: int = 1     # instances of <m>_stock and <m>_ee
     queue_delay_us: int = 2000      # dynamic batchers' max queue delay
     slo_ms: float = 1000.0
@@ -113,7 +114,7 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
         manifest = read_manifest(repo)
     except ManifestError as err:
         raise ExportError(str(err)) from None
-    splits = {s.model: s for s in plan.splits}
+    splits = {s.model: s for s in plan.triton_splits}
     for a, b in extra_ranges:
         extra = SplitPlan(model=split_name(m, a, b), first_block=a, last_block=b,
                           batch_size=plan.splits[0].batch_size, instances=plan.splits[0].instances,
@@ -131,7 +132,7 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
             if kind == "split":
                 _write_split(model, splits[name], tmp, settings)
             elif kind == "router":
-                _write_router(card, plan, name, tmp, settings)
+                _write_router(model, plan, name, tmp, settings)
             elif kind == "stock":
                 _write_stock(model_name, name, tmp, settings)
             elif kind == "preprocess":
@@ -145,7 +146,7 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
     manifest["deployments"][m] = {"model": model_name, "card": card.to_dict(), "plan": plan.to_dict(),
                                   "front_door": m if card.preprocess else router_name(m), "router": router_name(m),
                                   "baselines": [stock_name(m), ee_name(m)],
-                                  "serve": [*(s.model for s in plan.splits), *front, stock_name(m), ee_name(m)]}
+                                  "serve": [*(s.model for s in plan.triton_splits), *front, stock_name(m), ee_name(m)]}
     write_manifest(repo, manifest)
     return plan
 
@@ -186,12 +187,21 @@ def _write_ee(model: EarlyExitModel, plan: Plan, name: str, out: Path, settings:
         f"{SERVING}.ee", settings)
 
 
-def _write_router(card: ModelCard, plan: Plan, name: str, out: Path, settings: ExportSettings) -> None:
+def _write_router(model: EarlyExitModel, plan: Plan, name: str, out: Path, settings: ExportSettings) -> None:
+    """The router, with every block and ramp as its own ONNX file beside it: what it runs itself for a
+    compact split (and any later plan may make a split compact, so they are always there)."""
+    from e3.export.model_api import RampModule
+    card = model.card
+    for k in range(1, card.num_blocks + 1):
+        export_onnx(SplitModule(model, k, k, ()), out / "1" / block_file(k), max_batch_size=card.max_batch_size)
+    for k in card.ramp_blocks:
+        export_onnx(RampModule(model, k), out / "1" / ramp_file(k), max_batch_size=card.max_batch_size)
     first = plan.splits[0]
     _write_python_model(out, ModelDescription(
         name=name, kind="python", max_batch_size=card.max_batch_size, inputs=card.inputs,
         outputs=answer_specs(card), instances=settings.router_instances,
-        dynamic_batching=DynamicBatching((first.batch_size,), first.queue_delay_us),
+        # Its execute only admits requests to its scheduler and returns at once: no reason to hold them.
+        dynamic_batching=DynamicBatching((first.batch_size,), 0),
         parameters={"model_card": json.dumps(card.to_dict()), "plan": json.dumps(plan.to_dict(), sort_keys=True)}),
         f"{SERVING}.router", settings)
 

@@ -54,10 +54,13 @@ class BatchRoute:
       counts     -- per-ramp reached/exited counts (the batch profile)
     """
 
-    def __init__(self, n: int, num_classes: int, num_blocks: int, rule: ExitRule):
+    def __init__(self, n: int, num_classes: int, num_blocks: int, rule: ExitRule,
+                 rule_state: dict[str, np.ndarray] | None = None):
+        """``rule_state``: the rows' exit-rule state so far (a dependent rule's state carried across
+        splits, one entry per row); default: the rule's state before block 1."""
         self.num_blocks = num_blocks
         self.rule = rule
-        self.rule_state = rule.init_state(n)
+        self.rule_state = rule.init_state(n) if rule_state is None else rule_state
         self.active = np.arange(n)
         self.label = np.full(n, -1, dtype=np.int64)
         self.exit_ramp = np.zeros(n, dtype=np.int32)

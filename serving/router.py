@@ -1,45 +1,61 @@
-"""``<m>_router``: E3's router as a Triton Python-backend model (BLS).
+"""``<m>_router``: E3's router and scheduler, as one Triton Python-backend instance.
 
-Per batch (the router's own dynamic batcher merges client requests): run the
-first split, apply the exit rule at every enabled ramp the split computed,
-answer the inputs that exit, send the survivors on to the next split, and so
-on to the last split, which answers everything left. Decisions live in
-:mod:`e3.serving.policy` (exits, survivors, drops); this file only moves tensors and counts.
+The front door stays an ordinary (non-decoupled) model: clients call plain
+HTTP/gRPC ``infer`` and ``perf_analyzer`` works. Inside, ``execute`` does not
+compute: it checks each request, hands its rows to the scheduler
+(:mod:`e3.serving.scheduler`, where every decision is made) and returns at once;
+each request is later answered through its own response sender (allowed for a
+non-decoupled model: exactly one final response per request). So one instance
+holds any number of requests in flight, and the merge width is no longer the
+number of router instances (measured before: later splits ran batches of 1-6
+of a planned 8 because two router instances fed them).
 
-Re-batching: the router is non-decoupled (DESIGN §4), so one instance serves
-one batch at a time; survivors of several router instances meet in the next
-split's dynamic batcher (preferred batch size and queue delay from the plan).
+Threads: one scheduler thread polls the queues; each split has a pool of
+``slots`` worker threads that run its batches:
 
-Deadlines: every BLS call carries the batch's remaining SLO budget as its
-timeout; splits reject requests whose timeout expired in their queue, and the
-router answers those inputs with an explicit "dropped" error (counted in
-``e3_dropped_total{reason="deadline"}``). No input is lost silently. BLS
-failures arrive typed (:class:`~e3.serving.triton_io.BlsTimeout` vs
-:class:`~e3.serving.triton_io.BlsError`); the drop itself is decided by
-:func:`e3.serving.policy.drop_for`.
+* a **constant** split (its own Triton model) by a BLS call with the batch's
+  remaining SLO as timeout; ``slots = instances + 1``, so that one batch waits
+  in Triton's queue while the router handles the last one and no instance
+  idles (the split's batcher has the plan's preferred batch and no delay, so
+  it runs the router's batches as they come, never merged);
+* a **compact** split inside this process: one ONNX Runtime session set per
+  plan instance (1 intra-op thread each, so instances mean cores, as for a
+  Triton instance), blocks run one by one and exited rows leave the batch
+  between them; ``slots = instances``. ONNX Runtime releases the GIL while it
+  computes.
 
-The plan arrives in the model config's ``plan`` parameter (JSON, see
-:mod:`e3.core.plan`) and is validated against the model card at load; a load
-with a malformed plan fails and Triton keeps serving the previous version.
-Telemetry: :class:`~e3.serving.router_metrics.RouterMetrics` (names in :mod:`e3.core.telemetry`).
+Answers are decided by :class:`~e3.serving.policy.BatchRoute` (the same code as
+``<m>_ee`` and the reference), drops by the scheduler (late) or by a split's
+failure (:func:`e3.serving.policy.drop_for`); every dropped request gets an
+explicit error and is counted by its inputs in ``e3_dropped_total``.
+
+The plan arrives in the model config's ``plan`` parameter and is validated at
+load; a load with a malformed plan fails and Triton keeps serving the previous
+version. Telemetry: :class:`~e3.serving.router_metrics.RouterMetrics`.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import queue
+import threading
 import time
-from functools import partial
+from concurrent.futures import ThreadPoolExecutor
+
+import triton_python_backend_utils as pb_utils
 
 from e3.core.exits import make_exit_rule
-from e3.core.plan import Plan, SplitPlan
+from e3.core.names import block_file, ramp_file, ramp_output, state_output
+from e3.core.plan import COMPACT, Plan, SplitPlan
+from e3.core.rows import request_slices
 from e3.core.spec import ModelCard
-from e3.serving.policy import BatchRoute, deadline_budget_ms, drop_for
+from e3.serving.policy import DEADLINE, ERROR, BatchRoute, drop_for
 from e3.serving.router_metrics import RouterMetrics
-from e3.serving.triton_io import BlsError, BlsTimeout, answer_responses, bls, error_response, gather, model_parameters
+from e3.serving.scheduler import Dispatch, Job, Scheduler, make_queues
+from e3.serving.triton_io import BlsTimeout, bls, error_response, gather, model_parameters, tensor_response
 
-
-class _BudgetSpent(Exception):
-    """The batch's SLO budget ran out before its next split."""
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class TritonPythonModel:
@@ -51,45 +67,191 @@ class TritonPythonModel:
         if self.plan.num_blocks != self.card.num_blocks:
             raise ValueError(f"plan is for {self.plan.num_blocks} blocks, the model has {self.card.num_blocks}")
         self.rule = make_exit_rule(self.plan.exit_rule)
-        self.budget_ms = deadline_budget_ms(self.plan)
+        self.state_names = [t.name for t in self.card.state]
+        self.version_dir = os.path.join(args["model_repository"], args["model_version"])
         self.metrics = RouterMetrics(self.plan.model, self.plan.plan_id)
+        self.runners = [self._runner(s) for s in self.plan.splits]
+        slots = [s.instances if s.form == COMPACT else s.instances + 1 for s in self.plan.splits]
+        self.sched = Scheduler(make_queues([s.batch_size for s in self.plan.splits], slots,
+                                           [s.queue_delay_us for s in self.plan.splits],
+                                           [s.instances for s in self.plan.splits]),
+                               self.plan.slo_ms / 1e3, self.plan.slack)
+        self.pools = [ThreadPoolExecutor(n, thread_name_prefix=f"e3-{s.model}") for s, n in zip(self.plan.splits, slots)]
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self.dirty = False
+        self.stopping = False
+        # Every response leaves through one thread: measured on this Triton, responses and error
+        # responses sent from several threads at once crashed the server (SIGSEGV, or
+        # boost::interprocess::lock_exception in the Python backend) under a burst of drops.
+        self.outbox: queue.Queue = queue.Queue()
+        self.sender = threading.Thread(target=self._send_loop, name="e3-responses", daemon=True)
+        self.sender.start()
+        self.loop = threading.Thread(target=self._loop, name="e3-scheduler", daemon=True)
+        self.loop.start()
 
     def finalize(self):
+        with self.lock:
+            self.stopping = True
+            self.changed.notify_all()
+        self.loop.join(timeout=5)
+        for pool in self.pools:
+            pool.shutdown(wait=True)
+        with self.lock:
+            left = self.sched.fail_all(ERROR)
+        self._answer_failed(left, "the router is unloading")
+        self.outbox.put(None)
+        self.sender.join(timeout=5)
         self.metrics.close()
 
+    # -- Triton's call: admit and return ---------------------------------------------------------------
     def execute(self, requests):
-        # Overhead is the router thread's CPU time outside BLS calls (its own Python work, immune to
-        # waiting for a core on a busy machine); BLS time is wall time inside the calls.
-        start, cpu_start = time.perf_counter(), time.thread_time()
-        self._waited, self._waited_cpu = 0.0, 0.0
+        now = time.monotonic()
+        cpu = time.thread_time()
         got = gather(requests, self.card.inputs)
-        if not got.valid:
-            return got.responses
-        route = BatchRoute(got.rows, self.card.num_classes, self.card.num_blocks, self.rule)
-        steps = ((self.card.split_ramps(s.first_block, s.last_block, s.enabled_ramps), partial(self._call, s, start))
-                 for s in self.plan.splits)
-        try:
-            route.follow(got.arrays, steps, [t.name for t in self.card.state])
-        except (BlsError, _BudgetSpent) as err:
-            drop = drop_for(self.plan, late=isinstance(err, (BlsTimeout, _BudgetSpent)), detail=str(err))
-            for i in got.valid:
-                got.responses[i] = error_response(drop.message)
-            self.metrics.dropped(drop.reason, got.rows)
-        else:
-            self.metrics.record(route, got.rows)
-            answer_responses(got, route)
-        self.metrics.timing((time.thread_time() - cpu_start - self._waited_cpu) * 1e6, self._waited * 1e6)
-        return got.responses
+        for request, response in zip(requests, got.responses):
+            if response is not None:  # malformed: answered now, the others go on
+                self.outbox.put((request, response))
+        with self.lock:
+            for i, rows in zip(got.valid, request_slices(got.sizes)):
+                n = rows.stop - rows.start
+                job = self.sched.job(requests[i], n, now, self.card.num_classes)
+                self.sched.admit(job, {k: v[rows] for k, v in got.arrays.items()}, self.rule.init_state(n), now)
+            self._poke()
+        self.metrics.timing((time.thread_time() - cpu) * 1e6, 0.0)
+        return None
 
-    def _call(self, split: SplitPlan, start: float, feed: dict) -> dict:
-        """One split by BLS, with the batch's remaining SLO budget as the call's timeout."""
-        left_us = int((self.budget_ms - (time.perf_counter() - start) * 1e3) * 1e3)
-        if left_us <= 0:
-            raise _BudgetSpent(f"the SLO budget of {self.budget_ms:.1f} ms ran out before {split.model}")
-        called, called_cpu = time.perf_counter(), time.thread_time()
+    # -- the scheduler thread ----------------------------------------------------------------------------
+    def _poke(self) -> None:
+        """Something changed (caller holds the lock): the scheduler thread polls again."""
+        self.dirty = True
+        self.changed.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self.lock:
+                if self.stopping:
+                    return
+                cpu = time.thread_time()
+                self.dirty = False
+                dispatches, dropped, wake = self.sched.poll(time.monotonic())
+                if not dispatches and not dropped and not self.dirty:
+                    timeout = None if wake is None else max(0.0, wake - time.monotonic())
+                    self.changed.wait(timeout)
+                    continue
+            for d in dispatches:
+                self.pools[d.split].submit(self._run, d)
+            self._answer_failed(dropped, "it would finish after its deadline")
+            self.metrics.timing((time.thread_time() - cpu) * 1e6, 0.0)
+
+    # -- worker threads ----------------------------------------------------------------------------------
+    def _run(self, d: Dispatch) -> None:
+        cpu = time.thread_time()
+        feed, rule_state = Scheduler.stack(d.rows)
+        left_us = int((min(r.job.deadline for r in d.rows) - time.monotonic()) * 1e6)
+        start, call_cpu = time.perf_counter(), time.thread_time()
         try:
-            return bls(split.model, feed, self.card.split_outputs(split.first_block, split.last_block,
-                                                                  split.enabled_ramps), timeout_us=left_us)
-        finally:
-            self._waited += time.perf_counter() - called
-            self._waited_cpu += time.thread_time() - called_cpu
+            if left_us <= 0:
+                raise BlsTimeout(f"the SLO ran out before {self.plan.splits[d.split].model}")
+            route, survivors = self.runners[d.split](feed, rule_state, left_us)
+        except Exception as err:  # noqa: BLE001 - every failure answers its requests, none is lost
+            with self.lock:
+                failed = self.sched.abandon(d, DEADLINE if isinstance(err, BlsTimeout) else ERROR)
+                self._poke()
+            self._answer_failed(failed, str(err))
+            return
+        ms = (time.perf_counter() - start) * 1e3
+        call_cpu = time.thread_time() - call_cpu
+        with self.lock:
+            done = self.sched.finish(d, route, survivors, ms, time.monotonic())
+            self._poke()
+        self.metrics.record(route, new_inputs=len(d.rows) if d.split == 0 else 0)
+        for job in done:
+            self.outbox.put((job.handle, {"label": job.label[:, None], "exit_ramp": job.exit_ramp[:, None],
+                                          "probs": job.probs}))
+        # The router's own work: this thread's CPU time outside the split itself (its ONNX Runtime
+        # calls for a compact split, the wait for a BLS call otherwise).
+        self.metrics.timing((time.thread_time() - cpu - call_cpu) * 1e6, ms * 1e3)
+
+    def _answer_failed(self, jobs: list[Job], detail: str) -> None:
+        """Answer dropped jobs with their explicit error and count their inputs."""
+        for job in jobs:
+            drop = drop_for(self.plan, late=job.failed == DEADLINE, detail=detail)
+            job.answered = True
+            self.outbox.put((job.handle, drop.message))
+            self.metrics.dropped(drop.reason, job.n)
+
+    def _send_loop(self) -> None:
+        """The one thread that answers requests: (request, answers dict | error message | a response)."""
+        while True:
+            item = self.outbox.get()
+            if item is None:
+                return
+            request, what = item
+            if isinstance(what, dict):
+                response = tensor_response(what)
+            elif isinstance(what, str):
+                response = error_response(what)
+            else:
+                response = what
+            try:
+                request.get_response_sender().send(response, flags=FINAL)
+            except Exception as err:  # noqa: BLE001 - e.g. the client went away; the others go on
+                pb_utils.Logger.log_warn(f"e3 router: could not send a response: {err}")
+
+    # -- how a split runs ----------------------------------------------------------------------------------
+    def _runner(self, split: SplitPlan):
+        """``run(feed, rule_state, timeout_us) -> (route, survivors' inputs or None)`` for one split."""
+        C, L = self.card.num_classes, self.card.num_blocks
+        if split.form == COMPACT:
+            return self._compact_runner(split)
+        ramps = self.card.split_ramps(split.first_block, split.last_block, split.enabled_ramps)
+        outputs = self.card.split_outputs(split.first_block, split.last_block, split.enabled_ramps)
+
+        def run(feed, rule_state, timeout_us):
+            out = bls(split.model, feed, outputs, timeout_us=timeout_us)
+            route = BatchRoute(len(next(iter(feed.values()))), C, L, self.rule, rule_state)
+            return route, route.advance(out, ramps, self.state_names)
+        return run
+
+    def _compact_runner(self, split: SplitPlan):
+        """Blocks first..last in this process, the batch shrinking at every enabled ramp."""
+        from e3.serving.session import make_session
+        C, L = self.card.num_classes, self.card.num_blocks
+        blocks = range(split.first_block, split.last_block + 1)
+        enabled = set(split.enabled_ramps)
+        free: queue.Queue = queue.Queue()
+        for _ in range(split.instances):  # one session set per instance: instances mean cores
+            free.put({k: (make_session(os.path.join(self.version_dir, block_file(k))),
+                          _ramp_session(os.path.join(self.version_dir, ramp_file(k))) if k in enabled else None)
+                      for k in blocks})
+        state_out = [state_output(n) for n in self.state_names]
+
+        def run(feed, rule_state, timeout_us):
+            route = BatchRoute(len(next(iter(feed.values()))), C, L, self.rule, rule_state)
+            sessions = free.get()
+            try:
+                for k in blocks:
+                    block, ramp = sessions[k]
+                    if k == L:
+                        out = dict(zip([ramp_output(L)], block.run([ramp_output(L)], feed)))
+                    else:
+                        out = dict(zip(state_out, block.run(state_out, feed)))
+                        if ramp is not None:
+                            session, wanted = ramp
+                            out[ramp_output(k)] = session.run([ramp_output(k)],
+                                                              {n: out[state_output(n)] for n in wanted})[0]
+                    feed = route.advance(out, self.card.split_ramps(k, k, enabled), self.state_names)
+                    if feed is None:
+                        break
+            finally:
+                free.put(sessions)
+            return route, feed
+        return run
+
+
+def _ramp_session(path: str):
+    """A ramp's session and the state tensors it reads (ONNX drops inputs a ramp never uses, e.g. a mask)."""
+    from e3.serving.session import make_session
+    session = make_session(path)
+    return session, [i.name for i in session.get_inputs()]

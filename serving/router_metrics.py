@@ -30,8 +30,8 @@ class RouterMetrics:
             return self._families[-1]
 
         self.model = model
-        self.inputs = family(telemetry.INPUTS, "inputs that entered the router").Metric({"model": model})
-        self.batches = family(telemetry.BATCHES, "batches the router executed").Metric({"model": model})
+        self.inputs = family(telemetry.INPUTS, "inputs that entered split 1").Metric({"model": model})
+        self.batches = family(telemetry.BATCHES, "input batches (batches dispatched to split 1)").Metric({"model": model})
         self._reached = family(telemetry.RAMP_REACHED, "inputs not yet answered when they reached ramp k")
         self._exited = family(telemetry.RAMP_EXITED, "inputs answered at ramp k")
         self._dropped = family(telemetry.DROPPED, "inputs answered with an error")
@@ -48,41 +48,56 @@ class RouterMetrics:
         self._pending: dict = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._soon = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, name="e3-metrics-flush", daemon=True)
         self._flusher.start()
 
     FLUSH_S = 0.2
 
     def _flush_loop(self) -> None:
-        while not self._stop.wait(self.FLUSH_S):
+        while not self._stop.is_set():
+            self._soon.wait(self.FLUSH_S)
+            self._soon.clear()
             self.flush()
 
     def close(self) -> None:
         self._stop.set()
+        self._soon.set()
         self._flusher.join(timeout=2)
         self.flush()
 
-    def _metric(self, fam, **labels):
-        key = (id(fam), tuple(sorted(labels.items())))
-        if key not in self._cache:
-            self._cache[key] = fam.Metric({"model": self.model, **labels})
-        return self._cache[key]
+    def _labelled(self, fam, **labels):
+        """A key for the counter of ``fam`` with ``labels``; its Metric is made by :meth:`flush`."""
+        return fam, tuple(sorted(labels.items()))
 
-    def _add(self, metric, n: float) -> None:
+    def _metric(self, key):
+        if isinstance(key, tuple):
+            if key not in self._cache:
+                fam, labels = key
+                self._cache[key] = fam.Metric({"model": self.model, **dict(labels)})
+            return self._cache[key]
+        return key
+
+    def _add(self, key, n: float) -> None:
         with self._lock:
-            self._pending[metric] = self._pending.get(metric, 0) + n
+            self._pending[key] = self._pending.get(key, 0) + n
 
-    def record(self, route: BatchRoute, rows: int) -> None:
-        self._add(self.inputs, rows)
-        self._add(self.batches, 1)
+    def record(self, route: BatchRoute, new_inputs: int) -> None:
+        """One executed batch's ramp counts; ``new_inputs`` > 0 for a batch of split 1 (inputs that
+        entered, and one more input batch), 0 for later splits."""
+        if new_inputs:
+            self._add(self.inputs, new_inputs)
+            self._add(self.batches, 1)
         for k, n in route.counts.reached.items():
-            self._add(self._metric(self._reached, ramp=str(k)), n)
+            self._add(self._labelled(self._reached, ramp=str(k)), n)
         for k, n in route.counts.exited.items():
-            self._add(self._metric(self._exited, ramp=str(k)), n)
+            self._add(self._labelled(self._exited, ramp=str(k)), n)
 
     def dropped(self, reason: str, n: int) -> None:
-        self._add(self._metric(self._dropped, reason=reason), n)
-        self.flush()
+        """Count ``n`` dropped inputs; flushed at once by the flushing thread (Metric calls are made
+        from that one thread only: several threads calling into Triton at once are not safe)."""
+        self._add(self._labelled(self._dropped, reason=reason), n)
+        self._soon.set()
 
     def timing(self, overhead_us: float, bls_us: float) -> None:
         self._add(self.overhead, overhead_us)
@@ -91,6 +106,6 @@ class RouterMetrics:
     def flush(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, {}
-        for metric, n in pending.items():
+        for key, n in pending.items():
             if n:
-                metric.increment(n)
+                self._metric(key).increment(n)

@@ -18,14 +18,15 @@ pytestmark = pytest.mark.e2e
 
 
 def test_requests_past_their_slo_are_dropped_explicitly_and_counted(tmp_path, tiny_model):
-    # An SLO of 0.5 ms: the budget (floored at 1 ms) runs out before a batch gets through two
-    # BLS hops, so (nearly) every request must come back as a "dropped" error, never silently.
+    # An SLO of 0.5 ms: a batch cannot get through two BLS hops in time, so (nearly) every request
+    # must come back as a "dropped" error (from a split's queue, or from the scheduler once it knows
+    # what a split takes), never silently.
     export_repository("tiny-ee", "2", tmp_path, ExportSettings(slo_ms=0.5), progress=False)
     ids, mask = (x.numpy() for x in tiny_model.example_inputs(30, seed=4))
     with serving(tmp_path, ["tiny_ee_split_1-2", "tiny_ee_split_3-4", "tiny_ee_router"], name="deadlines") as server:
         # the configured SLO, written as configured (not rounded to "0 ms" or "1 ms"), and why
         answered, dropped = _send_in_threes(server, ids, mask, r"dropped: tiny_ee cannot answer within its SLO of "
-                                            r"0\.5 ms \(.*(tiny_ee_split_\d-\d|budget)",
+                                            r"0\.5 ms \(.*(tiny_ee_split_\d-\d|deadline)",
                                             lambda got: (got.exit_ramp > 0).all())
 
         def router_counters():
@@ -42,7 +43,7 @@ def test_requests_past_their_slo_are_dropped_explicitly_and_counted(tmp_path, ti
         snap, handled = wait_until(settled, 10, "the router's counters")
     assert dropped >= 15, f"only {dropped} of 30 inputs dropped with a 0.5 ms SLO"
     assert snap.dropped == dropped          # the drop metric counts exactly the inputs the client saw dropped
-    assert snap.inputs == answered          # answered inputs are counted in the batch profile, dropped ones not
+    assert snap.inputs >= answered          # every input that entered split 1 is counted (some were dropped later)
     assert handled == 10                    # Triton saw all 10 requests answered (a per-request error response
     #                                         counts as a success for Triton: the Python backend answered it)
 

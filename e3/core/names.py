@@ -24,6 +24,8 @@ __all__ = [
     "ramp_output",
     "state_output",
     "zoo_name_of",
+    "block_file",
+    "ramp_file",
 ]
 
 _SERVED = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -145,3 +147,14 @@ def zoo_name_of(served: str, zoo_names) -> str:
         if served == base or served.startswith(base + "_"):
             return name
     raise ValueError(f"cannot tell which zoo model {served!r} serves; pass --inputs-from MODEL or --workload FILE")
+
+
+def block_file(k: int) -> str:
+    """Block k alone as an ONNX file (block 1 with the stem, block L with the head), in the router's
+    version folder: what the router runs itself for a compact split."""
+    return f"block_{k}.onnx"
+
+
+def ramp_file(k: int) -> str:
+    """The ramp after block k alone (state after k -> its logits), beside the block files."""
+    return f"ramp_{k}.onnx"

@@ -69,6 +69,11 @@ class Plan:
         return self.exit_rule.get("tau_nats")
 
     @property
+    def triton_splits(self) -> tuple[SplitPlan, ...]:
+        """The splits that are Triton models of their own (constant form); compact ones run in the router."""
+        return tuple(s for s in self.splits if s.form == CONSTANT)
+
+    @property
     def enabled_ramps(self) -> tuple[int, ...]:
         return tuple(k for s in self.splits for k in s.enabled_ramps)
 

@@ -8,8 +8,8 @@ number k; the head is ramp L).
 
 | metric | kind | meaning |
 | --- | --- | --- |
-| e3_inputs_total | counter | inputs that entered the router (block 1) |
-| e3_batches_total | counter | batches the router executed (one per router execute call) |
+| e3_inputs_total | counter | inputs that entered split 1 |
+| e3_batches_total | counter | input batches: batches the router dispatched to split 1 |
 | e3_ramp_reached_total | counter | inputs not yet answered when they reached ramp k (enabled ramps and the head) |
 | e3_ramp_exited_total | counter | inputs answered at ramp k |
 | e3_dropped_total | counter | inputs answered with an error (label ``reason``: ``deadline`` or ``error``) |

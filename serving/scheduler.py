@@ -1,0 +1,309 @@
+"""E3's scheduler (E3 §4), pure: per-split queues of rows, when to dispatch, whom to drop, who is answered.
+
+The router (:mod:`e3.serving.router`) owns the threads and Triton's I/O; every
+decision is made here, on explicit clocks, so it is tested without a server.
+
+* A **job** is one client request: ``n`` rows (inputs), its arrival time, its
+  answers so far. It is answered the moment its own last row is decided, not
+  when the batch it travelled in finishes.
+* Every split has a **queue** of rows waiting for it. Rows of any number of
+  jobs are merged into one batch of at most the plan's ``batch_size`` (survivors
+  of earlier batches included), oldest first.
+* A split **dispatches** a full batch when it has a free slot (``slots``:
+  batches it may have in flight at once, from the plan), and a partial batch
+  when fewer than ``partial_slots`` are in flight (a constant split gets one
+  slot more than its instances, so that a full batch waits in Triton's queue
+  while the router handles the last one; a partial batch must not wait there,
+  or Triton's batcher would merge it with the batch behind it) and one of:
+
+  - the queue holds a full batch;
+  - the oldest row has waited the split's ``queue_delay_us`` (0 for split 1:
+    a free slot takes what is there, as Triton's batcher does with no delay);
+  - waiting longer would break the SLO minus slack (E3 §4): ``now`` plus the
+    expected time of this and every later split reaches the oldest row's
+    target, ``arrival + SLO x (1 - slack)``;
+  - nothing upstream can add rows soon (no row queued or in flight before this
+    split): a fuller batch would only come from new requests, which take at
+    least the earlier splits' time to get here.
+
+* A row is **dropped** only when it will miss: when even this split's expected
+  time from now ends after the job's SLO. Its whole job is answered with an
+  error (a request has one response) and counted by its inputs, so that inputs
+  answered + inputs dropped = inputs sent. Decided here, once per poll, for the
+  head of every queue (queues are in arrival order up to re-merging).
+* **Expected times** are learnt from the batches themselves: a line (fixed
+  part + per row) fitted by exponentially weighted least squares to each
+  split's observed durations (call or in-process run). Until a split has run, its time is 0 (nothing is dropped or forced
+  on a guess).
+
+The deadline counts from the job's arrival at the router. The router's
+``execute`` only hands rows to this scheduler and returns at once, so Triton's
+queue in front of it stays empty in practice: what is not charged is the
+time Triton takes to call it (and, for text, the preprocess step before it).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from e3.serving.policy import BatchRoute
+
+__all__ = ["Job", "Row", "SplitQueue", "Dispatch", "Scheduler", "make_queues", "EWMA_ALPHA"]
+
+EWMA_ALPHA = 0.1   # decay per batch of the older batches' weight in a split's expected time
+
+
+@dataclass(eq=False)
+class Job:
+    """One client request inside the router."""
+    handle: Any                 # the caller's way to answer it (a response sender in Triton)
+    n: int                      # rows (inputs)
+    arrival: float              # seconds, the scheduler's clock
+    deadline: float             # arrival + SLO: answered later than this, the SLO is missed
+    target: float               # arrival + SLO x (1 - slack): what dispatch decisions aim for
+    num_classes: int
+    label: np.ndarray = field(init=False)
+    exit_ramp: np.ndarray = field(init=False)
+    probs: np.ndarray = field(init=False)
+    pending: int = field(init=False)   # rows not yet decided
+    failed: str | None = None          # the drop reason once the job is dropped
+    answered: bool = False             # its response has been handed out (an answer or an error)
+
+    def __post_init__(self) -> None:
+        self.label = np.full(self.n, -1, dtype=np.int64)
+        self.exit_ramp = np.zeros(self.n, dtype=np.int32)
+        self.probs = np.zeros((self.n, self.num_classes), dtype=np.float32)
+        self.pending = self.n
+
+    @property
+    def live(self) -> bool:
+        return self.failed is None and not self.answered
+
+
+@dataclass(eq=False)
+class Row:
+    """One input on its way: its job, its index there, its tensors for the next split, its rule state."""
+    job: Job
+    index: int
+    state: dict[str, np.ndarray]   # name -> this row's tensor (no batch axis)
+    rule: dict[str, Any]           # exit-rule state of this row (name -> scalar)
+    queued_at: float = 0.0         # when it entered its current queue
+
+
+@dataclass
+class SplitQueue:
+    """One split's queue and what the scheduler knows about it."""
+    batch_size: int                 # the plan's batch (rows per dispatch)
+    slots: int                      # batches it may have in flight at once
+    queue_delay_s: float            # longest the oldest row waits for a fuller batch
+    partial_slots: int | None = None  # in flight at most when a partial batch goes (default: slots)
+    rows: deque = field(default_factory=deque)
+    in_flight: int = 0
+    batches: int = 0                # batches observed
+    _sums: np.ndarray = field(default_factory=lambda: np.zeros(5))  # decayed weight, x, y, xx, xy
+
+    @property
+    def partial(self) -> int:
+        return self.slots if self.partial_slots is None else self.partial_slots
+
+    def expected_ms(self, rows: int) -> float:
+        """Expected duration (ms) of a batch of ``rows`` rows: a line fitted to the batches seen
+        (exponentially weighted least squares); proportional to the rows while every batch had the
+        same size; 0 before the first batch."""
+        w, sx, sy, sxx, sxy = self._sums
+        if w <= 0:
+            return 0.0
+        mx, my = sx / w, sy / w
+        var = sxx / w - mx * mx
+        if var > 1e-6:
+            slope = max(0.0, (sxy / w - mx * my) / var)
+            return max(0.0, my + slope * (rows - mx))
+        return my * rows / mx if mx > 0 else my
+
+    def observe(self, rows: int, ms: float) -> None:
+        """Learn from a batch of ``rows`` rows that took ``ms``."""
+        if rows <= 0 or ms < 0:
+            return
+        self._sums = self._sums * (1 - EWMA_ALPHA) + np.array([1.0, rows, ms, rows * rows, rows * ms])
+        self.batches += 1
+
+
+@dataclass
+class Dispatch:
+    """A batch to run now: split index and its rows (the router stacks their tensors)."""
+    split: int
+    rows: list[Row]
+
+
+class Scheduler:
+    """The per-split queues of one router (see the module docstring). Not thread-safe: the router
+    holds one lock around every call."""
+
+    def __init__(self, queues: list[SplitQueue], slo_s: float, slack: float):
+        if not queues:
+            raise ValueError("a scheduler needs at least one split")
+        self.queues = queues
+        self.slo_s = slo_s
+        self.slack = slack
+
+    # -- admission -----------------------------------------------------------------------------------
+    def job(self, handle: Any, n: int, now: float, num_classes: int) -> Job:
+        return Job(handle, n, now, now + self.slo_s, now + self.slo_s * (1 - self.slack), num_classes)
+
+    def admit(self, job: Job, inputs: dict[str, np.ndarray], rule_state: dict[str, np.ndarray], now: float) -> None:
+        """Queue the job's rows for split 1 (``inputs``: name -> [n, ...]; ``rule_state``: the exit rule's
+        initial state for n rows)."""
+        q = self.queues[0]
+        for i in range(job.n):
+            q.rows.append(Row(job, i, {k: v[i] for k, v in inputs.items()},
+                              {k: v[i] for k, v in rule_state.items()}, now))
+
+    # -- dispatch ------------------------------------------------------------------------------------
+    def remaining_ms(self, split: int) -> float:
+        """Expected time (ms) from dispatching at ``split`` to the end of the last split, at full batches."""
+        return sum(q.expected_ms(q.batch_size) for q in self.queues[split:])
+
+    def poll(self, now: float) -> tuple[list[Dispatch], list[Job], float | None]:
+        """What to do at ``now``: (batches to dispatch, jobs newly dropped as late, when to poll next
+        at the latest: None if only an event can change anything). Dispatched rows leave their queue
+        and count as in flight until :meth:`finish` or :meth:`abandon`."""
+        dispatches, dropped, wake = [], [], None
+        for s in reversed(range(len(self.queues))):  # later splits first: finish what is started
+            q = self.queues[s]
+            dropped += self._drop_late(q, now)
+            while q.rows and q.in_flight < q.slots:
+                if len(q.rows) < q.batch_size and (q.in_flight >= q.partial or not self._forced(s, now)):
+                    break
+                rows = []
+                while q.rows and len(rows) < q.batch_size:
+                    row = q.rows.popleft()
+                    if row.job.live:   # rows of a dropped job are left behind
+                        rows.append(row)
+                if not rows:
+                    break
+                q.in_flight += 1
+                dispatches.append(Dispatch(s, rows))
+                self._skip_dead(q)
+            if q.rows and q.in_flight < q.partial:
+                at = self._force_time(s)
+                wake = at if wake is None else min(wake, at)
+        return dispatches, dropped, wake
+
+    def _upstream_idle(self, split: int) -> bool:
+        return all(not q.rows and q.in_flight == 0 for q in self.queues[:split])
+
+    def _force_time(self, split: int) -> float:
+        """When the oldest row of ``split`` must go even if its batch is not full."""
+        q = self.queues[split]
+        oldest = q.rows[0]
+        by_delay = oldest.queued_at + q.queue_delay_s
+        by_slo = min(r.job.target for r in _head(q.rows)) - self.remaining_ms(split) / 1e3
+        return min(by_delay, by_slo)
+
+    def _forced(self, split: int, now: float) -> bool:
+        if split > 0 and self._upstream_idle(split):
+            return True
+        if split == 0 and self.queues[0].queue_delay_s == 0:
+            return True
+        return now >= self._force_time(split)
+
+    def _drop_late(self, q: SplitQueue, now: float) -> list[Job]:
+        """Drop the jobs of head rows that would end this split after their SLO."""
+        dropped = []
+        self._skip_dead(q)
+        while q.rows and now + q.expected_ms(q.batch_size) / 1e3 > q.rows[0].job.deadline:
+            job = q.rows.popleft().job
+            if job.live:
+                job.failed = "deadline"
+                dropped.append(job)
+            self._skip_dead(q)
+        return dropped
+
+    @staticmethod
+    def _skip_dead(q: SplitQueue) -> None:
+        while q.rows and not q.rows[0].job.live:
+            q.rows.popleft()
+
+    # -- completion ----------------------------------------------------------------------------------
+    def finish(self, d: Dispatch, route: BatchRoute, survivors: dict[str, np.ndarray] | None, ms: float,
+               now: float) -> list[Job]:
+        """A dispatched batch ran in ``ms``: record every decided row's answer, queue the survivors
+        (``survivors``: name -> [len(route.active), ...], the next split's inputs) for the next split.
+        Returns the jobs now fully answered (each exactly once)."""
+        q = self.queues[d.split]
+        q.in_flight -= 1
+        q.observe(len(d.rows), ms)
+        done = []
+        decided = np.flatnonzero(route.exit_ramp > 0)
+        for i in decided:
+            row = d.rows[i]
+            job = row.job
+            if not job.live:
+                continue
+            job.label[row.index] = route.label[i]
+            job.exit_ramp[row.index] = route.exit_ramp[i]
+            job.probs[row.index] = route.probs[i]
+            job.pending -= 1
+            if job.pending == 0:
+                job.answered = True
+                done.append(job)
+        if route.active.size:
+            if d.split + 1 >= len(self.queues):
+                raise RuntimeError(f"split {d.split + 1} is the last one, yet {route.active.size} rows are undecided")
+            nxt = self.queues[d.split + 1]
+            for j, i in enumerate(route.active):
+                row = d.rows[i]
+                if row.job.live:
+                    nxt.rows.append(Row(row.job, row.index, {k: v[j] for k, v in survivors.items()},
+                                        {k: v[i] for k, v in route.rule_state.items()}, now))
+        return done
+
+    def abandon(self, d: Dispatch, reason: str) -> list[Job]:
+        """A dispatched batch failed (``reason``: a drop reason): its live jobs are dropped. Returns them."""
+        self.queues[d.split].in_flight -= 1
+        failed = []
+        for row in d.rows:
+            if row.job.live:
+                row.job.failed = reason
+                failed.append(row.job)
+        return failed
+
+    def fail_all(self, reason: str) -> list[Job]:
+        """Every live job still queued (the router is unloading): dropped with ``reason``."""
+        failed = []
+        for q in self.queues:
+            for row in q.rows:
+                if row.job.live:
+                    row.job.failed = reason
+                    failed.append(row.job)
+            q.rows.clear()
+        return failed
+
+    # -- batches -------------------------------------------------------------------------------------
+    @staticmethod
+    def stack(rows: list[Row]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The batch's inputs and exit-rule state, stacked in row order."""
+        first = rows[0]
+        feed = {k: np.stack([r.state[k] for r in rows]) for k in first.state}
+        rule = {k: np.asarray([r.rule[k] for r in rows]) for k in first.rule}
+        return feed, rule
+
+
+def _head(rows: deque, n: int = 8):
+    """The first ``n`` rows of a queue (deadlines are nearly in order; looking a little further than
+    the oldest row covers survivors that re-entered behind younger rows)."""
+    for i, row in enumerate(rows):
+        if i >= n:
+            return
+        yield row
+
+
+def make_queues(batch_sizes: list[int], slots: list[int], delays_us: list[int],
+                partial_slots: list[int] | None = None) -> list[SplitQueue]:
+    """One :class:`SplitQueue` per split from the plan's numbers."""
+    partial = partial_slots or [None] * len(slots)
+    return [SplitQueue(b, s, d / 1e6, p) for b, s, d, p in zip(batch_sizes, slots, delays_us, partial)]
