@@ -1,0 +1,234 @@
+"""`e3 bench side-by-side`: E3 against `<m>_stock` and `<m>_ee` on one server, at one core budget.
+
+For each mix (easy:hard, `e3 workload`) and each request size, the three
+systems are loaded in turn by the same closed loop (``concurrency`` clients,
+``batch`` inputs per request, the mix's inputs in order, their labels for
+accuracy), and the table shows inputs/s, p50/p99 latency, accuracy, E3's ratio
+to the best baseline and its share of the ideal speedup.
+
+* **E3**: the planner's plan for this machine (``e3 plan`` on the measured
+  latency profile and the mix's batch profile, ``cores`` CPU devices; split
+  forms, ramps and batch chosen by the planner), switched in through Triton's
+  API before the mix is measured. Its splits' instances add up to at most
+  ``cores`` (1 thread each).
+* **Baselines**: every configuration within ``cores``
+  (:func:`~e3.client.side_by_side.baseline_configs`) is tried in a short
+  calibration run per request size; the best is measured.
+
+Glue only: training and workloads come from `export`, the profile from
+`e3 profile`, the plan from the planner, loads from `client`; decisions and
+the table live in :mod:`e3.client.side_by_side`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from e3.client.loadgen import LoadResult, closed_loop
+from e3.client.side_by_side import (BaselineConfig, Row, baseline_configs, format_rows, ideal_speedup, mix_label,
+                                    results_document, write_results)
+from e3.core.names import ee_name, router_name, served_name, stock_name
+from e3.core.plan import Plan
+from e3.paths import artifacts_dir
+
+__all__ = ["BenchSettings", "run_side_by_side", "default_results_path"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    model: str = "bert-ee"
+    mixes: tuple[tuple[int, int], ...] = ((80, 20), (50, 50), (20, 80))
+    batches: tuple[int, ...] = (1, 8)
+    cores: int = 2
+    concurrency: int = 16        # closed-loop clients
+    inputs_per_run: int = 1600   # inputs each measured run sends (requests = this / batch)
+    calibration_inputs: int = 400
+    slo_ms: float = 1000.0       # the planner's latency objective (the bench measures, it does not drop)
+    rate_rps: float = 2000.0     # the planner's offered rate (a saturating closed loop)
+    out: Path | None = None      # default artifacts/results/side_by_side.json
+    repo: Path | None = None     # default artifacts/bench-repo
+
+
+def default_results_path() -> Path:
+    return artifacts_dir() / "results" / "side_by_side.json"
+
+
+def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print) -> dict:
+    """Run the benchmark; returns the results document (also written to ``settings.out``)."""
+    from e3.export.recipes import missing_checkpoints, train
+    from e3.export.zoo import resolve_model
+    name = settings.model
+    for missing in missing_checkpoints(name):
+        echo(f"[setup] {missing} is not trained yet: training it now (once; cached under artifacts/checkpoints)")
+        report = train(missing)
+        echo(f"        {missing} trained in {report.seconds / 60:.1f} min")
+    model = resolve_model(name)
+    m = served_name(name)
+    workloads = _workloads(name, settings.mixes, echo)
+    latency = _latency_profile(name, echo)
+    plans = {mix: _plan(latency, wl["batch_profile"], model.card, settings) for mix, wl in workloads.items()}
+    for mix, plan in plans.items():
+        echo(f"[plan] {mix_label(mix)}: " + " | ".join(
+            f"{s.first_block}-{s.last_block} {s.form} x{s.instances} batch {s.batch_size} ramps {list(s.enabled_ramps)}"
+            for s in plan.splits) + f"  (predicted {plan.predicted.get('throughput_rps', float('nan')):.0f} inputs/s)")
+    repo = settings.repo or artifacts_dir() / "bench-repo"
+    server = _serve(name, plans, repo, settings, echo)
+    rows: list[Row] = []
+    baseline_choice: dict[str, dict[int, BaselineConfig]] = {}
+    ideal = {mix_label(mix): ideal_speedup(latency, wl["batch_profile"].reach, 8) for mix, wl in workloads.items()}
+    with server:
+        from e3.controller.triton_api import TritonControl
+        with TritonControl(server.http_url) as control:
+            for batch in settings.batches:
+                calib = workloads[settings.mixes[len(settings.mixes) // 2]]
+                for base in (stock_name(m), ee_name(m)):
+                    best = _best_config(control, server.http_url, base, calib, batch, settings, echo)
+                    baseline_choice.setdefault(base, {})[batch] = best
+            for mix, wl in workloads.items():
+                _switch(control, plans[mix])
+                for batch in settings.batches:
+                    for system, served in (("e3", router_name(m)), ("stock", stock_name(m)), ("ee", ee_name(m))):
+                        if system != "e3":
+                            _configure(control, served, baseline_choice[served][batch])
+                        result = _measure(server.http_url, served, wl, batch, settings.inputs_per_run, settings)
+                        config = _e3_config(plans[mix]) if system == "e3" else baseline_choice[served][batch].describe()
+                        rows.append(_row(mix_label(mix), batch, system, result, config))
+                        echo(f"[run] {mix_label(mix)} batch {batch} {system:5s} {result.throughput_ips:7.1f} inputs/s"
+                             f"  p50 {result.percentile_ms(50):.1f} ms  errors {result.errors}")
+    table = format_rows(rows, settings.cores, ideal)
+    echo("")
+    echo(table)
+    doc = results_document(name, settings.cores, ideal, rows, commit=_commit(),
+                           plans={mix_label(mix): plan.to_dict() for mix, plan in plans.items()},
+                           baseline_configs={k: {str(b): c.describe() for b, c in v.items()}
+                                             for k, v in baseline_choice.items()},
+                           settings={"concurrency": settings.concurrency, "inputs_per_run": settings.inputs_per_run,
+                                     "batches": list(settings.batches)})
+    out = write_results(settings.out or default_results_path(), doc)
+    echo(f"\nwrote {out}")
+    return doc
+
+
+# -- steps -------------------------------------------------------------------------------------------------------
+def _workloads(name: str, mixes, echo) -> dict:
+    from e3.export.workload import MIXES, build_workloads, load_workload
+    from e3.core.profile import BatchProfile
+    unknown = [mix for mix in mixes if mix not in MIXES]
+    if unknown:
+        raise ValueError(f"mixes {[mix_label(x) for x in unknown]} are not built by `e3 workload`; "
+                         f"use {', '.join(f'{e}-{h}' for e, h in MIXES)}")
+    folder = artifacts_dir() / "workloads" / name
+    if not all((folder / f"mix-{e}-{h}.npz").exists() for e, h in mixes):
+        echo(f"[setup] building the workload mixes of {name} (e3 workload)")
+        build_workloads(name, folder)
+    out = {}
+    for e, h in mixes:
+        inputs, meta = load_workload(folder / f"mix-{e}-{h}.npz")
+        out[(e, h)] = {"inputs": inputs, "labels": meta.get("label"),
+                       "batch_profile": BatchProfile.load(folder / f"mix-{e}-{h}.batch-profile.json")}
+    return out
+
+
+def _latency_profile(name: str, echo):
+    """The measured CPU profile (``e3 profile``), measured now when missing or made before the router's
+    own costs were part of it."""
+    from e3.core.profile import LatencyProfile
+    from e3.export.profiler import ProfileSettings, default_profile_path, profile_model
+    path = default_profile_path(name, ["cpu"])
+    if path.exists():
+        profile = LatencyProfile.load(path)
+        if getattr(profile, "router_ms", None):
+            return profile
+    echo(f"[setup] measuring the latency profile of {name} on this machine (e3 profile) -> {path}")
+    profile = profile_model(name, ProfileSettings(batch_sizes=(1, 2, 4, 8, 16, 32), repeats=10))
+    profile.save(path)
+    return profile
+
+
+def _plan(latency, batch_profile, card, settings: BenchSettings) -> Plan:
+    from e3.controller.planner import best_plan
+    result = best_plan(latency, batch_profile, {"cpu": settings.cores}, slo_ms=settings.slo_ms,
+                       rate_rps=settings.rate_rps, alpha=None)
+    return result.to_plan(model=latency.model, num_blocks=latency.num_blocks, exit_rule=dict(card.exit_rule),
+                          ramp_blocks=list(card.ramp_blocks), slo_ms=settings.slo_ms, slack=0.2)
+
+
+def _serve(name: str, plans: dict, repo: Path, settings: BenchSettings, echo):
+    """Export the model with the first mix's plan and every other plan's Triton splits beside it."""
+    from e3.deploy.server import TritonServer
+    from e3.export.repository import ExportSettings, export_repository
+    first = next(iter(plans.values()))
+    extra = sorted({(s.first_block, s.last_block) for p in plans.values() for s in p.triton_splits})
+    echo(f"[setup] exporting {name} into {repo}")
+    export_repository(name, None, repo, ExportSettings(baseline_instances=settings.cores), plan=first,
+                      extra_ranges=extra)
+    log_file = artifacts_dir() / "logs" / "bench-tritonserver.log"
+    echo(f"[setup] starting tritonserver (logs: {log_file})")
+    return TritonServer.on_free_ports(repo, log_file=log_file)
+
+
+def _switch(control, plan: Plan) -> None:
+    for split in plan.triton_splits:
+        control.load(split.model, _split_config(control, split))
+    control.switch_plan(router_name(plan.model), plan)
+
+
+def _split_config(control, split) -> dict:
+    config = copy.deepcopy(control.model_config(split.model)) if control.is_ready(split.model) else None
+    if config is None:
+        control.load(split.model)
+        config = copy.deepcopy(control.model_config(split.model))
+    config["instance_group"] = [{"count": split.instances, "kind": "KIND_CPU"}]
+    batching = config.setdefault("dynamic_batching", {})
+    batching["preferred_batch_size"] = [split.batch_size]
+    batching["max_queue_delay_microseconds"] = 0
+    return config
+
+
+def _configure(control, model: str, choice: BaselineConfig) -> None:
+    config = copy.deepcopy(control.model_config(model))
+    config["instance_group"] = [{"count": choice.instances, "kind": "KIND_CPU"}]
+    config.setdefault("parameters", {})["intra_op_threads"] = {"string_value": str(choice.threads)}
+    config.setdefault("dynamic_batching", {})["max_queue_delay_microseconds"] = choice.queue_delay_us
+    control.load(model, config)
+
+
+def _best_config(control, url: str, model: str, wl: dict, batch: int, settings: BenchSettings, echo) -> BaselineConfig:
+    best, best_ips = None, -1.0
+    for choice in baseline_configs(settings.cores):
+        _configure(control, model, choice)
+        result = _measure(url, model, wl, batch, settings.calibration_inputs, settings)
+        echo(f"[calibrate] {model} batch {batch}: {choice.describe()}: {result.throughput_ips:.1f} inputs/s")
+        if result.errors == 0 and result.throughput_ips > best_ips:
+            best, best_ips = choice, result.throughput_ips
+    if best is None:
+        raise RuntimeError(f"{model}: every configuration failed during calibration")
+    return best
+
+
+def _measure(url: str, model: str, wl: dict, batch: int, inputs: int, settings: BenchSettings) -> LoadResult:
+    return closed_loop(url, model, wl["inputs"], concurrency=settings.concurrency, batch=batch,
+                       requests=max(settings.concurrency, inputs // batch), warmup=2, true_label=wl["labels"])
+
+
+def _row(mix: str, batch: int, system: str, r: LoadResult, config: str) -> Row:
+    return Row(mix=mix, batch=batch, system=system, inputs_per_s=r.throughput_ips, p50_ms=r.percentile_ms(50),
+               p99_ms=r.percentile_ms(99), accuracy=r.accuracy, config=config, errors=r.errors)
+
+
+def _e3_config(plan: Plan) -> str:
+    return " | ".join(f"{s.first_block}-{s.last_block} {s.form} x{s.instances} b{s.batch_size}" for s in plan.splits)
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
