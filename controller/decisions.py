@@ -10,7 +10,7 @@ Decisions (where the paper and DESIGN are silent)
   profile) or that breaks the latency budget under the forecast scores 0.
 * **Drift** applies the new plan whatever the margin (E3 §3.1), unless the new
   plan has the same layout (:func:`layout`: splits, instances, batch sizes,
-  devices, ramps) as the running one. Nothing is applied while a plan is pinned.
+  devices, ramps, forms) as the running one. Nothing is applied while a plan is pinned.
 * **Retries** after Triton refuses wait :func:`backoff_delay_s`: exponential,
   capped.
 """
@@ -36,12 +36,12 @@ class Decision:
 
 
 def layout(plan: Plan) -> tuple:
-    """What a plan changes on the server: per split its model, instances, batch size, device and ramps.
+    """What a plan changes on the server: per split its model, instances, batch size, device, ramps and form.
 
     Plan ids, predictions and queue delays are left out: two plans with the same
     layout serve the same way.
     """
-    return tuple((s.model, s.instances, s.batch_size, s.device, tuple(s.enabled_ramps)) for s in plan.splits)
+    return tuple((s.model, s.instances, s.batch_size, s.device, tuple(s.enabled_ramps), s.form) for s in plan.splits)
 
 
 def same_layout(a: Plan | None, b: Plan | None) -> bool:
@@ -93,7 +93,7 @@ def plan_diff(current: Plan | None, new: Plan) -> list[str]:
         changes = [f"{what} {a} -> {b}" for what, a, b in (
             ("instances", o.instances, s.instances), ("batch", o.batch_size, s.batch_size),
             ("device", o.device, s.device), ("queue delay us", o.queue_delay_us, s.queue_delay_us),
-            ("ramps", list(o.enabled_ramps), list(s.enabled_ramps))) if a != b]
+            ("ramps", list(o.enabled_ramps), list(s.enabled_ramps)), ("form", o.form, s.form)) if a != b]
         lines.append(f"~ {s.model}: " + ", ".join(changes) if changes else f"= {s.model}")
     lines += [f"- {name}" for name in old]
     return lines
@@ -103,8 +103,9 @@ def score_plan(latency: LatencyProfile, batch: BatchProfile, plan: Plan, rate_rp
     """Predicted throughput (inputs/s) of a fixed ``plan`` under the batch profile ``batch``.
 
     E3's cost model (:func:`e3.core.cost.plan_cost`, pipelined) on the plan's
-    splits, with B0 = the plan's predicted ``input_batch_size`` (else its first
-    split's batch x instances) and the offered rate ``rate_rps`` (inputs/s).
+    splits in their forms with the plan's enabled ramps, with B0 = the plan's
+    predicted ``input_batch_size`` (else its first split's batch x instances)
+    and the offered rate ``rate_rps`` (inputs/s).
     Returns 0.0 when the worst-case latency breaks SLO x (1 - slack), None when
     a split's device is not in the latency profile or the plan, the batch
     profile and the latency profile do not have the same number of blocks.
@@ -114,8 +115,8 @@ def score_plan(latency: LatencyProfile, batch: BatchProfile, plan: Plan, rate_rp
     if any(s.device not in latency.devices for s in plan.splits):
         return None
     b0 = float(plan.predicted.get("input_batch_size") or plan.splits[0].batch_size * plan.splits[0].instances)
-    splits = [(s.first_block, s.last_block, s.device, s.instances) for s in plan.splits]
-    cost = plan_cost(latency, batch.reach, splits, b0, rate_rps, pipelined=True)
+    splits = [(s.first_block, s.last_block, s.device, s.instances, s.form) for s in plan.splits]
+    cost = plan_cost(latency, batch.reach, splits, b0, rate_rps, pipelined=True, ramps=plan.enabled_ramps)
     if cost.latency_ms > plan.slo_ms * (1 - plan.slack) * (1 + _REL):
         return 0.0
     return cost.throughput_rps

@@ -49,7 +49,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from e3.controller.applier import ControlError, ServerControl, ServerView
 from e3.controller.decisions import backoff_delay_s, decide, devices_used, plan_diff, same_layout, score_plan
@@ -60,7 +60,7 @@ from e3.controller.report import format_reach
 from e3.controller.settings import ControlSettings
 from e3.controller.telemetry import Window
 from e3.core.files import write_json_atomic
-from e3.core.plan import Plan
+from e3.core.plan import FORMS, Plan
 from e3.core.profile import BatchProfile, LatencyProfile
 
 __all__ = ["Controller", "StepReport", "Clock", "MonotonicClock", "TelemetrySource", "Planner", "ProfilePlanner"]
@@ -120,14 +120,17 @@ class ProfilePlanner(Planner):
     E3's cost model (:func:`~e3.controller.decisions.score_plan`)."""
 
     def __init__(self, latency: LatencyProfile, *, exit_rule: Mapping[str, Any], ramp_blocks: Iterable[int],
-                 slo_ms: float, rate_rps: float, slack: float = 0.2, alpha: float | None = 1.0):
+                 slo_ms: float, rate_rps: float, slack: float = 0.2, alpha: float | None = 1.0,
+                 forms: Sequence[str] = FORMS, exit_wrapper: bool = True):
         self.latency, self.exit_rule, self.ramp_blocks = latency, dict(exit_rule), tuple(ramp_blocks)
         self.slo_ms, self.rate_rps, self.slack, self.alpha = slo_ms, rate_rps, slack, alpha
+        self.forms, self.exit_wrapper = tuple(forms), exit_wrapper   # as best_plan's
 
     def plan(self, forecast: BatchProfile, devices: Mapping[str, int]) -> Plan:
         from e3.controller.planner import best_plan
         result = best_plan(self.latency, forecast, devices, slo_ms=self.slo_ms, rate_rps=self.rate_rps,
-                           slack=self.slack, alpha=self.alpha)
+                           slack=self.slack, alpha=self.alpha, forms=self.forms, exit_wrapper=self.exit_wrapper,
+                           ramp_blocks=self.ramp_blocks)
         return result.to_plan(model=self.latency.model, num_blocks=self.latency.num_blocks,
                               exit_rule=self.exit_rule, ramp_blocks=self.ramp_blocks, slo_ms=self.slo_ms,
                               slack=self.slack)

@@ -42,19 +42,26 @@ def plan_lines(plan: Plan, indent: str = "  ") -> list[str]:
 
 def planner_result_lines(result: PlannerResult, plan: Plan, latency: LatencyProfile, devices: Mapping[str, int],
                          slo_ms: float, slack: float) -> list[str]:
-    """What ``e3 plan`` prints: every split's instances, batch per instance, stage and hop time, then B0, cycle,
-    predicted throughput, goodput, worst-case latency against its budget, cost, and the planner's notes."""
+    """What ``e3 plan`` prints: every split's form, instances, batch per instance, stage and hop time, then B0,
+    cycle, predicted throughput, goodput, worst-case latency against its budget, cost, the ramps the
+    exit-wrapper disabled (what each would save and cost) and the planner's notes."""
     kind = "MODELLED" if latency.modelled else "measured"
     lines = [f"plan for {latency.model} ({kind} latency profile), devices {dict(devices)}, SLO {slo_ms:g} ms "
              f"- slack {slack:g}:"]
     for s, split in zip(result.splits, plan.splits):
-        lines.append(f"  {split.model:28s} blocks {s.first_block}-{s.last_block}  {s.device} x{s.instances}  "
-                     f"batch/instance {s.batch_per_instance:.1f}  stage {s.stage_ms:.2f} ms  hop {s.tx_ms:.2f} ms")
+        lines.append(f"  {split.model:28s} blocks {s.first_block}-{s.last_block}  {s.form:8s} {s.device} "
+                     f"x{s.instances}  batch/instance {s.batch_per_instance:.1f}  stage {s.stage_ms:.2f} ms  "
+                     f"hop {s.tx_ms:.2f} ms")
     lines.append(f"  input batch B0 {result.input_batch_size}, cycle {result.cycle_ms:.2f} ms")
     lines.append(f"  predicted throughput {result.throughput_rps:.1f} inputs/s, goodput {result.goodput_rps:.1f} "
                  f"inputs/s at {result.rate_rps:g} inputs/s offered, worst-case latency {result.latency_ms:.1f} ms "
                  f"(budget {result.latency_budget_ms:.1f}), cost {result.cost:g}"
                  + (f" (bound {result.cost_bound:g})" if result.cost_bound is not None else ""))
+    disabled = [v for v in result.ramp_verdicts if not v.kept]
+    if result.ramp_verdicts:
+        lines.append("  exit-wrapper: " + (f"disabled ramps {[v.block for v in disabled]}" if disabled else
+                                           "every ramp pays for itself"))
+        lines += [f"    {v.describe()}" for v in disabled]
     lines += [f"  note: {note}" for note in result.notes]
     return lines
 

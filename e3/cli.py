@@ -123,14 +123,22 @@ def _profile(args) -> int:
 
 
 def _plan(args) -> int:
-    from e3.controller.planner import PlannerError, best_plan, cheapest_plan, parse_devices
+    from e3.controller.planner import PlannerError, best_plan, cheapest_plan, parse_devices, parse_forms
     from e3.controller.report import planner_result_lines
     from e3.core.files import write_atomic
     from e3.core.profile import BatchProfile, LatencyProfile, ProfileError
     try:
         latency, batch = LatencyProfile.load(args.latency_profile), BatchProfile.load(args.batch_profile)
         devices = parse_devices(args.devices)
-        common = dict(slo_ms=args.slo_ms, slack=args.slack, pipelined=not args.no_pipelining)
+        if args.model:  # the model's own ramps and exit rule
+            from e3.export.zoo import resolve_model
+            card = resolve_model(args.model).card
+            ramps, rule = list(card.ramp_blocks), dict(card.exit_rule)
+        else:  # without the model: the ramps the latency profile measured
+            ramps, rule = latency.ramp_blocks(), {"kind": "entropy", "tau_nats": args.tau_nats}
+        common = dict(slo_ms=args.slo_ms, slack=args.slack, pipelined=not args.no_pipelining,
+                      forms=parse_forms(args.forms), exit_wrapper=not args.no_exit_wrapper,
+                      ramp_blocks=ramps if args.model else None)
         if args.min_goodput is not None:
             result = cheapest_plan(latency, batch, devices, goodput_rps=args.min_goodput, rate_rps=args.rate_rps,
                                    **common)
@@ -138,12 +146,6 @@ def _plan(args) -> int:
             if args.rate_rps is None:
                 raise PlannerError("--rate-rps is needed (or --min-goodput for the cheapest plan reaching a goodput)")
             result = best_plan(latency, batch, devices, rate_rps=args.rate_rps, alpha=args.alpha, **common)
-        if args.model:  # the model's own ramps and exit rule
-            from e3.export.zoo import resolve_model
-            card = resolve_model(args.model).card
-            ramps, rule = list(card.ramp_blocks), dict(card.exit_rule)
-        else:  # without the model: the ramps the latency profile measured
-            ramps, rule = latency.ramp_blocks(), {"kind": "entropy", "tau_nats": args.tau_nats}
         plan = result.to_plan(model=latency.model, num_blocks=latency.num_blocks, exit_rule=rule, ramp_blocks=ramps,
                               slo_ms=args.slo_ms, slack=args.slack)
     except (ProfileError, PlannerError, ValueError) as err:
@@ -434,6 +436,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--min-goodput", type=float, default=None,
                     help="instead: the cheapest plan whose throughput reaches this many inputs/s (E3 §5.3)")
     pl.add_argument("--no-pipelining", action="store_true", help="splits run one after another (E3 §3.2.1)")
+    pl.add_argument("--forms", default="constant,compact",
+                    help="split forms to choose from: constant (own Triton model, constant batch), compact (run "
+                         "in the router, rows leave between blocks); default both, per split the faster")
+    pl.add_argument("--no-exit-wrapper", action="store_true",
+                    help="keep every ramp (default: disable ramps that cost more than their exits save, E3 §3.4)")
     pl.add_argument("--model", default=None, help="zoo model (or module:factory) whose ramps and exit rule the "
                                                   "written plan uses (recommended with --out)")
     pl.add_argument("--tau-nats", type=float, default=0.5,

@@ -3,8 +3,11 @@
 
 Per B0 (visited by an upper bound on its throughput), :func:`solve_b0` binary-searches the smallest cycle
 bound that a plan meets: first with the latency-free boolean DP, then, where latency binds, with the latency
-DP itself. It shares the DPs and tables with the product (they are checked against brute force separately),
-not the search.
+DP itself. It shares the DPs with the product (they are checked against brute force separately), not the
+search. Its tables choose every split candidate's form by brute force (:func:`oracle_tables`: each form
+priced alone, the smaller stage time kept, tie: constant, in plain loops) instead of the product's
+vectorised :func:`e3.core.cost.form_table`; the exit-wrapper's ramps are the product's (a pure function,
+tested on its own).
 """
 
 from __future__ import annotations
@@ -15,21 +18,24 @@ import numpy as np
 
 from e3.controller.planner.dp import (Found, best_cell, cost_grid, feasible_ignoring_latency, latency_dp,
                                       lower_bound_cycle, result_of)
+from e3.controller.planner.ramps import wrap_for_devices
 from e3.controller.planner.result import REL, PlannerError, PlannerResult, better
 from e3.controller.planner.search import plan_context
-from e3.controller.planner.tables import Tables, build_tables
-from e3.core.cost import fill_ms
+from e3.controller.planner.tables import Tables
+from e3.core.cost import FORM_TIE_REL, effective_reach, fill_ms, stage_table
+from e3.core.plan import FORMS
 
-__all__ = ["reference_best_plan", "solve_b0"]
+__all__ = ["reference_best_plan", "solve_b0", "oracle_tables"]
 
 
-def reference_best_plan(latency, batch, devices, *, slo_ms, rate_rps, slack=0.2, alpha=1.0,
-                        shrink_in_split=False, b0s=None, cost_bound=None) -> PlannerResult:
+def reference_best_plan(latency, batch, devices, *, slo_ms, rate_rps, slack=0.2, alpha=1.0, b0s=None,
+                        cost_bound=None, forms=FORMS, exit_wrapper=True, ramp_blocks=None) -> PlannerResult:
     """:func:`e3.controller.planner.best_plan` (pipelined) through the reference search."""
     ctx, cands, res = plan_context(latency, batch, devices, slo_ms=slo_ms, rate_rps=rate_rps, slack=slack,
-                                   alpha=alpha, pipelined=True, b0s=b0s, cost_bound=cost_bound)
+                                   alpha=alpha, pipelined=True, b0s=b0s, cost_bound=cost_bound, forms=forms,
+                                   exit_wrapper=exit_wrapper, ramp_blocks=ramp_blocks)
     reach = np.asarray(batch.reach, dtype=float)
-    tables = {b0: build_tables(latency, reach, res, int(b0), shrink_in_split=shrink_in_split) for b0 in cands}
+    tables = {b0: oracle_tables(latency, reach, res, int(b0), ctx) for b0 in cands}
     bound_of = {b0: lower_bound_cycle(t) for b0, t in tables.items()}
     order = sorted(cands, key=lambda b: -(b / bound_of[b]) if bound_of[b] > 0 else -math.inf)
     best = None
@@ -49,6 +55,45 @@ def reference_best_plan(latency, batch, devices, *, slo_ms, rate_rps, slack=0.2,
     if best is None:
         raise PlannerError("no plan meets the constraints (reference search)")
     return best
+
+
+def oracle_tables(latency, reach, devices, b0, ctx) -> Tables:
+    """One B0's table with every candidate's form chosen by brute force: each form of ``ctx.forms`` priced
+    on its own (:func:`e3.core.cost.stage_table`), then, cell by cell, the one with the smaller stage time
+    (compact only when faster by more than FORM_TIE_REL; tie: constant)."""
+    ramps, verdicts = ctx.ramp_blocks, ()
+    if ctx.exit_wrapper:
+        ramps, verdicts = wrap_for_devices(latency, reach, list(devices), b0, ramps=ramps)
+    Bk = b0 * effective_reach(reach, ramps)
+    L, bmax = latency.num_blocks, float(latency.batch_sizes[-1])
+    configs = list(devices)
+    T_l, tx_l, f_l = [], [], []
+    for c in configs:
+        M = devices[c]
+        priced = {f: stage_table(latency, c, Bk, M, ramps=ramps, form=f) for f in ctx.forms}
+        T, tx, form = np.full((L, L, M), np.inf), np.zeros((L, L, M)), np.zeros((L, L, M), dtype=np.int8)
+        for a in range(L):
+            for j in range(a, L):
+                for mi in range(M):
+                    m = mi + 1
+                    if m > max(1, math.ceil(Bk[a] - 1e-9)) or Bk[a] / m > bmax + 1e-9:
+                        continue                                   # illegal: inf, as in the product
+                    pick = None
+                    for f in FORMS:
+                        if f not in priced:
+                            continue
+                        t_f = priced[f][0][a, j, mi]
+                        if pick is None or t_f < pick[1] - FORM_TIE_REL * max(1.0, abs(pick[1])):
+                            pick = (f, t_f)
+                    f, t_f = pick
+                    T[a, j, mi], tx[a, j, mi], form[a, j, mi] = t_f, priced[f][1][a, mi], FORMS.index(f)
+        T_l.append(T)
+        tx_l.append(tx)
+        f_l.append(form)
+    prices = np.array([latency.devices[c].price for c in configs], dtype=float)
+    return Tables(int(b0), configs, [devices[c] for c in configs], prices, T_l, tx_l, f_l,
+                  [np.maximum(T, tx) for T, tx in zip(T_l, tx_l)], [T + tx for T, tx in zip(T_l, tx_l)], Bk,
+                  tuple(ramps), tuple(verdicts))
 
 
 def solve_b0(t: Tables, budget: float, cost_bound: float | None, max_bound: float) -> Found | None:

@@ -128,20 +128,22 @@ def test_plan_cost_against_hand_computed_numbers():
     # B0 = 8: split 1-1 on cpu x2 (4 inputs each), split 2-3 on gpu x1 (4 inputs enter block 2)
     pc = cost.plan_cost(lat, reach, [(1, 1, "cpu", 2), (2, 3, "gpu", 1)], b0=8, rate_rps=1000)
     s1, s2 = pc.stages
-    assert s1.batch_per_instance == 4 and s1.stage_ms == pytest.approx(1 + 4 + 0.5) and s1.tx_ms == 0
+    # the router sends split 1 the model inputs by BLS too: no tx_in_ms curve here, so Tx(4) = 1.4 ms
+    assert s1.batch_per_instance == 4 and s1.stage_ms == pytest.approx(1 + 4 + 0.5) and s1.tx_ms == pytest.approx(1.4)
     # no shrinking inside a split: block 3 runs at the 4 inputs that entered block 2
     assert s2.stage_ms == pytest.approx(0.1 * (2 + 4) + 0.5 + 0.1 * (3 + 4))
     assert s2.tx_ms == pytest.approx(1 + 0.4)
     assert pc.cycle_ms == pytest.approx(5.5)
     assert pc.throughput_rps == pytest.approx(1e3 * 8 / 5.5)
-    assert pc.latency_ms == pytest.approx(7.0 + 5.5 + 1.8 + 1.4)   # fill 7 ms at 1000/s + stages + hop
+    assert pc.latency_ms == pytest.approx(7.0 + 1.4 + 5.5 + 1.8 + 1.4)   # fill 7 ms at 1000/s + hops + stages
     assert pc.cost == pytest.approx(2 * 1.0 + 3.0) and pc.devices_used == {"cpu": 2, "gpu": 1}
     unpiped = cost.plan_cost(lat, reach, [(1, 1, "cpu", 2), (2, 3, "gpu", 1)], b0=8, rate_rps=1000,
                              pipelined=False)
-    assert unpiped.cycle_ms == pytest.approx(5.5 + 1.8 + 1.4)
-    shrunk = cost.plan_cost(lat, reach, [(1, 1, "cpu", 2), (2, 3, "gpu", 1)], b0=8, rate_rps=1000,
-                            shrink_in_split=True)
+    assert unpiped.cycle_ms == pytest.approx(1.4 + 5.5 + 1.8 + 1.4)
+    # split 2-3 compact: run in the router, the batch shrinks at ramp 2 (4 -> 2 inputs), no hop
+    shrunk = cost.plan_cost(lat, reach, [(1, 1, "cpu", 2), (2, 3, "gpu", 1, "compact")], b0=8, rate_rps=1000)
     assert shrunk.stages[1].stage_ms == pytest.approx(0.1 * (2 + 4) + 0.5 + 0.1 * (3 + 2))
+    assert shrunk.stages[1].tx_ms == 0 and shrunk.stages[1].form == "compact"
 
 
 def test_stage_table_equals_plan_cost_for_every_split():

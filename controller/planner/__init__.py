@@ -5,8 +5,9 @@ no Triton, no torch.
 One job per module:
 
 result.py   what a search returns (PlannerResult, its plan document) and the search's context
+ramps.py    the exit-wrapper (E3 §3.4): which ramps are worth keeping at a B0
 tables.py   the inputs checked, the B0 candidates, and one B0's table of every split's stage and hop
-            (priced by E3's one cost model, :mod:`e3.core.cost`)
+            in its better form (priced by E3's one cost model, :mod:`e3.core.cost`)
 dp.py       the dynamic programs over (blocks, devices used) and the backtrack to a plan
 search.py   the searches: best plan (fast, exact), cheapest plan, stock baseline
 
@@ -16,12 +17,18 @@ A plan cuts blocks 1..L into splits. Split i covers blocks a..b, runs on one
 device configuration c with m instances (the paper's replicas; instances of one
 split share one configuration, §3.2.3). The formulas below are E3's cost
 model, implemented once in :mod:`e3.core.cost`. Per *cycle* the front door admits one input batch of
-B0 inputs; B_k = B0 * reach[k-1] of them reach block k (batch profile). Split i
-receives the B_a inputs that reach its first block and each instance takes
-B_a / m of them (Fig. 6: "each GPU handles B_k/m samples"):
+B0 inputs; B_k = B0 * reach[k-1] of them reach block k (batch profile, with the
+ramps the exit-wrapper keeps). Split i receives the B_a inputs that reach its
+first block and each instance takes B_a / m of them (Fig. 6: "each GPU handles
+B_k/m samples"). A split has a form (:mod:`e3.core.plan`):
 
-* stage time   T_i  = sum_{k=a..b} P(k, c, B_a / m)          (ms, ramps included)
-* hop into it  Tx_i = Tx(c, B_a / m)  for i > 1, 0 for the first split
+* constant (its own Triton model):
+  stage time   T_i  = sum_{k=a..b} P(k, c, B_a / m) + R(c, B_a / m)      (ms, enabled ramps included)
+  hop into it  Tx_i = Tx(c, B_a / m); for the first split Tx_in(c, B_1 / m) (the model inputs)
+* compact (the router runs the blocks, rows leave between blocks):
+  stage time   T_i  = sum_{k=a..b} P(k, c, B_k / m) + sum_{enabled ramps k} check(c, B_k / m) + R(c, B_a / m)
+  hop into it  Tx_i = 0
+* R: the router's own work per batch (stacking, exit rule, answers), part of the stage
 * cycle time   C    = max_i max(T_i, Tx_i)  (pipelined, §3.2.2), or
                       sum_i (T_i + Tx_i)   (``pipelined=False``, §3.2.1)
 * throughput        = 1000 * B0 / C                          (inputs/s)
@@ -36,17 +43,26 @@ lowest cost whose throughput reaches a given goodput (ties: higher throughput).
 
 Decisions where the paper is silent or ambiguous
 ------------------------------------------------
-* **No shrinking inside a split.** DESIGN §2: the runtime cannot shrink a
-  batch inside a split (inputs that exit at an inner ramp keep computing to
-  the split's end), so every block of a split runs at the batch that entered
-  it, B_a / m. Fig. 6 writes P(k, c, B_k/m), i.e. shrinking at every ramp;
-  ``shrink_in_split=True`` gives that reading.
-* **Tx** is the hop *into* a split, taken at the receiving configuration and
+* **Forms.** A Triton split cannot shrink a batch inside itself (DESIGN §2:
+  inputs that exit at an inner ramp keep computing to the split's end), so a
+  constant split runs every block at B_a / m. Fig. 6 writes P(k, c, B_k/m),
+  i.e. shrinking at every ramp: that is the compact form, which the router runs
+  itself. Per candidate split (a, j, m, c) the planner keeps the form with the
+  smaller stage time T (tie, within 1e-9: constant), records it and writes it
+  into the plan; the hop does not enter that choice (it is its own pipeline
+  stage). ``forms=("constant",)`` (``e3 plan --forms constant``) forces E3's form.
+  What decides it is the profile: a CPU's latency grows with the batch (every
+  exited row saved pays), an accelerator's barely does while every exit check
+  costs a device-to-host sync (``check_ms``).
+* **Tx** is the hop *into* a constant split, taken at the receiving configuration and
   its per-instance batch (``LatencyProfile.tx(c, B_a/m)``): each instance
   receives its share in one call, instances receive in parallel. It is its own
-  pipeline stage in the ``max`` (Fig. 6) and adds to latency. The hops into
-  the first split and out of the last are the same for every plan (and for
-  the stock baseline) and are left out.
+  pipeline stage in the ``max`` (Fig. 6) and adds to latency. The first split
+  pays it too when constant: the router sends it the model inputs by BLS
+  (``tx_in_ms``, else ``tx_ms``). The hop out of the last split is left out.
+* **The router's work** (``router_ms``, per batch of each split, at B_a / m)
+  is part of every split's stage time, both for latency and for the cycle.
+* **The stock baseline** is served without the router: no hop, no router work.
 * **Worst-case latency** = batch fill time of the first input of a batch,
   (B0 - 1) / R, plus one pass through every stage and hop. With throughput
   >= R consecutive batches arrive at least one cycle apart, so no stage is
@@ -71,8 +87,14 @@ Decisions where the paper is silent or ambiguous
   the latency budget at all, the cost bound is dropped (logged).
 * **Exit shares do not depend on B0** (independent exits): reach is the
   batch profile's, whatever B0 is chosen.
-* **Ramps.** Every ramp inside a split is computed and paid for (``with_ramp``);
-  disabling ramps (E3 §3.4's exit-wrapper) is not planned here.
+* **Ramps** (E3 §3.4's exit-wrapper, :mod:`~e3.controller.planner.ramps`, on by
+  default, ``exit_wrapper=False`` to keep every ramp): for each B0 the wrapper
+  disables the ramps whose cost (ramp + exit check at B_k) exceeds what their
+  exits save; the inputs that would have exited there are assumed to exit at
+  the next enabled ramp (reach recomputed), and the tables are priced with the
+  ramps kept. With several configurations one set of ramps holds for the whole
+  plan: a ramp is disabled only when every configuration disables it. The
+  result lists every verdict; ``to_plan`` leaves disabled ramps out of the plan.
 
 How it is solved
 ----------------
@@ -123,9 +145,10 @@ Non-pipelined planning (``pipelined=False``) solves each B0 with one latency DP
 without a cycle bound (the cycle is the pipeline latency itself).
 """
 
+from e3.controller.planner.ramps import RampVerdict, judge_ramps, ramps_worth_keeping
 from e3.controller.planner.result import PlannerError, PlannerResult, SearchContext
 from e3.controller.planner.search import best_plan, cheapest_plan, stock_baseline
-from e3.controller.planner.tables import b0_candidates, parse_devices
+from e3.controller.planner.tables import b0_candidates, parse_devices, parse_forms
 
 __all__ = ["PlannerError", "PlannerResult", "SearchContext", "best_plan", "cheapest_plan", "stock_baseline",
-           "parse_devices", "b0_candidates"]
+           "parse_devices", "parse_forms", "b0_candidates", "RampVerdict", "judge_ramps", "ramps_worth_keeping"]

@@ -13,6 +13,7 @@ import numpy as np
 from e3.controller.planner.result import REL, PlannerResult, SearchContext, make_result
 from e3.controller.planner.tables import Tables
 from e3.core.cost import StageCost
+from e3.core.plan import FORMS
 
 __all__ = ["cost_grid", "cost_ok_grid", "feasible_ignoring_latency", "latency_dp", "backtrack", "lower_bound_cycle",
            "Found", "best_cell", "result_of", "solve_unpipelined"]
@@ -165,9 +166,10 @@ def best_cell(t: Tables, f: np.ndarray, cost_grid: np.ndarray, cost_ok: np.ndarr
 def result_of(t: Tables, found: Found, ctx: SearchContext) -> PlannerResult:
     """The plan whose value is ``found``, priced."""
     stages = [StageCost(a, j, t.configs[c], m, float(t.batch_in[a - 1] / m), float(t.T[c][a - 1, j - 1, m - 1]),
-                        float(t.tx[c][a - 1, m - 1]))
+                        float(t.tx[c][a - 1, j - 1, m - 1]), FORMS[int(t.form[c][a - 1, j - 1, m - 1])])
               for a, j, c, m in backtrack(t, found.f, found.bound, found.cell)]
-    return make_result(stages, t.b0, {c: float(p) for c, p in zip(t.configs, t.prices)}, ctx)
+    return make_result(stages, t.b0, {c: float(p) for c, p in zip(t.configs, t.prices)}, ctx,
+                       enabled_ramps=t.ramps, ramp_verdicts=t.verdicts)
 
 
 def cost_ok_grid(t: Tables, cost_bound: float | None) -> np.ndarray:

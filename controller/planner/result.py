@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from e3.core.cost import StageCost, summarise
 from e3.core.names import ramps_in_range, split_name
-from e3.core.plan import Plan, SplitPlan, entry_queue_delay_us
+from e3.core.plan import FORMS, Plan, SplitPlan, entry_queue_delay_us
+
+if TYPE_CHECKING:
+    from e3.controller.planner.ramps import RampVerdict
 
 __all__ = ["PlannerError", "SearchContext", "PlannerResult", "make_result", "better"]
 
@@ -27,6 +30,10 @@ class SearchContext:
     cost_bound: float | None = None   # alpha * Cost_baseline; None: unbounded
     cost_baseline: float | None = None  # cost of the stock baseline plan (see stock_baseline)
     notes: tuple[str, ...] = ()       # anything the caller should know (e.g. fallback baselines)
+    forms: tuple[str, ...] = FORMS    # split forms the planner may choose (("constant",): force one)
+    exit_wrapper: bool = True         # disable ramps that cost more than their exits save (E3 §3.4)
+    ramp_blocks: tuple[int, ...] | None = None  # ramps a plan may enable (the wrapper's candidates); None:
+                                      # the profile's priced ramps and blocks where inputs exit (candidate_ramps)
 
 
 @dataclass(frozen=True)
@@ -46,15 +53,23 @@ class PlannerResult:
     cost_baseline: float | None = None  # cost of the stock baseline plan (see stock_baseline)
     pipelined: bool = True
     notes: tuple[str, ...] = field(default=())  # anything the caller should know (e.g. fallback baselines)
+    enabled_ramps: tuple[int, ...] = ()  # the ramps this plan was priced with (blocks)
+    ramp_verdicts: tuple[RampVerdict, ...] = ()  # the exit-wrapper's verdict per ramp at this B0 (empty: off)
 
     @property
     def cuts(self) -> list[int]:
         """Cut after these blocks (the `--cuts` vocabulary)."""
         return [s.last_block for s in self.splits[:-1]]
 
+    @property
+    def disabled_ramps(self) -> tuple[int, ...]:
+        """Ramps the exit-wrapper disabled (blocks, ascending)."""
+        return tuple(v.block for v in self.ramp_verdicts if not v.kept)
+
     def to_plan(self, *, model: str, num_blocks: int, exit_rule: Mapping[str, Any], ramp_blocks: Iterable[int],
                 slo_ms: float, slack: float) -> Plan:
-        """The shared plan document for this result (every ramp inside a split enabled).
+        """The shared plan document for this result: every split's form, and every ramp of ``ramp_blocks``
+        (the model's) inside a split enabled unless the exit-wrapper disabled it.
 
         ``queue_delay_us`` of each split after the first is one cycle (an instance's batch arrives within
         one cycle in the steady state; waiting longer means the forecast was wrong), capped so that the
@@ -62,6 +77,7 @@ class PlannerResult:
         is :func:`e3.core.plan.entry_queue_delay_us` (0, measured).
         """
         ramps = tuple(sorted(set(int(k) for k in ramp_blocks)))
+        enabled = tuple(k for k in ramps if k not in set(self.disabled_ramps))
         slack_us = slo_ms * slack * 1e3 / max(1, len(self.splits))
         delay_us = int(max(0.0, min(self.cycle_ms * 1e3, slack_us)))
         splits = tuple(
@@ -69,7 +85,7 @@ class PlannerResult:
                       last_block=s.last_block, batch_size=s.preferred_batch, instances=s.instances,
                       device=s.device,
                       queue_delay_us=entry_queue_delay_us() if s.first_block == 1 else delay_us,
-                      enabled_ramps=ramps_in_range(ramps, s.first_block, s.last_block, num_blocks))
+                      enabled_ramps=ramps_in_range(enabled, s.first_block, s.last_block, num_blocks), form=s.form)
             for s in self.splits)
         predicted = {"throughput_rps": self.throughput_rps, "goodput_rps": self.goodput_rps,
                      "latency_ms": self.latency_ms, "cost": self.cost, "cycle_ms": self.cycle_ms,
@@ -82,15 +98,17 @@ class PlannerResult:
         return plan
 
 
-def make_result(stages: Sequence[StageCost], b0: int, prices: Mapping[str, float],
-                ctx: SearchContext) -> PlannerResult:
-    """The result for priced ``stages`` at input batch ``b0``: its numbers come from E3's cost model."""
+def make_result(stages: Sequence[StageCost], b0: int, prices: Mapping[str, float], ctx: SearchContext, *,
+                enabled_ramps: Iterable[int] = (), ramp_verdicts: Sequence[RampVerdict] = ()) -> PlannerResult:
+    """The result for priced ``stages`` at input batch ``b0`` (priced with ``enabled_ramps``, as the
+    exit-wrapper's ``ramp_verdicts`` decided): its numbers come from E3's cost model."""
     pc = summarise(stages, b0, ctx.rate_rps, prices, pipelined=ctx.pipelined)
     return PlannerResult(splits=pc.stages, input_batch_size=int(b0), cycle_ms=pc.cycle_ms,
                          throughput_rps=pc.throughput_rps, goodput_rps=min(pc.throughput_rps, ctx.rate_rps),
                          latency_ms=pc.latency_ms, cost=pc.cost, devices_used=pc.devices_used,
                          rate_rps=ctx.rate_rps, latency_budget_ms=ctx.latency_budget_ms, cost_bound=ctx.cost_bound,
-                         cost_baseline=ctx.cost_baseline, pipelined=ctx.pipelined, notes=ctx.notes)
+                         cost_baseline=ctx.cost_baseline, pipelined=ctx.pipelined, notes=ctx.notes,
+                         enabled_ramps=tuple(enabled_ramps), ramp_verdicts=tuple(ramp_verdicts))
 
 
 def better(r: PlannerResult, best: PlannerResult) -> bool:

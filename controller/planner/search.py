@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from e3.controller.planner.dp import (Found, best_cell, cost_grid, cost_ok_grid, feasible_ignoring_latency,
                                       latency_dp, lower_bound_cycle, result_of, solve_unpipelined)
+from e3.controller.planner.ramps import candidate_ramps
 from e3.controller.planner.result import REL, PlannerError, PlannerResult, SearchContext, better, make_result
-from e3.controller.planner.tables import Tables, b0_candidates, build_tables, check_inputs
+from e3.controller.planner.tables import Tables, b0_candidates, build_tables, check_inputs, parse_forms, plan_tables
 from e3.core.cost import StageCost, fill_ms
+from e3.core.plan import CONSTANT, FORMS
 from e3.core.profile import BatchProfile, LatencyProfile
 
 __all__ = ["best_plan", "cheapest_plan", "stock_baseline", "plan_context"]
@@ -109,16 +111,20 @@ class _B0Search:
 
 
 def _cheap_cycle_bound(latency: LatencyProfile, reach: np.ndarray, res: Mapping[str, int],
-                       with_ramp: bool) -> float:
+                       ramps: Iterable[int]) -> float:
     """A lower bound on the pipelined cycle of every plan, for every B0, without building tables: block k
     runs in some split at some batch in (0, max batch], and P(k, c, x) there is at least the least measured
-    value of its block row plus that of its ramp row (linear interpolation between measured batches, P(1)
-    below the smallest). 0 when some block is reached by no input (it may then cost nothing)."""
+    value of its block row plus, for a ramp every plan pays (``ramps``), that of its ramp row (linear
+    interpolation between measured batches, P(1) below the smallest); checks and the router's work only
+    add to a stage. 0 when some block is reached by no input (it may then cost nothing). With ramps
+    disabled, reach only grows (:func:`e3.core.cost.effective_reach`), so the test on ``reach`` holds."""
     if not (np.asarray(reach) > 0).all():
         return 0.0
+    paid = {int(k) for k in ramps}
     lb = 0.0
     for k in range(latency.num_blocks):
-        per_c = [min(latency.block_ms[c][k]) + (min(latency.ramp_ms[c][k]) if with_ramp else 0.0) for c in res]
+        per_c = [min(latency.block_ms[c][k]) + (min(latency.ramp_ms[c][k]) if k + 1 in paid else 0.0)
+                 for c in res]
         lb = max(lb, min(per_c))
     return max(0.0, lb * (1 - 1e-9))
 
@@ -207,7 +213,7 @@ def stock_baseline(latency: LatencyProfile, devices: Mapping[str, int], *, slo_m
     L = latency.num_blocks
     best, best_key = None, None
     for b0 in (b0s if b0s is not None else b0_candidates(latency, res, rate_rps, ctx.latency_budget_ms)):
-        t = build_tables(latency, reach, res, int(b0), with_ramp=False)
+        t = build_tables(latency, reach, res, int(b0), ramps=(), forms=(CONSTANT,), router=False)
         for ci, c in enumerate(t.configs):
             T = t.T[ci][0, L - 1]                          # [m-1]
             for mi in np.nonzero(np.isfinite(T))[0]:
@@ -225,24 +231,30 @@ def stock_baseline(latency: LatencyProfile, devices: Mapping[str, int], *, slo_m
 
 def best_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str, int], *, slo_ms: float,
               rate_rps: float, slack: float = 0.2, alpha: float | None = 1.0, pipelined: bool = True,
-              shrink_in_split: bool = False, b0s: Iterable[int] | None = None,
-              cost_bound: float | None = None) -> PlannerResult:
+              b0s: Iterable[int] | None = None, cost_bound: float | None = None,
+              forms: Sequence[str] = FORMS, exit_wrapper: bool = True,
+              ramp_blocks: Iterable[int] | None = None) -> PlannerResult:
     """The plan with the highest throughput (inputs/s) under SLO*(1-slack), the devices and
     cost <= alpha * Cost_baseline (``alpha=None``: no cost bound; ``cost_bound`` sets the bound directly).
 
     latency: P(k, c, B) and Tx per configuration; batch: share of inputs reaching every block;
-    devices: configuration -> device count, e.g. ``{"v100": 6, "t4": 8}``; rate_rps: R, the offered rate.
+    devices: configuration -> device count, e.g. ``{"v100": 6, "t4": 8}``; rate_rps: R, the offered rate;
+    forms: the split forms to choose from (``("constant",)`` forces E3's form); exit_wrapper: disable the
+    ramps that cost more than they save at each B0 (:mod:`~e3.controller.planner.ramps`); ramp_blocks:
+    the model's ramps (None: :func:`~e3.controller.planner.ramps.candidate_ramps`).
     Raises :class:`PlannerError` when no plan fits.
     """
     ctx, cands, res = plan_context(latency, batch, devices, slo_ms=slo_ms, rate_rps=rate_rps, slack=slack,
-                                   alpha=alpha, pipelined=pipelined, b0s=b0s, cost_bound=cost_bound)
+                                   alpha=alpha, pipelined=pipelined, b0s=b0s, cost_bound=cost_bound, forms=forms,
+                                   exit_wrapper=exit_wrapper, ramp_blocks=ramp_blocks)
     reach = np.asarray(batch.reach, dtype=float)
 
     def build(b0: int) -> Tables:
-        return build_tables(latency, reach, res, int(b0), shrink_in_split=shrink_in_split)
+        return plan_tables(latency, reach, res, int(b0), ctx)
 
     if pipelined:
-        best = _search(build, cands, _cheap_cycle_bound(latency, reach, res, with_ramp=True), ctx)
+        paid = () if exit_wrapper else ctx.ramp_blocks
+        best = _search(build, cands, _cheap_cycle_bound(latency, reach, res, paid), ctx)
     else:
         best = None
         for b0 in cands:
@@ -262,11 +274,15 @@ def best_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str
 
 def plan_context(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str, int], *, slo_ms: float,
                  rate_rps: float, slack: float, alpha: float | None, pipelined: bool,
-                 b0s: Iterable[int] | None,
-                 cost_bound: float | None) -> tuple[SearchContext, list[int], dict[str, int]]:
-    """The search context (cost bound from alpha x the stock baseline unless given), the B0 candidates and
-    the checked devices (:func:`~e3.controller.planner.tables.check_inputs`)."""
+                 b0s: Iterable[int] | None, cost_bound: float | None, forms: Sequence[str] = FORMS,
+                 exit_wrapper: bool = True,
+                 ramp_blocks: Iterable[int] | None = None) -> tuple[SearchContext, list[int], dict[str, int]]:
+    """The search context (cost bound from alpha x the stock baseline unless given; forms, exit-wrapper and
+    ramps as given), the B0 candidates and the checked devices
+    (:func:`~e3.controller.planner.tables.check_inputs`)."""
     res = check_inputs(latency, batch, devices, slo_ms, slack, rate_rps)
+    forms = parse_forms(forms)
+    ramps = candidate_ramps(latency, batch) if ramp_blocks is None else tuple(sorted({int(k) for k in ramp_blocks}))
     budget = slo_ms * (1 - slack)
     cands = list(b0s) if b0s is not None else b0_candidates(latency, res, rate_rps, budget)
     notes: list[str] = []
@@ -284,25 +300,29 @@ def plan_context(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[
                              f"plan's ({base.throughput_rps:.1f} inputs/s)")
                 log.info("planner: %s", notes[-1])
     return SearchContext(rate_rps=rate_rps, latency_budget_ms=budget, pipelined=pipelined, cost_bound=cost_bound,
-                         cost_baseline=baseline_cost, notes=tuple(notes)), cands, res
+                         cost_baseline=baseline_cost, notes=tuple(notes), forms=forms,
+                         exit_wrapper=bool(exit_wrapper), ramp_blocks=ramps), cands, res
 
 
 def cheapest_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str, int], *, slo_ms: float,
                   goodput_rps: float, rate_rps: float | None = None, slack: float = 0.2, pipelined: bool = True,
-                  shrink_in_split: bool = False, b0s: Iterable[int] | None = None) -> PlannerResult:
+                  b0s: Iterable[int] | None = None, forms: Sequence[str] = FORMS, exit_wrapper: bool = True,
+                  ramp_blocks: Iterable[int] | None = None) -> PlannerResult:
     """The converse (E3 §5.3): the cheapest plan whose throughput reaches ``goodput_rps`` under
     SLO*(1-slack) and the devices; ties go to the higher throughput. ``rate_rps`` (fill time) defaults
-    to the goodput. Raises :class:`PlannerError` when no plan reaches it."""
+    to the goodput; ``forms``, ``exit_wrapper``, ``ramp_blocks`` as for :func:`best_plan`. Raises
+    :class:`PlannerError` when no plan reaches it."""
     rate = goodput_rps if rate_rps is None else rate_rps
-    res = check_inputs(latency, batch, devices, slo_ms, slack, rate)
     if not goodput_rps > 0:
         raise PlannerError(f"goodput_rps must be > 0, got {goodput_rps}")
-    budget = slo_ms * (1 - slack)
+    ctx, cands, res = plan_context(latency, batch, devices, slo_ms=slo_ms, rate_rps=rate, slack=slack, alpha=None,
+                                   pipelined=pipelined, b0s=b0s, cost_bound=None, forms=forms,
+                                   exit_wrapper=exit_wrapper, ramp_blocks=ramp_blocks)
+    budget = ctx.latency_budget_ms
     reach = np.asarray(batch.reach, dtype=float)
-    cands = list(b0s) if b0s is not None else b0_candidates(latency, res, rate, budget)
     cheapest = math.inf
     for b0 in cands:
-        t = build_tables(latency, reach, res, int(b0), shrink_in_split=shrink_in_split)
+        t = plan_tables(latency, reach, res, int(b0), ctx)
         cycle = 1e3 * b0 / goodput_rps * (1 + 1e-12)
         f = latency_dp(t, cycle if pipelined else np.inf)
         ok = f[-1] <= budget - fill_ms(b0, rate) + 1e-9 * budget
@@ -313,4 +333,5 @@ def cheapest_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping
     if not math.isfinite(cheapest):
         raise PlannerError(f"no plan reaches {goodput_rps:g} inputs/s within {budget:.1f} ms with {res}")
     return best_plan(latency, batch, res, slo_ms=slo_ms, rate_rps=rate, slack=slack, alpha=None,
-                     pipelined=pipelined, shrink_in_split=shrink_in_split, b0s=cands, cost_bound=cheapest)
+                     pipelined=pipelined, b0s=cands, cost_bound=cheapest, forms=ctx.forms,
+                     exit_wrapper=exit_wrapper, ramp_blocks=ctx.ramp_blocks)

@@ -1,23 +1,27 @@
 """The planner's inputs: devices parsed and checked, the B0 candidates, and one B0's cost table.
 
 A table holds, for one input batch B0, every split's stage and hop time for every
-start, end, device configuration and instance count. It is priced by E3's one
-cost model (:func:`e3.core.cost.stage_table`); the planner never interpolates a
+start, end, device configuration and instance count, in the form (constant or
+compact) with the smaller stage time. It is priced by E3's one cost model
+(:func:`e3.core.cost.form_table`) with the ramps the exit-wrapper keeps at that
+B0 (:mod:`e3.controller.planner.ramps`); the planner never interpolates a
 latency profile itself.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from e3.controller.planner.result import PlannerError
-from e3.core.cost import stage_table
+from e3.controller.planner.ramps import RampVerdict, candidate_ramps, wrap_for_devices
+from e3.controller.planner.result import PlannerError, SearchContext
+from e3.core.cost import effective_reach, form_table
+from e3.core.plan import FORMS
 from e3.core.profile import BatchProfile, LatencyProfile
 
-__all__ = ["parse_devices", "check_inputs", "b0_candidates", "Tables", "build_tables"]
+__all__ = ["parse_devices", "parse_forms", "check_inputs", "b0_candidates", "Tables", "build_tables", "plan_tables"]
 
 
 def parse_devices(text: str) -> dict[str, int]:
@@ -38,6 +42,16 @@ def parse_devices(text: str) -> dict[str, int]:
     if not out:
         raise PlannerError("no devices given; write e.g. cpu:2")
     return out
+
+
+def parse_forms(text: str | Sequence[str]) -> tuple[str, ...]:
+    """``"constant,compact"`` (or a sequence) -> the split forms the planner may choose, in FORMS order."""
+    items = [p.strip().lower() for p in (text.split(",") if isinstance(text, str) else text) if p.strip()]
+    unknown = [f for f in items if f not in FORMS]
+    if unknown or not items:
+        raise PlannerError(f"split forms are some of {','.join(FORMS)} (e.g. constant,compact or constant); "
+                           f"got {text!r}")
+    return tuple(f for f in FORMS if f in items)
 
 
 def check_inputs(latency: LatencyProfile, batch: BatchProfile | None, devices: Mapping[str, int],
@@ -78,30 +92,52 @@ class Tables:
     caps: list[int]              # devices of each configuration (grid axis c has caps[c] + 1 cells)
     prices: np.ndarray           # [C]
     T: list[np.ndarray]          # per c: [a-1, j-1, m-1] stage time of split a..j with m instances, inf if illegal
-    tx: list[np.ndarray]         # per c: [a-1, m-1] hop into a split starting at a
+    tx: list[np.ndarray]         # per c: [a-1, j-1, m-1] hop into that split (0 when compact)
+    form: list[np.ndarray]       # per c: [a-1, j-1, m-1] its form, an index into e3.core.plan.FORMS
     stage: list[np.ndarray]      # per c: max(T, tx)  (what the pipelined cycle sees)
     lat: list[np.ndarray]        # per c: T + tx      (what latency sees)
-    batch_in: np.ndarray         # [a-1] B_a: inputs entering block a per cycle
+    batch_in: np.ndarray         # [a-1] B_a: inputs entering block a per cycle (with the enabled ramps)
+    ramps: tuple[int, ...] = ()  # the enabled ramps the table is priced with
+    verdicts: tuple[RampVerdict, ...] = ()  # the exit-wrapper's verdicts at this B0 (empty: wrapper off)
 
 
 def build_tables(latency: LatencyProfile, reach: np.ndarray, devices: Mapping[str, int], b0: int, *,
-                 with_ramp: bool = True, shrink_in_split: bool = False) -> Tables:
-    """One B0's table. Illegal cells are inf: more instances than inputs entering the split
-    (m > max(1, ceil(B_a))) or a per-instance batch above the largest measured batch."""
+                 ramps: Iterable[int] | None = None, forms: Sequence[str] = FORMS, router: bool = True,
+                 verdicts: Sequence[RampVerdict] = ()) -> Tables:
+    """One B0's table with the ramps ``ramps`` enabled (None: every ramp the profile prices, ``reach`` as
+    given) in the better of ``forms`` per cell. ``router=False``: without the router's work (the stock
+    model). Illegal cells are inf: more instances than inputs entering the split (m > max(1, ceil(B_a)))
+    or a per-instance batch above the largest measured batch."""
     bmax = float(latency.batch_sizes[-1])
-    Bk = b0 * np.asarray(reach, dtype=float)      # [L] inputs reaching block k
+    ramps = None if ramps is None else tuple(sorted(int(k) for k in ramps))
+    Bk = b0 * effective_reach(reach, ramps)       # [L] inputs reaching block k
     configs = list(devices)
-    T_l, tx_l, st_l, lat_l = [], [], [], []
+    T_l, tx_l, f_l, st_l, lat_l = [], [], [], [], []
     for c in configs:
         M = devices[c]
         m = np.arange(1, M + 1, dtype=float)
         per = Bk[:, None] / m[None, :]             # [a, m] per-instance batch entering a split at a
         legal = (m[None, :] <= np.maximum(1.0, np.ceil(Bk[:, None] - 1e-9))) & (per <= bmax + 1e-9)
-        T, tx = stage_table(latency, c, Bk, M, with_ramp=with_ramp, shrink_in_split=shrink_in_split)
+        T, tx, form = form_table(latency, c, Bk, M, ramps=ramps, forms=forms, router=router)
         T = np.where(legal[:, None, :], T, np.inf)
         T_l.append(T)
         tx_l.append(tx)
-        st_l.append(np.maximum(T, tx[:, None, :]))
-        lat_l.append(T + tx[:, None, :])
+        f_l.append(form)
+        st_l.append(np.maximum(T, tx))
+        lat_l.append(T + tx)
     prices = np.array([latency.devices[c].price for c in configs], dtype=float)
-    return Tables(b0, configs, [devices[c] for c in configs], prices, T_l, tx_l, st_l, lat_l, Bk)
+    all_ramps = tuple(range(1, latency.num_blocks)) if ramps is None else ramps
+    return Tables(b0, configs, [devices[c] for c in configs], prices, T_l, tx_l, f_l, st_l, lat_l, Bk,
+                  all_ramps, tuple(verdicts))
+
+
+def plan_tables(latency: LatencyProfile, reach: np.ndarray, devices: Mapping[str, int], b0: int,
+                ctx: SearchContext) -> Tables:
+    """One B0's table as a search needs it: the exit-wrapper (when ``ctx.exit_wrapper``) picks the ramps of
+    ``ctx.ramp_blocks`` worth keeping at this B0 on ``devices``, the table is priced with them and
+    ``ctx.forms``. The one way the product's searches and the tests' reference search build tables."""
+    ramps = candidate_ramps(latency, reach) if ctx.ramp_blocks is None else ctx.ramp_blocks
+    verdicts: tuple[RampVerdict, ...] = ()
+    if ctx.exit_wrapper:
+        ramps, verdicts = wrap_for_devices(latency, reach, list(devices), b0, ramps=ramps)
+    return build_tables(latency, reach, devices, int(b0), ramps=ramps, forms=ctx.forms, verdicts=verdicts)

@@ -2,17 +2,31 @@
 
 The one place the project turns a plan into stage times, cycle time,
 throughput, worst-case latency and cost. The planner builds its DP tables
-with :func:`stage_table`, the controller scores a running plan with
+with :func:`form_table`, the controller scores a running plan with
 :func:`plan_cost`, and a simulator prices its stages the same way, so the
 three can never disagree.
 
 Per *cycle* the front door admits one input batch of B0 inputs; ``B_k = B0 *
-reach[k-1]`` of them reach block k (the batch profile). A split over blocks
-a..b runs on one device configuration c with m instances; each instance
-takes ``B_a / m`` of the inputs entering it:
+reach[k-1]`` of them reach block k (the batch profile, with the plan's enabled
+ramps: see :func:`effective_reach`). A split over blocks a..b runs on one
+device configuration c with m instances; each instance takes ``B_a / m`` of the
+inputs entering it. A split has a *form* (:mod:`e3.core.plan`):
 
-* stage time   ``T  = sum_{k=a..b} P(k, c, B_a / m)``      (ms, ramps included)
-* hop into it  ``Tx = Tx(c, B_a / m)`` for every split but the first (ms)
+* **constant** -- its own Triton model reached by a BLS hop; the batch that
+  enters runs every block (no shrinking inside):
+  ``T = sum_{k=a..b} P(k, c, B_a / m) + R(c, B_a / m)``, hop into it
+  ``Tx = Tx(c, B_a / m)`` for *every* constant split; into the first split the
+  hop carries the model inputs, ``Tx_in(c, B_1 / m)`` (``tx_in_ms``, else ``tx_ms``).
+* **compact** -- the router runs the blocks itself, one call per block, and the
+  rows that exit leave between blocks:
+  ``T = sum_{k=a..b} P(k, c, B_k / m) + sum_{enabled ramps k in a..b} check(c, B_k / m) + R(c, B_a / m)``,
+  no hop (``Tx = 0``: it runs inside the router process).
+
+``P`` includes the ramp of every enabled ramp; ``R`` is the router's own work
+per batch of the split (``router_ms``: stacking rows, the exit rule at the
+split's end, answering), part of the stage for both latency and cycle;
+``check`` is one exit check and compaction of the rows (``check_ms``). Then
+
 * cycle time   ``C  = max over splits of max(T, Tx)``      (pipelined, §3.2.2), or
                ``sum over splits of (T + Tx)``             (not pipelined, §3.2.1)
 * throughput   ``1000 * B0 / C``                           (inputs/s)
@@ -20,10 +34,9 @@ takes ``B_a / m`` of the inputs entering it:
   waits for the batch to fill at the offered rate R, then passes every stage and hop once
 * cost         ``sum of instances x price``
 
-Inside a split the batch does not shrink (DESIGN §2: inputs that exit at an
-inner ramp compute to the split's end), so every block of a split runs at
-``B_a / m``. ``shrink_in_split=True`` gives Fig. 6's literal reading, ``P(k, c,
-B_k / m)``: the batch shrinks at every ramp.
+The planner prices both forms of every split candidate and keeps the one with
+the smaller stage time T (tie: constant) -- :func:`form_table`. Profiles
+without ``check_ms`` / ``router_ms`` price them as 0.
 """
 
 from __future__ import annotations
@@ -34,10 +47,13 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from e3.core.plan import COMPACT, CONSTANT, FORMS
 from e3.core.profile import LatencyProfile
 
-__all__ = ["StageCost", "PlanCost", "fill_ms", "split_block_ms", "stage_table", "stage_cost", "summarise",
-           "plan_cost"]
+__all__ = ["StageCost", "PlanCost", "fill_ms", "effective_reach", "split_block_ms", "stage_table", "form_table",
+           "stage_cost", "summarise", "plan_cost", "FORM_TIE_REL"]
+
+FORM_TIE_REL = 1e-9   # compact must be faster than constant by more than this share to be chosen
 
 
 @dataclass(frozen=True)
@@ -46,10 +62,11 @@ class StageCost:
     first_block: int              # first block of the split (1-based)
     last_block: int               # last block (inclusive)
     device: str                   # device configuration, as in the latency profile
-    instances: int                # m: Triton instances of the split (the paper's replicas), all on `device`
+    instances: int                # m: instances of the split (the paper's replicas), all on `device`
     batch_per_instance: float     # B_a / m: inputs each instance takes per cycle (may be fractional)
-    stage_ms: float               # T: the split's blocks (with their ramps) at that batch (ms)
-    tx_ms: float                  # Tx: the hop into this split (ms); 0 for the first split
+    stage_ms: float               # T: the split's blocks (with enabled ramps, checks) + the router's work (ms)
+    tx_ms: float                  # Tx: the hop into this split (ms); 0 for a compact split
+    form: str = CONSTANT          # CONSTANT (own Triton model, constant batch) or COMPACT (in the router)
 
     @property
     def preferred_batch(self) -> int:
@@ -75,50 +92,124 @@ def fill_ms(b0: float, rate_rps: float) -> float:
     return 1e3 * (b0 - 1) / rate_rps
 
 
-def split_block_ms(latency: LatencyProfile, device: str, batch_in: np.ndarray, instances: np.ndarray, *,
-                   with_ramp: bool = True, shrink_in_split: bool = False) -> np.ndarray:
-    """``P[k-1, a-1, i]``: latency (ms) of block k in a split that starts at block a with ``instances[i]``
-    instances, where ``batch_in[k-1]`` inputs reach block k per cycle. [L, L, len(instances)].
+def effective_reach(reach: Sequence[float], ramps: Iterable[int] | None) -> np.ndarray:
+    """The share of inputs entering each block when only the ramps after ``ramps`` are enabled.
 
-    The batch block k runs at is ``batch_in[a-1] / m`` (no shrinking inside a split), or
-    ``batch_in[k-1] / m`` with ``shrink_in_split``.
+    ``reach`` is the batch profile's (every ramp enabled). Inputs that would have exited at a disabled
+    ramp go on to the next enabled ramp and are assumed to exit there (the exit-wrapper's approximation,
+    E3 §3.4): block k is entered by ``reach`` after the last enabled ramp before k. ``None``: ``reach``.
+    """
+    r = np.asarray(reach, dtype=float)
+    if ramps is None:
+        return r.copy()
+    enabled = {int(k) for k in ramps}
+    out, last = np.empty_like(r), 0
+    for k in range(1, r.size + 1):
+        out[k - 1] = r[last]
+        if k in enabled:
+            last = k
+    return out
+
+
+def _ramp_mask(latency: LatencyProfile, ramps: Iterable[int] | None) -> np.ndarray:
+    """[L] bool: enabled ramps (None: every block's ramp as the profile prices it); never block L (the head)."""
+    mask = latency.ramp_mask(True if ramps is None else tuple(ramps))
+    mask[-1] = False
+    return mask
+
+
+def split_block_ms(latency: LatencyProfile, device: str, batch_in: np.ndarray, instances: np.ndarray, *,
+                   ramps: Iterable[int] | None = None, shrink: bool = False) -> np.ndarray:
+    """``P[k-1, a-1, i]``: latency (ms) of block k (with its ramp if enabled) in a split that starts at block
+    a with ``instances[i]`` instances, where ``batch_in[k-1]`` inputs reach block k per cycle. [L, L, len(instances)].
+
+    The batch block k runs at is ``batch_in[a-1] / m`` (constant form: no shrinking inside a split), or
+    ``batch_in[k-1] / m`` with ``shrink`` (compact form). ``ramps``: the enabled ramps (None: all).
     """
     L = latency.num_blocks
     b = np.asarray(batch_in, dtype=float)
     m = np.asarray(instances, dtype=float)
-    per = (b[:, None, None] if shrink_in_split else b[None, :, None]) / m[None, None, :]
-    return latency.blocks_at(device, np.broadcast_to(per, (L, L, m.size)), with_ramp=with_ramp)
+    per = (b[:, None, None] if shrink else b[None, :, None]) / m[None, None, :]
+    return latency.blocks_at(device, np.broadcast_to(per, (L, L, m.size)), with_ramp=_ramp_mask(latency, ramps))
 
 
-def stage_table(latency: LatencyProfile, device: str, batch_in: np.ndarray, max_instances: int, *,
-                with_ramp: bool = True, shrink_in_split: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Every split's stage and hop time on ``device`` for 1..``max_instances`` instances (the planner's table).
-
-    Returns ``T`` [a-1, j-1, m-1]: stage time (ms) of the split over blocks a..j with m instances
-    (inf where j < a), and ``tx`` [a-1, m-1]: the hop into a split starting at a (0 for a = 1).
-    """
+def _stages(latency: LatencyProfile, device: str, batch_in: np.ndarray, m: np.ndarray, *,
+            ramps: Iterable[int] | None, form: str, router: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``T`` [a-1, j-1, i] and ``tx`` [a-1, i] of one form for the instance counts ``m`` (see the module doc)."""
+    if form not in FORMS:
+        raise ValueError(f"form {form!r} is not one of {', '.join(FORMS)}")
     L = latency.num_blocks
-    m = np.arange(1, max_instances + 1, dtype=float)
-    P = split_block_ms(latency, device, batch_in, m, with_ramp=with_ramp, shrink_in_split=shrink_in_split)
-    cs = np.concatenate([np.zeros((1, L, m.size)), np.cumsum(P, axis=0)])            # [k+1, a, m]
+    b = np.asarray(batch_in, dtype=float)
+    ramps = None if ramps is None else tuple(ramps)
+    compact = form == COMPACT
+    P = split_block_ms(latency, device, b, m, ramps=ramps, shrink=compact)        # [k, a, m]
+    if compact:   # the exit check between blocks, at every enabled ramp, on the rows that reached it
+        check = np.asarray(latency.check(device, b[:, None] / m[None, :]), dtype=float)   # [k, m]
+        P = P + (check * _ramp_mask(latency, ramps)[:, None])[:, None, :]
+    cs = np.concatenate([np.zeros((1, L, m.size)), np.cumsum(P, axis=0)])             # [k+1, a, m]
     T = np.transpose(cs[1:], (1, 0, 2)) - cs[np.arange(L), np.arange(L)][:, None, :]  # [a, j, m]
+    per_a = b[:, None] / m[None, :]                                                    # [a, m]
+    if router:
+        T = T + np.asarray(latency.router(device, per_a), dtype=float)[:, None, :]
     a_idx, j_idx = np.meshgrid(np.arange(L), np.arange(L), indexing="ij")
     T = np.where((j_idx >= a_idx)[:, :, None], np.maximum(T, 0.0), np.inf)
-    tx = np.asarray(latency.tx(device, np.asarray(batch_in, dtype=float)[:, None] / m[None, :]), dtype=float)
-    tx[0] = 0.0
+    if compact:
+        tx = np.zeros((L, m.size))
+    else:
+        tx = np.asarray(latency.tx(device, per_a), dtype=float)
+        tx[0] = latency.tx_in(device, per_a[0])     # split 1's hop carries the model inputs
     return T, tx
 
 
+def stage_table(latency: LatencyProfile, device: str, batch_in: np.ndarray, max_instances: int, *,
+                ramps: Iterable[int] | None = None, form: str = CONSTANT,
+                router: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Every split's stage and hop time in one ``form`` on ``device`` for 1..``max_instances`` instances.
+
+    ``batch_in[k-1]``: inputs reaching block k per cycle (with the enabled ramps already applied, see
+    :func:`effective_reach`); ``ramps``: the enabled ramps (None: every ramp the profile prices);
+    ``router=False`` leaves out the router's work (the stock model, served without a router).
+    Returns ``T`` [a-1, j-1, m-1]: stage time (ms) of the split over blocks a..j with m instances
+    (inf where j < a), and ``tx`` [a-1, m-1]: the hop into a split starting at a (0 for compact).
+    """
+    m = np.arange(1, max_instances + 1, dtype=float)
+    return _stages(latency, device, batch_in, m, ramps=ramps, form=form, router=router)
+
+
+def form_table(latency: LatencyProfile, device: str, batch_in: np.ndarray, max_instances: int, *,
+               ramps: Iterable[int] | None = None, forms: Sequence[str] = FORMS,
+               router: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`stage_table` of every form in ``forms``, each candidate (a, j, m) in the form with the smaller
+    stage time T (tie, within :data:`FORM_TIE_REL`: constant). Returns ``T`` and ``tx`` [a-1, j-1, m-1] of
+    the chosen form and ``form`` [a-1, j-1, m-1]: its index in :data:`e3.core.plan.FORMS`."""
+    ramps = None if ramps is None else tuple(ramps)
+    chosen = [f for f in FORMS if f in set(forms)]
+    if not chosen or set(forms) - set(FORMS):
+        raise ValueError(f"forms must be some of {', '.join(FORMS)}, got {list(forms)}")
+    best_T = best_tx = best_f = None
+    for f in chosen:
+        T, tx = stage_table(latency, device, batch_in, max_instances, ramps=ramps, form=f, router=router)
+        tx = np.broadcast_to(tx[:, None, :], T.shape)
+        if best_T is None:
+            best_T, best_tx, best_f = T, np.array(tx), np.full(T.shape, FORMS.index(f), dtype=np.int8)
+            continue
+        take = T < best_T - FORM_TIE_REL * np.maximum(1.0, np.abs(np.where(np.isfinite(best_T), best_T, 0.0)))
+        best_T = np.where(take, T, best_T)
+        best_tx = np.where(take, tx, best_tx)
+        best_f = np.where(take, FORMS.index(f), best_f).astype(np.int8)
+    return best_T, best_tx, best_f
+
+
 def stage_cost(latency: LatencyProfile, reach: Sequence[float], b0: float, first: int, last: int, device: str,
-               instances: int, *, with_ramp: bool = True, shrink_in_split: bool = False) -> StageCost:
-    """One split priced: blocks ``first..last`` on ``device`` with ``instances`` instances, B0 = ``b0``."""
-    batch_in = b0 * np.asarray(reach, dtype=float)
-    P = split_block_ms(latency, device, batch_in, np.array([instances]), with_ramp=with_ramp,
-                       shrink_in_split=shrink_in_split)
+               instances: int, *, ramps: Iterable[int] | None = None, form: str = CONSTANT) -> StageCost:
+    """One split priced: blocks ``first..last`` on ``device`` with ``instances`` instances in ``form``,
+    B0 = ``b0``. ``reach``: the batch profile's (every ramp enabled); ``ramps``: the plan's enabled ramps
+    (None: every ramp, reach as given)."""
+    batch_in = b0 * effective_reach(reach, ramps)
+    T, tx = _stages(latency, device, batch_in, np.array([float(instances)]), ramps=ramps, form=form, router=True)
     per = float(batch_in[first - 1] / instances)
-    stage = float(max(0.0, P[first - 1:last, first - 1, 0].sum()))
-    tx = float(latency.tx(device, per)) if first > 1 else 0.0
-    return StageCost(first, last, device, int(instances), per, stage, tx)
+    return StageCost(first, last, device, int(instances), per, float(T[first - 1, last - 1, 0]),
+                     float(tx[first - 1, 0]), form)
 
 
 def summarise(stages: Sequence[StageCost], b0: float, rate_rps: float, prices: Mapping[str, float], *,
@@ -135,21 +226,24 @@ def summarise(stages: Sequence[StageCost], b0: float, rate_rps: float, prices: M
                     cost=sum(prices[c] * n for c, n in used.items()), devices_used=used, pipelined=pipelined)
 
 
-def plan_cost(latency: LatencyProfile, reach: Sequence[float], splits: Iterable[tuple[int, int, str, int]],
-              b0: float, rate_rps: float, *, pipelined: bool = True, with_ramp: bool = True,
-              shrink_in_split: bool = False) -> PlanCost:
-    """Price a plan given as ``(first_block, last_block, device, instances)`` per split, in block order.
+def plan_cost(latency: LatencyProfile, reach: Sequence[float], splits: Iterable[tuple], b0: float,
+              rate_rps: float, *, pipelined: bool = True, ramps: Iterable[int] | None = None) -> PlanCost:
+    """Price a plan given as ``(first_block, last_block, device, instances[, form])`` per split, in block
+    order (form: CONSTANT when left out). ``reach``: the batch profile's; ``ramps``: the plan's enabled
+    ramps (None: every ramp the profile prices, reach as given).
 
-    Raises ValueError when a split's device is not in the profile or ``reach`` does not
-    describe the profile's blocks.
+    Raises ValueError when a split's device is not in the profile, a form is unknown or ``reach`` does
+    not describe the profile's blocks.
     """
     if len(reach) != latency.num_blocks:
         raise ValueError(f"the batch profile has {len(reach)} blocks, the latency profile {latency.num_blocks}")
+    ramps = None if ramps is None else tuple(ramps)
     stages = []
-    for first, last, device, instances in splits:
+    for split in splits:
+        first, last, device, instances = split[:4]
+        form = split[4] if len(split) > 4 else CONSTANT
         if device not in latency.devices:
             raise ValueError(f"device {device!r} is not in the latency profile ({sorted(latency.devices)})")
-        stages.append(stage_cost(latency, reach, b0, first, last, device, instances, with_ramp=with_ramp,
-                                 shrink_in_split=shrink_in_split))
+        stages.append(stage_cost(latency, reach, b0, first, last, device, instances, ramps=ramps, form=form))
     prices = {c: latency.devices[c].price for c in latency.devices}
     return summarise(stages, b0, rate_rps, prices, pipelined=pipelined)

@@ -9,6 +9,16 @@ apart, so that a plan that disables a ramp (E3 §3.4) does not pay for it.
 ``tx_ms`` is the cost of moving one cut's tensors between two splits (a BLS
 hop here, a network transfer across machines) at batch ``B``.
 
+Three optional curves per device, over the same batch sizes (absent in older
+files: they read as described, and the file version stays 1):
+
+* ``tx_in_ms`` -- the hop that carries the *model inputs* into the first split
+  (smaller than a cut's state); absent: ``tx_ms``.
+* ``check_ms`` -- the router's exit check at one ramp and the compaction of the
+  rows that go on (a compact split pays it between blocks); absent: 0.
+* ``router_ms`` -- the router's own work per batch of a split (stacking rows
+  into a batch, the exit rule at the split's end, answering); absent: 0.
+
 :class:`BatchProfile` is E3's batch profile: for an input batch of ``B0``,
 the expected share of inputs that enter each block (block 1: all of them),
 with every ramp enabled. The batch reaching block k is ``B0 * reach[k-1]``.
@@ -24,7 +34,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -33,6 +43,7 @@ from e3.core.files import write_json_atomic
 __all__ = ["PROFILE_VERSION", "ProfileError", "DeviceConfig", "LatencyProfile", "BatchProfile", "interp_linear"]
 
 PROFILE_VERSION = 1
+_CURVES = ("tx_in_ms", "check_ms", "router_ms")   # optional per-device curves over batch_sizes
 
 
 class ProfileError(ValueError):
@@ -89,6 +100,12 @@ class LatencyProfile(_JsonFile):
     tx_ms: dict[str, list[float]]               # device -> [batch index] one hop between splits (ms)
     spread_ms: dict[str, list[list[float]]] = field(default_factory=dict)  # optional: IQR of block_ms repeats
     source: str = ""                            # how it was made (runtime, repeats, or "modelled from ...")
+    tx_in_ms: dict[str, list[float]] = field(default_factory=dict)   # optional: device -> [batch index] the hop
+                                                # carrying the model inputs into split 1 (ms); absent: tx_ms
+    check_ms: dict[str, list[float]] = field(default_factory=dict)   # optional: device -> [batch index] one exit
+                                                # check + compaction of the rows between blocks (ms); absent: 0
+    router_ms: dict[str, list[float]] = field(default_factory=dict)  # optional: device -> [batch index] the
+                                                # router's own work per batch of a split (ms); absent: 0
     version: int = PROFILE_VERSION
     KIND = "latency profile"
 
@@ -96,14 +113,30 @@ class LatencyProfile(_JsonFile):
     def modelled(self) -> bool:
         return any(d.modelled for d in self.devices.values())
 
-    def block(self, k: int, device: str, batch: float, with_ramp: bool = True) -> float:
-        """Latency (ms) of block ``k`` (1-based) on ``device`` at ``batch`` inputs (may be fractional)."""
+    def ramp_mask(self, with_ramp: bool | Iterable[int] = True) -> np.ndarray:
+        """[L] bool: which blocks' ramps are paid. ``True``: every ramp the profile prices; ``False``: none;
+        blocks: the ramps after those blocks only (a plan's enabled ramps); an [L] bool array: itself."""
+        if isinstance(with_ramp, (bool, np.bool_)):
+            return np.full(self.num_blocks, bool(with_ramp))
+        if isinstance(with_ramp, np.ndarray) and with_ramp.dtype == bool:
+            if with_ramp.shape != (self.num_blocks,):
+                raise ValueError(f"a ramp mask needs one entry per block ({self.num_blocks}), got {with_ramp.shape}")
+            return with_ramp.copy()
+        mask = np.zeros(self.num_blocks, dtype=bool)
+        for k in with_ramp:
+            if 1 <= int(k) <= self.num_blocks:
+                mask[int(k) - 1] = True
+        return mask
+
+    def block(self, k: int, device: str, batch: float, with_ramp: bool | Iterable[int] = True) -> float:
+        """Latency (ms) of block ``k`` (1-based) on ``device`` at ``batch`` inputs (may be fractional), with its
+        ramp where ``with_ramp`` says so (see :meth:`ramp_mask`)."""
         t = interp_linear(self.batch_sizes, self.block_ms[device][k - 1], batch)
-        if with_ramp:
+        if self.ramp_mask(with_ramp)[k - 1]:
             t = t + interp_linear(self.batch_sizes, self.ramp_ms[device][k - 1], batch)
         return float(t)
 
-    def blocks_at(self, device: str, batch: np.ndarray, with_ramp: bool = True) -> np.ndarray:
+    def blocks_at(self, device: str, batch: np.ndarray, with_ramp: bool | Iterable[int] = True) -> np.ndarray:
         """Vectorised :meth:`block`: ``out[k-1, ...]`` is block k's latency (ms) at ``batch[k-1, ...]``.
 
         ``batch`` is [L, ...]: row k-1 holds the batches block k is asked about.
@@ -113,14 +146,31 @@ class LatencyProfile(_JsonFile):
             raise ValueError(f"blocks_at needs one row per block ({self.num_blocks}), got shape {batch.shape}")
         out = np.stack([interp_linear(self.batch_sizes, self.block_ms[device][k], batch[k])
                         for k in range(self.num_blocks)])
-        if with_ramp:
-            out += np.stack([interp_linear(self.batch_sizes, self.ramp_ms[device][k], batch[k])
-                             for k in range(self.num_blocks)])
+        for k in np.flatnonzero(self.ramp_mask(with_ramp)):
+            out[k] += interp_linear(self.batch_sizes, self.ramp_ms[device][k], batch[k])
         return out
 
     def tx(self, device: str, batch: float | np.ndarray) -> float | np.ndarray:
         """Latency (ms) of one hop between splits carrying ``batch`` inputs (a float for a float)."""
-        out = interp_linear(self.batch_sizes, self.tx_ms[device], batch)
+        return self._curve(self.tx_ms[device], batch)
+
+    def tx_in(self, device: str, batch: float | np.ndarray) -> float | np.ndarray:
+        """Latency (ms) of the hop carrying ``batch`` model inputs into the first split (``tx_in_ms``;
+        ``tx_ms`` where the profile has no such curve)."""
+        return self._curve(self.tx_in_ms.get(device, self.tx_ms[device]), batch)
+
+    def check(self, device: str, batch: float | np.ndarray) -> float | np.ndarray:
+        """Latency (ms) of one exit check and compaction of ``batch`` rows between blocks (0 if not profiled)."""
+        return self._curve(self.check_ms.get(device), batch)
+
+    def router(self, device: str, batch: float | np.ndarray) -> float | np.ndarray:
+        """Latency (ms) of the router's own work on one batch of ``batch`` rows of a split (0 if not profiled)."""
+        return self._curve(self.router_ms.get(device), batch)
+
+    def _curve(self, ys: Sequence[float] | None, batch: float | np.ndarray) -> float | np.ndarray:
+        """A per-batch curve read at ``batch`` (a float for a float); a missing curve reads 0."""
+        x = np.asarray(batch, dtype=float)
+        out = np.zeros_like(x) if ys is None else interp_linear(self.batch_sizes, ys, x)
         return float(out) if out.ndim == 0 else out
 
     def at_batch_sizes(self, batches: Sequence[int]) -> "LatencyProfile":
@@ -132,6 +182,9 @@ class LatencyProfile(_JsonFile):
         L, x = self.num_blocks, np.asarray(batches, dtype=float)
         out = LatencyProfile(model=self.model, num_blocks=L, batch_sizes=batches, devices=dict(self.devices),
                              block_ms={}, ramp_ms={}, tx_ms={}, spread_ms={}, source=self.source)
+        for name in _CURVES:
+            getattr(out, name).update({dev: np.maximum(0.0, interp_linear(self.batch_sizes, ys, x)).tolist()
+                                       for dev, ys in getattr(self, name).items()})
         for dev in self.devices:
             out.block_ms[dev] = [interp_linear(self.batch_sizes, r, x).tolist() for r in self.block_ms[dev]]
             out.ramp_ms[dev] = [np.maximum(0.0, interp_linear(self.batch_sizes, r, x)).tolist()
@@ -151,7 +204,7 @@ class LatencyProfile(_JsonFile):
                 "batch_sizes": list(self.batch_sizes), "source": self.source, "modelled": self.modelled,
                 "devices": {n: {"price": d.price, "modelled": d.modelled} for n, d in self.devices.items()},
                 "block_ms": self.block_ms, "ramp_ms": self.ramp_ms, "tx_ms": self.tx_ms,
-                "spread_ms": self.spread_ms}
+                "spread_ms": self.spread_ms, **{name: getattr(self, name) for name in _CURVES}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "LatencyProfile":
@@ -162,7 +215,8 @@ class LatencyProfile(_JsonFile):
                        devices={n: DeviceConfig(n, float(v.get("price", 1.0)), bool(v.get("modelled", False)))
                                 for n, v in d["devices"].items()},
                        block_ms=d["block_ms"], ramp_ms=d["ramp_ms"], tx_ms=d["tx_ms"],
-                       spread_ms=d.get("spread_ms", {}), source=d.get("source", ""))
+                       spread_ms=d.get("spread_ms", {}), source=d.get("source", ""),
+                       **{name: d.get(name) or {} for name in _CURVES})
         except KeyError as missing:
             raise ProfileError(f"latency profile is missing the field {missing}") from None
         prof.validate()
@@ -181,6 +235,17 @@ class LatencyProfile(_JsonFile):
                     raise ProfileError(f"{name}[{dev!r}] has negative or non-finite latencies")
             if len(self.tx_ms.get(dev, [])) != len(B):
                 raise ProfileError(f"tx_ms[{dev!r}] must hold {len(B)} latencies")
+        for name in _CURVES:
+            table = getattr(self, name)
+            if not isinstance(table, dict):
+                raise ProfileError(f"{name} must map device configurations to latencies")
+            for dev, ys in table.items():
+                if dev not in self.devices:
+                    raise ProfileError(f"{name} has device {dev!r}, which the profile does not list")
+                if not isinstance(ys, list) or len(ys) != len(B):
+                    raise ProfileError(f"{name}[{dev!r}] must hold {len(B)} latencies")
+                if any(not isinstance(v, (int, float)) or v < 0 or not np.isfinite(v) for v in ys):
+                    raise ProfileError(f"{name}[{dev!r}] has negative or non-finite latencies")
 
 
 @dataclass
