@@ -58,6 +58,7 @@ class Row:
     accuracy: float       # share of answered inputs labelled correctly (nan without labels)
     config: str           # how the system spent its cores
     errors: int = 0
+    predicted_inputs_per_s: float = float("nan")   # E3: the planner's prediction for its plan
 
 
 def parse_mixes(text: str) -> list[tuple[int, int]]:
@@ -119,8 +120,8 @@ def ideal_speedup(latency: LatencyProfile, reach: Sequence[float], batch: int, d
 def format_rows(rows: Sequence[Row], cores: int, ideal: dict[str, float]) -> str:
     """The side-by-side table: one line per (mix, batch, system), E3's ratio to the best baseline and
     its share of the ideal speedup, and the budget every system had."""
-    header = ["mix", "batch", "system", "inputs/s", "p50 ms", "p99 ms", "accuracy", "vs stock", "vs best",
-              "of ideal", "config"]
+    header = ["mix", "batch", "system", "inputs/s", "predicted", "p50 ms", "p99 ms", "accuracy", "vs stock",
+              "vs best", "of ideal", "config"]
     lines = []
     for (mix, batch), cell in _cells(rows).items():
         stock = cell.get("stock")
@@ -131,7 +132,9 @@ def format_rows(rows: Sequence[Row], cores: int, ideal: dict[str, float]) -> str
                 continue
             vs_stock = r.inputs_per_s / stock.inputs_per_s if stock and stock.inputs_per_s else float("nan")
             share = vs_stock / ideal[mix] if system == "e3" and ideal.get(mix) else float("nan")
-            lines.append([mix, str(batch), system, f"{r.inputs_per_s:.1f}", f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}",
+            predicted = "" if math.isnan(r.predicted_inputs_per_s) else \
+                f"{r.predicted_inputs_per_s:.0f} ({100 * (r.inputs_per_s / r.predicted_inputs_per_s - 1):+.0f}%)"
+            lines.append([mix, str(batch), system, f"{r.inputs_per_s:.1f}", predicted, f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}",
                           "-" if math.isnan(r.accuracy) else f"{100 * r.accuracy:.1f}%",
                           _x(vs_stock), _x(r.inputs_per_s / best) if system == "e3" else "",
                           "" if math.isnan(share) else f"{100 * share:.0f}%", r.config])

@@ -35,7 +35,7 @@ from e3.core.names import ee_name, router_name, served_name, stock_name
 from e3.core.plan import Plan
 from e3.paths import artifacts_dir
 
-__all__ = ["BenchSettings", "run_side_by_side", "default_results_path"]
+__all__ = ["BenchSettings", "run_side_by_side", "default_results_path", "machine_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,9 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print) -> d
                             _configure(control, served, baseline_choice[served][batch])
                         result = _measure(server.http_url, served, wl, batch, settings.inputs_per_run, settings)
                         config = _e3_config(plans[mix]) if system == "e3" else baseline_choice[served][batch].describe()
-                        rows.append(_row(mix_label(mix), batch, system, result, config))
+                        predicted = plans[mix].predicted.get("throughput_rps", float("nan")) if system == "e3" \
+                            else float("nan")
+                        rows.append(_row(mix_label(mix), batch, system, result, config, predicted))
                         echo(f"[run] {mix_label(mix)} batch {batch} {system:5s} {result.throughput_ips:7.1f} inputs/s"
                              f"  p50 {result.percentile_ms(50):.1f} ms  errors {result.errors}")
     table = format_rows(rows, settings.cores, ideal)
@@ -113,6 +115,16 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print) -> d
     out = write_results(settings.out or default_results_path(), doc)
     echo(f"\nwrote {out}")
     return doc
+
+
+def machine_plan(name: str, cores: int, mix: tuple[int, int] = (50, 50), echo=print) -> Plan:
+    """The planner's plan for zoo model ``name`` on this machine's ``cores`` for one workload mix: what
+    `e3 demo` serves (the measured latency profile and the mix's batch profile, measured or built when
+    missing)."""
+    from e3.export.zoo import resolve_model
+    wl = _workloads(name, [mix], echo)[mix]
+    latency = _latency_profile(name, echo)
+    return _plan(latency, wl["batch_profile"], resolve_model(name).card, BenchSettings(model=name, cores=cores))
 
 
 # -- steps -------------------------------------------------------------------------------------------------------
@@ -217,9 +229,10 @@ def _measure(url: str, model: str, wl: dict, batch: int, inputs: int, settings: 
                        requests=max(settings.concurrency, inputs // batch), warmup=2, true_label=wl["labels"])
 
 
-def _row(mix: str, batch: int, system: str, r: LoadResult, config: str) -> Row:
+def _row(mix: str, batch: int, system: str, r: LoadResult, config: str, predicted: float) -> Row:
     return Row(mix=mix, batch=batch, system=system, inputs_per_s=r.throughput_ips, p50_ms=r.percentile_ms(50),
-               p99_ms=r.percentile_ms(99), accuracy=r.accuracy, config=config, errors=r.errors)
+               p99_ms=r.percentile_ms(99), accuracy=r.accuracy, config=config, errors=r.errors,
+               predicted_inputs_per_s=predicted)
 
 
 def _e3_config(plan: Plan) -> str:

@@ -4,8 +4,15 @@ both baselines side by side, print one table, stop the server.
 Equal budgets: every system gets the same compute cores, counted as Triton
 instances x ONNX Runtime threads (1 per instance): each baseline runs
 ``cores`` instances, and E3's splits share ``cores`` instances between them
-(the router's own instances mostly wait on its splits; they are listed
-beside the budget, not counted in it). The table prints each system's budget.
+(the router itself, one instance that schedules, is listed beside the
+budget, not counted in it: it runs on the same machine, so its work is paid
+out of the same cores). The table prints each system's budget.
+
+E3's plan: for a zoo model with a dataset, the planner's plan for this
+machine (measured latency profile, the 50:50 mix's batch profile; as `e3
+bench side-by-side` does); for a model without one, one compact split over
+every block (this CPU's form); with ``--cuts``, constant splits at those cuts
+(E3's accelerator form) sharing the cores.
 
 Glue only: each step is a call into its room (export, deploy, client).
 """
@@ -19,7 +26,7 @@ from pathlib import Path
 from e3.client.loadgen import LoadResult, closed_loop
 from e3.client.report import format_table
 from e3.core.names import ee_name, parse_cuts, ranges_from_cuts, router_name, served_name, stock_name
-from e3.core.plan import Plan, default_plan
+from e3.core.plan import COMPACT, CONSTANT, Plan, default_plan
 from e3.deploy.server import TritonServer, free_port, port_taken
 from e3.export.repository import ExportSettings, export_repository
 from e3.export.zoo import resolve_model
@@ -33,7 +40,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class DemoSettings:
     model: str = "bert-ee"       # trained on first use
-    cuts: str | None = None      # default: cut in the middle
+    cuts: str | None = None      # default: the planner's plan (or one compact split); cuts: constant splits
     requests: int = 300          # per served model
     concurrency: int = 8
     batch: int = 4               # inputs per request
@@ -49,15 +56,10 @@ def run_demo(repo: Path, settings: DemoSettings = DemoSettings(), echo=print) ->
         report = train(name)
         echo(f"      {name} trained in {report.seconds / 60:.1f} min")
     model = resolve_model(settings.model)
-    L = model.card.num_blocks
-    cuts = settings.cuts if settings.cuts is not None else str(L // 2)
-    echo(f"[1/3] exporting {settings.model} cut after block(s) {cuts} into {repo}")
-    ranges = ranges_from_cuts(parse_cuts(cuts, L), L)
     export = ExportSettings(baseline_instances=settings.cores)
-    plan = default_plan(served_name(settings.model), L, ranges, model.card.exit_rule, model.card.ramp_blocks,
-                        batch_size=export.batch_size, queue_delay_us=export.queue_delay_us, slo_ms=export.slo_ms)
-    plan = replace(plan, splits=tuple(replace(s, instances=n)
-                                      for s, n in zip(plan.splits, split_instances(settings.cores, len(ranges)))))
+    plan = demo_plan(settings, model, export, echo)
+    echo(f"[1/3] exporting {settings.model} into {repo}: "
+         + " | ".join(f"blocks {s.first_block}-{s.last_block} {s.form} x{s.instances}" for s in plan.splits))
     plan = export_repository(settings.model, None, repo, export, plan=plan)
     m = served_name(settings.model)
     budgets = core_budgets(plan, export)
@@ -86,6 +88,23 @@ def run_demo(repo: Path, settings: DemoSettings = DemoSettings(), echo=print) ->
     return results
 
 
+def demo_plan(settings: DemoSettings, model, export: ExportSettings, echo=print) -> Plan:
+    """E3's plan for the demo (see the module docstring)."""
+    from e3.export.zoo import ZOO
+    card = model.card
+    L, m = card.num_blocks, served_name(settings.model)
+    entry = ZOO.get(settings.model)
+    if settings.cuts is None and entry is not None and entry.dataset:
+        from e3.bench import machine_plan
+        return machine_plan(settings.model, settings.cores, echo=echo)
+    ranges = ranges_from_cuts(parse_cuts(settings.cuts or "", L), L)
+    plan = default_plan(m, L, ranges, card.exit_rule, card.ramp_blocks, batch_size=export.batch_size,
+                        queue_delay_us=export.queue_delay_us, slo_ms=export.slo_ms)
+    form = CONSTANT if settings.cuts else COMPACT
+    return replace(plan, splits=tuple(replace(s, instances=n, form=form)
+                                      for s, n in zip(plan.splits, split_instances(settings.cores, len(ranges)))))
+
+
 def split_instances(cores: int, n_splits: int) -> list[int]:
     """Instances of each split so that E3's splits together get exactly ``cores`` (1 thread each):
     as even as possible, earlier splits (which see every input) first. Raises ValueError when there
@@ -100,9 +119,8 @@ def split_instances(cores: int, n_splits: int) -> list[int]:
 def core_budgets(plan: Plan, export: ExportSettings) -> dict[str, str]:
     """Served model -> its core budget as printed: instances x threads (1 ONNX Runtime thread each)."""
     m = plan.model
-    splits = "+".join(str(s.instances) for s in plan.splits)
-    return {router_name(m): f"{sum(s.instances for s in plan.splits)} (splits {splits}; "
-                            f"router x{export.router_instances})",
+    splits = ", ".join(f"{s.first_block}-{s.last_block} {s.form} x{s.instances}" for s in plan.splits)
+    return {router_name(m): f"{sum(s.instances for s in plan.splits)} ({splits}; router x{export.router_instances})",
             ee_name(m): f"{export.baseline_instances} (x{export.baseline_instances} inst.)",
             stock_name(m): f"{export.baseline_instances} (x{export.baseline_instances} inst.)"}
 

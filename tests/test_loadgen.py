@@ -263,12 +263,13 @@ def test_demo_gives_every_system_the_same_core_budget_and_prints_it():
     from e3.export.repository import ExportSettings
     plan = default_plan("m", 4, [(1, 2), (3, 4)], {"kind": "entropy", "tau_nats": 0.3}, (1, 2, 3), instances=1)
     budgets = core_budgets(plan, ExportSettings(split_instances=1, baseline_instances=2))
-    assert budgets == {"m_router": "2 (splits 1+1; router x2)", "m_ee": "2 (x2 inst.)", "m_stock": "2 (x2 inst.)"}
+    assert budgets == {"m_router": "2 (1-2 constant x1, 3-4 constant x1; router x1)", "m_ee": "2 (x2 inst.)",
+                       "m_stock": "2 (x2 inst.)"}
     table = format_table([summarize([record(0)], "m_router", duration_s=1.0),
                           summarize([record(0)], "m_stock", duration_s=2.0)], reference="m_stock", budgets=budgets)
     header, _, router_row, stock_row = table.splitlines()
     assert header.split()[:2] == ["model", "cores"]
-    assert "2 (splits 1+1; router x2)" in router_row and "2 (x2 inst.)" in stock_row
+    assert "2 (1-2 constant x1, 3-4 constant x1; router x1)" in router_row and "2 (x2 inst.)" in stock_row
 
 
 def test_demo_splits_share_exactly_the_baselines_cores():
