@@ -36,7 +36,17 @@ The model, step by step (data: ``shared/data/gpu_latency_public.csv``, see its R
    (a ramp is a pooler and a classifier on one token: small on any device).
 5. **Tx** between splits on different GPUs: ``tx_fixed_ms + bytes(B) / bandwidth``, with the
    cut's tensors' bytes (``card.state``) and, by default, 0.2 ms and 25 Gbit/s (an
-   assumption, not a figure from the data file).
+   assumption, not a figure from the data file). ``tx_in_ms``, the hop of the model
+   inputs into split 1, is the same formula with the inputs' bytes (``card.inputs``).
+5b. **Exit check** (``check_ms``, what a compact split pays at each enabled ramp on a GPU):
+   a device-to-host copy of the ramp's logits with its synchronisation, and a gather of
+   the surviving rows on the device: ``check_fixed_ms + check_per_row_ms * B``, by
+   default 0.05 ms + 0.0005 ms per row (an assumption, labelled modelled, not a figure
+   from the data file).
+5c. **Router** (``router_ms``): the router is CPU work whatever device runs the splits,
+   so it is the curve measured on this host's CPU (:func:`e3.export.profiler.measure_router`,
+   in-process, no Triton) when made by :func:`model_modelled_profile`; absent (0) when
+   :func:`modelled_profile` is not given one.
 6. **Prices** (README, AWS on-demand us-east-1, January 2026, USD per device-hour):
    k80 0.90 (p2.xlarge), v100 3.06 (p3.2xlarge), t4 0.526 (g4dn.xlarge), a10 1.006
    (g5.xlarge, an A10G), a100 2.745 (p4d.24xlarge / 8). The data has no A30 price:
@@ -59,7 +69,8 @@ from e3.core.spec import ModelCard, NUMPY_DTYPES
 if TYPE_CHECKING:
     from e3.export.model_api import EarlyExitModel
 
-__all__ = ["GPUS", "PRICES_PER_HOUR", "REF_LAYERS", "REF_SEQ_LEN", "REF_LAYER_FLOPS", "default_data_file",
+__all__ = ["GPUS", "PRICES_PER_HOUR", "REF_LAYERS", "REF_SEQ_LEN", "REF_LAYER_FLOPS", "CHECK_FIXED_MS",
+           "CHECK_PER_ROW_MS", "default_data_file",
            "load_reference_curves", "Curve", "block_flops", "modelled_profile", "model_modelled_profile",
            "parse_prices"]
 
@@ -74,6 +85,8 @@ REF_HIDDEN, REF_FFN = 768, 3072
 REF_LAYER_FLOPS = 2 * REF_SEQ_LEN * (4 * REF_HIDDEN ** 2 + 2 * REF_HIDDEN * REF_FFN) + 4 * REF_SEQ_LEN ** 2 * REF_HIDDEN
 TX_FIXED_MS = 0.2
 TX_GBIT_S = 25.0
+CHECK_FIXED_MS = 0.05       # modelled: device->host sync of a ramp's logits (assumption)
+CHECK_PER_ROW_MS = 0.0005   # modelled: gathering one surviving row on the device (assumption)
 SOURCE_PREFIX = "modelled from public figures"
 
 # (model, gpu, precision, seq_len, source) of each GPU's reference rows in the CSV.
@@ -192,18 +205,25 @@ def block_flops(model: "EarlyExitModel") -> tuple[list[float], list[float]]:
     return blocks, ramps
 
 
+def _bytes(specs) -> int:
+    return int(sum(np.prod(t.shape, dtype=np.int64) * np.dtype(NUMPY_DTYPES[t.dtype]).itemsize for t in specs))
+
+
 def _state_bytes(card: ModelCard) -> int:
     from e3.export.profiler import cut_state
-    return int(sum(np.prod(t.shape, dtype=np.int64) * np.dtype(NUMPY_DTYPES[t.dtype]).itemsize
-                   for t in cut_state(card)))
+    return _bytes(cut_state(card))
 
 
 def modelled_profile(model: str, batch_sizes: Sequence[int], flops: Sequence[float], ramp_flops: Sequence[float],
                      state_bytes: int, gpus: Sequence[str], curves: Mapping[str, Curve],
                      prices: Mapping[str, float | None] | None = None, tx_fixed_ms: float = TX_FIXED_MS,
-                     tx_gbit_s: float = TX_GBIT_S) -> LatencyProfile:
+                     tx_gbit_s: float = TX_GBIT_S, *, input_bytes: int | None = None,
+                     router_ms: Sequence[float] | None = None, check_fixed_ms: float = CHECK_FIXED_MS,
+                     check_per_row_ms: float = CHECK_PER_ROW_MS) -> LatencyProfile:
     """The modelled profile (module docstring, steps 2-6) of a model with per-input block FLOPs
-    ``flops[k-1]`` and ramp FLOPs ``ramp_flops[k-1]``, on every GPU in ``gpus``. Pure."""
+    ``flops[k-1]`` and ramp FLOPs ``ramp_flops[k-1]``, on every GPU in ``gpus``. ``input_bytes``: bytes
+    of one input's model inputs (None: no ``tx_in_ms``, split 1's hop is priced as a cut's);
+    ``router_ms``: the router's work per batch at ``batch_sizes``, measured on a CPU (None: none). Pure."""
     prices = {**PRICES_PER_HOUR, **(prices or {})}
     gpus = [g.lower() for g in gpus]
     unknown = [g for g in gpus if g not in GPUS]
@@ -214,9 +234,17 @@ def modelled_profile(model: str, batch_sizes: Sequence[int], flops: Sequence[flo
     for g in gpus:
         if prices.get(g) is None:
             raise ProfileError(f"the public figures give no price for {g}; pass one (--price {g}=<USD per hour>)")
+    if router_ms is not None and len(router_ms) != len(batch_sizes):
+        raise ProfileError(f"router_ms must hold one latency per batch size ({len(batch_sizes)}), got {len(router_ms)}")
     B = np.asarray(batch_sizes, float)
     block_ms, ramp_ms, tx_ms, devices = {}, {}, {}, {}
-    tx = [tx_fixed_ms + state_bytes * b * 8 / (tx_gbit_s * 1e9) * 1e3 for b in batch_sizes]
+    tx_in_ms, check_ms, router = {}, {}, {}
+
+    def hop(nbytes: int) -> list[float]:
+        return [tx_fixed_ms + nbytes * b * 8 / (tx_gbit_s * 1e9) * 1e3 for b in batch_sizes]
+
+    tx = hop(state_bytes)
+    check = [check_fixed_ms + check_per_row_ms * b for b in batch_sizes]
     for g in gpus:
         curve = curves[g]
         rows, ramp_rows = [], []
@@ -224,16 +252,25 @@ def modelled_profile(model: str, batch_sizes: Sequence[int], flops: Sequence[flo
             layer = curve(B * f / REF_LAYER_FLOPS) / REF_LAYERS
             rows.append([float(x) for x in layer])
             ramp_rows.append([float(x) for x in (layer * fr / f if f > 0 else np.zeros_like(layer))])
-        block_ms[g], ramp_ms[g], tx_ms[g] = rows, ramp_rows, list(tx)
+        block_ms[g], ramp_ms[g], tx_ms[g], check_ms[g] = rows, ramp_rows, list(tx), list(check)
+        if input_bytes is not None:
+            tx_in_ms[g] = hop(input_bytes)
+        if router_ms is not None:
+            router[g] = [float(x) for x in router_ms]
         devices[g] = DeviceConfig(g, float(prices[g]), modelled=True)
     how = "; ".join(f"{g}: {curves[g].how}" for g in gpus)
     source = (f"{SOURCE_PREFIX} (shared/data/gpu_latency_public.csv), NOT measured: whole-model BERT-base curves "
               f"divided by {REF_LAYERS} layers, scaled by block FLOPs / {REF_LAYER_FLOPS / 1e9:.3f} GFLOP "
               f"(one BERT-base layer at seq {REF_SEQ_LEN}) as an equivalent batch; ramps by their FLOP share; "
-              f"Tx = {tx_fixed_ms:g} ms + cut bytes at {tx_gbit_s:g} Gbit/s (assumed); prices USD/device-hour "
-              f"(AWS on-demand, Jan 2026). Curves: {how}")
+              f"Tx = {tx_fixed_ms:g} ms + cut bytes at {tx_gbit_s:g} Gbit/s (assumed)"
+              f"{', Tx in the same with the model inputs bytes' if input_bytes is not None else ''}; "
+              f"exit check MODELLED as {check_fixed_ms:g} ms + {check_per_row_ms:g} ms per row (device->host sync "
+              f"and a gather, assumed); router work "
+              f"{'measured on this host CPU (the router is CPU work)' if router_ms is not None else 'not included'}; "
+              f"prices USD/device-hour (AWS on-demand, Jan 2026). Curves: {how}")
     profile = LatencyProfile(model=model, num_blocks=len(flops), batch_sizes=list(batch_sizes), devices=devices,
-                             block_ms=block_ms, ramp_ms=ramp_ms, tx_ms=tx_ms, spread_ms={}, source=source)
+                             block_ms=block_ms, ramp_ms=ramp_ms, tx_ms=tx_ms, spread_ms={}, source=source,
+                             tx_in_ms=tx_in_ms, check_ms=check_ms, router_ms=router)
     profile.validate()
     return profile
 
@@ -241,14 +278,20 @@ def modelled_profile(model: str, batch_sizes: Sequence[int], flops: Sequence[flo
 def model_modelled_profile(model_name: str, gpus: Sequence[str], batch_sizes: Sequence[int] | None = None,
                            prices: Mapping[str, float] | None = None, data_file: str | Path | None = None
                            ) -> LatencyProfile:
-    """:func:`modelled_profile` for a zoo model (or ``package.module:factory``)."""
+    """:func:`modelled_profile` for a zoo model (or ``package.module:factory``), with ``tx_in_ms`` from its
+    inputs' bytes and ``router_ms`` measured on this host (:func:`e3.export.profiler.measure_router`)."""
     from e3.core.names import served_name
     from e3.export.profiler import default_batch_sizes
     from e3.export.zoo import resolve_model
+
+    from e3.export.profiler import measure_router, summarize
 
     model = resolve_model(model_name)
     card = model.card
     flops, ramp_flops = block_flops(model)
     log.info("block FLOPs per input of %s: %s", model_name, [f"{f:.3g}" for f in flops])
-    return modelled_profile(served_name(model_name), list(batch_sizes or default_batch_sizes(card.max_batch_size)),
-                            flops, ramp_flops, _state_bytes(card), gpus, load_reference_curves(data_file), prices)
+    batches = list(batch_sizes or default_batch_sizes(card.max_batch_size))
+    router = [summarize(t).median_ms for t in measure_router(card, batches, repeats=50)]
+    return modelled_profile(served_name(model_name), batches, flops, ramp_flops, _state_bytes(card), gpus,
+                            load_reference_curves(data_file), prices, input_bytes=_bytes(card.inputs),
+                            router_ms=router)

@@ -17,7 +17,20 @@ What is measured (device configuration ``cpu``: one core, one instance, one thre
   state + mask) at each batch size, between two Python-backend models on the
   real ``tritonserver`` (a caller and an echo model, :mod:`e3.serving.tx_probe`),
   timed inside the caller: that is what the router pays per cut. The tensors
-  are zeros: a hop copies bytes, their values do not matter.
+  are zeros: a hop copies bytes, their values do not matter. (The hop of the
+  model inputs into split 1 is not measured apart: the profile has no
+  ``tx_in_ms`` and the planner uses ``tx_ms`` for it, an upper bound.)
+* **check** (``check_ms``) -- what a compact split pays between two blocks at
+  an enabled ramp: the exit rule (:class:`~e3.serving.policy.BatchRoute`'s
+  ``observe``, the model's own rule from :mod:`e3.core.exits`) on random
+  logits for B rows, about half of them confident, then the numpy fancy-index
+  compaction of the survivors' rows of the heaviest cut's state. In-process,
+  pure numpy, no Triton.
+* **router** (``router_ms``) -- the router's own work per batch of a split:
+  ``np.stack`` of B per-row state arrays into a batch (as the scheduler stacks
+  the rows of many requests), the exit rule at the split's end (``observe`` on
+  one ramp) and building B answers (one request per row, the worst case).
+  In-process, no Triton.
 
 The measuring code is thin; aggregation (:func:`summarize`,
 :func:`assemble_profile`), merging (:func:`merge_profiles`) and the table
@@ -47,7 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ProfileSettings", "Stats", "summarize", "default_batch_sizes", "parse_batch_sizes",
            "assemble_profile", "merge_profiles", "format_table", "default_profile_path",
-           "measure_blocks", "measure_tx", "profile_model"]
+           "measure_blocks", "measure_tx", "measure_check", "measure_router", "profile_model"]
 
 log = logging.getLogger(__name__)
 CPU_DEVICE = "cpu"
@@ -110,12 +123,16 @@ def parse_batch_sizes(text: str | None, max_batch_size: int) -> list[int]:
 
 def assemble_profile(model: str, batch_sizes: Sequence[int], without_ramp: Sequence[Sequence[Sequence[float]]],
                      with_ramp: Sequence[Sequence[Sequence[float]] | None], tx: Sequence[Sequence[float]],
-                     device: str = CPU_DEVICE, price: float = 1.0, source: str = "") -> LatencyProfile:
+                     device: str = CPU_DEVICE, price: float = 1.0, source: str = "",
+                     check: Sequence[Sequence[float]] | None = None,
+                     router: Sequence[Sequence[float]] | None = None) -> LatencyProfile:
     """A one-device :class:`LatencyProfile` from raw timings (ms).
 
     without_ramp[k-1][i]: repeats of block k alone at batch_sizes[i];
     with_ramp[k-1][i]: the same with ramp k, or ``with_ramp[k-1] is None`` when
-    block k has no separately measured ramp; tx[i]: repeats of one hop.
+    block k has no separately measured ramp; tx[i]: repeats of one hop;
+    check[i] / router[i]: repeats of one exit check / of the router's work on one
+    batch (None: not measured, the profile has no such curve). Medians throughout.
     """
     L = len(without_ramp)
     if len(with_ramp) != L:
@@ -131,7 +148,9 @@ def assemble_profile(model: str, batch_sizes: Sequence[int], without_ramp: Seque
         ramp_ms={device: ramp},
         tx_ms={device: [summarize(s).median_ms for s in tx]},
         spread_ms={device: [[s.iqr_ms for s in row] for row in block]},
-        source=source)
+        source=source,
+        check_ms={} if check is None else {device: [summarize(s).median_ms for s in check]},
+        router_ms={} if router is None else {device: [summarize(s).median_ms for s in router]})
     profile.validate()
     return profile
 
@@ -168,6 +187,10 @@ def merge_profiles(profiles: Sequence[LatencyProfile]) -> LatencyProfile:
             merged.block_ms[dev] = [list(r) for r in p.block_ms[dev]]
             merged.ramp_ms[dev] = [list(r) for r in p.ramp_ms[dev]]
             merged.tx_ms[dev] = list(p.tx_ms[dev])
+            for curves, into in ((p.tx_in_ms, merged.tx_in_ms), (p.check_ms, merged.check_ms),
+                                 (p.router_ms, merged.router_ms)):
+                if dev in curves:
+                    into[dev] = list(curves[dev])
             if dev in p.spread_ms:
                 merged.spread_ms[dev] = [list(r) for r in p.spread_ms[dev]]
     merged.validate()
@@ -180,7 +203,8 @@ def _cell(value: float, spread: float | None) -> str:
 
 def format_table(profile: LatencyProfile, device: str | None = None) -> str:
     """Per block, latency (ms) against batch size with the spread (IQR) where measured;
-    ramp rows where a ramp costs anything; the Tx row. Modelled devices say so."""
+    ramp rows where a ramp costs anything; the Tx row, and the rows of the optional curves the
+    device has (Tx of the model inputs, exit check per ramp, router per batch). Modelled devices say so."""
     devices = [device] if device else list(profile.devices)
     lines = []
     for dev in devices:
@@ -198,6 +222,10 @@ def format_table(profile: LatencyProfile, device: str | None = None) -> str:
             if any(v > 0 for v in profile.ramp_ms[dev][k - 1]):
                 rows.append([f"  ramp {k}"] + [f"{v:.3f}" for v in profile.ramp_ms[dev][k - 1]])
         rows.append(["Tx (hop)"] + [f"{v:.3f}" for v in profile.tx_ms[dev]])
+        for name, curves in (("Tx in (inputs)", profile.tx_in_ms), ("check (per ramp)", profile.check_ms),
+                             ("router (per batch)", profile.router_ms)):
+            if dev in curves:
+                rows.append([name] + [f"{v:.3f}" for v in curves[dev]])
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         for r in [header, *rows]:
             lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
@@ -332,6 +360,72 @@ def measure_tx(card: ModelCard, batch_sizes: Sequence[int], repeats: int, warmup
     return result
 
 
+def _check_inputs(card: ModelCard, batch: int, rng: np.random.Generator) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Random ramp logits [batch, C] (every other row confident: about half exit under an entropy rule) and
+    the heaviest cut's state tensors for ``batch`` rows."""
+    logits = rng.normal(size=(batch, card.num_classes)).astype(np.float32)
+    logits[::2, 0] += 12.0
+    state = {t.name: rng.normal(size=(batch, *t.shape)).astype(t.numpy_dtype) for t in cut_state(card)}
+    return logits, state
+
+
+def _route(card: ModelCard, batch: int):
+    from e3.core.exits import make_exit_rule
+    from e3.serving.policy import BatchRoute
+    return BatchRoute(batch, card.num_classes, card.num_blocks, make_exit_rule(card.exit_rule))
+
+
+def _first_ramp(card: ModelCard) -> int:
+    return min(card.ramp_blocks) if card.ramp_blocks else card.num_blocks
+
+
+def measure_check(card: ModelCard, batch_sizes: Sequence[int], repeats: int, warmup: int = 3,
+                  seed: int = 0) -> list[np.ndarray]:
+    """Timings (ms) of one exit check between blocks at each batch size: ``BatchRoute.observe`` on one
+    ramp's logits, then the compaction of the survivors' state rows (numpy fancy indexing). In-process."""
+    rng = np.random.default_rng(seed)
+    ramp = _first_ramp(card)
+    out = []
+    for batch in batch_sizes:
+        logits, state = _check_inputs(card, batch, rng)
+        times = np.empty(repeats)
+        for r in range(-warmup, repeats):
+            route = _route(card, batch)       # one per batch of a split: the router's work, not the check's
+            start = time.perf_counter()
+            keep = route.observe({ramp: logits})
+            _ = {name: x[keep] for name, x in state.items()}
+            if r >= 0:
+                times[r] = (time.perf_counter() - start) * 1e3
+        out.append(times)
+    return out
+
+
+def measure_router(card: ModelCard, batch_sizes: Sequence[int], repeats: int, warmup: int = 3,
+                   seed: int = 0) -> list[np.ndarray]:
+    """Timings (ms) of the router's own work on one batch of a split at each batch size: stacking B per-row
+    state arrays into a batch, the exit rule at the split's end (one ramp) and building B answers (label,
+    exit ramp, probabilities per row: one request per row). In-process."""
+    rng = np.random.default_rng(seed)
+    ramp = _first_ramp(card)
+    out = []
+    for batch in batch_sizes:
+        logits, state = _check_inputs(card, batch, rng)
+        rows = [{name: x[i].copy() for name, x in state.items()} for i in range(batch)]
+        times = np.empty(repeats)
+        for r in range(-warmup, repeats):
+            start = time.perf_counter()
+            feed = {name: np.stack([row[name] for row in rows]) for name in state}
+            route = _route(card, batch)
+            route.observe({ramp: logits})
+            answers = [{"label": route.label[i:i + 1, None], "exit_ramp": route.exit_ramp[i:i + 1, None],
+                        "probs": route.probs[i:i + 1]} for i in range(batch)]
+            if r >= 0:
+                times[r] = (time.perf_counter() - start) * 1e3
+            del feed, answers
+        out.append(times)
+    return out
+
+
 def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings(), progress: bool = True,
                   tritonserver: str | None = None) -> LatencyProfile:
     """Measure ``model_name`` on this machine (see the module docstring); returns the profile."""
@@ -346,6 +440,7 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
     if batches != sorted(set(batches)) or batches[0] < 1 or batches[-1] > card.max_batch_size:
         raise ValueError(f"batch sizes must be ascending within 1..{card.max_batch_size}, got {batches}")
     tx_repeats = settings.tx_repeats or settings.repeats
+    router_repeats = max(settings.repeats, 50)   # microseconds each: more repeats cost nothing
     total = card.num_blocks * len(batches) + (len(batches) if settings.tx else 0)
     with tqdm(total=total, desc=f"profile {served_name(model_name)}", unit="step", disable=not progress) as bar, \
             tempfile.TemporaryDirectory(prefix="e3-profile-") as tmp:
@@ -355,9 +450,12 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
         else:
             log.warning("Tx not measured (tx=False): the profile records a hop as 0 ms")
             tx = [[0.0] for _ in batches]
+        check = measure_check(card, batches, router_repeats, settings.warmup, settings.seed)
+        router = measure_router(card, batches, router_repeats, settings.warmup, settings.seed)
     source = (f"measured: ONNX Runtime {ort.__version__} CPUExecutionProvider, 1 intra-op thread, sequential; "
               f"{settings.repeats} repeats after {settings.warmup} warmup calls, medians, spread = IQR; "
               f"Tx: {'one BLS hop between two Python-backend models on tritonserver, timed in the caller, ' + str(tx_repeats) + ' repeats' if settings.tx else 'not measured (0)'}; "
-              f"{os.cpu_count()} CPUs on the host")
+              f"check and router: in-process numpy (BatchRoute.observe, compaction; stacking rows, answers), "
+              f"{router_repeats} repeats; {os.cpu_count()} CPUs on the host")
     return assemble_profile(served_name(model_name), batches, without, with_, tx, settings.device, settings.price,
-                            source)
+                            source, check=check, router=router)

@@ -3,9 +3,9 @@
 import pytest
 
 from e3.core.profile import LatencyProfile, ProfileError
-from e3.export.modelled_profile import (GPUS, PRICES_PER_HOUR, REF_LAYER_FLOPS, REF_LAYERS, SOURCE_PREFIX, Curve,
-                                        default_data_file, load_reference_curves, model_modelled_profile,
-                                        modelled_profile)
+from e3.export.modelled_profile import (CHECK_FIXED_MS, CHECK_PER_ROW_MS, GPUS, PRICES_PER_HOUR, REF_LAYER_FLOPS,
+                                        REF_LAYERS, SOURCE_PREFIX, Curve, default_data_file, load_reference_curves,
+                                        model_modelled_profile, modelled_profile)
 from e3.export.profiler import format_table, merge_profiles
 
 needs_data = pytest.mark.skipif(not default_data_file().exists(),
@@ -64,6 +64,21 @@ def test_modelled_profile_scales_by_flops_as_an_equivalent_batch():
     assert all(d.modelled for d in p.devices.values()) and p.modelled
     assert p.devices["v100"].price == PRICES_PER_HOUR["v100"] == 3.06
     assert p.source.startswith(SOURCE_PREFIX) and "NOT measured" in p.source
+    # the exit check is modelled (a sync and a gather); without inputs' bytes or a router curve: none
+    assert p.check_ms["v100"] == pytest.approx([CHECK_FIXED_MS + CHECK_PER_ROW_MS * b for b in (1, 4, 8)])
+    assert "exit check MODELLED" in p.source and "router work not included" in p.source
+    assert p.tx_in_ms == {} and p.router_ms == {}
+
+
+def test_modelled_profile_has_the_inputs_hop_and_the_routers_cpu_work():
+    curves = {"v100": Curve((1, 8), (12.0, 96.0), "test curve")}
+    p = modelled_profile("m", [1, 4, 8], [REF_LAYER_FLOPS], [0.0], state_bytes=1000, gpus=["v100"], curves=curves,
+                         tx_fixed_ms=0.2, tx_gbit_s=8.0, input_bytes=100, router_ms=[0.1, 0.2, 0.3])
+    assert p.tx_in_ms["v100"] == pytest.approx([0.2 + 1e-4, 0.2 + 4e-4, 0.2 + 8e-4])   # 100 B/input at 8 Gbit/s
+    assert p.router_ms["v100"] == [0.1, 0.2, 0.3]
+    assert "router work measured on this host CPU" in p.source
+    with pytest.raises(ProfileError, match="router_ms must hold one latency per batch size"):
+        modelled_profile("m", [1, 4, 8], [REF_LAYER_FLOPS], [0.0], 1000, ["v100"], curves, router_ms=[0.1])
 
 
 def test_modelled_profile_rejects_unknown_gpus_and_missing_prices():
@@ -87,6 +102,12 @@ def test_tiny_ee_modelled_profile_on_three_gpus_loads_merges_and_says_modelled(t
     assert q.block(2, "k80", 64, with_ramp=False) > q.block(2, "t4", 64, with_ramp=False) > \
         q.block(2, "v100", 64, with_ramp=False) > 0
     assert 0 < q.ramp_ms["v100"][0][0] < q.block_ms["v100"][0][0]
+    # the inputs' hop (token ids and mask, lighter than the hidden state), the modelled exit check, and the
+    # router's work measured here (the same curve on every GPU: it is CPU work)
+    assert q.tx_in("v100", 64) < q.tx("v100", 64)
+    assert q.check_ms["t4"] == pytest.approx([CHECK_FIXED_MS + CHECK_PER_ROW_MS * b for b in (1, 8, 64)])
+    assert len(q.router_ms["v100"]) == 3 and all(v > 0 for v in q.router_ms["v100"])
+    assert q.router_ms["v100"] == q.router_ms["k80"]
     table = format_table(q)
     assert table.count("MODELLED from public figures") == 3
     from e3.export.profiler import assemble_profile

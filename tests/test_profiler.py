@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from e3.core.profile import DeviceConfig, LatencyProfile, ProfileError
-from e3.export.profiler import (assemble_profile, cut_state, default_batch_sizes, format_table, merge_profiles,
-                                parse_batch_sizes, summarize)
+from e3.export.profiler import (assemble_profile, cut_state, default_batch_sizes, format_table, measure_check,
+                                measure_router, merge_profiles, parse_batch_sizes, summarize)
 
 
 def make_profile(device="cpu", batches=(1, 2, 4), L=2, scale=1.0, modelled=False, model="m") -> LatencyProfile:
@@ -51,7 +51,12 @@ def test_assemble_profile_takes_medians_clamps_ramps_and_keeps_spread():
     assert p.tx_ms["cpu"] == [0.5, 0.95]
     assert p.spread_ms["cpu"][1][1] == pytest.approx(2.0)  # IQR of 6, 8, 10
     assert p.devices["cpu"] == DeviceConfig("cpu", 1.0, False) and not p.modelled
+    assert p.check_ms == {} and p.router_ms == {}   # not measured: no curves (the planner reads 0)
     LatencyProfile.from_dict(json.loads(json.dumps(p.to_dict())))  # round-trips and validates
+    p = assemble_profile("m", [1, 2], without, with_ramp, tx, check=[[0.05, 0.07, 0.06], [0.08]],
+                         router=[[0.2, 0.1, 0.3], [0.4, 0.5]])
+    assert p.check_ms == {"cpu": [0.06, 0.08]} and p.router_ms == {"cpu": [0.2, 0.45]}   # medians
+    LatencyProfile.from_dict(json.loads(json.dumps(p.to_dict())))
 
 
 def test_format_table_shows_every_block_ramps_tx_and_spread():
@@ -65,6 +70,13 @@ def test_format_table_shows_every_block_ramps_tx_and_spread():
     assert any(line.startswith("Tx (hop)") and "4.500" in line for line in lines)
     modelled = format_table(make_profile("v100", modelled=True))
     assert "MODELLED" in modelled.splitlines()[0] and "±" not in modelled
+    assert "check" not in text and "router" not in text
+    p = make_profile()
+    p.check_ms, p.router_ms, p.tx_in_ms = {"cpu": [0.05, 0.06, 0.07]}, {"cpu": [0.1, 0.2, 0.3]}, {"cpu": [0.3] * 3}
+    lines = format_table(p).splitlines()
+    assert any(line.startswith("check (per ramp)") and "0.070" in line for line in lines)
+    assert any(line.startswith("router (per batch)") and "0.300" in line for line in lines)
+    assert any(line.startswith("Tx in (inputs)") for line in lines)
 
 
 def test_merge_profiles_same_and_different_batch_sizes():
@@ -81,6 +93,14 @@ def test_merge_profiles_same_and_different_batch_sizes():
     assert merged.block(1, "t4", 4, with_ramp=False) == pytest.approx(4.0)
     assert merged.ramp_ms["t4"][0][2] == pytest.approx(0.4)
     merged.validate()
+    # the optional curves travel with their device, resampled like the others
+    cpu.check_ms, cpu.router_ms = {"cpu": [0.05, 0.06, 0.08]}, {"cpu": [0.1, 0.2, 0.4]}
+    t4.tx_in_ms = {"t4": [0.2, 0.3]}
+    merged = merge_profiles([cpu, t4])
+    assert merged.check_ms == {"cpu": pytest.approx([0.05, 0.06, 0.08, 0.12])}
+    assert merged.router_ms == {"cpu": pytest.approx([0.1, 0.2, 0.4, 0.8])}
+    assert set(merged.tx_in_ms) == {"t4"} and merged.tx_in("cpu", 2) == merged.tx("cpu", 2)
+    merged.validate()
 
 
 def test_merge_profiles_rejects_clashes():
@@ -90,6 +110,17 @@ def test_merge_profiles_rejects_clashes():
         merge_profiles([make_profile("cpu"), make_profile("t4", L=3)])
     with pytest.raises(ProfileError, match="nothing"):
         merge_profiles([])
+
+
+def test_check_and_router_are_measured_in_process(tiny_model):
+    """The exit check and the router's per-batch work: numpy only, one timing per repeat and batch size."""
+    card = tiny_model.card
+    check = measure_check(card, [1, 8, 64], repeats=5, warmup=1)
+    router = measure_router(card, [1, 8, 64], repeats=5, warmup=1)
+    assert [t.shape for t in check] == [(5,)] * 3 and [t.shape for t in router] == [(5,)] * 3
+    assert all((t > 0).all() and (t < 100).all() for t in check + router)
+    # the router answers every row of the batch: its work at 64 rows exceeds its work at 1
+    assert np.median(router[2]) > np.median(router[0])
 
 
 @pytest.mark.e2e
@@ -108,9 +139,12 @@ def test_e3_profile_measures_tiny_ee_blocks_and_tx_on_a_real_server(tmp_path, ca
     assert p.ramp_ms["cpu"][3] == [0.0, 0.0, 0.0]  # block L: the head is part of the block
     assert all(v > 0 for v in p.tx_ms["cpu"])  # a real BLS hop costs something
     assert np.shape(p.spread_ms["cpu"]) == (4, 3)
-    assert "BLS hop" in p.source and "ONNX Runtime" in p.source
+    assert "BLS hop" in p.source and "ONNX Runtime" in p.source and "BatchRoute.observe" in p.source
+    assert len(p.check_ms["cpu"]) == 3 and all(v > 0 for v in p.check_ms["cpu"])
+    assert len(p.router_ms["cpu"]) == 3 and all(v > 0 for v in p.router_ms["cpu"])
     table = capsys.readouterr().out
     assert "tiny_ee on cpu (measured" in table and "Tx (hop)" in table and str(out) in table
+    assert "check (per ramp)" in table and "router (per batch)" in table
     assert elapsed < 60, f"profiling took {elapsed:.0f} s"
 
 
