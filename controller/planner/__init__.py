@@ -117,8 +117,9 @@ bound, the top one) and, with one configuration, to ~16 latency DPs per B0:
 
 * **best-first over B0**: the B0 with the highest throughput upper bound gets
   the next step; tables are built only for B0s whose cheap bound
-  (:func:`_cheap_cycle_bound`, least measured block + ramp time) can still
-  beat the best plan; a B0 is dropped once its lowest open bound exceeds the
+  (:func:`_cheap_cycle_bound`: least measured block time, plus the ramp's
+  where every plan pays it) can still beat the best plan; a B0 is dropped
+  once its lowest open bound exceeds the
   ``max_bound`` the best plan leaves it, as in the reference.
 * **exact lower bounds first**: one configuration: the latency DP itself on
   the 1-D device grid as one gather per prefix over the (start, instances)

@@ -35,7 +35,7 @@ block first).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -114,7 +114,7 @@ def judge_ramps(latency: LatencyProfile, batch: BatchProfile | Sequence[float], 
         worst = max(verdicts.values(), key=lambda v: (v.cost_ms - v.saving_ms, -v.block), default=None)
         if worst is None or not worst.cost_ms > worst.saving_ms:
             break
-        disabled[worst.block] = RampVerdict(**{**worst.__dict__, "kept": False})
+        disabled[worst.block] = replace(worst, kept=False)
         enabled.remove(worst.block)
     return tuple(sorted([*verdicts.values(), *disabled.values()], key=lambda v: v.block))
 
