@@ -159,6 +159,23 @@ def _plan(args) -> int:
     return 0
 
 
+def _bench_side_by_side(args) -> int:
+    from e3.bench import BenchSettings, run_side_by_side
+    from e3.client.side_by_side import parse_batches, parse_mixes
+    try:
+        settings = BenchSettings(model=args.model, mixes=tuple(parse_mixes(args.mixes)),
+                                 batches=tuple(parse_batches(args.batches)), cores=args.cores,
+                                 concurrency=args.concurrency, inputs_per_run=args.inputs,
+                                 out=Path(args.out) if args.out else None)
+        if settings.cores < 1:
+            raise ValueError(f"--cores must be >= 1, got {settings.cores}")
+        run_side_by_side(settings)
+    except ValueError as err:
+        print(f"e3 bench side-by-side: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _demo(args) -> int:
     from e3.demo import DemoSettings, run_demo
     run_demo(Path(args.repo), DemoSettings(model=args.model, cuts=args.cuts, requests=args.requests,
@@ -460,6 +477,20 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--cores", type=int, default=2,
                    help="compute cores every system gets, as instances x 1 thread (default 2, the machine's)")
     d.set_defaults(func=_demo)
+
+    b = sub.add_parser("bench", help="benchmarks: E3 against the stock and early-exit baselines, side by side")
+    bsub = b.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    sbs = bsub.add_parser("side-by-side", help="E3, <m>_stock and <m>_ee on one server at one core budget, per mix "
+                                               "and request size; writes artifacts/results/side_by_side.json")
+    sbs.add_argument("--model", default="bert-ee", help="zoo model with workload mixes (default bert-ee; trained "
+                                                        "when missing)")
+    sbs.add_argument("--mixes", default="80-20,50-50,20-80", help="easy-hard mixes (default 80-20,50-50,20-80)")
+    sbs.add_argument("--batches", default="1,8", help="inputs per request, comma-separated (default 1,8)")
+    sbs.add_argument("--cores", type=int, default=2, help="cores every system gets: instances x threads (default 2)")
+    sbs.add_argument("--concurrency", type=int, default=16, help="closed-loop clients (default 16)")
+    sbs.add_argument("--inputs", type=int, default=1600, help="inputs per measured run (default 1600)")
+    sbs.add_argument("--out", default=None, help="results JSON (default artifacts/results/side_by_side.json)")
+    sbs.set_defaults(func=_bench_side_by_side)
 
     pa = sub.add_parser("perf", help="run Triton's perf_analyzer (from the client wheel) with its libraries "
                                      "found; arguments after -- go to perf_analyzer")
