@@ -1,6 +1,12 @@
 """Batch sizes that split 1 executes under a saturating load (target >= 90% at the plan's size), and the
 router's own overhead per batch as a share of split compute (target <= 5%).
 
+The findings below were measured with the first router (several non-decoupled
+instances, Triton's batchers merging their calls). The router is now one
+scheduler instance that forms every split's batches itself;
+``benchmarks/constant_batches.py`` measures every split of a forced constant
+plan under that scheduler.
+
     .venv/bin/python benchmarks/batch_histogram.py [--model tiny-ee] [--cuts 2] [--batch-size 8]
         [--router-instances 2] [--queue-delay-us 2000] [--concurrency 64] [--requests 3000]
         [--sweep] [--out artifacts/results/batch_histogram.json]
@@ -68,7 +74,7 @@ log = logging.getLogger("batch_histogram")
 @dataclass(frozen=True)
 class Config:
     batch_size: int = 8           # the plan's batch size (router and every split: preferred batch size)
-    router_instances: int = 2     # router instances (each handles one batch at a time)
+    router_instances: int = 1     # router instances (the scheduler: 1 sees every request)
     queue_delay_us: int = 2000    # max queue delay of the router's and split 1's dynamic batchers
     later_queue_delay_us: int | None = None  # ... of the later splits (None: the same)
     split_instances: int = 1      # instances of every split

@@ -35,7 +35,7 @@ import numpy as np
 from e3.client.sdk import ClientError, E3Client
 from e3.client.workloads import Phase, Workload, load_workload, phase_index
 
-__all__ = ["LoadResult", "RequestRecord", "closed_loop", "open_loop", "replay_workload", "poisson_arrivals",
+__all__ = ["LoadResult", "RequestRecord", "closed_loop", "closed_loop_records", "open_loop", "replay_workload", "poisson_arrivals",
            "request_rows", "percentile_ms", "summarize", "summarize_phases"]
 
 log = logging.getLogger(__name__)
@@ -284,12 +284,19 @@ def closed_loop(url: str, model: str, pool: dict[str, np.ndarray], *, concurrenc
                 slo_ms: float | None = None, true_label: np.ndarray | None = None) -> LoadResult:
     """Run a closed loop against ``model``; returns counts, latencies, goodput and the exit histogram
     (and accuracy, given ``true_label`` per pool row)."""
+    records, wall = closed_loop_records(url, model, pool, concurrency=concurrency, batch=batch, requests=requests,
+                                        protocol=protocol, warmup=warmup)
+    return summarize(records, model, duration_s=wall, slo_ms=slo_ms, true_label=true_label)
+
+
+def closed_loop_records(url: str, model: str, pool: dict[str, np.ndarray], *, concurrency: int = 8, batch: int = 4,
+                        requests: int = 200, protocol: str = "http",
+                        warmup: int = 0) -> tuple[list[RequestRecord], float]:
+    """:func:`closed_loop`'s run itself: every request's record (latency, answers) and the wall time (s)."""
     _check(batch, concurrency)
     size = next(iter(pool.values())).shape[0]
     rows = [request_rows(i, batch, size) for i in range(requests)]
-    records, wall = _run(url, model, pool, rows, workers=concurrency, schedule=None, protocol=protocol,
-                         warmup=warmup)
-    return summarize(records, model, duration_s=wall, slo_ms=slo_ms, true_label=true_label)
+    return _run(url, model, pool, rows, workers=concurrency, schedule=None, protocol=protocol, warmup=warmup)
 
 
 def open_loop(url: str, model: str, pool: dict[str, np.ndarray], *, rate_rps: float,

@@ -59,6 +59,7 @@ class Row:
     config: str           # how the system spent its cores
     errors: int = 0
     predicted_inputs_per_s: float = float("nan")   # E3: the planner's prediction for its plan
+    runs: tuple[float, ...] = ()                   # inputs/s of every measured run (the row is the median one)
 
 
 def parse_mixes(text: str) -> list[tuple[int, int]]:
@@ -159,6 +160,8 @@ def _x(v: float) -> str:
 def results_document(model: str, cores: int, ideal: dict[str, float], rows: Sequence[Row], **extra) -> dict:
     """The JSON document ``artifacts/results/side_by_side.json`` holds (``extra``: plans, commit, ...)."""
     def clean(v):
+        if isinstance(v, tuple):
+            return list(v)
         return None if isinstance(v, float) and not np.isfinite(v) else v
     return {"model": model, "cores": cores, "ideal_speedup": dict(ideal),
             "rows": [{k: clean(v) for k, v in asdict(r).items()} for r in rows], **extra}

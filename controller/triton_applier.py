@@ -41,7 +41,9 @@ log = logging.getLogger(__name__)
 
 
 def with_split_settings(config: dict, split: SplitPlan) -> dict:
-    """``config`` (a Triton model config as JSON) with the split's instances, preferred batch and queue delay."""
+    """``config`` (a Triton model config as JSON) with the split's instances and preferred batch, and no queue
+    delay: the router's scheduler forms the split's batches (``queue_delay_us`` is its wait) and a delayed
+    Triton batcher would merge them."""
     out = copy.deepcopy(config)
     for group in out.get("instance_group", []) or [{}]:
         group["count"] = split.instances
@@ -49,7 +51,7 @@ def with_split_settings(config: dict, split: SplitPlan) -> dict:
         out["instance_group"] = [{"count": split.instances, "kind": "KIND_CPU"}]
     batching = out.setdefault("dynamic_batching", {})
     batching["preferred_batch_size"] = [min(split.batch_size, int(out.get("max_batch_size") or split.batch_size))]
-    batching["max_queue_delay_microseconds"] = split.queue_delay_us
+    batching["max_queue_delay_microseconds"] = 0
     return out
 
 

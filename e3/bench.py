@@ -3,8 +3,10 @@
 For each mix (easy:hard, `e3 workload`) and each request size, the three
 systems are loaded in turn by the same closed loop (``concurrency`` clients,
 ``batch`` inputs per request, the mix's inputs in order, their labels for
-accuracy), and the table shows inputs/s, p50/p99 latency, accuracy, E3's ratio
-to the best baseline and its share of the ideal speedup.
+accuracy), ``repeats`` times, interleaved with the order rotating (this shared
+2-core machine drifts by +-10% between runs); each cell reports its median
+run. The table shows inputs/s, p50/p99 latency, accuracy, E3's ratio to the
+best baseline and its share of the ideal speedup.
 
 * **E3**: the planner's plan for this machine (``e3 plan`` on the measured
   latency profile and the mix's batch profile, ``cores`` CPU devices; split
@@ -48,6 +50,7 @@ class BenchSettings:
     cores: int = 2
     concurrency: int = 16        # closed-loop clients
     inputs_per_run: int = 1600   # inputs each measured run sends (requests = this / batch)
+    repeats: int = 3             # measured runs per system and cell, interleaved; the median is reported
     calibration_inputs: int = 400
     slo_ms: float = 1000.0       # the planner's latency objective (the bench measures, it does not drop)
     rate_rps: float = 2000.0     # the planner's offered rate (a saturating closed loop)
@@ -90,19 +93,25 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print) -> d
                 for base in (stock_name(m), ee_name(m)):
                     best = _best_config(control, server.http_url, base, calib, batch, settings, echo)
                     baseline_choice.setdefault(base, {})[batch] = best
+            systems = (("e3", router_name(m)), ("stock", stock_name(m)), ("ee", ee_name(m)))
             for mix, wl in workloads.items():
                 _switch(control, plans[mix])
                 for batch in settings.batches:
-                    for system, served in (("e3", router_name(m)), ("stock", stock_name(m)), ("ee", ee_name(m))):
-                        if system != "e3":
-                            _configure(control, served, baseline_choice[served][batch])
-                        result = _measure(server.http_url, served, wl, batch, settings.inputs_per_run, settings)
+                    for system, served in systems[1:]:
+                        _configure(control, served, baseline_choice[served][batch])
+                    runs: dict[str, list[LoadResult]] = {system: [] for system, _ in systems}
+                    for r in range(settings.repeats):   # interleaved, the order rotating: drift hits all alike
+                        for system, served in systems[r % 3:] + systems[:r % 3]:
+                            result = _measure(server.http_url, served, wl, batch, settings.inputs_per_run, settings)
+                            runs[system].append(result)
+                            echo(f"[run {r + 1}/{settings.repeats}] {mix_label(mix)} batch {batch} {system:5s} "
+                                 f"{result.throughput_ips:7.1f} inputs/s  p50 {result.percentile_ms(50):.1f} ms  "
+                                 f"errors {result.errors}")
+                    for system, served in systems:
                         config = _e3_config(plans[mix]) if system == "e3" else baseline_choice[served][batch].describe()
                         predicted = plans[mix].predicted.get("throughput_rps", float("nan")) if system == "e3" \
                             else float("nan")
-                        rows.append(_row(mix_label(mix), batch, system, result, config, predicted))
-                        echo(f"[run] {mix_label(mix)} batch {batch} {system:5s} {result.throughput_ips:7.1f} inputs/s"
-                             f"  p50 {result.percentile_ms(50):.1f} ms  errors {result.errors}")
+                        rows.append(_row(mix_label(mix), batch, system, runs[system], config, predicted))
     table = format_rows(rows, settings.cores, ideal)
     echo("")
     echo(table)
@@ -111,7 +120,7 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print) -> d
                            baseline_configs={k: {str(b): c.describe() for b, c in v.items()}
                                              for k, v in baseline_choice.items()},
                            settings={"concurrency": settings.concurrency, "inputs_per_run": settings.inputs_per_run,
-                                     "batches": list(settings.batches)})
+                                     "batches": list(settings.batches), "repeats": settings.repeats})
     out = write_results(settings.out or default_results_path(), doc)
     echo(f"\nwrote {out}")
     return doc
@@ -229,10 +238,12 @@ def _measure(url: str, model: str, wl: dict, batch: int, inputs: int, settings: 
                        requests=max(settings.concurrency, inputs // batch), warmup=2, true_label=wl["labels"])
 
 
-def _row(mix: str, batch: int, system: str, r: LoadResult, config: str, predicted: float) -> Row:
+def _row(mix: str, batch: int, system: str, runs: list[LoadResult], config: str, predicted: float) -> Row:
+    """The cell's figures from its median run by throughput (every run's inputs/s kept beside them)."""
+    r = sorted(runs, key=lambda x: x.throughput_ips)[len(runs) // 2]
     return Row(mix=mix, batch=batch, system=system, inputs_per_s=r.throughput_ips, p50_ms=r.percentile_ms(50),
-               p99_ms=r.percentile_ms(99), accuracy=r.accuracy, config=config, errors=r.errors,
-               predicted_inputs_per_s=predicted)
+               p99_ms=r.percentile_ms(99), accuracy=r.accuracy, config=config, errors=sum(x.errors for x in runs),
+               predicted_inputs_per_s=predicted, runs=tuple(round(x.throughput_ips, 1) for x in runs))
 
 
 def _e3_config(plan: Plan) -> str:

@@ -165,10 +165,10 @@ def _bench_side_by_side(args) -> int:
     try:
         settings = BenchSettings(model=args.model, mixes=tuple(parse_mixes(args.mixes)),
                                  batches=tuple(parse_batches(args.batches)), cores=args.cores,
-                                 concurrency=args.concurrency, inputs_per_run=args.inputs,
+                                 concurrency=args.concurrency, inputs_per_run=args.inputs, repeats=args.repeats,
                                  out=Path(args.out) if args.out else None)
-        if settings.cores < 1:
-            raise ValueError(f"--cores must be >= 1, got {settings.cores}")
+        if settings.cores < 1 or settings.repeats < 1:
+            raise ValueError(f"--cores and --repeats must be >= 1, got {settings.cores} and {settings.repeats}")
         run_side_by_side(settings)
     except ValueError as err:
         print(f"e3 bench side-by-side: error: {err}", file=sys.stderr)
@@ -393,7 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "ngc: native onnxruntime backend of an NGC Triton image")
     e.add_argument("--batch-size", type=int, default=8, help="preferred batch size of every split (default 8)")
     e.add_argument("--instances", type=int, default=1, help="Triton instances per split (default 1)")
-    e.add_argument("--router-instances", type=int, default=2, help="router instances (default 2)")
+    e.add_argument("--router-instances", type=int, default=1,
+                   help="router instances (default 1: one scheduler sees every request; more instances schedule "
+                        "their own requests apart and merge less)")
     e.add_argument("--plan", default=None, help="a plan JSON file (e.g. from `e3 plan --out`) instead of --cuts")
     e.add_argument("--all-ranges", action="store_true",
                    help="also pre-export every contiguous block range, so a controller can switch cuts at once")
@@ -489,6 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
     sbs.add_argument("--cores", type=int, default=2, help="cores every system gets: instances x threads (default 2)")
     sbs.add_argument("--concurrency", type=int, default=16, help="closed-loop clients (default 16)")
     sbs.add_argument("--inputs", type=int, default=1600, help="inputs per measured run (default 1600)")
+    sbs.add_argument("--repeats", type=int, default=3,
+                     help="measured runs per system and cell, interleaved; the median is reported (default 3)")
     sbs.add_argument("--out", default=None, help="results JSON (default artifacts/results/side_by_side.json)")
     sbs.set_defaults(func=_bench_side_by_side)
 

@@ -158,7 +158,9 @@ def _write_split(model: EarlyExitModel, split, out: Path, settings: ExportSettin
     _write_onnx_model(module, out, ModelDescription(
         name=split.model, kind="onnx", max_batch_size=card.max_batch_size, inputs=module.input_specs,
         outputs=outputs, instances=split.instances,
-        dynamic_batching=DynamicBatching((split.batch_size,), split.queue_delay_us, reject_late=True)), settings)
+        # No delay in Triton's batcher: the router's scheduler forms the batches (the plan's delay is its wait),
+        # and a delayed batcher would merge them.
+        dynamic_batching=DynamicBatching((split.batch_size,), 0, reject_late=True)), settings)
 
 
 def _write_stock(model_name: str, name: str, out: Path, settings: ExportSettings) -> None:

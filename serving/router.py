@@ -10,8 +10,11 @@ holds any number of requests in flight, and the merge width is no longer the
 number of router instances (measured before: later splits ran batches of 1-6
 of a planned 8 because two router instances fed them).
 
-Threads: one scheduler thread polls the queues; each split has a pool of
-``slots`` worker threads that run its batches:
+Threads: the scheduler is polled, under one lock, wherever something changed
+(``execute`` admitting requests, a worker finishing a batch), and its batches
+go straight to the split's workers; a timer thread polls only when a partial
+batch's delay or SLO comes due with nothing else happening. Each split has a
+pool of ``slots`` worker threads that run its batches:
 
 * a **constant** split (its own Triton model) by a BLS call with the batch's
   remaining SLO as timeout; ``slots = instances + 1``, so that one batch waits
@@ -39,6 +42,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -56,10 +60,14 @@ from e3.serving.scheduler import Dispatch, Job, Scheduler, make_queues
 from e3.serving.triton_io import BlsTimeout, bls, error_response, gather, model_parameters, tensor_response
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+SWITCH_INTERVAL_S = 0.0005
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        # Worker threads come back from ONNX Runtime (which releases the GIL) wanting it at once; with
+        # Python's default 5 ms switch interval a thread doing Python holds it that long.
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         _, params = model_parameters(args)
         self.card = ModelCard.from_dict(json.loads(params["model_card"]))
         self.plan = Plan.from_json(params["plan"])
@@ -79,7 +87,7 @@ class TritonPythonModel:
         self.pools = [ThreadPoolExecutor(n, thread_name_prefix=f"e3-{s.model}") for s, n in zip(self.plan.splits, slots)]
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
-        self.dirty = False
+        self.wake_at: float | None = None   # when the timer must poll next (None: only events matter)
         self.stopping = False
         # Every response leaves through one thread: measured on this Triton, responses and error
         # responses sent from several threads at once crashed the server (SIGSEGV, or
@@ -117,32 +125,39 @@ class TritonPythonModel:
                 n = rows.stop - rows.start
                 job = self.sched.job(requests[i], n, now, self.card.num_classes)
                 self.sched.admit(job, {k: v[rows] for k, v in got.arrays.items()}, self.rule.init_state(n), now)
-            self._poke()
+            dropped = self._pump()
+        self._answer_failed(dropped, "it would finish after its deadline")
         self.metrics.timing((time.thread_time() - cpu) * 1e6, 0.0)
         return None
 
-    # -- the scheduler thread ----------------------------------------------------------------------------
-    def _poke(self) -> None:
-        """Something changed (caller holds the lock): the scheduler thread polls again."""
-        self.dirty = True
-        self.changed.notify()
+    # -- dispatching -------------------------------------------------------------------------------------
+    def _pump(self) -> list[Job]:
+        """Poll the scheduler (caller holds the lock) and hand its batches to the splits' workers at once,
+        in the calling thread (a finished batch's worker, or execute): no hand-over to another thread on
+        the way. Returns the jobs it dropped (to be answered outside the lock); the timer thread is told
+        when the scheduler must be polled next even if nothing happens."""
+        dispatches, dropped, wake = self.sched.poll(time.monotonic())
+        for d in dispatches:
+            self.pools[d.split].submit(self._run, d)
+        if wake is not None and (self.wake_at is None or wake < self.wake_at):
+            self.wake_at = wake
+            self.changed.notify()
+        return dropped
 
     def _loop(self) -> None:
+        """The timer: polls when a partial batch's delay or its SLO forces it and nothing else happened."""
         while True:
             with self.lock:
                 if self.stopping:
                     return
-                cpu = time.thread_time()
-                self.dirty = False
-                dispatches, dropped, wake = self.sched.poll(time.monotonic())
-                if not dispatches and not dropped and not self.dirty:
-                    timeout = None if wake is None else max(0.0, wake - time.monotonic())
-                    self.changed.wait(timeout)
+                now = time.monotonic()
+                if self.wake_at is not None and now >= self.wake_at:
+                    self.wake_at = None
+                    dropped = self._pump()
+                else:
+                    self.changed.wait(None if self.wake_at is None else self.wake_at - now)
                     continue
-            for d in dispatches:
-                self.pools[d.split].submit(self._run, d)
             self._answer_failed(dropped, "it would finish after its deadline")
-            self.metrics.timing((time.thread_time() - cpu) * 1e6, 0.0)
 
     # -- worker threads ----------------------------------------------------------------------------------
     def _run(self, d: Dispatch) -> None:
@@ -157,14 +172,16 @@ class TritonPythonModel:
         except Exception as err:  # noqa: BLE001 - every failure answers its requests, none is lost
             with self.lock:
                 failed = self.sched.abandon(d, DEADLINE if isinstance(err, BlsTimeout) else ERROR)
-                self._poke()
+                dropped = self._pump()
             self._answer_failed(failed, str(err))
+            self._answer_failed(dropped, "it would finish after its deadline")
             return
         ms = (time.perf_counter() - start) * 1e3
         call_cpu = time.thread_time() - call_cpu
         with self.lock:
             done = self.sched.finish(d, route, survivors, ms, time.monotonic())
-            self._poke()
+            dropped = self._pump()
+        self._answer_failed(dropped, "it would finish after its deadline")
         self.metrics.record(route, new_inputs=len(d.rows) if d.split == 0 else 0)
         for job in done:
             self.outbox.put((job.handle, {"label": job.label[:, None], "exit_ramp": job.exit_ramp[:, None],

@@ -463,13 +463,14 @@ def test_probe_inputs_use_the_one_dtype_map():
     assert probe_inputs({"input": [{"name": "x", "data_type": "TYPE_FP64", "dims": [1]}]}) is None   # no probe
 
 
-def test_split_settings_override_instances_batch_and_delay():
+def test_split_settings_override_instances_and_batch_and_keep_no_delay():
     config = {"name": "tiny_ee_split_1-2", "max_batch_size": 16, "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
               "dynamic_batching": {"preferred_batch_size": [4], "max_queue_delay_microseconds": 0}}
     split = dataclasses.replace(initial_plan().splits[0], instances=3, batch_size=32, queue_delay_us=700)
     want = with_split_settings(config, split)
     assert want["instance_group"] == [{"count": 3, "kind": "KIND_CPU"}]
-    assert want["dynamic_batching"] == {"preferred_batch_size": [16], "max_queue_delay_microseconds": 700}
+    # 700 us is the scheduler's wait; Triton's batcher must not merge the scheduler's batches
+    assert want["dynamic_batching"] == {"preferred_batch_size": [16], "max_queue_delay_microseconds": 0}
     assert config["instance_group"][0]["count"] == 1                    # the live config is not modified
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from e3.client.sdk import ClientError, E3Client
 from e3.controller.telemetry import parse_snapshots
+from e3.controller.triton_api import TritonControl
 from e3.core.telemetry import metric_samples
 from e3.export.repository import ExportSettings, export_repository
 from helpers import serving
@@ -49,14 +50,19 @@ def test_requests_past_their_slo_are_dropped_explicitly_and_counted(tmp_path, ti
 
 
 def test_a_split_queue_rejecting_an_expired_call_is_a_deadline_drop(tmp_path, tiny_model):
-    # Split 3-4's dynamic batcher waits 0.4 s for a batch of 8 (the router and split 1 wait 0), while one
-    # client sends 3 inputs at a time: the router's budget is 0.8 * 200 = 160 ms, so a batch with
-    # survivors after split 1-2 has its BLS call expire in split 3-4's queue, where Triton rejects
-    # it. The router must read that rejection as a deadline drop (BlsTimeout), not a failing split;
-    # a batch that exits whole in split 1-2 is answered.
-    export_repository("tiny-ee", "2", tmp_path, ExportSettings(slo_ms=200, queue_delay_us=400_000), progress=False)
+    # Split 3-4's own Triton batcher is made to wait 0.4 s for a batch of 8 (a config override: a split
+    # queue slower than the SLO), while one client sends 3 inputs at a time: the scheduler sends split
+    # 3-4 the survivors at once (nothing upstream can fill the batch), with 200 ms of SLO left at most,
+    # so their BLS call expires in split 3-4's queue, where Triton rejects it. The router must read that
+    # rejection as a deadline drop (BlsTimeout), not a failing split; a batch that exits whole in split
+    # 1-2 is answered.
+    export_repository("tiny-ee", "2", tmp_path, ExportSettings(slo_ms=200, queue_delay_us=0), progress=False)
     ids, mask = (x.numpy() for x in tiny_model.example_inputs(24, seed=5))
     with serving(tmp_path, ["tiny_ee_split_1-2", "tiny_ee_split_3-4", "tiny_ee_router"], name="queue-timeout") as server:
+        with TritonControl(server.http_url) as control:
+            config = control.model_config("tiny_ee_split_3-4")
+            config["dynamic_batching"].update(preferred_batch_size=[8], max_queue_delay_microseconds=400_000)
+            control.load("tiny_ee_split_3-4", config)
         answered, dropped = _send_in_threes(server, ids, mask, r"(?i)dropped: tiny_ee cannot answer within its SLO "
                                             r"of 200 ms \(tiny_ee_split_3-4: .*timeout expired",
                                             lambda got: (got.exit_ramp <= 2).all())  # never needed split 3-4

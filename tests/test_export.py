@@ -99,7 +99,7 @@ def test_every_rendered_config_parses_as_triton_modelconfig(tiny_repo):
         assert parsed.parameters["e3_owner"].string_value == "e3"
     router = parse_config((tiny_repo / "tiny_ee_router" / "config.pbtxt").read_text())
     assert [o.name for o in router.output] == ["label", "exit_ramp", "probs"]
-    assert router.instance_group[0].count == 2
+    assert router.instance_group[0].count == 1   # one scheduler sees every request
 
 
 @pytest.mark.parametrize("target", ["embedded", "ngc"])

@@ -6,13 +6,15 @@ spread over every ramp; serving correctness does not depend on accuracy.
 1,000 test snippets are sent by 16 concurrent clients in requests of mixed
 sizes to bert-ee (entropy exits, text front door) and pabee (patience: state
 carried across splits), and 1,000 Fashion-MNIST test images to resnet-ee
-(state shapes change across cuts); every answer must equal the PyTorch
-reference run one input at a time.
+(state shapes change across cuts), each served as compact split, constant
+split, compact split (both forms in one plan); every answer must equal the
+PyTorch reference run one input at a time.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,6 +23,8 @@ import torch
 from e3.client.sdk import ClientError, E3Client
 from helpers import mixed_sizes, send_concurrently, serving, tau_in_widest_gap
 from e3.core.exits import entropy_nats, make_exit_rule
+from e3.core.names import ranges_from_cuts, served_name
+from e3.core.plan import COMPACT, CONSTANT, default_plan
 from e3.export.reference import reference_answers
 
 pytestmark = pytest.mark.e2e
@@ -62,8 +66,15 @@ def zoo_server(tmp_path_factory):
                                               "exit_rule": {"kind": "entropy", "tau_nats": tau_in_widest_gap(ent)}})
         repo = tmp_path_factory.mktemp("zoo-repo")
         for name in ("bert-ee", "pabee", "resnet-ee"):
-            # A generous SLO: this test is about answers; deadlines are tested elsewhere.
-            export_repository(name, "2,4", repo, ExportSettings(router_instances=2, slo_ms=120_000), progress=False)
+            # Both split forms in one plan: compact (in the router, rows leave between blocks) around a
+            # constant split (its own Triton model), so every form meets model inputs, a cut's state and
+            # the head. A generous SLO: this test is about answers; deadlines are tested elsewhere.
+            card = resolve_model(name).card
+            plan = default_plan(served_name(name), card.num_blocks, ranges_from_cuts([2, 4], card.num_blocks),
+                                card.exit_rule, card.ramp_blocks, slo_ms=120_000)
+            plan = replace(plan, splits=tuple(replace(s, form=CONSTANT if i == 1 else COMPACT)
+                                              for i, s in enumerate(plan.splits)))
+            export_repository(name, None, repo, ExportSettings(slo_ms=120_000), plan=plan, progress=False)
         with serving(repo, name="zoo") as server:
             yield server, texts, ids, mask, pixels
     finally:
