@@ -93,6 +93,8 @@ class TritonControl(ClosingClient):
         config.setdefault("parameters", {})["plan"] = {"string_value": json.dumps(plan.to_dict(), sort_keys=True)}
         # The router's execute only admits requests to its scheduler and returns: no reason to hold them.
         config.setdefault("dynamic_batching", {}).update(max_queue_delay_microseconds=0)
+        groups = config.get("instance_group") or [{"kind": "KIND_CPU"}]
+        config["instance_group"] = [dict(groups[0], count=plan.router_instances)]
         self.load(router, config)
 
     def current_plan(self, router: str) -> Plan:

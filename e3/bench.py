@@ -52,7 +52,9 @@ class BenchSettings:
     inputs_per_run: int = 1600   # inputs each measured run sends (requests = this / batch)
     repeats: int = 3             # measured runs per system and cell, interleaved; the median is reported
     calibration_inputs: int = 400
-    slo_ms: float = 1000.0       # the planner's latency objective (the bench measures, it does not drop)
+    slo_ms: float = 1000.0       # the planner's latency objective
+    served_slo_ms: float = 60_000.0  # the served plan's SLO: a saturating closed loop queues requests for about
+    #                                  a second; this bench measures throughput (drops are tested elsewhere)
     rate_rps: float = 2000.0     # the planner's offered rate (a saturating closed loop)
     out: Path | None = None      # default artifacts/results/side_by_side.json
     repo: Path | None = None     # default artifacts/bench-repo
@@ -177,7 +179,7 @@ def _plan(latency, batch_profile, card, settings: BenchSettings) -> Plan:
     result = best_plan(latency, batch_profile, {"cpu": settings.cores}, slo_ms=settings.slo_ms,
                        rate_rps=settings.rate_rps, alpha=None)
     return result.to_plan(model=latency.model, num_blocks=latency.num_blocks, exit_rule=dict(card.exit_rule),
-                          ramp_blocks=list(card.ramp_blocks), slo_ms=settings.slo_ms, slack=0.2)
+                          ramp_blocks=list(card.ramp_blocks), slo_ms=settings.served_slo_ms, slack=0.2)
 
 
 def _serve(name: str, plans: dict, repo: Path, settings: BenchSettings, echo):

@@ -393,9 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "ngc: native onnxruntime backend of an NGC Triton image")
     e.add_argument("--batch-size", type=int, default=8, help="preferred batch size of every split (default 8)")
     e.add_argument("--instances", type=int, default=1, help="Triton instances per split (default 1)")
-    e.add_argument("--router-instances", type=int, default=1,
-                   help="router instances (default 1: one scheduler sees every request; more instances schedule "
-                        "their own requests apart and merge less)")
+    e.add_argument("--router-instances", type=int, default=None,
+                   help="router instances (default: what the plan needs: 1 when a split is constant, so that one "
+                        "scheduler sees every request; for compact splits only, one per worker set)")
     e.add_argument("--plan", default=None, help="a plan JSON file (e.g. from `e3 plan --out`) instead of --cuts")
     e.add_argument("--all-ranges", action="store_true",
                    help="also pre-export every contiguous block range, so a controller can switch cuts at once")

@@ -120,7 +120,7 @@ def core_budgets(plan: Plan, export: ExportSettings) -> dict[str, str]:
     """Served model -> its core budget as printed: instances x threads (1 ONNX Runtime thread each)."""
     m = plan.model
     splits = ", ".join(f"{s.first_block}-{s.last_block} {s.form} x{s.instances}" for s in plan.splits)
-    return {router_name(m): f"{sum(s.instances for s in plan.splits)} ({splits}; router x{export.router_instances})",
+    return {router_name(m): f"{sum(s.instances for s in plan.splits)} ({splits}; router x{export.router_instances or plan.router_instances})",
             ee_name(m): f"{export.baseline_instances} (x{export.baseline_instances} inst.)",
             stock_name(m): f"{export.baseline_instances} (x{export.baseline_instances} inst.)"}
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from e3.core.spec import ModelCard
 
-__all__ = ["EarlyExitModel", "SplitModule", "RampModule"]
+__all__ = ["EarlyExitModel", "SplitModule"]
 
 
 class EarlyExitModel(nn.Module, abc.ABC):
@@ -86,30 +86,3 @@ class SplitModule(nn.Module):
     def output_names(self) -> list[str]:
         return self.model.card.split_outputs(self.first, self.last, self.ramps)
 
-
-class RampModule(nn.Module):
-    """The ramp after block ``k`` alone (state after k -> its logits): what the router runs between
-    blocks of a compact split, so that a disabled ramp costs nothing (E3 §3.4).
-
-    Shaped like a :class:`SplitModule` that starts after block k (``first = k + 1``), so the
-    exporter's parity check feeds it the state the blocks before produce.
-    """
-
-    def __init__(self, model: EarlyExitModel, k: int):
-        super().__init__()
-        if k not in model.card.ramp_blocks:
-            raise ValueError(f"block {k} has no ramp (ramps: {list(model.card.ramp_blocks)})")
-        self.model, self.k, self.first, self.last = model, k, k + 1, k
-        self.eval()
-
-    def forward(self, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (self.model.ramp(self.k, *state),)
-
-    @property
-    def input_specs(self):
-        return self.model.card.state_after(self.k)
-
-    @property
-    def output_names(self) -> list[str]:
-        from e3.core.names import ramp_output
-        return [ramp_output(self.k)]

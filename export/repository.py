@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from e3.core.files import write_atomic
 from e3.core.manifest import ManifestError, read_manifest, write_manifest
-from e3.core.names import (block_file, ee_name, preprocess_name, ramp_file, ramp_output, ramps_in_range,
+from e3.core.names import (block_file, ee_name, preprocess_name, ramp_output, ramps_in_range,
                            ranges_from_cuts, router_name, served_name, split_name, state_output, stock_name)
 from e3.core.plan import Plan, SplitPlan, default_plan
 from e3.core.spec import ModelCard, TensorSpec
@@ -52,8 +52,7 @@ class ExportSettings:
     target: str = "embedded"        # "embedded" (Python backend + ONNX Runtime) or "ngc"
     batch_size: int = 8             # preferred batch size of every split (until the planner sets them)
     split_instances: int = 1        # Triton instances per split
-    router_instances: int = 1       # router instances: 1, so that one scheduler sees every request (a second
-                                    # instance would schedule its own requests apart and merge less)
+    router_instances: int | None = None  # router instances; None: what the plan needs (Plan.router_instances)
     baseline_instances: int = 1     # instances of <m>_stock and <m>_ee
     queue_delay_us: int = 2000      # dynamic batchers' max queue delay
     slo_ms: float = 1000.0
@@ -190,18 +189,19 @@ def _write_ee(model: EarlyExitModel, plan: Plan, name: str, out: Path, settings:
 
 
 def _write_router(model: EarlyExitModel, plan: Plan, name: str, out: Path, settings: ExportSettings) -> None:
-    """The router, with every block and ramp as its own ONNX file beside it: what it runs itself for a
-    compact split (and any later plan may make a split compact, so they are always there)."""
-    from e3.export.model_api import RampModule
+    """The router, with every block as its own ONNX file beside it, with and without its ramp: what it
+    runs itself for a compact split (and any later plan may make a split compact or disable a ramp, so
+    they are always there)."""
     card = model.card
     for k in range(1, card.num_blocks + 1):
         export_onnx(SplitModule(model, k, k, ()), out / "1" / block_file(k), max_batch_size=card.max_batch_size)
     for k in card.ramp_blocks:
-        export_onnx(RampModule(model, k), out / "1" / ramp_file(k), max_batch_size=card.max_batch_size)
+        export_onnx(SplitModule(model, k, k, (k,)), out / "1" / block_file(k, ramp=True),
+                    max_batch_size=card.max_batch_size)
     first = plan.splits[0]
     _write_python_model(out, ModelDescription(
         name=name, kind="python", max_batch_size=card.max_batch_size, inputs=card.inputs,
-        outputs=answer_specs(card), instances=settings.router_instances,
+        outputs=answer_specs(card), instances=settings.router_instances or plan.router_instances,
         # Its execute only admits requests to its scheduler and returns at once: no reason to hold them.
         dynamic_batching=DynamicBatching((first.batch_size,), 0),
         parameters={"model_card": json.dumps(card.to_dict()), "plan": json.dumps(plan.to_dict(), sort_keys=True)}),

@@ -108,7 +108,7 @@ class SplitQueue:
 
     @property
     def partial(self) -> int:
-        return self.slots if self.partial_slots is None else self.partial_slots
+        return self.slots if self.partial_slots is None else min(self.partial_slots, self.slots)
 
     def expected_ms(self, rows: int) -> float:
         """Expected duration (ms) of a batch of ``rows`` rows: a line fitted to the batches seen

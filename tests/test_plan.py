@@ -54,3 +54,16 @@ def test_ramps_checked_against_the_model():
     plan = Plan.from_dict(make_plan())
     with pytest.raises(PlanError, match="has no ramp"):
         plan.validate(ramp_blocks=(2, 4))
+
+
+def test_router_instances_one_scheduler_unless_every_split_is_compact():
+    from dataclasses import replace
+    from e3.core.plan import COMPACT
+    plan = default_plan("m", 4, [(1, 2), (3, 4)], {"kind": "entropy", "tau_nats": 0.3}, (1, 2, 3), instances=2)
+    assert plan.router_instances == 1                       # constant splits: one scheduler merges every row
+    compact = replace(plan, splits=tuple(replace(s, form=COMPACT) for s in plan.splits))
+    assert compact.router_instances == 2                    # compact only: one router per worker set
+    uneven = replace(compact, splits=(replace(compact.splits[0], instances=4), compact.splits[1]))
+    assert uneven.router_instances == 2                     # gcd(4, 2)
+    mixed = replace(plan, splits=(replace(plan.splits[0], form=COMPACT), plan.splits[1]))
+    assert mixed.router_instances == 1

@@ -49,16 +49,19 @@ def _apply(server, plan):
         control.switch_plan(ROUTER, plan)
 
 
-@pytest.mark.parametrize("ranges, forms, enabled", [
-    ([(1, 4)], [COMPACT], None),                              # the CPU's form: one compact split, no hop
-    ([(1, 2), (3, 4)], [COMPACT, CONSTANT], None),            # compact into constant
-    ([(1, 1), (2, 4)], [CONSTANT, COMPACT], (1, 3)),          # constant into compact, ramp 2 disabled
-    ([(1, 2), (3, 4)], [CONSTANT, CONSTANT], (2,)),           # E3's form, ramps 1 and 3 disabled
+@pytest.mark.parametrize("ranges, forms, enabled, instances", [
+    ([(1, 4)], [COMPACT], None, 1),                           # the CPU's form: one compact split, no hop
+    ([(1, 4)], [COMPACT], (1, 3), 2),                         # ... on 2 router instances answering inline
+    ([(1, 2), (3, 4)], [COMPACT, CONSTANT], None, 1),         # compact into constant
+    ([(1, 1), (2, 4)], [CONSTANT, COMPACT], (1, 3), 1),       # constant into compact, ramp 2 disabled
+    ([(1, 2), (3, 4)], [CONSTANT, CONSTANT], (2,), 1),        # E3's form, ramps 1 and 3 disabled
 ])
-def test_every_split_form_answers_like_the_reference(sched_server, tiny_model, ranges, forms, enabled):
+def test_every_split_form_answers_like_the_reference(sched_server, tiny_model, ranges, forms, enabled, instances):
     card = tiny_model.card
-    plan = _plan(card, ranges, forms, enabled=enabled)
+    plan = _plan(card, ranges, forms, enabled=enabled, instances=instances)
     _apply(sched_server, plan)
+    with TritonControl(sched_server.http_url) as control:   # the router runs as many instances as the plan needs
+        assert control.model_config(ROUTER)["instance_group"][0]["count"] == plan.router_instances
     ids, mask = (x.numpy() for x in tiny_model.example_inputs(150, seed=21))
     label, ramp = send_concurrently(sched_server.http_url, ROUTER,
                                     lambda a, b: {"input_ids": ids[a:b], "attention_mask": mask[a:b]},

@@ -25,7 +25,6 @@ __all__ = [
     "state_output",
     "zoo_name_of",
     "block_file",
-    "ramp_file",
 ]
 
 _SERVED = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -149,12 +148,8 @@ def zoo_name_of(served: str, zoo_names) -> str:
     raise ValueError(f"cannot tell which zoo model {served!r} serves; pass --inputs-from MODEL or --workload FILE")
 
 
-def block_file(k: int) -> str:
-    """Block k alone as an ONNX file (block 1 with the stem, block L with the head), in the router's
-    version folder: what the router runs itself for a compact split."""
-    return f"block_{k}.onnx"
-
-
-def ramp_file(k: int) -> str:
-    """The ramp after block k alone (state after k -> its logits), beside the block files."""
-    return f"ramp_{k}.onnx"
+def block_file(k: int, ramp: bool = False) -> str:
+    """Block k as an ONNX file (block 1 with the stem, block L with the head), in the router's version
+    folder: what the router runs itself for a compact split; ``ramp``: with its ramp's logits too (one
+    ONNX Runtime call for both, as ``<m>_ee`` runs them)."""
+    return f"block_{k}{'_ramp' if ramp else ''}.onnx"

@@ -11,6 +11,7 @@ rejects a malformed document with a :class:`PlanError` that names the field.
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -67,6 +68,21 @@ class Plan:
     def tau_nats(self) -> float | None:
         """τ of an entropy rule, None for other rules."""
         return self.exit_rule.get("tau_nats")
+
+    @property
+    def router_instances(self) -> int:
+        """Router instances the plan needs.
+
+        One whenever a split is constant: a single scheduler must see every row to merge survivors of
+        all requests into the plan's batches. A plan of compact splits only (this CPU's form: no hop,
+        rows leave between blocks) runs one router instance per common share of the splits' instances
+        (their gcd), each with its own workers: requests are then admitted and answered in several
+        processes at once, as the in-process baseline's instances do (measured: with one instance, its
+        per-request work, 1 input per request, left bert-ee's compact plan at 0.84x ``<m>_ee``).
+        """
+        if any(s.form == CONSTANT for s in self.splits):
+            return 1
+        return math.gcd(*(s.instances for s in self.splits))
 
     @property
     def triton_splits(self) -> tuple[SplitPlan, ...]:
