@@ -91,8 +91,9 @@ class TritonControl(ClosingClient):
             raise ControlError(f"load the plan's splits before switching {router}: {', '.join(not_ready)} not ready")
         config = copy.deepcopy(self.model_config(router))
         config.setdefault("parameters", {})["plan"] = {"string_value": json.dumps(plan.to_dict(), sort_keys=True)}
-        # The router's execute only admits requests to its scheduler and returns: no reason to hold them.
-        config.setdefault("dynamic_batching", {}).update(max_queue_delay_microseconds=0)
+        # One instance admits every request at once (delay 0); several answer inline, and requests gather in
+        # Triton's queue meanwhile (Plan.router_queue_delay_us).
+        config.setdefault("dynamic_batching", {}).update(max_queue_delay_microseconds=plan.router_queue_delay_us)
         groups = config.get("instance_group") or [{"kind": "KIND_CPU"}]
         config["instance_group"] = [dict(groups[0], count=plan.router_instances)]
         self.load(router, config)

@@ -202,8 +202,9 @@ def _write_router(model: EarlyExitModel, plan: Plan, name: str, out: Path, setti
     _write_python_model(out, ModelDescription(
         name=name, kind="python", max_batch_size=card.max_batch_size, inputs=card.inputs,
         outputs=answer_specs(card), instances=settings.router_instances or plan.router_instances,
-        # Its execute only admits requests to its scheduler and returns at once: no reason to hold them.
-        dynamic_batching=DynamicBatching((first.batch_size,), 0),
+        # One instance: its execute only admits requests to its scheduler and returns at once, no reason to
+        # hold them; several (inline): requests gather in Triton's queue (Plan.router_queue_delay_us).
+        dynamic_batching=DynamicBatching((first.batch_size,), plan.router_queue_delay_us),
         parameters={"model_card": json.dumps(card.to_dict()), "plan": json.dumps(plan.to_dict(), sort_keys=True)}),
         f"{SERVING}.router", settings)
 
