@@ -103,6 +103,9 @@ class TritonPythonModel:
                                            [min(s.instances, n) for s, n in zip(self.plan.splits, slots)]),
                                self.plan.slo_ms / 1e3, self.plan.slack)
         self.pools = [ThreadPoolExecutor(n, thread_name_prefix=f"e3-{s.model}") for s, n in zip(self.plan.splits, slots)]
+        # Inline with one worker per split: the execute thread is that worker (no hand-over per batch).
+        self.direct = self.inline and all(n == 1 for n in slots)
+        self.ready: list[Dispatch] = []
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)   # the timer thread waits on it
         self.room = threading.Condition(self.lock)      # an inline execute waits on it for its answers
@@ -152,9 +155,15 @@ class TritonPythonModel:
         self.metrics.timing((time.thread_time() - cpu) * 1e6, 0.0)
         if not self.inline:
             return None
-        with self.lock:   # inline: this execute answers its own requests, as <m>_ee's instances do
-            while not self.stopping and any(h.what is None for h in handles.values()):
-                self.room.wait(0.1)
+        while True:   # inline: this execute answers its own requests, as <m>_ee's instances do
+            with self.lock:
+                if self.stopping or all(h.what is not None for h in handles.values()):
+                    break
+                if not self.ready:
+                    self.room.wait(0.1)
+                    continue
+                d = self.ready.pop(0)
+            self._run(d)   # direct: this thread is the split's worker
         for i, h in handles.items():
             got.responses[i] = tensor_response(h.what) if isinstance(h.what, dict) else \
                 error_response(h.what or "the router is unloading")
@@ -168,7 +177,12 @@ class TritonPythonModel:
         when the scheduler must be polled next even if nothing happens."""
         dispatches, dropped, wake = self.sched.poll(time.monotonic())
         for d in dispatches:
-            self.pools[d.split].submit(self._run, d)
+            if self.direct:
+                self.ready.append(d)
+            else:
+                self.pools[d.split].submit(self._run, d)
+        if self.direct and dispatches:
+            self.room.notify_all()
         if wake is not None and (self.wake_at is None or wake < self.wake_at):
             self.wake_at = wake
             self.changed.notify()
