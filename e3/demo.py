@@ -58,8 +58,7 @@ def run_demo(repo: Path, settings: DemoSettings = DemoSettings(), echo=print) ->
     model = resolve_model(settings.model)
     export = ExportSettings(baseline_instances=settings.cores)
     plan = demo_plan(settings, model, export, echo)
-    echo(f"[1/3] exporting {settings.model} into {repo}: "
-         + " | ".join(f"blocks {s.first_block}-{s.last_block} {s.form} x{s.instances}" for s in plan.splits))
+    echo(f"[1/3] exporting {settings.model} into {repo}: {_describe(plan)}")
     plan = export_repository(settings.model, None, repo, export, plan=plan)
     m = served_name(settings.model)
     budgets = core_budgets(plan, export)
@@ -75,7 +74,7 @@ def run_demo(repo: Path, settings: DemoSettings = DemoSettings(), echo=print) ->
     with server:
         url = server.http_url if settings.protocol == "http" else server.grpc_url
         echo(f"[3/3] {settings.requests} requests x {settings.batch} inputs, {settings.concurrency} clients, "
-             f"to {router_name(m)} (plan: splits {', '.join(s.model for s in plan.splits)}) and both baselines, "
+             f"to {router_name(m)} (plan: {_describe(plan)}) and both baselines, "
              f"each system on {settings.cores} cores (instances x 1 thread)")
         for name in (router_name(m), ee_name(m), stock_name(m)):
             results.append(closed_loop(url, name, pool, concurrency=settings.concurrency, batch=settings.batch,
@@ -86,6 +85,11 @@ def run_demo(repo: Path, settings: DemoSettings = DemoSettings(), echo=print) ->
     failed = sum(r.errors for r in results)
     echo(f"\n{failed} failed requests" if failed else "\nevery request answered")
     return results
+
+
+def _describe(plan: Plan) -> str:
+    return " | ".join(f"blocks {s.first_block}-{s.last_block} {s.form} x{s.instances} batch {s.batch_size}"
+                      for s in plan.splits)
 
 
 def demo_plan(settings: DemoSettings, model, export: ExportSettings, echo=print) -> Plan:
