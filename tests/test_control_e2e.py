@@ -68,8 +68,10 @@ def _pools(tiny_model, n=600, share=0.85, size=200):
 def test_controller_follows_a_mix_switch_without_failed_requests(control_server, tiny_model, tmp_path):
     card = tiny_model.card
     latency = synthetic_profile()
+    # constant splits only (as tests/test_controller.py): with compact splits this CPU-like profile gives
+    # both mixes one compact split, and the point here is a switch between two plans
     planner = ProfilePlanner(latency, exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks, slo_ms=SLO_MS,
-                             rate_rps=RATE_RPS)
+                             rate_rps=RATE_RPS, forms=("constant",))
     # The synthetic profile separates the two mixes (checked here with the planner directly).
     L = card.num_blocks
     easy_reach, hard_reach = [1.0] + [0.15] * (L - 1), [1.0] + [0.85] * (L - 1)
