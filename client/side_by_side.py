@@ -14,7 +14,6 @@ exits, both from the latency profile at one batch size (:func:`ideal_speedup`).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from e3.core.files import write_json_atomic
 from e3.core.profile import LatencyProfile
 
 __all__ = ["SYSTEMS", "BaselineConfig", "Row", "parse_mixes", "mix_label", "parse_batches", "baseline_configs",
-           "ideal_speedup", "format_rows", "results_document", "write_results", "load_results"]
+           "ideal_speedup", "format_rows", "results_document", "write_results"]
 
 SYSTEMS = ("e3", "stock", "ee")
 
@@ -171,6 +170,3 @@ def write_results(path: str | Path, document: dict) -> Path:
     write_json_atomic(path, document)
     return Path(path)
 
-
-def load_results(path: str | Path) -> dict:
-    return json.loads(Path(path).read_text())

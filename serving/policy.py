@@ -26,7 +26,7 @@ from e3.core.exits import ExitRule, softmax
 from e3.core.names import ramp_output, state_output
 from e3.core.plan import Plan
 
-__all__ = ["BatchRoute", "RampCounts", "Drop", "DEADLINE", "ERROR", "drop_for", "deadline_budget_ms"]
+__all__ = ["BatchRoute", "RampCounts", "Drop", "DEADLINE", "ERROR", "drop_for"]
 
 DEADLINE, ERROR = "deadline", "error"   # drop reasons: the label of e3_dropped_total
 
@@ -126,17 +126,6 @@ class BatchRoute:
             feed = self.advance(call(feed), ramps, state_names)
             if feed is None:
                 return
-
-
-def deadline_budget_ms(plan: Plan) -> float:
-    """Time a batch may spend from entering the router to its last answer (ms).
-
-    The SLO minus slack (E3 §4), minus the longest the router's own dynamic
-    batcher may have held the batch's oldest input (its queue delay: the
-    router cannot see when each input arrived). At least 1 ms.
-    """
-    first = plan.splits[0]
-    return max(1.0, plan.slo_ms * (1.0 - plan.slack) - first.queue_delay_us / 1e3)
 
 
 @dataclass(frozen=True)
