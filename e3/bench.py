@@ -86,7 +86,9 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print) -> d
     server = _serve(name, plans, repo, settings, echo)
     rows: list[Row] = []
     baseline_choice: dict[str, dict[int, BaselineConfig]] = {}
-    ideal = {mix_label(mix): ideal_speedup(latency, wl["batch_profile"].reach, 8) for mix, wl in workloads.items()}
+    # DESIGN §5: the ideal at the planned batch (the plan's input batch per instance of split 1)
+    ideal = {mix_label(mix): ideal_speedup(latency, wl["batch_profile"].reach, plans[mix].splits[0].batch_size)
+             for mix, wl in workloads.items()}
     with server:
         from e3.controller.triton_api import TritonControl
         with TritonControl(server.http_url) as control:
@@ -166,7 +168,7 @@ def _latency_profile(name: str, echo):
     path = default_profile_path(name, ["cpu"])
     if path.exists():
         profile = LatencyProfile.load(path)
-        if getattr(profile, "router_ms", None):
+        if profile.router_ms:
             return profile
     echo(f"[setup] measuring the latency profile of {name} on this machine (e3 profile) -> {path}")
     profile = profile_model(name, ProfileSettings(batch_sizes=(1, 2, 4, 8, 16, 32), repeats=10))
@@ -197,21 +199,14 @@ def _serve(name: str, plans: dict, repo: Path, settings: BenchSettings, echo):
 
 
 def _switch(control, plan: Plan) -> None:
+    """Load the plan's constant splits with its instances and batch (the controller's own override), then
+    hand the router the plan."""
+    from e3.controller.triton_applier import with_split_settings
     for split in plan.triton_splits:
-        control.load(split.model, _split_config(control, split))
+        if not control.is_ready(split.model):
+            control.load(split.model)   # its exported config first: Triton serves the config of a loaded model
+        control.load(split.model, with_split_settings(control.model_config(split.model), split))
     control.switch_plan(router_name(plan.model), plan)
-
-
-def _split_config(control, split) -> dict:
-    config = copy.deepcopy(control.model_config(split.model)) if control.is_ready(split.model) else None
-    if config is None:
-        control.load(split.model)
-        config = copy.deepcopy(control.model_config(split.model))
-    config["instance_group"] = [{"count": split.instances, "kind": "KIND_CPU"}]
-    batching = config.setdefault("dynamic_batching", {})
-    batching["preferred_batch_size"] = [split.batch_size]
-    batching["max_queue_delay_microseconds"] = 0
-    return config
 
 
 def _configure(control, model: str, choice: BaselineConfig) -> None:

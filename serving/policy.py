@@ -118,14 +118,16 @@ class BatchRoute:
 
     def follow(self, feed: dict[str, np.ndarray],
                steps: Iterable[tuple[tuple[int, ...], Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]]],
-               state_names: list[str]) -> None:
+               state_names: list[str]) -> dict[str, np.ndarray] | None:
         """Run the batch through ``steps`` in order, each ``(ramps, call)``: ``call(inputs)`` computes one
-        split (the router: a BLS call; the in-process baseline: one block) and :meth:`advance` applies
-        the exit rule at its ``ramps``; stops as soon as every input is answered."""
+        split or block (the in-process baseline and the router's compact splits: one block) and
+        :meth:`advance` applies the exit rule at its ``ramps``; stops as soon as every input is answered.
+        Returns the survivors' inputs for what comes after the steps (None when every input is answered)."""
         for ramps, call in steps:
             feed = self.advance(call(feed), ramps, state_names)
             if feed is None:
-                return
+                return None
+        return feed
 
 
 @dataclass(frozen=True)

@@ -302,13 +302,10 @@ class TritonPythonModel:
             route = BatchRoute(len(next(iter(feed.values()))), C, L, self.rule, rule_state)
             sessions = free.get()
             try:
-                for k in blocks:
-                    out = dict(zip(outputs[k], sessions[k].run(outputs[k], feed)))
-                    feed = route.advance(out, ramps[k], self.state_names)
-                    if feed is None:
-                        break
+                steps = ((ramps[k], lambda x, k=k: dict(zip(outputs[k], sessions[k].run(outputs[k], x))))
+                         for k in blocks)
+                return route, route.follow(feed, steps, self.state_names)
             finally:
                 free.put(sessions)
-            return route, feed
         return run
 

@@ -123,3 +123,12 @@ def test_drops_say_why_with_the_slo_as_configured():
                             "(m_split_3-4: Request timeout expired)")
     failed = drop_for(plan, late=False, detail="m_split_1-2: Stub process is not healthy")
     assert failed.reason == ERROR and failed.message == "m router: m_split_1-2: Stub process is not healthy"
+
+
+def test_follow_hands_back_the_survivors_inputs_or_none_when_all_are_answered():
+    route = BatchRoute(3, num_classes=3, num_blocks=4, rule=EntropyRule(0.5))
+    block1 = lambda x: {"ramp_1": np.stack([CONFIDENT, UNSURE, UNSURE]), "h_out": x["h"] * 2}  # noqa: E731
+    left = route.follow({"h": np.arange(3.0)}, [((1,), block1)], ["h"])
+    assert left["h"].tolist() == [2.0, 4.0]          # rows 1 and 2 go on, with block 1's output
+    head = lambda x: {"ramp_4": np.stack([UNSURE, UNSURE])}  # noqa: E731
+    assert route.follow(left, [((4,), head)], ["h"]) is None and route.done
