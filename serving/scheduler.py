@@ -26,15 +26,22 @@ decision is made here, on explicit clocks, so it is tested without a server.
     split): a fuller batch would only come from new requests, which take at
     least the earlier splits' time to get here.
 
-* A row is **dropped** only when it will miss: when even this split's expected
-  time from now ends after the job's SLO. Its whole job is answered with an
+* A row is **dropped** only when it will miss: when even a batch of the rows
+  queued now (at most the plan's batch) would end this split after the job's
+  SLO, by the split's expected time. Its whole job is answered with an
   error (a request has one response) and counted by its inputs, so that inputs
   answered + inputs dropped = inputs sent. Decided here, once per poll, for the
   head of every queue (queues are in arrival order up to re-merging).
 * **Expected times** are learnt from the batches themselves: a line (fixed
   part + per row) fitted by exponentially weighted least squares to each
-  split's observed durations (call or in-process run). Until a split has run, its time is 0 (nothing is dropped or forced
-  on a guess).
+  split's observed durations (call or in-process run). Until a split has run,
+  its time is 0 (nothing is dropped or forced on a guess). Once it has run
+  ``WARM_BATCHES`` batches, one observation counts for at most ``OUTLIER_X``
+  times what was expected of it: a single stalled batch (a model loading
+  beside it on the same cores, a page fault storm) must not make the
+  scheduler drop every queued row as if the split had become that slow for
+  good; a real slow-down still moves the line within a few batches (each
+  clipped batch raises it by up to ``(OUTLIER_X - 1) x EWMA_ALPHA``).
 
 The deadline counts from the job's arrival at the router. The router's
 ``execute`` only hands rows to this scheduler and returns at once, so Triton's
@@ -52,9 +59,11 @@ import numpy as np
 
 from e3.serving.policy import BatchRoute
 
-__all__ = ["Job", "Row", "SplitQueue", "Dispatch", "Scheduler", "make_queues", "EWMA_ALPHA"]
+__all__ = ["Job", "Row", "SplitQueue", "Dispatch", "Scheduler", "make_queues", "EWMA_ALPHA", "OUTLIER_X", "WARM_BATCHES"]
 
 EWMA_ALPHA = 0.1   # decay per batch of the older batches' weight in a split's expected time
+WARM_BATCHES = 5   # batches observed before an observation is clipped
+OUTLIER_X = 4.0    # an observation counts for at most this many times its expected duration
 
 
 @dataclass(eq=False)
@@ -128,6 +137,8 @@ class SplitQueue:
         """Learn from a batch of ``rows`` rows that took ``ms``."""
         if rows <= 0 or ms < 0:
             return
+        if self.batches >= WARM_BATCHES:
+            ms = min(ms, OUTLIER_X * max(self.expected_ms(rows), 1e-3))
         self._sums = self._sums * (1 - EWMA_ALPHA) + np.array([1.0, rows, ms, rows * rows, rows * ms])
         self.batches += 1
 
@@ -212,10 +223,11 @@ class Scheduler:
         return now >= self._force_time(split)
 
     def _drop_late(self, q: SplitQueue, now: float) -> list[Job]:
-        """Drop the jobs of head rows that would end this split after their SLO."""
+        """Drop the jobs of head rows that would end this split after their SLO even in a batch of
+        the rows queued now (the fastest the head row can go)."""
         dropped = []
         self._skip_dead(q)
-        while q.rows and now + q.expected_ms(q.batch_size) / 1e3 > q.rows[0].job.deadline:
+        while q.rows and now + q.expected_ms(min(len(q.rows), q.batch_size)) / 1e3 > q.rows[0].job.deadline:
             job = q.rows.popleft().job
             if job.live:
                 job.failed = "deadline"

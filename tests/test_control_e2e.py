@@ -87,14 +87,16 @@ def test_controller_follows_a_mix_switch_without_failed_requests(control_server,
     controller = Controller(settings, telemetry=TelemetryReader(control_server.metrics_url, "tiny_ee",
                                                                 window_s=WINDOW_S, num_blocks=L),
                             forecaster=make_forecaster("arima"), planner=planner, view=applier)
-    results, phase_start = [], {}
+    results, rounds_at, phase_start = [], [], {}
     stop_load, stop_control = threading.Event(), threading.Event()
     mix = {"name": "easy"}
 
     def drive():
         while not stop_load.is_set():
             name = mix["name"]
+            begun = time.monotonic()
             results.append(closed_loop(url, "tiny_ee_router", pools[name], concurrency=4, batch=4, requests=40))
+            rounds_at.append((begun, time.monotonic()))
 
     watcher = TritonControl(url)      # one HTTP client per thread: the controller's runs in its own
 
@@ -150,7 +152,10 @@ def test_controller_follows_a_mix_switch_without_failed_requests(control_server,
     total = sum(r.requests for r in results)
     errors = sum(r.errors for r in results)
     messages = sum((r.error_messages for r in results), start=type(results[0].error_messages)())
-    assert errors == 0, messages.most_common(3)
+    # on failure: when the failing rounds ran, from the switch, and their slowest answers
+    failing = [(round(a - switch_at, 2), round(b - switch_at, 2), r.errors, round(max(r.latencies_ms, default=0)))
+               for (a, b), r in zip(rounds_at, results) if r.errors]
+    assert errors == 0, (messages.most_common(3), failing, summary)
     assert total > 200
     print(f"\ncontrol e2e: {len(reports)} windows, switch at {switch_at - start:.1f} s, hard plan applied "
           f"{applied_at - switch_at:.1f} s later at window {windows_until} after the switch; "

@@ -8,7 +8,7 @@ import pytest
 
 from e3.core.exits import EntropyRule
 from e3.serving.policy import BatchRoute
-from e3.serving.scheduler import Scheduler, SplitQueue
+from e3.serving.scheduler import EWMA_ALPHA, OUTLIER_X, Scheduler, SplitQueue
 
 C, L = 2, 4
 SURE, UNSURE = np.array([8.0, 0.0]), np.array([0.1, 0.0])
@@ -125,6 +125,27 @@ def test_expected_time_learns_a_fixed_and_a_per_row_part():
         q.observe(8, 2.0 + 1.0 * 7)
     assert q.expected_ms(2) == pytest.approx(3.0, rel=0.05)
     assert q.expected_ms(8) == pytest.approx(9.0, rel=0.05)
+
+
+def test_one_stalled_batch_does_not_make_the_split_look_that_slow():
+    q = SplitQueue(8, 1, 0.0)
+    for _ in range(50):
+        q.observe(8, 5.0)
+    q.observe(8, 1000.0)                                      # one batch stalled (a model loading beside it)
+    assert q.expected_ms(8) < 5.0 * (1 + 1.1 * (OUTLIER_X - 1) * EWMA_ALPHA)   # unclipped: ~105 ms
+    for _ in range(40):                                       # a split that really became slower is followed
+        q.observe(8, 50.0)
+    assert q.expected_ms(8) == pytest.approx(50.0, rel=0.05)
+
+
+def test_a_row_is_dropped_by_the_batch_it_can_go_in_now_not_the_plans_full_batch():
+    sched = _sched(batches=(8, 8), slo_s=0.05)
+    for _ in range(10):
+        sched.queues[0].observe(1, 5.0)
+        sched.queues[0].observe(8, 40.0)                      # 5 ms for one row, 40 ms for eight
+    job = _admit(sched, 1, 0.0)
+    dispatches, dropped, _ = sched.poll(0.02)                 # 0.02 + 0.040 > 0.05, but 0.02 + 0.005 is not
+    assert not dropped and [r.job for d in dispatches for r in d.rows] == [job]
 
 
 def test_stack_keeps_row_order_and_rule_state():
