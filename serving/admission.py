@@ -1,0 +1,204 @@
+"""Elastic admission batching (E²bird, TPDS), pure: which idle workers take which staged inputs.
+
+E²bird stages every input as it arrives (its "memory pool") and keeps a pool
+of *workers*, each running the same model (one copy of the weights) at one
+fixed batch granularity, a power of two. A scheduler hands the staged inputs,
+oldest first, to idle workers whose batch fits, so that nothing waits for a
+batch to fill at low load and several batches run at once at high load. This
+module decides; :mod:`e3.serving.elastic` owns the threads and Triton's I/O.
+
+* **N-Ebird** (Algorithm 1): the engine is fixed (default ``[1, 1, 2, 4, 8,
+  16]`` for ``MaxBS = 32``). With ``R = min(N, MaxInf - CurInf)`` (staged
+  inputs, and room under the cap on inputs in flight), idle workers are taken
+  largest first while their batch fits in ``R``.
+* **E-Ebird** (Algorithm 2): an offline profile gives, for every total batch
+  ``TotalBS`` (4, 8, 16, 32), the set of workers that ran it with the lowest
+  mean latency; the engine holds the union of those sets plus one worker of 1
+  and one of 2 (the paper keeps them for very low load). Online, the load
+  (``MemState``: inputs staged, plus those in flight) picks the smallest
+  ``TotalBS`` that covers it (the largest profiled one above that), and only
+  that configuration's workers (plus the small defaults) may be launched.
+
+Decisions where the paper is silent or wrong, written down:
+
+* **The loop defect.** Algorithm 1 (and 2) never advance ``Worker`` after
+  scheduling it: line 11 removes it from ``Q`` and the loop tests the same,
+  now running, worker again (an endless loop, or the same worker launched
+  twice with one batch of inputs each). Here the next candidate after a launch
+  is the largest idle worker that still fits in what is left of ``R``.
+* **Order of Q.** The paper keeps idle workers in a red-black tree by batch
+  size and its Fig. 10 takes the worker of 4 for 4 staged inputs: largest
+  first, which also means any ``R`` is covered by the power-of-two sizes with
+  the fewest launches.
+* **MaxInf.** The cap on inputs in flight is ``MaxBS``, the largest batch one
+  worker may run within the QoS target (:func:`max_batch_for_qos`): under the
+  paper's equal-sharing hypothesis, workers summing to ``MaxBS`` together run
+  as fast as one batch of ``MaxBS``.
+* **Which inputs.** Workers take staged inputs in arrival order; one request's
+  rows may go to several workers, and the request is answered when its last
+  row is done.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+__all__ = ["NAIVE_ENGINE", "PROFILED_TOTALS", "ElasticPolicy", "NEbird", "EEbird", "worker_sets",
+           "best_worker_sets", "engine_for", "max_batch_for_qos", "make_policy", "POLICIES"]
+
+NAIVE_ENGINE = (1, 1, 2, 4, 8, 16)      # N-Ebird's engine for MaxBS = 32 (paper §7.2.1)
+PROFILED_TOTALS = (4, 8, 16, 32)        # E-Ebird's offline loads TotalBS (paper §7.3.2)
+LOW_LOAD_WORKERS = (1, 2)               # E-Ebird keeps these for very low load (paper §7.3.2)
+
+
+@dataclass
+class ElasticPolicy:
+    """The pool of workers and what is in flight. ``launch`` is the scheduler's one step."""
+    engine: tuple[int, ...]             # batch size of every worker (its granularity), index = worker id
+    max_inflight: int                   # MaxInf: inputs in flight at most
+    busy: set[int] = field(default_factory=set)   # ids of workers running a batch
+    inflight: int = 0                   # CurInf: inputs being computed
+
+    def __post_init__(self) -> None:
+        if not self.engine or any(b < 1 or b & (b - 1) for b in self.engine):
+            raise ValueError(f"worker batch sizes must be powers of two >= 1, got {list(self.engine)}")
+        if self.max_inflight < min(self.engine):
+            raise ValueError(f"max_inflight {self.max_inflight} is below the smallest worker's batch "
+                             f"{min(self.engine)}: nothing could ever run")
+
+    def allowed(self, staged: int) -> Sequence[int]:
+        """Ids of the workers this load may use (N-Ebird: all of them)."""
+        return range(len(self.engine))
+
+    def launch(self, staged: int) -> list[tuple[int, int]]:
+        """``staged`` inputs wait: the workers to launch now, in order, as (worker id, batch size);
+        each takes the next ``batch size`` staged inputs. Marks them busy."""
+        room = min(staged, self.max_inflight - self.inflight)
+        idle = sorted((w for w in self.allowed(staged) if w not in self.busy),
+                      key=lambda w: (-self.engine[w], w))
+        launched = []
+        for w in idle:               # largest first; after a launch, the next that still fits
+            if room <= 0:
+                break
+            size = self.engine[w]
+            if size <= room:
+                launched.append((w, size))
+                self.busy.add(w)
+                self.inflight += size
+                room -= size
+        return launched
+
+    def done(self, worker: int) -> None:
+        """Worker ``worker`` finished its batch: it is idle again."""
+        if worker not in self.busy:
+            raise ValueError(f"worker {worker} was not running")
+        self.busy.remove(worker)
+        self.inflight -= self.engine[worker]
+
+
+class NEbird(ElasticPolicy):
+    """Algorithm 1 (with the loop defect fixed): a fixed engine, inputs in flight capped at MaxInf."""
+
+
+@dataclass
+class EEbird(ElasticPolicy):
+    """Algorithm 2: the configuration for the current load, from the offline profile."""
+    confs: Mapping[int, Sequence[int]] = field(default_factory=dict)   # TotalBS -> worker batch sizes
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.confs:
+            raise ValueError("E-Ebird needs its offline configurations (TotalBS -> workers)")
+        have = Counter(self.engine)
+        for total, workers in self.confs.items():
+            if any(Counter(workers)[b] > have[b] for b in set(workers)):
+                raise ValueError(f"the engine {list(self.engine)} cannot hold the configuration for "
+                                 f"TotalBS {total}: {list(workers)}")
+
+    def current_total(self, staged: int) -> int:
+        """MemState -> the TotalBS whose configuration serves it: the smallest covering the load
+        (staged + in flight), else the largest."""
+        load = staged + self.inflight
+        totals = sorted(self.confs)
+        return next((t for t in totals if t >= load), totals[-1])
+
+    def allowed(self, staged: int) -> Sequence[int]:
+        want = Counter(self.confs[self.current_total(staged)]) + Counter(LOW_LOAD_WORKERS)
+        ids = []
+        for w, b in enumerate(self.engine):
+            if want[b] > 0:
+                want[b] -= 1
+                ids.append(w)
+        return ids
+
+
+POLICIES = ("n-ebird", "e-ebird")
+
+
+def make_policy(kind: str, *, engine: Sequence[int] | None = None, max_inflight: int | None = None,
+                confs: Mapping[int, Sequence[int]] | None = None) -> ElasticPolicy:
+    """``n-ebird`` (engine default :data:`NAIVE_ENGINE`, MaxInf default twice its largest worker, the
+    paper's 32) or ``e-ebird`` (``confs`` required; engine default :func:`engine_for` them, MaxInf
+    default their largest TotalBS)."""
+    if kind == "n-ebird":
+        engine = tuple(engine or NAIVE_ENGINE)
+        return NEbird(engine, max_inflight or 2 * max(engine))
+    if kind == "e-ebird":
+        if not confs:
+            raise ValueError("e-ebird needs its offline configurations: run `e3 admission profile`")
+        confs = {int(t): tuple(int(b) for b in w) for t, w in confs.items()}
+        return EEbird(tuple(engine or engine_for(confs)), max_inflight or max(confs), confs=confs)
+    raise ValueError(f"unknown admission policy {kind!r}: choose one of {', '.join(POLICIES)}")
+
+
+def worker_sets(total: int, max_workers: int) -> list[tuple[int, ...]]:
+    """Every multiset of power-of-two batch sizes summing to ``total`` with at most ``max_workers``
+    workers (the paper's Equation 6 cases, bounded: on a CPU more concurrent workers than a few times
+    the cores only time-slice). Largest batch first in each set."""
+    sizes = [1 << i for i in range(total.bit_length()) if 1 << i <= total][::-1]
+    out = []
+
+    def rec(left: int, start: int, acc: tuple[int, ...]) -> None:
+        if left == 0:
+            out.append(acc)
+            return
+        if len(acc) == max_workers:
+            return
+        for i in range(start, len(sizes)):
+            if sizes[i] <= left:
+                rec(left - sizes[i], i, acc + (sizes[i],))
+
+    rec(total, 0, ())
+    return out
+
+
+def best_worker_sets(mean_latency_ms: Mapping[tuple[int, ...], float]) -> dict[int, tuple[int, ...]]:
+    """The offline phase's choice: per TotalBS, the worker set with the lowest mean latency (ms)."""
+    best: dict[int, tuple[tuple[int, ...], float]] = {}
+    for workers, ms in mean_latency_ms.items():
+        total = sum(workers)
+        if total not in best or ms < best[total][1]:
+            best[total] = (tuple(workers), ms)
+    return {t: w for t, (w, _) in sorted(best.items())}
+
+
+def engine_for(confs: Mapping[int, Iterable[int]]) -> tuple[int, ...]:
+    """The smallest engine that can run every configuration: per batch size the most any one needs,
+    plus the low-load workers (1 and 2). Largest first."""
+    need: Counter = Counter(LOW_LOAD_WORKERS)
+    for workers in confs.values():
+        need |= Counter(workers)
+    return tuple(sorted(need.elements(), reverse=True))
+
+
+def max_batch_for_qos(latency_ms: Mapping[int, float], qos_ms: float) -> int:
+    """MaxBS: the largest profiled power-of-two batch whose run, after waiting for one batch like it
+    (the worst case when the engine is full), still ends within the QoS target: ``2 x latency(b) <=
+    qos_ms``. Raises if not even a batch of 1 fits."""
+    fits = [b for b, ms in latency_ms.items() if 2 * ms <= qos_ms]
+    if not fits:
+        raise ValueError(f"no batch meets the QoS target of {qos_ms} ms: a batch of "
+                         f"{min(latency_ms)} takes {latency_ms[min(latency_ms)]:.1f} ms")
+    return max(fits)

@@ -1,0 +1,67 @@
+"""The elastic admission stage (E²bird) on the real tritonserver, in front of tiny-ee's stock model: under
+concurrent requests of mixed sizes, N-Ebird and E-Ebird answer exactly the model's predictions (and
+its logits to float tolerance: a row's batch mates change ONNX Runtime's blocking, not its result beyond
+rounding), bad requests get their own error, and the stage keeps serving."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from e3.client.sdk import ClientError, E3Client
+from e3.core.rows import request_slices
+from e3.export.admission import write_admission
+from e3.export.repository import ExportSettings, export_repository
+from e3.serving.session import make_session
+from helpers import mixed_sizes, serving
+
+pytestmark = pytest.mark.e2e
+POLICIES = {"n": {"kind": "n-ebird", "engine": [1, 1, 2, 4, 8], "max_inflight": 16},
+            "e": {"kind": "e-ebird", "confs": {"4": [2, 2], "8": [4, 4], "16": [8, 8]}}}
+
+
+@pytest.fixture(scope="module")
+def admission_server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("admission-repo")
+    export_repository("tiny-ee", None, repo, ExportSettings(), progress=False)
+    names = {k: write_admission(repo, "tiny_ee_stock", p, name=f"tiny_ee_stock_admission_{k}")
+             for k, p in POLICIES.items()}
+    with serving(repo, ["tiny_ee_stock", *names.values()], name="admission") as server:
+        yield server, repo, names
+
+
+@pytest.mark.parametrize("kind", sorted(POLICIES))
+def test_answers_through_the_admission_stage_equal_the_models(admission_server, tiny_model, kind):
+    server, repo, names = admission_server
+    ids, mask = (x.numpy() for x in tiny_model.example_inputs(300, seed=11))
+    reference = make_session(str(repo / "tiny_ee_stock" / "1" / "model.onnx")).run(
+        ["logits"], {"input_ids": ids, "attention_mask": mask})[0]
+    sizes = mixed_sizes(len(ids), 9, seed=3)           # requests of 1..9 inputs: rows split across workers
+    rows = request_slices(sizes)
+
+    def one(j):
+        with E3Client(server.http_url) as client:
+            return j, client.infer(names[kind], {"input_ids": ids[rows[j]], "attention_mask": mask[rows[j]]})
+
+    with ThreadPoolExecutor(12) as pool:
+        answers = dict(pool.map(one, range(len(sizes))))
+    probs = np.concatenate([answers[j].probs for j in range(len(sizes))])
+    label = np.concatenate([answers[j].label for j in range(len(sizes))])
+    expected = np.exp(reference - reference.max(axis=1, keepdims=True))
+    expected /= expected.sum(axis=1, keepdims=True)
+    clear = np.abs(np.diff(np.sort(reference, axis=1)[:, -2:], axis=1))[:, 0] > 1e-4
+    assert np.array_equal(label[clear], reference.argmax(axis=1)[clear])
+    np.testing.assert_allclose(probs, expected, atol=1e-5)
+
+
+def test_a_bad_request_gets_its_own_error_and_the_stage_keeps_serving(admission_server, tiny_model):
+    server, _, names = admission_server
+    ids, mask = (x.numpy() for x in tiny_model.example_inputs(4, seed=1))
+    with E3Client(server.http_url) as client:
+        with pytest.raises(ClientError, match="attention_mask"):
+            client.infer(names["n"], {"input_ids": ids})            # an input missing
+        with pytest.raises(ClientError):
+            client.infer(names["n"], {"input_ids": ids.astype(np.float32), "attention_mask": mask})
+        assert len(client.infer(names["n"], {"input_ids": ids, "attention_mask": mask}).label) == 4
