@@ -254,7 +254,11 @@ def _write_onnx_model(module: SplitModule, out: Path, desc: ModelDescription, se
         (out / "1" / "model.onnx").unlink()
         desc = ModelDescription(**{**desc.__dict__, "kind": "tensorrt", "instance_kind": "KIND_GPU"})
     if settings.target == "embedded":
-        desc = ModelDescription(**{**desc.__dict__, "parameters": {**desc.parameters, "intra_op_threads": "1"}})
+        # Value bounds of the inputs (token ids, masks) travel as a parameter: the split checks them
+        # (e3.serving.input_policy) before ONNX Runtime sees the values.
+        bounds = {t.name: list(t.bounds) for t in desc.inputs if t.bounds is not None}
+        desc = ModelDescription(**{**desc.__dict__, "parameters": {
+            **desc.parameters, "intra_op_threads": "1", **({"input_bounds": json.dumps(bounds)} if bounds else {})}})
         _write_model_py(out, f"{SERVING}.split")
     write_atomic(out / "config.pbtxt", render_config(desc, settings.target))
 

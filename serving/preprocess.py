@@ -5,7 +5,7 @@ Input ``TEXT`` (BYTES [1] per input, UTF-8). Output the model card's inputs
 the training and the PyTorch reference tokenize (:class:`e3.serving.tokenizer.Tokenizer` on the
 ``tokenizer.json`` the exporter put in this model's version folder):
 [CLS] ... [SEP], truncated to ``max_seq_len`` tokens, padded with 0. A request
-whose text is not valid UTF-8 gets its own error; the others are answered.
+whose text is not valid UTF-8 gets its own client error; the others are answered.
 """
 
 from __future__ import annotations
@@ -13,25 +13,12 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
-
 from e3.core.rows import request_slices, split_rows
 from e3.core.spec import ModelCard, TensorSpec
-from e3.serving.tokenizer import TOKENIZER_FILE, Tokenizer
-from e3.serving.triton_io import InputError, error_response, gather, model_parameters, tensor_response
+from e3.serving.tokenizer import TOKENIZER_FILE, TextError, Tokenizer, decode_texts
+from e3.serving.triton_io import error_response, gather, model_parameters, tensor_response
 
 TEXT = TensorSpec("TEXT", "BYTES", (1,))
-
-
-def decode_texts(raw: np.ndarray) -> list[str]:
-    """BYTES tensor [N, 1] -> N strings; raises InputError naming the first bad input."""
-    texts = []
-    for i, item in enumerate(raw.reshape(-1)):
-        try:
-            texts.append(item.decode("utf-8") if isinstance(item, bytes) else str(item))
-        except UnicodeDecodeError as err:
-            raise InputError(f"input {i}: text is not valid UTF-8 ({err.reason} at byte {err.start})") from None
-    return texts
 
 
 class TritonPythonModel:
@@ -50,8 +37,8 @@ class TritonPythonModel:
         for i, rows, n in zip(got.valid, request_slices(got.sizes), got.sizes):
             try:
                 texts += decode_texts(got.arrays["TEXT"][rows])
-            except InputError as err:
-                got.responses[i] = error_response(str(err))
+            except TextError as err:
+                got.responses[i] = error_response(str(err), client_error=True)
                 continue
             owners.append(i)
             sizes.append(n)

@@ -12,15 +12,41 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Tokenizer", "TOKENIZER_FILE"]
+__all__ = ["Tokenizer", "TOKENIZER_FILE", "TextError", "decode_texts"]
 
 # The file name of the tokenizer in a ``<m>_preprocess`` version folder: the exporter writes it, the
 # model reads it. Here, not in preprocess.py, so the exporter can name it outside Triton's stub.
 TOKENIZER_FILE = "tokenizer.json"
 
 
+class TextError(ValueError):
+    """Text the front door refuses (not UTF-8); the message names the input and the byte."""
+
+
+def decode_texts(raw: np.ndarray) -> list[str]:
+    """BYTES tensor [N, 1] -> N strings; raises TextError naming the first input that is not UTF-8.
+
+    Decision: invalid UTF-8 is refused, never repaired with replacement characters
+    (the model would answer a text the client did not send).
+    """
+    texts = []
+    for i, item in enumerate(raw.reshape(-1)):
+        try:
+            texts.append(item.decode("utf-8") if isinstance(item, bytes) else str(item))
+        except UnicodeDecodeError as err:
+            raise TextError(f"input {i}: text is not valid UTF-8 ({err.reason} at byte {err.start})") from None
+    return texts
+
+
 class Tokenizer:
-    """WordPiece texts -> (input_ids, attention_mask), INT64 [N, max_seq_len]."""
+    """WordPiece texts -> (input_ids, attention_mask), INT64 [N, max_seq_len].
+
+    Text longer than ``max_seq_len`` tokens (with [CLS] and [SEP]) is truncated
+    from the end: the first ``max_seq_len - 2`` word pieces are kept and [SEP]
+    closes the sequence, as the reference tokenizer of training does (the
+    ``tokenizers`` library's longest-first truncation of a single sequence).
+    Nothing is refused for its length: :meth:`lengths` tells how long it was.
+    """
 
     def __init__(self, tokenizer_json: str, max_seq_len: int):
         from tokenizers import Tokenizer as HFTokenizer

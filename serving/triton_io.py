@@ -2,7 +2,9 @@
 
 Only imported inside Triton's Python-backend stub (it needs
 ``triton_python_backend_utils``). Requests that cannot be served get their own
-error response; the others in the same batch are still answered.
+error response (a client error, HTTP 400 / gRPC INVALID_ARGUMENT, that names
+the problem; the checks are :mod:`e3.serving.input_policy`'s); the others in
+the same batch are still answered.
 
 BLS calls raise typed errors (:class:`BlsTimeout`, :class:`BlsError`), decided
 here once (:func:`bls_error`), so callers never match error text.
@@ -18,18 +20,18 @@ import triton_python_backend_utils as pb_utils
 
 from e3.core.rows import request_slices, split_rows
 from e3.core.spec import TensorSpec, dtype_from_config
+from e3.serving.input_policy import InputError, check_request
 
 __all__ = ["InputError", "BlsError", "BlsTimeout", "Gathered", "model_parameters", "io_specs", "gather",
            "error_response", "tensor_response", "answer_responses", "split_responses", "bls", "bls_error",
-           "EXPIRED_IN_QUEUE"]
+           "EXPIRED_IN_QUEUE", "INPUT_BOUNDS"]
 
 
 # Triton's text for a request rejected because its timeout expired in a model's queue.
 EXPIRED_IN_QUEUE = "Request timeout expired"
-
-
-class InputError(ValueError):
-    """A request this model cannot serve; the message goes back to the client."""
+# A model config's parameter holding {input name: [low, high]}: the value bounds of its inputs
+# (TensorSpec.bounds), which config.pbtxt's input fields cannot carry.
+INPUT_BOUNDS = "input_bounds"
 
 
 class BlsError(RuntimeError):
@@ -48,8 +50,11 @@ def model_parameters(args: dict) -> tuple[dict, dict[str, str]]:
 
 
 def io_specs(config: dict, key: str) -> tuple[TensorSpec, ...]:
-    """Input or output specs ("input"/"output") of a model config, as TensorSpecs."""
-    return tuple(TensorSpec(t["name"], dtype_from_config(t["data_type"]), tuple(int(d) for d in t["dims"]))
+    """Input or output specs ("input"/"output") of a model config, as TensorSpecs (with the
+    ``input_bounds`` parameter's bounds, if any)."""
+    bounds = json.loads(config.get("parameters", {}).get(INPUT_BOUNDS, {}).get("string_value") or "{}")
+    return tuple(TensorSpec(t["name"], dtype_from_config(t["data_type"]), tuple(int(d) for d in t["dims"]),
+                            tuple(bounds[t["name"]]) if key == "input" and t["name"] in bounds else None)
                  for t in config.get(key, []))
 
 
@@ -66,7 +71,8 @@ class Gathered:
 
 
 def gather(requests: list, specs: tuple[TensorSpec, ...]) -> Gathered:
-    """Concatenate the inputs of ``requests``; reject malformed ones with their own error."""
+    """Concatenate the inputs of ``requests``; reject those :func:`~e3.serving.input_policy.check_request`
+    refuses with their own client error."""
     parts = {t.name: [] for t in specs}
     sizes, valid, responses = [], [], [None] * len(requests)
     for i, request in enumerate(requests):
@@ -74,17 +80,10 @@ def gather(requests: list, specs: tuple[TensorSpec, ...]) -> Gathered:
             arrays = {}
             for t in specs:
                 tensor = pb_utils.get_input_tensor_by_name(request, t.name)
-                if tensor is None:
-                    raise InputError(f"missing input '{t.name}'")
-                arrays[t.name] = tensor.as_numpy()
-            batch = {a.shape[0] if a.ndim else -1 for a in arrays.values()}
-            if len(batch) != 1:
-                raise InputError(f"inputs disagree on the batch size: {sorted(batch)}")
-            n = batch.pop()
-            if n <= 0:
-                raise InputError("empty batch: the request carries no inputs")
+                arrays[t.name] = None if tensor is None else tensor.as_numpy()
+            n = check_request(specs, arrays)
         except InputError as err:
-            responses[i] = error_response(str(err))
+            responses[i] = error_response(str(err), client_error=True)
             continue
         for name, a in arrays.items():
             parts[name].append(a)
@@ -94,8 +93,11 @@ def gather(requests: list, specs: tuple[TensorSpec, ...]) -> Gathered:
     return Gathered(arrays, sizes, valid, responses)
 
 
-def error_response(message: str):
-    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+def error_response(message: str, client_error: bool = False):
+    """A response carrying only an error; ``client_error``: the request was at fault (INVALID_ARG,
+    HTTP 400), else the server failed to serve it (INTERNAL, HTTP 500)."""
+    code = pb_utils.TritonError.INVALID_ARG if client_error else pb_utils.TritonError.INTERNAL
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))
 
 
 def tensor_response(outputs: dict[str, np.ndarray]):

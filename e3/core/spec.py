@@ -50,23 +50,34 @@ class TensorSpec:
     name: str                 # tensor name, as in the ONNX graph and config.pbtxt
     dtype: str                # Triton datatype: "FP32", "INT64", ...
     shape: tuple[int, ...]    # shape WITHOUT the batch dimension
+    # Inclusive range of values a served model accepts (token ids: [0, vocab - 1]); None: any finite
+    # value. Checked by e3.serving.input_policy.
+    bounds: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in NUMPY_DTYPES:
             raise ValueError(f"tensor {self.name!r}: unknown datatype {self.dtype!r}; "
                              f"use one of {sorted(NUMPY_DTYPES)}")
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if self.bounds is not None:
+            low, high = self.bounds
+            if not low <= high:
+                raise ValueError(f"tensor {self.name!r}: bounds {self.bounds} are empty (low > high)")
+            object.__setattr__(self, "bounds", (low, high))
 
     @property
     def numpy_dtype(self) -> str:
         return NUMPY_DTYPES[self.dtype]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        d = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        return d if self.bounds is None else {**d, "bounds": list(self.bounds)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TensorSpec":
-        return cls(name=d["name"], dtype=d["dtype"], shape=tuple(d["shape"]))
+        bounds = d.get("bounds")
+        return cls(name=d["name"], dtype=d["dtype"], shape=tuple(d["shape"]),
+                   bounds=tuple(bounds) if bounds is not None else None)
 
 
 @dataclass(frozen=True)
@@ -98,7 +109,7 @@ class ModelCard:
         shapes = self.state_shapes.get(k)
         if shapes is None:
             return self.state
-        return tuple(TensorSpec(t.name, t.dtype, shape) for t, shape in zip(self.state, shapes))
+        return tuple(TensorSpec(t.name, t.dtype, shape, t.bounds) for t, shape in zip(self.state, shapes))
 
     def split_ramps(self, first: int, last: int, enabled: tuple[int, ...] | set[int]) -> tuple[int, ...]:
         """Ramps a split over blocks first..last computes: the enabled ones inside it, and the

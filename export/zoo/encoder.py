@@ -105,6 +105,10 @@ class _Ramp(nn.Module):
         return self.from_pooled(self.pool(x, mask))
 
 
+def _mask_spec(seq_len: int) -> TensorSpec:
+    return TensorSpec("attention_mask", "INT64", (seq_len,), (0, 1))
+
+
 class EncoderEE(EarlyExitModel):
     """Text classifier: inputs ``input_ids`` and ``attention_mask`` (INT64 [S]),
     state ``hidden`` (FP32 [S, H]) and ``attention_mask``."""
@@ -120,8 +124,10 @@ class EncoderEE(EarlyExitModel):
         s = c.max_seq_len
         self.card = ModelCard(
             name=name, num_blocks=c.layers, ramp_blocks=tuple(c.ramp_blocks), num_classes=c.num_classes,
-            inputs=(TensorSpec("input_ids", "INT64", (s,)), TensorSpec("attention_mask", "INT64", (s,))),
-            state=(TensorSpec("hidden", "FP32", (s, c.hidden)), TensorSpec("attention_mask", "INT64", (s,))),
+            # bounds: what a served model accepts (e3.serving.input_policy): ids inside the vocabulary
+            # (ONNX Gather would read a negative id from the table's end), a 0/1 mask
+            inputs=(TensorSpec("input_ids", "INT64", (s,), (0, c.vocab_size - 1)), _mask_spec(s)),
+            state=(TensorSpec("hidden", "FP32", (s, c.hidden)), _mask_spec(s)),
             exit_rule=dict(exit_rule), max_batch_size=max_batch_size, max_seq_len=s, preprocess=preprocess)
 
     def stem(self, input_ids, attention_mask):
