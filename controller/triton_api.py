@@ -18,25 +18,38 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 
 from e3.controller.applier import ControlError
 from e3.core.closing import ClosingClient
 from e3.core.plan import Plan, PlanError
 
-__all__ = ["TritonControl", "ControlError"]
+__all__ = ["TritonControl", "ControlError", "api_key_headers"]
 
 log = logging.getLogger(__name__)
 
 
-class TritonControl(ClosingClient):
-    """Model-control calls on one Triton server (HTTP API)."""
+def api_key_headers() -> dict[str, str] | None:
+    """The header that unlocks a restricted model-control API (Triton's ``--http-restricted-api``), from
+    the environment: ``E3_API_HEADER`` (name) and ``E3_API_KEY`` (value), as the Helm chart sets them
+    from its Secret. None when either is unset (a server on loopback needs none)."""
+    name, key = os.environ.get("E3_API_HEADER"), os.environ.get("E3_API_KEY")
+    return {name: key} if name and key else None
 
-    def __init__(self, url: str, timeout_s: float = 300.0):
+
+class TritonControl(ClosingClient):
+    """Model-control calls on one Triton server (HTTP API); ``headers`` go with every call (default:
+    :func:`api_key_headers`)."""
+
+    def __init__(self, url: str, timeout_s: float = 300.0, headers: dict[str, str] | None = None):
         import tritonclient.http as http
         self._client = http.InferenceServerClient(url, connection_timeout=timeout_s, network_timeout=timeout_s)
+        self._headers = headers if headers is not None else api_key_headers()
 
     def _call(self, what: str, fn, *args, **kwargs):
         from tritonclient.utils import InferenceServerException
+        if self._headers:
+            kwargs["headers"] = self._headers
         try:
             return fn(*args, **kwargs)
         except InferenceServerException as err:

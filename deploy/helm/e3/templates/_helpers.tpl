@@ -1,0 +1,45 @@
+{{/* Names and labels shared by every manifest. */}}
+{{- define "e3.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "e3.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* The Deployment and Service of a pool: (dict "root" $ "pool" $pool) */}}
+{{- define "e3.poolName" -}}
+{{- printf "%s-triton-%s" (include "e3.fullname" .root) .pool.name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "e3.poolSelector" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: triton
+e3.pool: {{ .pool.name }}
+{{- end -}}
+
+{{- define "e3.apiKeySecret" -}}
+{{- default (printf "%s-api-key" (include "e3.fullname" .)) .Values.restrictedApi.existingSecret -}}
+{{- end -}}
+
+{{- define "e3.routerPool" -}}
+{{- $found := "" -}}
+{{- range .Values.pools -}}{{- if eq .name $.Values.router.pool -}}{{- $found = .name -}}{{- end -}}{{- end -}}
+{{- if not $found -}}
+{{- fail (printf "router.pool %q names no pool in pools (have: %s)" .Values.router.pool (include "e3.poolNames" .)) -}}
+{{- end -}}
+{{- $found -}}
+{{- end -}}
+
+{{- define "e3.poolNames" -}}
+{{- $names := list -}}{{- range .Values.pools -}}{{- $names = append $names .name -}}{{- end -}}
+{{- join ", " $names -}}
+{{- end -}}

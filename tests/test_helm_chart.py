@@ -1,0 +1,214 @@
+"""The Helm chart (deploy/helm/e3): rendered offline for default, multi-pool and GPU values, linted,
+every manifest validated against the Kubernetes schemas, and its key fields (probes, /dev/shm, the
+restricted model-control API, RBAC verbs) checked and compared with golden files
+(tests/golden/helm/; regenerate with E3_UPDATE_GOLDEN=1)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+helm_python = pytest.importorskip("helm_python")
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+CHART = Path(__file__).resolve().parent.parent / "deploy" / "helm" / "e3"
+GOLDEN = Path(__file__).parent / "golden" / "helm"
+KUBE_VERSION = "1.30.0"
+
+MULTI_POOL = {
+    "pools": [
+        {"name": "front", "device": "cpu", "replicas": 1, "minReplicas": 1, "maxReplicas": 2, "devicesPerPod": 2,
+         "price": 0.2, "gpu": {"type": "", "count": 0}, "nodeSelector": {"e3/pool": "front"},
+         "models": ["bert_ee", "bert_ee_preprocess", "bert_ee_router", "bert_ee_split_1-3"]},
+        {"name": "deep", "device": "cpu", "replicas": 2, "minReplicas": 1, "maxReplicas": 4, "devicesPerPod": 2,
+         "price": 0.2, "gpu": {"type": "", "count": 0}, "nodeSelector": {"e3/pool": "deep"},
+         "models": ["bert_ee_split_4-6"]},
+    ],
+    "router": {"pool": "front"},
+    "serviceMonitor": {"enabled": True},
+    "grafanaDashboard": {"enabled": True},
+}
+
+GPU = {
+    "pools": [
+        {"name": "t4", "device": "t4", "replicas": 2, "minReplicas": 1, "maxReplicas": 8, "devicesPerPod": 1,
+         "price": 0.35, "gpu": {"type": "Tesla-T4", "count": 1}, "nodeSelector": {},
+         "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"memory": "16Gi"}},
+         "models": ["bert_ee", "bert_ee_preprocess", "bert_ee_router", "bert_ee_split_1-2"]},
+        {"name": "v100", "device": "v100", "replicas": 1, "minReplicas": 1, "maxReplicas": 6, "devicesPerPod": 2,
+         "price": 2.48, "gpu": {"type": "Tesla-V100-SXM2-16GB", "count": 2}, "nodeSelector": {"cloud/pool": "gpu"},
+         "models": ["bert_ee_split_3-6"]},
+    ],
+    "router": {"pool": "t4"},
+    "modelRepository": {"source": "export", "export": {"cuts": "2", "format": "tensorrt", "allRanges": True,
+                                                       "sizeLimit": "8Gi"}},
+    "restrictedApi": {"enabled": True, "existingSecret": "my-e3-key"},
+}
+
+VALUES = {"default": {}, "multi-pool": MULTI_POOL, "gpu": GPU}
+
+
+def render(values: dict) -> list[dict]:
+    """Every manifest the chart renders for ``values`` (release "demo" in namespace "e3"), as dicts."""
+    chart = helm_python.Chart.load(CHART)
+    try:
+        files = chart.render(values, name="demo", namespace="e3")
+    finally:
+        chart.close()
+    docs = []
+    for path, text in sorted(files.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs
+
+
+def by_kind(docs: list[dict], kind: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def key_fields(docs: list[dict]) -> dict:
+    """The fields the goldens pin: per Triton Deployment its probes, /dev/shm, restricted API, GPUs and
+    placement; the controller's RBAC rules; Services' ports; which kinds were rendered."""
+    out: dict = {"kinds": sorted(f"{d['kind']}/{d['metadata']['name']}" for d in docs)}
+    for name, dep in sorted(by_kind(docs, "Deployment").items()):
+        pod = dep["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        entry = {"replicas": dep["spec"]["replicas"], "image": c["image"], "args": c.get("args", []),
+                 "resources": c.get("resources", {}), "nodeSelector": pod.get("nodeSelector", {}),
+                 "volumes": pod.get("volumes", []), "mounts": c.get("volumeMounts", []),
+                 "initContainers": [{"name": i["name"], "command": i["command"]} for i in pod.get("initContainers", [])]}
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            if probe in c:
+                entry[probe] = c[probe]
+        out[f"Deployment/{name}"] = entry
+    for name, role in sorted(by_kind(docs, "Role").items()):
+        out[f"Role/{name}"] = role["rules"]
+    for name, svc in sorted(by_kind(docs, "Service").items()):
+        out[f"Service/{name}"] = svc["spec"]["ports"]
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(VALUES))
+def test_every_manifest_is_valid_kubernetes(case):
+    docs = render(VALUES[case])
+    assert docs
+    checked = 0
+    for doc in docs:
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            # A CRD of the Prometheus Operator: no schema for it ships with the validator.
+            assert doc["kind"] == "ServiceMonitor" and doc["spec"]["endpoints"][0]["port"] == "metrics"
+            continue
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        checked += 1
+    assert checked >= 7
+
+
+@pytest.mark.parametrize("case", sorted(VALUES))
+def test_lint_finds_no_error_or_warning(case, tmp_path):
+    report = helm_python.lint(CHART, VALUES[case] or None, strict=True) if VALUES[case] else \
+        helm_python.lint(CHART, strict=True)
+    assert not report["errors"], report
+    assert all(m["severity"] < 2 for m in report["messages"]), report["messages"]
+
+
+@pytest.mark.parametrize("case", sorted(VALUES))
+def test_key_fields_match_golden(case):
+    got = key_fields(render(VALUES[case]))
+    golden = GOLDEN / f"{case}.json"
+    text = json.dumps(got, indent=2, sort_keys=True) + "\n"
+    if os.environ.get("E3_UPDATE_GOLDEN"):
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(text)
+    assert text == golden.read_text(), f"{golden} differs (regenerate with E3_UPDATE_GOLDEN=1 if intended)"
+
+
+def _triton(docs, pool):
+    return by_kind(docs, "Deployment")[f"demo-e3-triton-{pool}"]["spec"]["template"]["spec"]
+
+
+def test_triton_pods_probe_health_and_the_router():
+    pod = _triton(render({}), "main")
+    c = pod["containers"][0]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert "--strict-readiness=true" in c["args"]     # ready only when every loaded model is
+    assert c["startupProbe"]["httpGet"]["path"] == "/v2/models/bert_ee_router/ready"
+
+
+def test_shm_is_a_memory_volume_sized_for_the_python_backend():
+    pod = _triton(render({"triton": {"shmSize": "3Gi"}}), "main")
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "3Gi"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
+    assert any(a.startswith("--backend-config=python,shm-default-byte-size=") for a in pod["containers"][0]["args"])
+
+
+def test_model_control_is_restricted_with_the_secret_key():
+    docs = render({})
+    c = _triton(docs, "main")["containers"][0]
+    assert "--http-restricted-api=model-repository:e3-api-key=$(E3_API_KEY)" in c["args"]
+    assert "--grpc-restricted-protocol=model-repository:e3-api-key=$(E3_API_KEY)" in c["args"]
+    key = next(e for e in c["env"] if e["name"] == "E3_API_KEY")["valueFrom"]["secretKeyRef"]
+    secret = by_kind(docs, "Secret")[key["name"]]
+    assert len(secret["data"][key["key"]]) >= 40
+    # Turned off: no restriction and no key
+    off = _triton(render({"restrictedApi": {"enabled": False}}), "main")["containers"][0]
+    assert not any("restricted" in a for a in off["args"]) and "env" not in off
+    # An existing Secret: the chart makes none
+    assert "Secret" not in {d["kind"] for d in render(GPU)}
+
+
+def test_controller_rbac_is_least_privilege():
+    docs = render(MULTI_POOL)
+    role = by_kind(docs, "Role")["demo-e3-controller"]
+    pools = ["demo-e3-triton-front", "demo-e3-triton-deep"]
+    assert role["rules"] == [
+        {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": pools, "verbs": ["get"]},
+        {"apiGroups": ["apps"], "resources": ["deployments/scale"], "resourceNames": pools,
+         "verbs": ["get", "patch"]}]
+    assert "ClusterRole" not in {d["kind"] for d in docs}
+    binding = by_kind(docs, "RoleBinding")["demo-e3-controller"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "demo-e3-controller", "namespace": "e3"}]
+
+
+def test_pools_get_their_own_deployment_service_and_models():
+    docs = render(MULTI_POOL)
+    front, deep = _triton(docs, "front"), _triton(docs, "deep")
+    assert "--load-model=bert_ee_router" in front["containers"][0]["args"]
+    assert [a for a in deep["containers"][0]["args"] if a.startswith("--load-model")] == \
+        ["--load-model=bert_ee_split_4-6"]
+    assert deep["nodeSelector"] == {"e3/pool": "deep"}
+    assert set(by_kind(docs, "Service")) == {"demo-e3-triton-front", "demo-e3-triton-deep"}
+    settings = by_kind(docs, "ConfigMap")["demo-e3-settings"]["data"]
+    assert settings["E3_DEVICES"] == "cpu:12"   # 2 devices per pod x (2 + 4) max replicas
+    pools = json.loads(settings["pools.json"])
+    assert [p["grpc_url"] for p in pools["pools"]] == ["demo-e3-triton-front:8001", "demo-e3-triton-deep:8001"]
+    dashboard = json.loads(by_kind(docs, "ConfigMap")["demo-e3-dashboard"]["data"]["e3.json"])
+    titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
+    for word in ("goodput", "drops", "batch profile", "batch size", "plan in force"):
+        assert word in titles
+
+
+def test_gpu_pools_ask_for_gpus_on_the_right_nodes():
+    docs = render(GPU)
+    t4, v100 = _triton(docs, "t4"), _triton(docs, "v100")
+    assert t4["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert v100["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert v100["nodeSelector"] == {"cloud/pool": "gpu", "nvidia.com/gpu.product": "Tesla-V100-SXM2-16GB"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in t4["tolerations"]
+    assert "--allow-gpu-metrics=true" in t4["containers"][0]["args"]
+    init = t4["initContainers"][0]["command"]
+    assert init[:5] == ["e3", "export", "bert-ee", "--target", "ngc"] and "--all-ranges" in init
+    assert by_kind(docs, "ConfigMap")["demo-e3-settings"]["data"]["E3_DEVICES"] == "t4:8,v100:12"
+
+
+def test_bad_values_fail_with_a_clear_message():
+    with pytest.raises(helm_python.HelmError, match="router.pool \"gpu\" names no pool"):
+        render({"router": {"pool": "gpu"}})
+    with pytest.raises(helm_python.HelmError, match="modelRepository.source must be pvc or export"):
+        render({"modelRepository": {"source": "s3"}})
