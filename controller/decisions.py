@@ -36,12 +36,14 @@ class Decision:
 
 
 def layout(plan: Plan) -> tuple:
-    """What a plan changes on the server: per split its model, instances, batch size, device, ramps and form.
+    """What a plan changes on the server: per split its model, instances, batch size, device, ramps, form and
+    server (a split moved to another pool is a change).
 
     Plan ids, predictions and queue delays are left out: two plans with the same
     layout serve the same way.
     """
-    return tuple((s.model, s.instances, s.batch_size, s.device, tuple(s.enabled_ramps), s.form) for s in plan.splits)
+    return tuple((s.model, s.instances, s.batch_size, s.device, tuple(s.enabled_ramps), s.form, s.server)
+                 for s in plan.splits)
 
 
 def same_layout(a: Plan | None, b: Plan | None) -> bool:
@@ -93,7 +95,8 @@ def plan_diff(current: Plan | None, new: Plan) -> list[str]:
         changes = [f"{what} {a} -> {b}" for what, a, b in (
             ("instances", o.instances, s.instances), ("batch", o.batch_size, s.batch_size),
             ("device", o.device, s.device), ("queue delay us", o.queue_delay_us, s.queue_delay_us),
-            ("ramps", list(o.enabled_ramps), list(s.enabled_ramps)), ("form", o.form, s.form)) if a != b]
+            ("ramps", list(o.enabled_ramps), list(s.enabled_ramps)), ("form", o.form, s.form),
+            ("server", o.server or "router's own", s.server or "router's own")) if a != b]
         lines.append(f"~ {s.model}: " + ", ".join(changes) if changes else f"= {s.model}")
     lines += [f"- {name}" for name in old]
     return lines

@@ -93,13 +93,13 @@ class TritonControl(ClosingClient):
         self.load(name, config)
 
     def switch_plan(self, router: str, plan: Plan) -> None:
-        """Hand ``plan`` to ``router`` (a reload with a config override); the splits it names
-        must already be loaded."""
+        """Hand ``plan`` to ``router`` (a reload with a config override); the splits it places on this
+        server must already be loaded (those on other servers are checked there, by the caller)."""
         try:
             plan = Plan.from_dict(json.loads(plan.to_json()))
         except PlanError as err:
             raise ControlError(f"refusing to switch {router} to a malformed plan: {err}") from None
-        not_ready = [s.model for s in plan.triton_splits if not self.is_ready(s.model)]
+        not_ready = [s.model for s in plan.triton_splits if not s.server and not self.is_ready(s.model)]
         if not_ready:
             raise ControlError(f"load the plan's splits before switching {router}: {', '.join(not_ready)} not ready")
         config = copy.deepcopy(self.model_config(router))

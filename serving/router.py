@@ -55,6 +55,7 @@ from e3.core.plan import COMPACT, Plan, SplitPlan
 from e3.core.rows import request_slices
 from e3.core.spec import ModelCard
 from e3.serving.policy import DEADLINE, ERROR, BatchRoute, drop_for
+from e3.serving.remote import RemoteSplit
 from e3.serving.router_metrics import RouterMetrics
 from e3.serving.scheduler import Dispatch, Job, Scheduler, make_queues
 from e3.serving.triton_io import BlsTimeout, bls, error_response, gather, model_parameters, tensor_response
@@ -86,6 +87,7 @@ class TritonPythonModel:
         self.state_names = [t.name for t in self.card.state]
         self.version_dir = os.path.join(args["model_repository"], args["model_version"])
         self.metrics = RouterMetrics(self.plan.model, self.plan.plan_id)
+        self.remotes: list[RemoteSplit] = []   # splits the plan places on other servers (gRPC)
         # Several router instances only for plans of compact splits (Plan.router_instances): each runs its
         # share of the workers and answers inline: its execute waits for its own requests' answers and
         # returns them, as <m>_ee's instances do, so Triton hands the next requests to an instance with
@@ -133,6 +135,8 @@ class TritonPythonModel:
         self._answer_failed(left, "the router is unloading")
         self.outbox.put(None)
         self.sender.join(timeout=5)
+        for remote in self.remotes:
+            remote.close()
         self.metrics.close()
 
     # -- Triton's call: admit and return ---------------------------------------------------------------
@@ -278,9 +282,14 @@ class TritonPythonModel:
             return self._compact_runner(split)
         ramps = self.card.split_ramps(split.first_block, split.last_block, split.enabled_ramps)
         outputs = self.card.split_outputs(split.first_block, split.last_block, split.enabled_ramps)
+        # On the router's own server by BLS; on another server (pool) over gRPC, as the plan places it.
+        remote = RemoteSplit(split.server, split.model) if split.server else None
+        if remote is not None:
+            self.remotes.append(remote)
 
         def run(feed, rule_state, timeout_us):
-            out = bls(split.model, feed, outputs, timeout_us=timeout_us)
+            out = remote.infer(feed, outputs, timeout_us) if remote is not None else \
+                bls(split.model, feed, outputs, timeout_us=timeout_us)
             route = BatchRoute(len(next(iter(feed.values()))), C, L, self.rule, rule_state)
             return route, route.advance(out, ramps, self.state_names)
         return run

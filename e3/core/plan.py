@@ -50,6 +50,8 @@ class SplitPlan:
     queue_delay_us: int = 2000  # dynamic batcher's max queue delay (microseconds)
     enabled_ramps: tuple[int, ...] = ()  # ramps computed in this split (blocks < L; the head is implied)
     form: str = CONSTANT        # CONSTANT (own Triton model, constant batch) or COMPACT (in the router, shrinking)
+    server: str = ""            # where a constant split runs: "" = the router's own Triton (reached by BLS), else
+                                # the gRPC address host:port of the Triton (pool) serving it (reached by tritonclient)
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,9 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["splits"] = [dict(asdict(s), enabled_ramps=list(s.enabled_ramps)) for s in self.splits]
+        for split in d["splits"]:   # a split on the router's own server: documents stay as before pools
+            if not split["server"]:
+                del split["server"]
         d["tau_nats"] = self.tau_nats
         return d
 
@@ -146,7 +151,7 @@ class Plan:
                     instances=_int(s, "instances", i, 1), device=str(s.get("device", "cpu")),
                     queue_delay_us=_int(s, "queue_delay_us", i, 2000),
                     enabled_ramps=tuple(int(k) for k in s.get("enabled_ramps", ())),
-                    form=str(s.get("form", CONSTANT))))
+                    form=str(s.get("form", CONSTANT)), server=str(s.get("server") or "")))
             except KeyError as missing:
                 raise PlanError(f"splits[{i}] is missing the field {missing}") from None
         known = {f for f in cls.__dataclass_fields__}
@@ -184,6 +189,14 @@ class Plan:
                                 f"{split_name(self.model, s.first_block, s.last_block)!r}")
             if s.form not in FORMS:
                 raise PlanError(f"{where}: form {s.form!r} is not one of {', '.join(FORMS)}")
+            if s.server:
+                if s.form != CONSTANT:
+                    raise PlanError(f"{where}: a {s.form} split runs inside the router; only a constant split "
+                                    f"can be placed on another server (got server {s.server!r})")
+                host, _, port = s.server.rpartition(":")
+                if not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in host):
+                    raise PlanError(f"{where}: server {s.server!r} is not a gRPC address host:port "
+                                    "(e.g. e3-triton-gpu:8001); leave it empty for the router's own server")
             if s.batch_size < 1 or s.instances < 1 or s.queue_delay_us < 0:
                 raise PlanError(f"{where}: batch_size and instances must be >= 1 and queue_delay_us >= 0")
             for k in s.enabled_ramps:

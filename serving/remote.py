@@ -1,0 +1,90 @@
+"""A constant split served by another Triton (another pool), reached over gRPC with tritonclient.
+
+The router reaches a split on its own server by BLS (:func:`e3.serving.triton_io.bls`); a plan may
+place a split on another server (:attr:`e3.core.plan.SplitPlan.server`, the gRPC address of that
+pool's Triton, e.g. its Kubernetes Service). :class:`RemoteSplit` is the same call over the network,
+with the same typed errors, so the router's scheduler treats both alike.
+
+Decisions:
+* One gRPC client per calling thread (the router's split workers): a channel per worker keeps calls
+  independent, and behind a Kubernetes Service kube-proxy balances connections, so the workers'
+  channels spread over the pool's pods.
+* The batch's remaining SLO goes twice: as Triton's request ``timeout`` (the split's queue rejects
+  it once expired, as for BLS) and as the client's deadline (a lost server cannot hold a batch).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from e3.serving.triton_io import BlsError, BlsTimeout, bls_error
+
+__all__ = ["RemoteSplit"]
+
+# Extra client-side wait past the batch's deadline (s): the server answers an expired request itself.
+CLIENT_GRACE_S = 1.0
+
+
+class RemoteSplit:
+    """Calls to split ``model`` on the Triton at ``server`` (gRPC host:port)."""
+
+    def __init__(self, server: str, model: str):
+        self.server, self.model = server, model
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._clients: list = []
+
+    def _client(self):
+        client = getattr(self._local, "client", None)
+        if client is None:
+            import tritonclient.grpc as grpc
+            client = self._local.client = grpc.InferenceServerClient(self.server)
+            with self._lock:
+                self._clients.append(client)
+        return client
+
+    def infer(self, inputs: dict[str, np.ndarray], outputs: list[str], timeout_us: int = 0) -> dict[str, np.ndarray]:
+        """Run the split on ``inputs`` (name -> array [batch, ...]) and return ``outputs`` (name -> array).
+
+        Raises :class:`BlsTimeout` when the deadline passed (in the split's queue or on the way),
+        :class:`BlsError` for any other failure; both name the split and its server.
+        """
+        import tritonclient.grpc as grpc
+        from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+        tensors = []
+        for name, value in inputs.items():
+            value = np.ascontiguousarray(value)
+            tensor = grpc.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+            tensor.set_data_from_numpy(value)
+            tensors.append(tensor)
+        where = f"{self.model} on {self.server}"
+        try:
+            result = self._client().infer(
+                self.model, tensors, outputs=[grpc.InferRequestedOutput(n) for n in outputs],
+                **({"timeout": int(timeout_us), "client_timeout": timeout_us / 1e6 + CLIENT_GRACE_S}
+                   if timeout_us else {}))
+        except InferenceServerException as err:
+            if "DEADLINE_EXCEEDED" in str(err.status() or ""):
+                raise BlsTimeout(f"{where}: the deadline passed before it answered") from None
+            raise bls_error(where, err.message() or str(err)) from None
+        except Exception as err:  # noqa: BLE001 - connection trouble: the batch's requests get this error
+            raise BlsError(f"{where}: {err}") from None
+        out = {}
+        for name in outputs:
+            value = result.as_numpy(name)
+            if value is None:
+                raise BlsError(f"{where}: response lacks output '{name}'")
+            out[name] = value
+        return out
+
+    def close(self) -> None:
+        """Close every thread's client."""
+        with self._lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - closing at unload; nothing left to answer
+                pass

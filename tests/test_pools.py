@@ -1,0 +1,113 @@
+"""Device pools without a server: reading the chart's pools.json, placing splits, the models each pool
+loads, the pods each pool needs; and the plan's ``server`` field."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from e3.core.plan import COMPACT, Plan, PlanError, default_plan
+from e3.deploy.pools import PoolError, devices, load_pools, place, pool_models, replicas_needed
+
+RAMPS = (1, 2, 3, 4, 5)
+
+
+def make_pools(**router_overrides) -> dict:
+    """Three pools as the chart writes them: a CPU pool serving the router, two GPU pools."""
+    front = {"name": "front", "device": "cpu", "deployment": "demo-e3-triton-front",
+             "grpc_url": "demo-e3-triton-front:8001", "http_url": "demo-e3-triton-front:8000",
+             "devices_per_pod": 2, "min_replicas": 1, "max_replicas": 2, "price": 0.1, "router": True}
+    front.update(router_overrides)
+    return {"namespace": "e3", "pools": [
+        front,
+        {"name": "t4", "device": "t4", "deployment": "demo-e3-triton-t4", "grpc_url": "demo-e3-triton-t4:8001",
+         "http_url": "demo-e3-triton-t4:8000", "devices_per_pod": 1, "min_replicas": 1, "max_replicas": 4,
+         "price": 0.35, "router": False},
+        {"name": "t4b", "device": "t4", "deployment": "demo-e3-triton-t4b", "grpc_url": "demo-e3-triton-t4b:8001",
+         "http_url": "demo-e3-triton-t4b:8000", "devices_per_pod": 2, "min_replicas": 0, "max_replicas": 3,
+         "price": 0.35, "router": False}]}
+
+
+def make_plan(devices_=("t4", "t4", "t4"), instances=(1, 2, 3), ranges=((1, 2), (3, 4), (5, 6))) -> Plan:
+    plan = default_plan("bert_ee", 6, list(ranges), {"kind": "entropy", "tau_nats": 0.4}, RAMPS)
+    return replace(plan, splits=tuple(replace(s, device=d, instances=n)
+                                      for s, d, n in zip(plan.splits, devices_, instances)))
+
+
+def test_pools_json_from_the_chart_is_read_and_checked():
+    pools = load_pools(make_pools())
+    assert pools.router.name == "front" and pools.namespace == "e3"
+    assert pools.of_server("demo-e3-triton-t4:8001").name == "t4" and pools.of_server("").name == "front"
+    assert devices(pools) == {"cpu": 4, "t4": 10}
+    bad = make_pools()
+    bad["pools"][1]["router"] = True
+    with pytest.raises(PoolError, match="exactly one pool must serve the router"):
+        load_pools(bad)
+    bad = make_pools()
+    del bad["pools"][2]["grpc_url"]
+    with pytest.raises(PoolError, match=r"pools\[2\] is missing the field 'grpc_url'"):
+        load_pools(bad)
+    with pytest.raises(PoolError, match="max_replicas"):
+        load_pools(make_pools(min_replicas=3))
+
+
+def test_splits_go_to_a_pool_of_their_device_the_routers_first():
+    pools = load_pools(make_pools())
+    plan = make_plan(devices_=("cpu", "t4", "t4"))
+    placed = place(plan, pools)
+    # cpu split: the router's own pool (BLS, no hop); t4 splits: the first t4 pool, over gRPC
+    assert [s.server for s in placed.splits] == ["", "demo-e3-triton-t4:8001", "demo-e3-triton-t4:8001"]
+    assert placed.plan_id != plan.plan_id
+    assert place(placed, pools) is placed        # nothing changes: same plan
+    moved = place(placed, pools, pin={"bert_ee_split_5-6": "t4b"})
+    assert moved.splits[2].server == "demo-e3-triton-t4b:8001" and moved.splits[1] == placed.splits[1]
+    assert pool_models(moved, pools, ("bert_ee", "bert_ee_router")) == {
+        "front": ["bert_ee", "bert_ee_router", "bert_ee_split_1-2"], "t4": ["bert_ee_split_3-4"],
+        "t4b": ["bert_ee_split_5-6"]}
+    with pytest.raises(PoolError, match="runs on t4; pool 'front' has cpu"):
+        place(plan, pools, pin={"bert_ee_split_3-4": "front"})
+    with pytest.raises(PoolError, match="no pool has device 'v100'"):
+        place(make_plan(devices_=("cpu", "v100", "t4")), pools)
+
+
+def test_compact_splits_stay_in_the_routers_pool():
+    pools = load_pools(make_pools())
+    plan = make_plan(devices_=("cpu", "t4", "t4"))
+    compact = replace(plan, splits=(replace(plan.splits[0], form=COMPACT), *plan.splits[1:]))
+    assert place(compact, pools).splits[0].server == ""
+    gpu_compact = replace(plan, splits=(plan.splits[0], replace(plan.splits[1], form=COMPACT), plan.splits[2]))
+    with pytest.raises(PoolError, match="compact"):
+        place(gpu_compact, pools)
+
+
+def test_replicas_follow_the_instances_placed_on_each_pool():
+    pools = load_pools(make_pools())
+    placed = place(make_plan(devices_=("cpu", "t4", "t4"), instances=(3, 2, 1)), pools,
+                   pin={"bert_ee_split_5-6": "t4b"})
+    # front: 3 instances / 2 per pod -> 2 pods; t4: 2 / 1 -> 2; t4b: 1 / 2 -> 1
+    assert replicas_needed(placed, pools) == {"front": 2, "t4": 2, "t4b": 1}
+    idle = place(make_plan(devices_=("cpu", "cpu", "cpu"), instances=(1, 1, 1)), pools)
+    assert replicas_needed(idle, pools) == {"front": 2, "t4": 1, "t4b": 0}   # min_replicas hold
+    too_many = place(make_plan(devices_=("cpu", "t4", "t4"), instances=(1, 3, 2)), pools)
+    with pytest.raises(PoolError, match="needs 5 pods in pool 't4'.*max_replicas is 4"):
+        replicas_needed(too_many, pools)
+
+
+def test_the_plan_carries_a_splits_server_and_checks_it():
+    plan = make_plan(devices_=("cpu", "t4", "t4"))
+    placed = place(plan, load_pools(make_pools()))
+    doc = placed.to_dict()
+    assert "server" not in doc["splits"][0] and doc["splits"][1]["server"] == "demo-e3-triton-t4:8001"
+    assert Plan.from_json(placed.to_json()) == placed
+    assert "server" not in json.dumps(plan.to_dict())       # plans without pools read as before
+    for bad in ("t4-pool", "t4:http", ":8001", "a b:8001", "host:70000"):
+        doc = placed.to_dict()
+        doc["splits"][1]["server"] = bad
+        with pytest.raises(PlanError, match=r"splits\[1\].*is not a gRPC address host:port"):
+            Plan.from_dict(doc)
+    doc = placed.to_dict()
+    doc["splits"][1]["form"] = COMPACT
+    with pytest.raises(PlanError, match="only a constant split can be placed on another server"):
+        Plan.from_dict(doc)
