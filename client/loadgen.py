@@ -36,7 +36,7 @@ from e3.client.sdk import ClientError, E3Client
 from e3.client.workloads import Phase, Workload, load_workload, phase_index
 
 __all__ = ["LoadResult", "RequestRecord", "closed_loop", "closed_loop_records", "open_loop", "replay_workload", "poisson_arrivals",
-           "request_rows", "percentile_ms", "summarize", "summarize_phases"]
+           "request_rows", "percentile_ms", "summarize", "summarize_phases", "scheduled_records"]
 
 log = logging.getLogger(__name__)
 
@@ -297,6 +297,17 @@ def closed_loop_records(url: str, model: str, pool: dict[str, np.ndarray], *, co
     size = next(iter(pool.values())).shape[0]
     rows = [request_rows(i, batch, size) for i in range(requests)]
     return _run(url, model, pool, rows, workers=concurrency, schedule=None, protocol=protocol, warmup=warmup)
+
+
+def scheduled_records(url: str, model: str, pool: dict[str, np.ndarray], schedule: np.ndarray, *, batch: int = 1,
+                      workers: int = 64, protocol: str = "http", warmup: int = 1) -> tuple[list[RequestRecord], float]:
+    """Open loop on a given arrival ``schedule`` (s from the start, increasing; e.g. a burst's phases):
+    every request's record and the wall time (s). See :func:`open_loop` for ``workers``."""
+    _check(batch, workers)
+    size = next(iter(pool.values())).shape[0]
+    rows = [request_rows(i, batch, size) for i in range(len(schedule))]
+    return _run(url, model, pool, rows, workers=workers, schedule=np.asarray(schedule), protocol=protocol,
+                warmup=warmup)
 
 
 def open_loop(url: str, model: str, pool: dict[str, np.ndarray], *, rate_rps: float,

@@ -9,6 +9,8 @@
     e3 workload MODEL             easy/hard workload mixes and a switching stream
     e3 plan                       plan cuts, instances, devices, input batch (E3's DP) under an SLO
     e3 demo                       export + serve + side-by-side load + table
+    e3 bench side-by-side         E3 vs <m>_stock and <m>_ee at equal cores, per mix and request size
+    e3 bench admission            E²bird's elastic admission vs Triton's dynamic batcher under a QoS target
     e3 load SERVED_MODEL          closed/open-loop load or a workload replay; goodput under an SLO
     e3 control --model M ...      every window: telemetry -> forecast -> plan -> apply to a running Triton
     e3 status --model M           live plan, loaded splits, forecast vs observed, plan history
@@ -172,6 +174,20 @@ def _bench_side_by_side(args) -> int:
         run_side_by_side(settings)
     except ValueError as err:
         print(f"e3 bench side-by-side: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _bench_admission(args) -> int:
+    from e3.admission_bench import AdmissionBenchSettings, run_admission_bench
+    try:
+        models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+        if not models or args.cores < 1 or (args.qos_ms is not None and args.qos_ms <= 0):
+            raise ValueError("give at least one model, --cores >= 1 and a positive --qos-ms")
+        run_admission_bench(AdmissionBenchSettings(models=models, cores=args.cores, qos_ms=args.qos_ms,
+                                                   out=Path(args.out) if args.out else None, quick=args.quick))
+    except ValueError as err:
+        print(f"e3 bench admission: error: {err}", file=sys.stderr)
         return 2
     return 0
 
@@ -495,6 +511,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="measured runs per system and cell, interleaved; the median is reported (default 3)")
     sbs.add_argument("--out", default=None, help="results JSON (default artifacts/results/side_by_side.json)")
     sbs.set_defaults(func=_bench_side_by_side)
+    adm = bsub.add_parser("admission", help="E²bird's elastic admission stage (N-Ebird, E-Ebird) against Triton's "
+                                            "dynamic batcher (no delay, tuned delay, instances) under a QoS target: "
+                                            "throughput at the target and latency through a load burst")
+    adm.add_argument("--models", default="bert-ee,resnet-ee",
+                     help="zoo models whose stock form is served (default bert-ee,resnet-ee; trained when missing)")
+    adm.add_argument("--qos-ms", type=float, default=None,
+                     help="p99 latency target (default per model: 2.5 x its latency at batch 16 on one thread)")
+    adm.add_argument("--cores", type=int, default=2, help="cores every system gets (default 2)")
+    adm.add_argument("--quick", action="store_true", help="fewer rates and shorter runs (a few minutes per model)")
+    adm.add_argument("--out", default=None, help="results JSON (default artifacts/results/admission.json)")
+    adm.set_defaults(func=_bench_admission)
 
     pa = sub.add_parser("perf", help="run Triton's perf_analyzer (from the client wheel) with its libraries "
                                      "found; arguments after -- go to perf_analyzer")

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -22,9 +26,11 @@ from e3.core.manifest import read_manifest, write_manifest
 from e3.core.spec import TensorSpec, dtype_from_config
 from e3.export.repository import ExportError, _check_owned, _staging, _write_model_py
 from e3.export.triton_config import ModelDescription, parse_config, render_config
-from e3.serving.admission import make_policy
+from e3.serving.admission import (PROFILED_TOTALS, best_worker_sets, engine_for, make_policy, max_batch_for_qos,
+                                  worker_sets)
+from e3.serving.session import make_session
 
-__all__ = ["admission_name", "write_admission"]
+__all__ = ["admission_name", "write_admission", "profile_admission", "naive_engine"]
 
 
 def admission_name(fronted: str) -> str:
@@ -70,3 +76,72 @@ def write_admission(repo: str | Path, fronted: str, policy: Mapping[str, Any], n
     manifest["models"][name] = {"kind": "admission", "model": fronted, "target": "embedded"}
     write_manifest(repo, manifest)
     return name
+
+
+def profile_admission(onnx_file: str | Path, example: Mapping[str, np.ndarray], qos_ms: float, *,
+                      batches: Sequence[int] = (1, 2, 4, 8, 16, 32), totals: Sequence[int] = PROFILED_TOTALS,
+                      max_workers: int = 4, repeats: int = 3, intra_op_threads: int = 1,
+                      progress: bool = True) -> dict:
+    """The offline phase of both policies, measured in this process on one shared session (as the stage
+    runs it): the latency (ms, median of ``repeats``) of one worker per batch size, MaxBS for ``qos_ms``
+    (:func:`~e3.serving.admission.max_batch_for_qos`), and for every TotalBS up to MaxBS the mean
+    latency of every worker set of at most ``max_workers`` run concurrently, with the best set per
+    TotalBS (E-Ebird's ``confs``). ``example``: name -> [n, ...] inputs, n >= the largest batch.
+
+    A set's latency is the mean over its *inputs* (each worker's latency weighted by its batch). The
+    paper averages over workers, which favours sets whose small workers finish early while most
+    inputs wait in the large one (measured here on bert: [8, 4, 2, 2] "beat" [8, 8] by the workers'
+    mean while its 8 inputs in the worker of 8 took as long).
+
+    The paper profiles every set (Equation 6); sets of more than ``max_workers`` workers are left out
+    here: on a CPU of a few cores they only time-slice the same cores (documented choice)."""
+    from tqdm import tqdm
+    session = make_session(str(onnx_file), intra_op_threads)
+    outputs = [o.name for o in session.get_outputs()]
+
+    def feed(b: int) -> dict:
+        return {k: np.ascontiguousarray(v[:b]) for k, v in example.items()}
+
+    def run_set(workers: Sequence[int]) -> float:
+        """Mean latency (ms) over the inputs of the workers, started together, each on its own batch."""
+        feeds = [feed(b) for b in workers]
+        took = [0.0] * len(workers)
+
+        def one(i: int) -> None:
+            t = time.perf_counter()
+            session.run(outputs, feeds[i])
+            took[i] = (time.perf_counter() - t) * 1e3
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(workers))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sum(ms * b for ms, b in zip(took, workers)) / sum(workers)
+
+    n = len(next(iter(example.values())))
+    batches = [b for b in batches if b <= n]
+    run_set([1])   # warm-up: the first run allocates
+    latency = {}
+    for b in tqdm(batches, desc="admission profile: one worker per batch", disable=not progress):
+        latency[b] = float(np.median([run_set([b]) for _ in range(repeats)]))
+    max_bs = max_batch_for_qos(latency, qos_ms)
+    sets = [w for t in totals if t <= max_bs and t <= n for w in worker_sets(t, max_workers)]
+    measured = {}
+    for workers in tqdm(sets, desc="admission profile: worker sets per TotalBS", disable=not progress):
+        measured[tuple(workers)] = float(np.median([run_set(workers) for _ in range(repeats)]))
+    confs = best_worker_sets(measured)
+    return {"qos_ms": qos_ms, "latency_ms": {str(b): round(ms, 3) for b, ms in latency.items()},
+            "max_bs": max_bs, "max_workers": max_workers,
+            "sets_ms": {",".join(map(str, w)): round(ms, 3) for w, ms in measured.items()},
+            "confs": {str(t): list(w) for t, w in confs.items()}, "engine": list(engine_for(confs)) if confs else []}
+
+
+def naive_engine(max_bs: int) -> list[int]:
+    """N-Ebird's engine for MaxBS (the paper's [1, 1, 2, 4, 8, 16] for 32): a worker of 1, then one per
+    power of two below MaxBS, so any load up to MaxBS is covered."""
+    engine, b = [1], 1
+    while b < max_bs:
+        engine.append(b)
+        b *= 2
+    return sorted(engine, reverse=True)

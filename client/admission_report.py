@@ -1,0 +1,108 @@
+"""`e3 bench admission`, the pure parts: the burst's arrival schedule, latency per phase, throughput at
+the QoS target, and the tables (E²bird Fig. 13 and Fig. 14 analogues).
+
+* **Burst** (Fig. 13): Poisson arrivals whose rate steps low -> high -> low
+  (:func:`burst_schedule`); each request belongs to the phase it arrived in,
+  and every phase reports its p50 / p99 against the QoS target.
+* **Throughput at the QoS target** (Fig. 14): open-loop runs at rising offered
+  rates; a rate *meets* the target when the run's p99 is within it, nothing
+  failed and the server kept up (answered at least ``keep_up`` of the offered
+  rate). The figure is the answered rate of the highest rate that met it
+  (:func:`throughput_at_qos`); the sweep stops at the first rate that misses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["Phase", "burst_schedule", "phase_latencies", "RatePoint", "throughput_at_qos", "format_burst",
+           "format_throughput"]
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str            # "low", "high", ...
+    rate_rps: float      # offered requests/s
+    duration_s: float
+
+
+def burst_schedule(phases: Sequence[Phase], seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Arrival times (s from 0, increasing) of Poisson arrivals at each phase's rate, phases back to back,
+    and the phase index of every arrival."""
+    rng = np.random.default_rng(seed)
+    times, labels, start = [], [], 0.0
+    for i, p in enumerate(phases):
+        if p.rate_rps <= 0 or p.duration_s <= 0:
+            raise ValueError(f"phase {p.name}: rate and duration must be > 0, got {p.rate_rps}, {p.duration_s}")
+        t = start + np.cumsum(rng.exponential(1.0 / p.rate_rps, size=int(p.rate_rps * p.duration_s * 1.5) + 10))
+        t = t[t < start + p.duration_s]
+        times.append(t)
+        labels.append(np.full(len(t), i))
+        start += p.duration_s
+    return np.concatenate(times), np.concatenate(labels)
+
+
+def phase_latencies(latency_ms: np.ndarray, phase: np.ndarray, failed: np.ndarray, phases: Sequence[Phase],
+                    qos_ms: float) -> list[dict]:
+    """Per phase: requests, failed, p50 / p99 (ms) of the answered ones, and whether p99 <= ``qos_ms``
+    with none failed."""
+    out = []
+    for i, p in enumerate(phases):
+        mine = phase == i
+        ok = mine & ~failed
+        lat = latency_ms[ok]
+        p99 = float(np.percentile(lat, 99)) if len(lat) else float("nan")
+        out.append({"phase": p.name, "rate_rps": p.rate_rps, "requests": int(mine.sum()),
+                    "failed": int((mine & failed).sum()),
+                    "p50_ms": float(np.percentile(lat, 50)) if len(lat) else float("nan"), "p99_ms": p99,
+                    "meets_qos": bool(len(lat) and p99 <= qos_ms and not (mine & failed).any())})
+    return out
+
+
+@dataclass(frozen=True)
+class RatePoint:
+    offered_rps: float     # offered requests/s
+    answered_rps: float    # requests answered successfully per second of the run
+    p99_ms: float
+    failed: int
+
+
+def meets(point: RatePoint, qos_ms: float, keep_up: float = 0.95) -> bool:
+    """The run at this rate met the target: p99 within it, nothing failed, the server kept up."""
+    return point.failed == 0 and point.p99_ms <= qos_ms and point.answered_rps >= keep_up * point.offered_rps
+
+
+def throughput_at_qos(points: Sequence[RatePoint], qos_ms: float, keep_up: float = 0.95) -> float:
+    """The answered rate (requests/s) of the highest offered rate that met the target, every lower rate
+    having met it too (0 if the lowest missed)."""
+    best = 0.0
+    for p in sorted(points, key=lambda x: x.offered_rps):
+        if not meets(p, qos_ms, keep_up):
+            break
+        best = p.answered_rps
+    return best
+
+
+def format_burst(rows: Sequence[dict], qos_ms: float, budget: str) -> str:
+    """The Fig. 13 analogue: one line per system and phase."""
+    lines = [f"latency through a low -> high -> low burst; QoS target p99 <= {qos_ms:.0f} ms; {budget}",
+             f"{'system':<28} {'phase':<6} {'offered/s':>9} {'requests':>8} {'p50 ms':>8} {'p99 ms':>8}  QoS"]
+    for r in rows:
+        lines.append(f"{r['system']:<28} {r['phase']:<6} {r['rate_rps']:>9.1f} {r['requests']:>8d} "
+                     f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f}  {'met' if r['meets_qos'] else 'MISSED'}"
+                     + (f" ({r['failed']} failed)" if r["failed"] else ""))
+    return "\n".join(lines)
+
+
+def format_throughput(rows: Sequence[dict], qos_ms: float, budget: str) -> str:
+    """The Fig. 14 analogue: throughput at the QoS target per system, and its ratio to OPT_Wait."""
+    opt = next((r["throughput_rps"] for r in rows if r["system"].startswith("OPT_Wait")), None)
+    lines = [f"throughput at the QoS target (p99 <= {qos_ms:.0f} ms, nothing failed); {budget}",
+             f"{'system':<28} {'inputs/s':>9} {'vs OPT_Wait':>11}  config"]
+    for r in rows:
+        ratio = f"{r['throughput_rps'] / opt:.2f}x" if opt else "-"
+        lines.append(f"{r['system']:<28} {r['throughput_rps']:>9.1f} {ratio:>11}  {r['config']}")
+    return "\n".join(lines)

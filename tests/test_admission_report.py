@@ -1,0 +1,50 @@
+"""`e3 bench admission`'s pure parts: the burst schedule, latency per phase, throughput at the QoS target."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from e3.client.admission_report import (Phase, RatePoint, burst_schedule, format_burst, format_throughput,
+                                        phase_latencies, throughput_at_qos)
+
+
+def test_the_burst_schedule_has_each_phases_rate_back_to_back():
+    phases = [Phase("low", 20, 50), Phase("high", 200, 50), Phase("low", 20, 50)]
+    times, which = burst_schedule(phases, seed=3)
+    assert np.all(np.diff(times) > 0) and times[0] >= 0 and times[-1] < 150
+    for i, p in enumerate(phases):
+        mine = times[which == i]
+        assert mine.min() >= 50 * i and mine.max() < 50 * (i + 1)
+        assert len(mine) == pytest.approx(p.rate_rps * p.duration_s, rel=0.15)
+    with pytest.raises(ValueError, match="rate and duration"):
+        burst_schedule([Phase("x", 0, 1)])
+
+
+def test_phase_latencies_judge_each_phase_by_its_own_p99_and_failures():
+    phases = [Phase("low", 1, 1), Phase("high", 1, 1)]
+    lat = np.array([10.0] * 100 + [10.0] * 98 + [500.0, 500.0])
+    which = np.array([0] * 100 + [1] * 100)
+    failed = np.zeros(200, bool)
+    rows = phase_latencies(lat, which, failed, phases, qos_ms=100)
+    assert [r["meets_qos"] for r in rows] == [True, False] and rows[1]["p99_ms"] > 100
+    failed[3] = True
+    assert phase_latencies(lat, which, failed, phases, qos_ms=100)[0]["meets_qos"] is False
+
+
+def test_throughput_at_qos_is_the_last_rate_met_before_the_first_miss():
+    points = [RatePoint(10, 10, 50, 0), RatePoint(20, 19.8, 80, 0), RatePoint(30, 25, 90, 0),   # fell behind
+              RatePoint(40, 39.9, 95, 0)]                                                        # after a miss
+    assert throughput_at_qos(points, qos_ms=100) == 19.8
+    assert throughput_at_qos([RatePoint(10, 10, 150, 0)], qos_ms=100) == 0.0
+    assert throughput_at_qos([RatePoint(10, 10, 50, 1)], qos_ms=100) == 0.0      # a failure misses it
+
+
+def test_the_tables_name_the_budget_and_the_ratio_to_opt_wait():
+    rows = [{"system": "OPT_Wait (1000 us)", "throughput_rps": 20.0, "config": "a"},
+            {"system": "E-Ebird", "throughput_rps": 30.0, "config": "b"}]
+    text = format_throughput(rows, 100, "2 cores")
+    assert "2 cores" in text and "1.50x" in text
+    burst = [{"system": "E-Ebird", "phase": "high", "rate_rps": 9.0, "requests": 5, "p50_ms": 1.0, "p99_ms": 2.0,
+              "meets_qos": False, "failed": 1}]
+    assert "MISSED (1 failed)" in format_burst(burst, 100, "2 cores")
