@@ -164,6 +164,24 @@ def models_to_serve(repo: Path) -> list[str]:
         raise ServerError(str(err)) from None
 
 
+def _group_rss(pgid: int) -> list[tuple[int, int]]:
+    """(pid, RSS bytes) of every process in process group ``pgid`` (Linux /proc)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()   # after "pid (comm) ": state ppid pgrp ...
+            if int(fields[2]) != pgid:
+                continue
+            rss_pages = int((proc / "statm").read_text().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        found.append((int(proc.name), rss_pages * os.sysconf("SC_PAGE_SIZE")))
+    return found
+
+
 class TritonServer:
     """A tritonserver process serving ``repo`` (explicit model control, loopback by default)."""
 
@@ -329,6 +347,24 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    def alive(self) -> bool:
+        """The tritonserver process is running (it may not be ready yet)."""
+        return self.process is not None and self.process.poll() is None
+
+    def group_pids(self) -> list[int]:
+        """tritonserver and its Python-backend stubs (its process group)."""
+        return [pid for pid, _ in _group_rss(self.process.pid)] if self.alive() else []
+
+    def rss_bytes(self) -> int:
+        """Resident memory of tritonserver and its Python-backend stubs (its process group), in bytes."""
+        if not self.alive():
+            return 0
+        return sum(rss for _, rss in _group_rss(self.process.pid))
+
+    def shm_regions(self) -> list[Path]:
+        """This server's Python-backend shared-memory files in /dev/shm."""
+        return sorted(SHM_DIR.glob(f"{self.shm_prefix}*"))
 
     # -- small helpers over the HTTP API ----------------------------------------
     def model_statistics(self, model: str = "") -> dict:

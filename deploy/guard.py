@@ -1,0 +1,205 @@
+"""The HTTP guard: a small reverse proxy that stops malformed inference bodies before Triton parses them.
+
+``e3 serve`` puts it on the public HTTP port and Triton's own HTTP endpoint on
+a private loopback port (``--no-guard`` serves Triton's directly). Every
+request is passed through unchanged, except:
+
+* a POST to ``/v2/models/<m>[/versions/<v>]/infer`` whose body
+  :func:`e3.deploy.request_check.check_infer_request` refuses gets HTTP 400
+  with ``{"error": "..."}`` naming the problem, and Triton never sees it (one
+  such body killed the embedded server; see that module);
+* a body larger than ``max_body_bytes`` gets 413, one without a
+  ``Content-Length`` 411, a compressed one that inflates past the limit 413;
+* while Triton is unreachable (being restarted by ``e3 serve``'s supervisor),
+  every request gets 503 at once instead of hanging.
+
+gRPC goes to Triton directly: its protobuf requests were not found to crash
+the server (they are refused with INVALID_ARGUMENT). The guard costs one
+extra loopback hop per HTTP request (a thread per client connection, one
+kept-alive upstream connection each).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import re
+import threading
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from e3.deploy.request_check import check_infer_request
+
+__all__ = ["Guard", "DEFAULT_MAX_BODY_BYTES"]
+
+log = logging.getLogger(__name__)
+DEFAULT_MAX_BODY_BYTES = 64 * 2**20   # Triton's own default limit for an HTTP request body (64 MiB)
+_INFER = re.compile(r"^/v2/models/[^/?]+(/versions/[^/?]+)?/infer/?(\?.*)?$")
+_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
+               "host", "content-length"}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    upstream: tuple[str, int]
+    max_body_bytes: int
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+    _conn: http.client.HTTPConnection | None = None
+
+    def log_message(self, fmt, *args):  # the server's access log is Triton's business
+        log.debug("guard: " + fmt, *args)
+
+    def do_GET(self):
+        self._proxy()
+
+    do_POST = do_PUT = do_DELETE = do_HEAD = do_GET
+
+    def _reply(self, status: int, message: str) -> None:
+        body = json.dumps({"error": message}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _read_body(self) -> bytes | None:
+        """The request body, or None after answering why it cannot be read."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self.close_connection = True
+            self._reply(411, "send the body with a Content-Length (chunked transfer is not accepted)")
+            return None
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.close_connection = True
+            self._reply(400, "Content-Length must be a non-negative integer")
+            return None
+        if length > self.server.max_body_bytes:
+            self.close_connection = True
+            self._reply(413, f"request body of {length} bytes is over the limit of {self.server.max_body_bytes}")
+            return None
+        return self.rfile.read(length) if length else b""
+
+    def _inflated(self, body: bytes) -> bytes | None:
+        encoding = self.headers.get("Content-Encoding", "").strip().lower()
+        if encoding in ("", "identity"):
+            return body
+        if encoding not in ("gzip", "deflate"):
+            self._reply(415, f"Content-Encoding {encoding[:20]!r} is not supported (use gzip, deflate or none)")
+            return None
+        try:
+            z = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+            out = z.decompress(body, self.server.max_body_bytes + 1)
+        except zlib.error as err:
+            self._reply(400, f"the body is not valid {encoding} data: {err}")
+            return None
+        if len(out) > self.server.max_body_bytes or z.unconsumed_tail:
+            self._reply(413, f"the body inflates past the limit of {self.server.max_body_bytes} bytes")
+            return None
+        return out
+
+    def _proxy(self) -> None:
+        body = self._read_body()
+        if body is None:
+            return
+        if self.command == "POST" and _INFER.match(self.path):
+            plain = self._inflated(body)
+            if plain is None:
+                return
+            problem = check_infer_request(plain, self.headers.get("Inference-Header-Content-Length"))
+            if problem:
+                self._reply(400, f"malformed inference request: {problem}")
+                return
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+        headers["Content-Length"] = str(len(body))
+        try:
+            status, reason, out_headers, data = self._upstream(headers, body)
+        except OSError as err:
+            self._reply(503, f"tritonserver is not reachable ({err.__class__.__name__}); it may be restarting, "
+                             "retry shortly")
+            return
+        self.send_response(status, reason)
+        for k, v in out_headers:
+            if k.lower() not in _HOP_BY_HOP:
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _upstream(self, headers: dict, body: bytes):
+        """Send the request on this connection's kept-alive upstream connection (one retry on a stale one)."""
+        for attempt in (0, 1):
+            if self._conn is None:
+                self._conn = http.client.HTTPConnection(*self.server.upstream, timeout=None)
+            try:
+                self._conn.request(self.command, self.path, body=body, headers=headers)
+                r = self._conn.getresponse()
+                data = r.read()
+                return r.status, r.reason, r.getheaders(), data
+            except (http.client.HTTPException, OSError):
+                self._conn.close()
+                self._conn = None
+                if attempt:
+                    raise OSError("upstream connection failed") from None
+
+    def finish(self):
+        try:
+            super().finish()
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+
+
+class Guard:
+    """The guard on ``host:port`` in front of Triton's HTTP endpoint ``upstream`` (``host:port``).
+
+        with Guard("127.0.0.1:18000", port=8000):
+            ...   # clients call 127.0.0.1:8000 as they would call Triton
+    """
+
+    def __init__(self, upstream: str, host: str = "127.0.0.1", port: int = 8000,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+        up_host, _, up_port = upstream.rpartition(":")
+        self.upstream = (up_host, int(up_port))
+        self.host, self.port, self.max_body_bytes = host, port, max_body_bytes
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """``host:port`` clients call."""
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> "Guard":
+        server = _Server((self.host, self.port), _Handler)
+        server.upstream, server.max_body_bytes = self.upstream, self.max_body_bytes
+        self._server = server
+        self.port = server.server_address[1]   # port 0: the one the system chose
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="e3-http-guard", daemon=True)
+        self._thread.start()
+        log.info("HTTP guard on %s in front of %s:%d", self.url, *self.upstream)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=5)
+            self._server = None
+
+    def __enter__(self) -> "Guard":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
