@@ -73,3 +73,9 @@ class ServerControl(ABC):
     @abstractmethod
     def reload(self, name: str) -> None:
         """Reload ``name`` with its live config and fresh instances (new stub processes)."""
+
+    def prepare(self, plan: Plan) -> None:
+        """Make room for ``plan`` before its splits load (e.g. scale pools' pods up); default: nothing."""
+
+    def settle(self, plan: Plan) -> None:
+        """Give back what the plan in force no longer needs, after the drain (e.g. pods); default: nothing."""

@@ -300,6 +300,7 @@ class Controller:
             if missing:
                 log.info("exporting missing split models %s", [sp.model for sp in missing])
                 self.control.export(missing, current)
+            self.control.prepare(plan)      # e.g. pods for the plan's instances, before any load
             for sp in plan.triton_splits:   # compact splits run inside the router: nothing to load
                 self.control.configure_split(sp)
             self.control.switch_plan(self.settings.router, plan)
@@ -355,6 +356,10 @@ class Controller:
                 log.warning("unload of %s refused (%s); will try again next window", name, err)
         if done:
             log.info("unloaded %s (not used by plan %s)", done, current.plan_id)
+        try:
+            self.control.settle(current)   # e.g. pods no plan needs any more
+        except ControlError as err:
+            log.warning("cannot give back what plan %s no longer needs (%s); will try again", current.plan_id, err)
         self.drain_until = None
         return done
 

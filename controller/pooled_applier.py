@@ -13,19 +13,28 @@ Decisions:
   server the plan in force does not place it on ``<split>@<server>`` (``@router`` for the router's own
   server), which no plan uses, so the loop unloads it after the drain; :meth:`unload` understands it.
   A copy pre-loaded for a plan that waits for a retry is unloaded too, and loaded again on the retry.
+* With a scaler (Kubernetes), a plan that needs more pods in a pool than it has
+  (:func:`e3.deploy.pools.replicas_needed`) scales the pool up and waits for the pods to be ready
+  before its splits load; pods are given back only after the drain, down to what the plan in force
+  needs. Model control reaches a pool through its Service, so per-split instance counts are changed
+  on one pod: new pods start with the models the chart's values list for the pool.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from e3.controller.applier import ControlError, ServerControl, ServerView
 from e3.controller.health import SplitStats
 from e3.controller.triton_applier import TritonApplier
 from e3.core.plan import Plan, SplitPlan
 
-__all__ = ["PooledApplier", "ROUTER_SERVER", "located"]
+if TYPE_CHECKING:
+    from e3.controller.k8s_scaler import PoolScaler
+    from e3.deploy.pools import Pools
+
+__all__ = ["PooledApplier", "PlacingPlanner", "ROUTER_SERVER", "located"]
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +50,17 @@ class PooledApplier(ServerView, ServerControl):
     """``router``: the applier of the router's server; ``servers``: gRPC address (as plans name a split's
     server) -> the applier of that server's HTTP API."""
 
-    def __init__(self, router_model: str, router: TritonApplier, servers: dict[str, TritonApplier]):
+    def __init__(self, router_model: str, router: TritonApplier, servers: dict[str, TritonApplier], *,
+                 pools: Pools | None = None, scaler: PoolScaler | None = None, ready_timeout_s: float = 600.0):
+        if scaler is not None and pools is None:
+            raise ValueError("a scaler needs the pools it scales")
         self.router_model, self.router, self.servers = router_model, router, dict(servers)
+        self.pools, self.scaler, self.ready_timeout_s = pools, scaler, ready_timeout_s
+
+    def close(self) -> None:
+        """Close every server's clients (this thread's)."""
+        for _, applier in self._everywhere():
+            applier.close()
 
     def _at(self, server: str) -> TritonApplier:
         if not server:
@@ -113,6 +131,34 @@ class PooledApplier(ServerView, ServerControl):
                                    f"on {s.server}")
         self.router.switch_plan(router, plan)
 
+    def prepare(self, plan: Plan) -> None:
+        """Scale up the pools whose pods cannot hold the plan's instances, and wait for them to be ready."""
+        if self.scaler is None:
+            return
+        from e3.deploy.pools import PoolError, replicas_needed
+        try:
+            need = replicas_needed(plan, self.pools)
+        except PoolError as err:
+            raise ControlError(str(err)) from None
+        for pool in self.pools.pools:
+            if need[pool.name] > self.scaler.replicas(pool):
+                self.scaler.scale(pool, need[pool.name])
+        for pool in self.pools.pools:
+            self.scaler.wait_ready(pool, need[pool.name], self.ready_timeout_s)
+
+    def settle(self, plan: Plan) -> None:
+        """Scale down pools that hold more pods than the plan in force needs (never below min_replicas)."""
+        if self.scaler is None:
+            return
+        from e3.deploy.pools import PoolError, replicas_needed
+        try:
+            need = replicas_needed(plan, self.pools)
+        except PoolError as err:
+            raise ControlError(str(err)) from None
+        for pool in self.pools.pools:
+            if need[pool.name] < self.scaler.replicas(pool):
+                self.scaler.scale(pool, need[pool.name])
+
     def unload(self, name: str) -> None:
         split, applier = self._owner(name)
         applier.unload(split)
@@ -120,3 +166,20 @@ class PooledApplier(ServerView, ServerControl):
     def reload(self, name: str) -> None:
         split, applier = self._owner(name)
         applier.reload(split)
+
+
+class PlacingPlanner:
+    """The controller's planner with every plan placed on the pools (:func:`e3.deploy.pools.place`):
+    the planner chooses devices per split, the pools say which server has them. A plan the pools cannot
+    hold raises :class:`~e3.deploy.pools.PoolError` (a ValueError: the loop keeps the running plan)."""
+
+    def __init__(self, planner, pools: Pools):
+        self.planner, self.pools = planner, pools
+        self.latency = getattr(planner, "latency", None)
+
+    def plan(self, forecast, devices):
+        from e3.deploy.pools import place
+        return place(self.planner.plan(forecast, devices), self.pools)
+
+    def throughput(self, plan: Plan, forecast) -> float | None:
+        return self.planner.throughput(plan, forecast)

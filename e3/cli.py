@@ -311,6 +311,11 @@ def _control(args) -> int:
     applier = TritonApplier(args.url, metrics_url=metrics_url, repo=Path(args.repo), zoo_model=args.model)
     planner = ProfilePlanner(latency, exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks, slo_ms=args.slo_ms,
                              rate_rps=args.rate_rps, slack=args.slack, alpha=args.alpha)
+    if args.kubernetes and not args.pools:
+        print("e3 control: error: --kubernetes scales pools: give --pools POOLS.json too", file=sys.stderr)
+        return 2
+    if args.pools:   # several Triton servers (pools): plans placed on them, pods scaled on Kubernetes
+        applier, planner, pinned = _pooled(args, applier, planner, pinned)
     controller = Controller(settings, telemetry=TelemetryReader(metrics_url, m, window_s=args.window_s,
                                                                 num_blocks=card.num_blocks),
                             forecaster=make_forecaster(args.forecaster), planner=planner, view=applier,
@@ -331,6 +336,28 @@ def _control(args) -> int:
     finally:
         applier.close()
     return 0
+
+
+def _pooled(args, router_applier, planner, pinned):
+    """The controller's applier, planner and pinned plan over the pools of ``--pools``."""
+    from e3.controller.pooled_applier import PlacingPlanner, PooledApplier
+    from e3.controller.triton_applier import TritonApplier
+    from e3.core.names import served_name
+    from e3.deploy.pools import PoolError, load_pools, place
+    from e3.deploy.server import metrics_url_for
+    try:
+        pools = load_pools(args.pools)
+        pinned = place(pinned, pools) if pinned is not None else None
+    except PoolError as err:
+        raise SystemExit(f"e3 control: error: {err}") from None
+    scaler = None
+    if args.kubernetes:
+        from e3.controller.k8s_scaler import KubernetesScaler
+        scaler = KubernetesScaler(pools)
+    servers = {p.grpc_url: TritonApplier(p.http_url, metrics_url=metrics_url_for(p.http_url))
+               for p in pools.pools if not p.router}
+    applier = PooledApplier(f"{served_name(args.model)}_router", router_applier, servers, pools=pools, scaler=scaler)
+    return applier, PlacingPlanner(planner, pools), pinned
 
 
 def _status(args) -> int:
@@ -595,6 +622,12 @@ def build_parser() -> argparse.ArgumentParser:
     ct.add_argument("--pin", default=None, metavar="PLAN.json",
                     help="hold this plan (applied once if another runs); the controller then only watches")
     ct.add_argument("--once", action="store_true", help="one window, then exit")
+    ct.add_argument("--pools", default=None, metavar="POOLS.json",
+                    help="serve over several Triton servers (pools): the Helm chart's pools.json; --url is the "
+                         "router's pool (docs/kubernetes.md)")
+    ct.add_argument("--kubernetes", action="store_true",
+                    help="with --pools: scale the pools' Deployments through the Kubernetes API when a plan "
+                         "needs more pods (in-cluster service account, else the local kubeconfig)")
     ct.set_defaults(func=_control)
 
     st = sub.add_parser("status", help="live plan, loaded splits and instances, forecast vs observed, plan history")
