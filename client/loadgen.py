@@ -204,7 +204,7 @@ def summarize_phases(records: list[RequestRecord], phases: list[Phase], model: s
 # -- the run --------------------------------------------------------------------------------------------
 
 def _run(url: str, model: str, pool: dict[str, np.ndarray], rows: list[np.ndarray], *, workers: int,
-         schedule: np.ndarray | None, protocol: str, warmup: int, timeout_s: float = 60.0
+         schedule: np.ndarray | None, protocol: str, warmup: int, timeout_s: float = 60.0, shm: bool = False
          ) -> tuple[list[RequestRecord], float]:
     """Send ``rows[i]`` as request i from ``workers`` threads (one client each); returns records and wall time.
 
@@ -220,7 +220,7 @@ def _run(url: str, model: str, pool: dict[str, np.ndarray], rows: list[np.ndarra
 
     def worker() -> None:
         try:
-            with E3Client(url, protocol, timeout_s=timeout_s) as client:
+            with E3Client(url, protocol, timeout_s=timeout_s, shm=shm) as client:
                 for i in range(warmup):
                     client.infer(model, {k: v[rows[i % len(rows)]] for k, v in pool.items()})
                 barrier.wait()
@@ -281,40 +281,43 @@ def _check(batch: int, workers: int) -> None:
 
 def closed_loop(url: str, model: str, pool: dict[str, np.ndarray], *, concurrency: int = 8, batch: int = 4,
                 requests: int = 200, protocol: str = "http", warmup: int = 0,
-                slo_ms: float | None = None, true_label: np.ndarray | None = None) -> LoadResult:
+                slo_ms: float | None = None, true_label: np.ndarray | None = None, shm: bool = False) -> LoadResult:
     """Run a closed loop against ``model``; returns counts, latencies, goodput and the exit histogram
     (and accuracy, given ``true_label`` per pool row)."""
     records, wall = closed_loop_records(url, model, pool, concurrency=concurrency, batch=batch, requests=requests,
-                                        protocol=protocol, warmup=warmup)
+                                        protocol=protocol, warmup=warmup, shm=shm)
     return summarize(records, model, duration_s=wall, slo_ms=slo_ms, true_label=true_label)
 
 
 def closed_loop_records(url: str, model: str, pool: dict[str, np.ndarray], *, concurrency: int = 8, batch: int = 4,
                         requests: int = 200, protocol: str = "http",
-                        warmup: int = 0) -> tuple[list[RequestRecord], float]:
+                        warmup: int = 0, shm: bool = False) -> tuple[list[RequestRecord], float]:
     """:func:`closed_loop`'s run itself: every request's record (latency, answers) and the wall time (s)."""
     _check(batch, concurrency)
     size = next(iter(pool.values())).shape[0]
     rows = [request_rows(i, batch, size) for i in range(requests)]
-    return _run(url, model, pool, rows, workers=concurrency, schedule=None, protocol=protocol, warmup=warmup)
+    return _run(url, model, pool, rows, workers=concurrency, schedule=None, protocol=protocol, warmup=warmup,
+                shm=shm)
 
 
 def scheduled_records(url: str, model: str, pool: dict[str, np.ndarray], schedule: np.ndarray, *, batch: int = 1,
-                      workers: int = 64, protocol: str = "http", warmup: int = 1) -> tuple[list[RequestRecord], float]:
+                      workers: int = 64, protocol: str = "http", warmup: int = 1,
+                      shm: bool = False) -> tuple[list[RequestRecord], float]:
     """Open loop on a given arrival ``schedule`` (s from the start, increasing; e.g. a burst's phases):
     every request's record and the wall time (s). See :func:`open_loop` for ``workers``."""
     _check(batch, workers)
     size = next(iter(pool.values())).shape[0]
     rows = [request_rows(i, batch, size) for i in range(len(schedule))]
     return _run(url, model, pool, rows, workers=workers, schedule=np.asarray(schedule), protocol=protocol,
-                warmup=warmup)
+                warmup=warmup, shm=shm)
 
 
 def open_loop(url: str, model: str, pool: dict[str, np.ndarray], *, rate_rps: float,
               duration_s: float | None = None, requests: int | None = None, batch: int = 1,
               slo_ms: float | None = None, protocol: str = "http", seed: int = 0, workers: int = 32,
-              warmup: int = 1) -> LoadResult:
+              warmup: int = 1, shm: bool = False) -> LoadResult:
     """Poisson arrivals of ``rate_rps`` requests/s (``batch`` inputs each) for ``duration_s`` or ``requests``.
+    ``shm``: inputs through Triton's system shared memory (a client on the server's machine).
 
     ``workers`` bounds the requests in flight; when all are busy, arrivals wait
     in the client and that wait counts in their latency (see
@@ -327,7 +330,7 @@ def open_loop(url: str, model: str, pool: dict[str, np.ndarray], *, rate_rps: fl
     size = next(iter(pool.values())).shape[0]
     rows = [request_rows(i, batch, size) for i in range(len(schedule))]
     records, wall = _run(url, model, pool, rows, workers=workers, schedule=schedule, protocol=protocol,
-                         warmup=warmup)
+                         warmup=warmup, shm=shm)
     log.info("open loop on %s: %d arrivals at %.1f requests/s in %.2f s", model, len(schedule), rate_rps, wall)
     return summarize(records, model, duration_s=wall, slo_ms=slo_ms, offered_rps=rate_rps)
 

@@ -31,9 +31,15 @@ class Answers:
 
 
 class E3Client(ClosingClient):
-    """One connection to a Triton server; not thread-safe (use one per thread)."""
+    """One connection to a Triton server; not thread-safe (use one per thread).
 
-    def __init__(self, url: str, protocol: str = "http", timeout_s: float = 60.0):
+    ``shm=True`` (a client on the server's machine): inputs travel through Triton's system shared
+    memory instead of the request body. The client owns one region, registered once and grown
+    (re-registered) when a request needs more; each request writes its inputs there and names their
+    offsets. Closing the client unregisters and removes it.
+    """
+
+    def __init__(self, url: str, protocol: str = "http", timeout_s: float = 60.0, shm: bool = False):
         if protocol == "http":
             import tritonclient.http as api
             self._client = api.InferenceServerClient(url, connection_timeout=timeout_s, network_timeout=timeout_s)
@@ -44,6 +50,59 @@ class E3Client(ClosingClient):
             raise ValueError(f"unknown protocol {protocol!r}; use 'http' or 'grpc'")
         self._api, self.protocol, self.timeout_s = api, protocol, timeout_s
         self._outputs: dict[str, list[str]] = {}
+        self.shm = shm
+        self._region = None   # (name, handle, size) of this client's shared-memory region
+
+    def close(self) -> None:
+        """Unregisters and removes the shared-memory region (if any), then closes the connection."""
+        if self._region is not None:
+            self._drop_region()
+        super().close()
+
+    def _staged(self, inputs: dict[str, np.ndarray]) -> list[tuple[str, int, int]]:
+        """Write ``inputs`` into the region (grown if needed): (region name, offset, size) per input.
+
+        The region is a POSIX shared-memory object made with the standard library (the client wheel's
+        own helper needs ``pkg_resources``, which current setuptools no longer ships)."""
+        import os
+        import uuid
+        from multiprocessing import shared_memory
+
+        text = [k for k, a in inputs.items() if a.dtype == np.object_ or a.dtype.kind in "SU"]
+        if text:
+            raise ClientError(f"input(s) {', '.join(text)} are text: send text in the request body (shm=False); "
+                              "shared memory carries numeric tensors")
+        arrays = [np.ascontiguousarray(a) for a in inputs.values()]
+        need = sum(a.nbytes for a in arrays)
+        if self._region is None or self._region[2] < need:
+            if self._region is not None:
+                self._drop_region()
+            size = max(need, 1 << 16)
+            name = f"e3_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+            block = shared_memory.SharedMemory(name=name, create=True, size=size)
+            try:
+                self._client.register_system_shared_memory(name, f"/{name}", size)
+            except Exception:
+                block.close()
+                block.unlink()
+                raise
+            self._region = (name, block, size)
+        name, block, _ = self._region
+        places, offset = [], 0
+        for a in arrays:
+            block.buf[offset:offset + a.nbytes] = a.reshape(-1).view(np.uint8)
+            places.append((name, offset, a.nbytes))
+            offset += a.nbytes
+        return places
+
+    def _drop_region(self) -> None:
+        name, block, _ = self._region
+        self._region = None
+        try:
+            self._client.unregister_system_shared_memory(name)
+        finally:
+            block.close()
+            block.unlink()
 
     def model_config(self, model: str) -> dict:
         from tritonclient.utils import InferenceServerException
@@ -63,9 +122,16 @@ class E3Client(ClosingClient):
         if empty:
             raise ClientError(f"empty batch: input(s) {', '.join(empty)} carry no rows; send at least one input")
         tensors = []
-        for name, array in inputs.items():
+        try:
+            staged = self._staged(inputs) if self.shm else [None] * len(inputs)
+        except InferenceServerException as err:
+            raise ClientError(f"cannot register system shared memory: {err.message()}") from None
+        for (name, array), place in zip(inputs.items(), staged):
             t = self._api.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            t.set_data_from_numpy(array)
+            if place is None:
+                t.set_data_from_numpy(array)
+            else:
+                t.set_shared_memory(place[0], place[2], offset=place[1])
             tensors.append(t)
         try:
             kwargs = {"timeout": int(self.timeout_s * 1e6)} if self.protocol == "http" else {

@@ -27,7 +27,9 @@ For each model (its stock form, ``<m>_stock``, one input per request):
 each input with compute. Here inputs land in host memory that ONNX Runtime reads directly: a bert
 input is 768 bytes (a 28x28 image 3 KiB), which PCIe 3 x16 would move in well under a microsecond,
 < 0.01% of a batch's compute; emulating that copy would change no figure, so none is added. The
-staging itself (answering nothing until a worker takes the input, no batch-forming wait) is real.
+staging itself (answering nothing until a worker takes the input, no batch-forming wait) is real, and
+the client, on the server's machine, hands every system its inputs through Triton's system shared memory
+(``shm``, on by default, for all systems alike).
 
 Glue only: the policies live in :mod:`e3.serving.admission`, the figures in
 :mod:`e3.client.admission_report`.
@@ -65,6 +67,7 @@ class AdmissionBenchSettings:
     phase_s: float = 8.0                 # one phase of the burst
     delays_us: tuple[int, ...] = (1000, 4000, 16000)   # OPT_Wait's sweep
     workers: int = 96                    # client threads (open loop)
+    shm: bool = True                     # inputs through system shared memory, for every system alike
     out: Path | None = None              # default artifacts/results/admission.json
     quick: bool = False
 
@@ -72,7 +75,7 @@ class AdmissionBenchSettings:
         """``--quick``: fewer rates, shorter runs, one OPT_Wait delay."""
         return AdmissionBenchSettings(self.models, self.cores, self.qos_ms, self.qos_factor,
                                       (0.5, 0.85, 1.0, 1.2, 1.4), self.burst_fractions, 3.0, 4.0, (4000,),
-                                      self.workers, self.out, True)
+                                      self.workers, self.shm, self.out, True)
 
 
 def run_admission_bench(settings: AdmissionBenchSettings = AdmissionBenchSettings(), echo=print) -> dict:
@@ -140,7 +143,7 @@ def _bench_model(name: str, settings: AdmissionBenchSettings, echo) -> dict:
         from e3.client.loadgen import closed_loop
         configure(1, settings.cores, 0)
         capacity = closed_loop(url, stock, pool, concurrency=2 * max_bs, batch=1, requests=40 * max_bs,
-                               warmup=1).throughput_ips
+                               warmup=1, shm=settings.shm).throughput_ips
         echo(f"[capacity] NO_Wait closed loop: {capacity:.1f} inputs/s; rates are fractions of it")
         rates = [round(f * capacity, 1) for f in settings.rate_fractions]
 
@@ -206,7 +209,7 @@ def _sweep(url, model, pool, rates, qos_ms, settings, echo, label) -> list[RateP
         ladder.append(round(ladder[-1] * 1.15, 1))
     for rate in ladder:
         r = open_loop(url, model, pool, rate_rps=rate, duration_s=settings.run_s, batch=1,
-                      workers=settings.workers, seed=int(rate))
+                      workers=settings.workers, seed=int(rate), shm=settings.shm)
         point = RatePoint(rate, (r.requests - r.errors) / r.duration_s if r.duration_s else 0.0,
                           r.percentile_ms(99), r.errors)
         points.append(point)
@@ -219,7 +222,7 @@ def _sweep(url, model, pool, rates, qos_ms, settings, echo, label) -> list[RateP
 
 def _burst(url, model, pool, schedule, settings):
     from e3.client.loadgen import scheduled_records
-    records, _ = scheduled_records(url, model, pool, schedule, batch=1, workers=settings.workers)
+    records, _ = scheduled_records(url, model, pool, schedule, batch=1, workers=settings.workers, shm=settings.shm)
     records.sort(key=lambda r: r.index)
     lat = np.array([r.latency_ms for r in records])
     failed = np.array([r.error is not None for r in records])

@@ -263,12 +263,12 @@ def _load(args) -> int:
         pool = model.example_arrays(args.pool, seed=args.seed)
         if args.closed:
             result = closed_loop(args.url, args.model, pool, concurrency=args.concurrency, requests=args.requests,
-                                 warmup=1, **common)
+                                 warmup=1, shm=args.shm, **common)
         else:
             if args.rate_rps is None:
                 raise ValueError("give --rate-rps R (open loop, Poisson) or --closed --concurrency N")
             result = open_loop(args.url, args.model, pool, rate_rps=args.rate_rps, duration_s=args.duration_s,
-                               seed=args.seed, workers=args.workers, **common)
+                               seed=args.seed, workers=args.workers, shm=args.shm, **common)
     kind = (f"closed loop, {args.concurrency} clients" if args.closed else
             f"open loop, Poisson {result.offered_rps:g} requests/s, {args.workers} workers")
     print(f"{args.model}: {kind}, {args.batch} input(s) per request"
@@ -278,6 +278,8 @@ def _load(args) -> int:
     if result.labelled:
         print(f"exit ramps differing from the workload's reference: {result.exit_mismatches} of {result.inputs}")
     if not args.closed and result.max_send_lag_ms > 50:
+    if args.workload and args.shm:
+        raise ValueError("--shm is for generated inputs; a workload replay sends its inputs in the request body")
         print(f"note: arrivals waited up to {result.max_send_lag_ms:.0f} ms for a free client worker "
               "(counted in latency); raise --workers if the client, not the server, is the limit")
     for message, count in result.error_messages.most_common(5):
@@ -629,6 +631,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --pools: scale the pools' Deployments through the Kubernetes API when a plan "
                          "needs more pods (in-cluster service account, else the local kubeconfig)")
     ct.set_defaults(func=_control)
+    lo.add_argument("--shm", action="store_true", help="inputs through Triton's system shared memory (a client on "
+                                                       "the server's machine; numeric inputs, not with --workload)")
 
     st = sub.add_parser("status", help="live plan, loaded splits and instances, forecast vs observed, plan history")
     st.add_argument("--model", required=True, help="zoo name of the served model, e.g. tiny-ee")

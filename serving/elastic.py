@@ -5,7 +5,7 @@
   response sender, as the router does (allowed for a non-decoupled model:
   plain ``infer`` calls and ``perf_analyzer`` work). Nothing waits for a batch
   to fill: the moment a worker fits, it runs. With a local client, inputs can
-  arrive through Triton's system shared memory (`e3 load --shm`): they are
+  arrive through Triton's system shared memory (`e3 load --shm`, `E3Client(shm=True)`): they are
   staged without a copy through the HTTP/gRPC body.
 * **Workers.** One thread per worker of the policy's engine (power-of-two
   batch granularities), all calling the *same* ONNX Runtime session (one copy

@@ -65,3 +65,17 @@ def test_a_bad_request_gets_its_own_error_and_the_stage_keeps_serving(admission_
         with pytest.raises(ClientError):
             client.infer(names["n"], {"input_ids": ids.astype(np.float32), "attention_mask": mask})
         assert len(client.infer(names["n"], {"input_ids": ids, "attention_mask": mask}).label) == 4
+
+
+def test_inputs_staged_through_system_shared_memory_get_the_same_answers(admission_server, tiny_model):
+    server, _, names = admission_server
+    arrays = tiny_model.example_arrays(7, seed=4)
+    with E3Client(server.http_url) as plain, E3Client(server.http_url, shm=True) as staged:
+        want = plain.infer(names["e"], arrays)
+        for n in (7, 3, 7):   # the region is reused, and grown when a request needs more
+            got = staged.infer(names["e"], {k: v[:n] for k, v in arrays.items()})
+            np.testing.assert_array_equal(got.label, want.label[:n])
+        region = staged._region[0]
+        assert any(r["name"] == region for r in plain._client.get_system_shared_memory_status())
+    with E3Client(server.http_url) as after:
+        assert all(r["name"] != region for r in after._client.get_system_shared_memory_status())
