@@ -11,6 +11,7 @@
     e3 demo                       export + serve + side-by-side load + table
     e3 bench side-by-side         E3 vs <m>_stock and <m>_ee at equal cores, per mix and request size
     e3 bench admission            E²bird's elastic admission vs Triton's dynamic batcher under a QoS target
+    e3 admission MODEL --qos-ms Q add an elastic admission stage (N-Ebird / E-Ebird) in front of MODEL
     e3 load SERVED_MODEL          closed/open-loop load or a workload replay; goodput under an SLO
     e3 control --model M ...      every window: telemetry -> forecast -> plan -> apply to a running Triton
     e3 status --model M           live plan, loaded splits, forecast vs observed, plan history
@@ -205,6 +206,42 @@ def _perf(args) -> int:
     from e3.deploy.tools import perf_analyzer_binary, tool_env
     extra = args.args[1:] if args.args[:1] == ["--"] else args.args
     return subprocess.call([perf_analyzer_binary(), *extra], env=tool_env())
+
+def _admission(args) -> int:
+    import numpy as np
+    from e3.export.admission import naive_engine, profile_admission, write_admission
+    from e3.export.repository import ExportError
+    from e3.export.triton_config import parse_config
+    from e3.core.spec import NUMPY_DTYPES, dtype_from_config
+    from tritonclient.grpc import model_config_pb2 as mc
+    repo = Path(args.repo)
+    try:
+        if args.qos_ms <= 0 or args.max_workers < 1:
+            raise ValueError("--qos-ms must be > 0 and --max-workers >= 1")
+        config_file = repo / args.model / "config.pbtxt"
+        if not config_file.exists():
+            raise ExportError(f"{config_file} does not exist: name a model of {repo} (e3 export writes them)")
+        cfg = parse_config(config_file.read_text())
+        # latency does not depend on the values: zeros of the model's shapes (token 0 is padding)
+        example = {t.name: np.zeros((32, *t.dims), NUMPY_DTYPES[dtype_from_config(mc.DataType.Name(t.data_type))])
+                   for t in cfg.input}
+        profile = profile_admission(repo / args.model / "1" / "model.onnx", example, args.qos_ms,
+                                    max_workers=args.max_workers)
+        max_bs = profile["max_bs"]
+        print(f"one worker (ms per batch): {profile['latency_ms']}; MaxBS for p99 <= {args.qos_ms:g} ms: {max_bs}")
+        if args.policy == "n-ebird":
+            policy = {"kind": "n-ebird", "engine": naive_engine(max_bs), "max_inflight": max_bs}
+        else:
+            print(f"E-Ebird's best worker set per TotalBS: {profile['confs']}")
+            policy = {"kind": "e-ebird", "confs": profile["confs"], "max_inflight": max_bs}
+        name = write_admission(repo, args.model, policy, name=args.name)
+    except (ValueError, ExportError) as err:
+        print(f"e3 admission: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {repo / name} ({policy['kind']}, workers {policy.get('engine') or profile['engine']}); "
+          f"load it with `e3 serve --models {name}` or Triton's load API, and send requests to {name}")
+    return 0
+
 
 
 def _train(args) -> int:
@@ -559,6 +596,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train zoo models on their data (cached checkpoints under artifacts/)")
     t.add_argument("models", nargs="+", help="bert-ee, bert-stock, pabee, resnet-ee, resnet-stock")
+    ad = sub.add_parser("admission", help="add E²bird's elastic admission stage (N-Ebird or E-Ebird) in front of a "
+                                          "one-file ONNX model of the repository, after profiling its workers")
+    ad.add_argument("model", help="Triton model to front, e.g. bert_ee_stock or bert_ee_split_1-2")
+    ad.add_argument("--repo", default=str(default_repository()), help=repo_help)
+    ad.add_argument("--policy", choices=["n-ebird", "e-ebird"], default="e-ebird",
+                    help="N-Ebird (fixed engine) or E-Ebird (profiled worker sets per load; default)")
+    ad.add_argument("--qos-ms", type=float, required=True, help="p99 latency target (ms); sets MaxBS")
+    ad.add_argument("--max-workers", type=int, default=4, help="largest worker set profiled per TotalBS (default 4)")
+    ad.add_argument("--name", default=None, help="the stage's Triton name (default <model>_admission)")
+    ad.set_defaults(func=_admission)
+
     t.add_argument("--quick", action="store_true", help="a few hundred examples: checks the pipeline in seconds")
     t.add_argument("--retune", action="store_true", help="resnet-ee: keep the weights, choose τ again")
     t.set_defaults(func=_train)
