@@ -179,34 +179,6 @@ def _bench_side_by_side(args) -> int:
     return 0
 
 
-def _bench_admission(args) -> int:
-    from e3.admission_bench import AdmissionBenchSettings, run_admission_bench
-    try:
-        models = tuple(m.strip() for m in args.models.split(",") if m.strip())
-        if not models or args.cores < 1 or (args.qos_ms is not None and args.qos_ms <= 0):
-            raise ValueError("give at least one model, --cores >= 1 and a positive --qos-ms")
-        run_admission_bench(AdmissionBenchSettings(models=models, cores=args.cores, qos_ms=args.qos_ms,
-                                                   out=Path(args.out) if args.out else None, quick=args.quick))
-    except ValueError as err:
-        print(f"e3 bench admission: error: {err}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def _demo(args) -> int:
-    from e3.demo import DemoSettings, run_demo
-    run_demo(Path(args.repo), DemoSettings(model=args.model, cuts=args.cuts, requests=args.requests,
-                                           concurrency=args.concurrency, batch=args.batch, protocol=args.protocol,
-                                           cores=args.cores))
-    return 0
-
-
-def _perf(args) -> int:
-    import subprocess
-    from e3.deploy.tools import perf_analyzer_binary, tool_env
-    extra = args.args[1:] if args.args[:1] == ["--"] else args.args
-    return subprocess.call([perf_analyzer_binary(), *extra], env=tool_env())
-
 def _admission(args) -> int:
     import numpy as np
     from e3.export.admission import naive_engine, profile_admission, write_admission
@@ -242,6 +214,34 @@ def _admission(args) -> int:
           f"load it with `e3 serve --models {name}` or Triton's load API, and send requests to {name}")
     return 0
 
+
+def _bench_admission(args) -> int:
+    from e3.admission_bench import AdmissionBenchSettings, run_admission_bench
+    try:
+        models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+        if not models or args.cores < 1 or (args.qos_ms is not None and args.qos_ms <= 0):
+            raise ValueError("give at least one model, --cores >= 1 and a positive --qos-ms")
+        run_admission_bench(AdmissionBenchSettings(models=models, cores=args.cores, qos_ms=args.qos_ms,
+                                                   out=Path(args.out) if args.out else None, quick=args.quick))
+    except ValueError as err:
+        print(f"e3 bench admission: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _demo(args) -> int:
+    from e3.demo import DemoSettings, run_demo
+    run_demo(Path(args.repo), DemoSettings(model=args.model, cuts=args.cuts, requests=args.requests,
+                                           concurrency=args.concurrency, batch=args.batch, protocol=args.protocol,
+                                           cores=args.cores))
+    return 0
+
+
+def _perf(args) -> int:
+    import subprocess
+    from e3.deploy.tools import perf_analyzer_binary, tool_env
+    extra = args.args[1:] if args.args[:1] == ["--"] else args.args
+    return subprocess.call([perf_analyzer_binary(), *extra], env=tool_env())
 
 
 def _train(args) -> int:
@@ -287,6 +287,8 @@ def _load(args) -> int:
     common = dict(batch=args.batch, slo_ms=args.slo_ms, protocol=args.protocol)
     if args.closed and args.rate_rps is not None:
         raise ValueError("--closed and --rate-rps exclude each other: a closed loop has no arrival rate")
+    if args.workload and args.shm:
+        raise ValueError("--shm is for generated inputs; a workload replay sends its inputs in the request body")
     if args.workload:
         result = replay_workload(args.url, args.model, args.workload, rate_rps=args.rate_rps,
                                  concurrency=args.concurrency if args.closed else None, seed=args.seed,
@@ -315,8 +317,6 @@ def _load(args) -> int:
     if result.labelled:
         print(f"exit ramps differing from the workload's reference: {result.exit_mismatches} of {result.inputs}")
     if not args.closed and result.max_send_lag_ms > 50:
-    if args.workload and args.shm:
-        raise ValueError("--shm is for generated inputs; a workload replay sends its inputs in the request body")
         print(f"note: arrivals waited up to {result.max_send_lag_ms:.0f} ms for a free client worker "
               "(counted in latency); raise --workers if the client, not the server, is the limit")
     for message, count in result.error_messages.most_common(5):
@@ -562,6 +562,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compute cores every system gets, as instances x 1 thread (default 2, the machine's)")
     d.set_defaults(func=_demo)
 
+    ad = sub.add_parser("admission", help="add E²bird's elastic admission stage (N-Ebird or E-Ebird) in front of a "
+                                          "one-file ONNX model of the repository, after profiling its workers")
+    ad.add_argument("model", help="Triton model to front, e.g. bert_ee_stock or bert_ee_split_1-2")
+    ad.add_argument("--repo", default=str(default_repository()), help=repo_help)
+    ad.add_argument("--policy", choices=["n-ebird", "e-ebird"], default="e-ebird",
+                    help="N-Ebird (fixed engine) or E-Ebird (profiled worker sets per load; default)")
+    ad.add_argument("--qos-ms", type=float, required=True, help="p99 latency target (ms); sets MaxBS")
+    ad.add_argument("--max-workers", type=int, default=4, help="largest worker set profiled per TotalBS (default 4)")
+    ad.add_argument("--name", default=None, help="the stage's Triton name (default <model>_admission)")
+    ad.set_defaults(func=_admission)
+
     b = sub.add_parser("bench", help="benchmarks: E3 against the stock and early-exit baselines, side by side")
     bsub = b.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     sbs = bsub.add_parser("side-by-side", help="E3, <m>_stock and <m>_ee on one server at one core budget, per mix "
@@ -596,17 +607,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train zoo models on their data (cached checkpoints under artifacts/)")
     t.add_argument("models", nargs="+", help="bert-ee, bert-stock, pabee, resnet-ee, resnet-stock")
-    ad = sub.add_parser("admission", help="add E²bird's elastic admission stage (N-Ebird or E-Ebird) in front of a "
-                                          "one-file ONNX model of the repository, after profiling its workers")
-    ad.add_argument("model", help="Triton model to front, e.g. bert_ee_stock or bert_ee_split_1-2")
-    ad.add_argument("--repo", default=str(default_repository()), help=repo_help)
-    ad.add_argument("--policy", choices=["n-ebird", "e-ebird"], default="e-ebird",
-                    help="N-Ebird (fixed engine) or E-Ebird (profiled worker sets per load; default)")
-    ad.add_argument("--qos-ms", type=float, required=True, help="p99 latency target (ms); sets MaxBS")
-    ad.add_argument("--max-workers", type=int, default=4, help="largest worker set profiled per TotalBS (default 4)")
-    ad.add_argument("--name", default=None, help="the stage's Triton name (default <model>_admission)")
-    ad.set_defaults(func=_admission)
-
     t.add_argument("--quick", action="store_true", help="a few hundred examples: checks the pipeline in seconds")
     t.add_argument("--retune", action="store_true", help="resnet-ee: keep the weights, choose τ again")
     t.set_defaults(func=_train)
