@@ -645,6 +645,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="zoo model whose example inputs to send (default: from the served name)")
     lo.add_argument("--pool", type=int, default=512, help="distinct example inputs cycled through (default 512)")
     lo.add_argument("--seed", type=int, default=0, help="seeds the inputs and the arrival schedule")
+    lo.add_argument("--shm", action="store_true", help="inputs through Triton's system shared memory (a client on "
+                                                       "the server's machine; numeric inputs, not with --workload)")
     lo.set_defaults(func=_load)
 
     ct = sub.add_parser("control", help="every window: router telemetry -> forecast -> plan -> apply to the "
@@ -679,8 +681,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --pools: scale the pools' Deployments through the Kubernetes API when a plan "
                          "needs more pods (in-cluster service account, else the local kubeconfig)")
     ct.set_defaults(func=_control)
-    lo.add_argument("--shm", action="store_true", help="inputs through Triton's system shared memory (a client on "
-                                                       "the server's machine; numeric inputs, not with --workload)")
 
     st = sub.add_parser("status", help="live plan, loaded splits and instances, forecast vs observed, plan history")
     st.add_argument("--model", required=True, help="zoo name of the served model, e.g. tiny-ee")
