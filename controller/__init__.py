@@ -12,6 +12,8 @@ history.py            every applied plan, validated, in one atomically replaced 
 applier.py            the controller's contract with a server: ServerView (reads), ServerControl (changes)
 triton_applier.py     ServerView and ServerControl on a running Triton (HTTP API, metrics port)
 recording_applier.py  ServerView and ServerControl held in memory, recording every call (tests)
+pooled_applier.py     ServerView and ServerControl over several Tritons (pools); plans placed on the pools
+k8s_scaler.py         pods of a pool's Deployment through the Kubernetes API (and an in-memory scaler)
 triton_api.py         Triton's model-repository calls: load, unload, configs, statistics, router plan switch
 loop.py               the control loop: telemetry -> forecast -> plan -> decide -> apply, every window
 report.py             text for people: plans, planner results, window reports, status (`e3 plan/control/status`)

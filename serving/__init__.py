@@ -7,6 +7,7 @@ in this table, never the exporter, the controller or the client:
 triton_io.py       the glue: model parameters, gathering requests, responses, BLS calls with typed errors
 session.py         the one way an ONNX file is opened in ONNX Runtime (pinned threads)
 policy.py          the router's decisions, pure numpy: exits per ramp, survivors, deadline budget, drop reasons
+remote.py          a split on another Triton (pool), reached over gRPC with the same typed errors as BLS
 router_metrics.py  the router's Prometheus counters (Triton custom metrics), summed locally, flushed in the background
 preprocess.py      ``<m>_preprocess``: text in, token ids and mask out (the text front door's first step)
 router.py          ``<m>_router``: runs the plan's splits by BLS, applies the exit rule, answers every input
