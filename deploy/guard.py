@@ -11,7 +11,12 @@ request is passed through unchanged, except:
 * a body larger than ``max_body_bytes`` gets 413, one without a
   ``Content-Length`` 411, a compressed one that inflates past the limit 413;
 * while Triton is unreachable (being restarted by ``e3 serve``'s supervisor),
-  every request gets 503 at once instead of hanging.
+  every request gets 503 at once instead of hanging;
+* the readiness endpoints tell the truth the supervisor knows and Triton
+  does not: ``/v2/health/ready`` answers 503 while any model is unhealthy
+  (a dead Python stub being reloaded, the server restarting), and
+  ``/v2/models/<m>/ready`` answers 503 for such a model (Triton 2.51 keeps
+  saying 200 for a model whose stub is dead).
 
 gRPC goes to Triton directly: its protobuf requests were not found to crash
 the server (they are refused with INVALID_ARGUMENT). The guard costs one
@@ -28,6 +33,7 @@ import re
 import threading
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
 
 from e3.deploy.request_check import check_infer_request
 
@@ -36,6 +42,7 @@ __all__ = ["Guard", "DEFAULT_MAX_BODY_BYTES"]
 log = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20   # Triton's own default limit for an HTTP request body (64 MiB)
 _INFER = re.compile(r"^/v2/models/[^/?]+(/versions/[^/?]+)?/infer/?(\?.*)?$")
+_MODEL_READY = re.compile(r"^/v2/models/([^/?]+)(/versions/[^/?]+)?/ready/?(\?.*)?$")
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
                "host", "content-length"}
 
@@ -45,6 +52,7 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     upstream: tuple[str, int]
     max_body_bytes: int
+    unhealthy: Callable[[], set[str]]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -111,6 +119,8 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._read_body()
         if body is None:
             return
+        if self.command in ("GET", "HEAD") and self._not_ready():
+            return
         if self.command == "POST" and _INFER.match(self.path):
             plain = self._inflated(body)
             if plain is None:
@@ -135,6 +145,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
+
+    def _not_ready(self) -> bool:
+        """Answer 503 for a readiness probe the supervisor knows to be false; True if it did."""
+        path = self.path.split("?", 1)[0].rstrip("/")
+        bad = self.server.unhealthy()
+        if path == "/v2/health/ready" and bad:
+            self._reply(503, f"not ready: {', '.join(sorted(bad))} being restored")
+            return True
+        match = _MODEL_READY.match(self.path)
+        if match and match.group(1) in bad:
+            self._reply(503, f"model {match.group(1)} is not ready: being restored")
+            return True
+        return False
 
     def _upstream(self, headers: dict, body: bytes):
         """Send the request on this connection's kept-alive upstream connection (one retry on a stale one)."""
@@ -168,10 +191,11 @@ class Guard:
     """
 
     def __init__(self, upstream: str, host: str = "127.0.0.1", port: int = 8000,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, unhealthy: Callable[[], set[str]] | None = None):
         up_host, _, up_port = upstream.rpartition(":")
         self.upstream = (up_host, int(up_port))
         self.host, self.port, self.max_body_bytes = host, port, max_body_bytes
+        self.unhealthy = unhealthy or set   # models known broken right now (the supervisor's view)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -182,7 +206,7 @@ class Guard:
 
     def start(self) -> "Guard":
         server = _Server((self.host, self.port), _Handler)
-        server.upstream, server.max_body_bytes = self.upstream, self.max_body_bytes
+        server.upstream, server.max_body_bytes, server.unhealthy = self.upstream, self.max_body_bytes, self.unhealthy
         self._server = server
         self.port = server.server_address[1]   # port 0: the one the system chose
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},

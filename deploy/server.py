@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 ENV_BINARY = "E3_TRITONSERVER"
 SHM_DIR = Path("/dev/shm")
 DEFAULT_METRICS_PORT = 8002   # tritonserver's own default, and `e3 serve`'s
+# The APIs a key restricts (Triton's names): what changes the server or reads its memory.
+RESTRICTED_APIS = "model-repository,model-config,shared-memory"
 
 
 def metrics_url_for(http_url: str, metrics_port: int = DEFAULT_METRICS_PORT) -> str:
@@ -188,10 +190,13 @@ class TritonServer:
     def __init__(self, repo: str | os.PathLike, models: list[str] | None = None, *, host: str = "127.0.0.1",
                  http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = DEFAULT_METRICS_PORT,
                  tritonserver: str | os.PathLike | None = None, log_file: str | os.PathLike | None = None,
-                 echo_logs: bool = False, exit_timeout_s: int = 10, extra_args: list[str] | None = None):
+                 echo_logs: bool = False, exit_timeout_s: int = 10, extra_args: list[str] | None = None,
+                 http_host: str | None = None, api_key: tuple[str, str] | None = None):
         self.repo = Path(repo).resolve()
         self.models = models
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
+        self.http_host = http_host or host   # e3 serve's guard: Triton's HTTP stays on loopback behind it
+        self.api_key = api_key               # (header, key) that unlocks the restricted APIs, or None
         self.binary_arg = tritonserver
         self.log_file = Path(log_file) if log_file else None
         self.echo_logs = echo_logs
@@ -210,7 +215,7 @@ class TritonServer:
     # -- addresses -------------------------------------------------------------
     @property
     def http_url(self) -> str:
-        return f"{self.host}:{self.http_port}"
+        return f"{self.http_host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
@@ -235,21 +240,34 @@ class TritonServer:
                                   f"models there: {', '.join(known) or 'none'}")
         backends = prepare_backends(binary)
         cmd = [str(binary), f"--model-repository={self.repo}", f"--backend-directory={backends}",
-               "--model-control-mode=explicit", f"--http-address={self.host}", f"--http-port={self.http_port}",
+               "--model-control-mode=explicit", f"--http-address={self.http_host}", f"--http-port={self.http_port}",
                f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
                f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}", "--allow-metrics=true",
                f"--exit-timeout-secs={self.exit_timeout_s}",
                f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
-               *[f"--load-model={m}" for m in models], *self.extra_args]
+               *[f"--load-model={m}" for m in models], *self.restriction_args(), *self.extra_args]
         return cmd
+
+    def restriction_args(self) -> list[str]:
+        """With ``api_key``: model repository, model config and shared memory answer only calls that carry
+        the key (others get "This API is restricted"), over HTTP and gRPC; inference, health and metadata
+        stay open."""
+        if self.api_key is None:
+            return []
+        header, key = self.api_key
+        if not header or not key or any(c in header + key for c in ",:= "):
+            raise ServerError("the API key header and key must be non-empty and free of ',', ':', '=' and spaces")
+        apis = f"{RESTRICTED_APIS}:{header}={key}"
+        return [f"--http-restricted-api={apis}", f"--grpc-restricted-protocol={apis}"]
 
     def start(self, timeout_s: float = 180.0) -> "TritonServer":
         if self.process is not None:
             raise ServerError("server already started")
         cmd = self.command()
-        for what, port in (("HTTP", self.http_port), ("gRPC", self.grpc_port), ("metrics", self.metrics_port)):
-            if port_taken(self.host, port):
-                raise ServerError(f"{what} port {port} on {self.host} is already in use; "
+        for what, host, port in (("HTTP", self.http_host, self.http_port), ("gRPC", self.host, self.grpc_port),
+                                 ("metrics", self.host, self.metrics_port)):
+            if port_taken(host, port):
+                raise ServerError(f"{what} port {port} on {host} is already in use; "
                                   f"choose another with --{what.lower()}-port")
         env = dict(os.environ)
         # The Python-backend stub runs model code with the python3 first on PATH.

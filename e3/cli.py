@@ -11,6 +11,8 @@
     e3 demo                       export + serve + side-by-side load + table
     e3 bench side-by-side         E3 vs <m>_stock and <m>_ee at equal cores, per mix and request size
     e3 bench admission            E²bird's elastic admission vs Triton's dynamic batcher under a QoS target
+    e3 bench generate             early-exit generation (SmolLM2): speed and quality vs the full model
+    e3 export-generate MODEL      write a generation model's splits and routers into the model repository
     e3 admission MODEL --qos-ms Q add an elastic admission stage (N-Ebird / E-Ebird) in front of MODEL
     e3 load SERVED_MODEL          closed/open-loop load or a workload replay; goodput under an SLO
     e3 control --model M ...      every window: telemetry -> forecast -> plan -> apply to a running Triton
@@ -60,23 +62,51 @@ def _export(args) -> int:
 
 
 def _serve(args) -> int:
-    from e3.deploy.server import TritonServer
+    from e3.controller.triton_api import api_key_headers
+    from e3.deploy.guard import Guard
+    from e3.deploy.server import ServerError, TritonServer, free_port, port_taken
+    from e3.deploy.supervisor import GaveUp, Supervisor
     models = args.models.split(",") if args.models else None
-    server = TritonServer(args.repo, models, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
-                          metrics_port=args.metrics_port, tritonserver=args.tritonserver, echo_logs=True)
+    headers = api_key_headers()
+    if headers is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        raise ServerError(f"--host {args.host} makes the server reachable by others: set E3_API_HEADER and "
+                          "E3_API_KEY so that model control, model configs and shared memory need the key")
+    guarded = not args.no_guard
+    if guarded and port_taken(args.host, args.http_port):
+        raise ServerError(f"HTTP port {args.http_port} on {args.host} is already in use; choose another with --http-port")
+    server = TritonServer(args.repo, models, host=args.host, http_port=free_port() if guarded else args.http_port,
+                          http_host="127.0.0.1" if guarded else None, grpc_port=args.grpc_port,
+                          metrics_port=args.metrics_port, tritonserver=args.tritonserver, echo_logs=True,
+                          api_key=next(iter(headers.items())) if headers else None)
+    supervisor = Supervisor(server, headers=headers, start_timeout_s=args.timeout)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     server.start(timeout_s=args.timeout)
-    print(f"serving {args.repo}: HTTP {server.http_url}, gRPC {server.grpc_url}, metrics {server.metrics_url}"
-          " (Ctrl-C stops)", flush=True)
+    guard = None
+    code = 0
     try:
-        while not stop.is_set() and server.process.poll() is None:
-            stop.wait(0.5)
+        if guarded:
+            guard = Guard(server.http_url, host=args.host, port=args.http_port,
+                          unhealthy=lambda: supervisor.unhealthy).start()
+        http = guard.url if guard else server.http_url
+        print(f"serving {args.repo}: HTTP {http}{' (guarded)' if guard else ''}, gRPC {server.grpc_url}, "
+              f"metrics {server.metrics_url}{'' if args.no_restart else ', restarted if it dies'} (Ctrl-C stops)",
+              flush=True)
+        if args.no_restart:
+            while not stop.is_set() and server.alive():
+                stop.wait(0.5)
+        else:
+            supervisor.run(stop)
+    except GaveUp as err:
+        print(f"e3 serve: {err}", file=sys.stderr)
+        code = 1
     finally:
-        code = server.stop()
-    print(f"tritonserver stopped (exit code {code})")
-    return 0
+        if guard:
+            guard.stop()
+        exit_code = server.stop()
+    print(f"tritonserver stopped (exit code {exit_code})")
+    return code
 
 
 def _infer(args) -> int:
@@ -159,6 +189,33 @@ def _plan(args) -> int:
     if args.out:
         write_atomic(args.out, plan.to_json())
         print(f"wrote {args.out}")
+    return 0
+
+
+def _bench_generate(args) -> int:
+    from e3.generation.bench import GenerateBenchSettings, run_generate_bench
+    try:
+        taus = tuple(float(t) for t in args.taus.split(","))
+        run_generate_bench(GenerateBenchSettings(model=args.model, prompts=args.prompts, new_tokens=args.new_tokens,
+                                                 taus=taus, tau=args.tau, draft_tokens=args.draft_tokens,
+                                                 out=Path(args.out) if args.out else None,
+                                                 write_docs=not args.no_docs))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"e3 bench generate: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _export_generate(args) -> int:
+    from e3.generation.repository import export_generation_repository
+    from e3.paths import default_repository
+    repo = Path(args.repo) if args.repo else default_repository()
+    try:
+        spec = export_generation_repository(args.model, repo, max_active=args.max_active)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"e3 export-generate: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {spec.model}_split_* / _kvfill_* / _generate{{,_naive,_stream}} to {repo}")
     return 0
 
 
@@ -506,7 +563,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--tritonserver", default=None, help="tritonserver binary for the Tx measurement")
     pr.set_defaults(func=_profile)
 
-    s = sub.add_parser("serve", help="run tritonserver on a repository until Ctrl-C")
+    s = sub.add_parser("serve", help="run tritonserver on a repository until Ctrl-C (restarted if it dies, "
+                                     "HTTP behind a guard); off loopback set E3_API_HEADER/E3_API_KEY")
     s.add_argument("--repo", default=str(default_repository()), help=repo_help)
     s.add_argument("--models", default=None, help="comma-separated models to load (default: the current plan's "
                                                   "splits, router and baselines, from the repository manifest)")
@@ -517,6 +575,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tritonserver", default=None,
                    help="tritonserver binary (default: $E3_TRITONSERVER, else the nvidia-pytriton wheel's)")
     s.add_argument("--timeout", type=float, default=180, help="seconds to wait for readiness (default 180)")
+    s.add_argument("--no-guard", action="store_true",
+                   help="serve Triton's HTTP directly, without the guard that refuses malformed inference bodies "
+                        "before Triton parses them (docs/reliability.md)")
+    s.add_argument("--no-restart", action="store_true",
+                   help="stop when tritonserver dies instead of restarting it and restoring its models and plan")
     s.set_defaults(func=_serve)
 
     i = sub.add_parser("infer", help="send inputs to a served model; print prediction, exit ramp, latency")
@@ -599,6 +662,20 @@ def build_parser() -> argparse.ArgumentParser:
     adm.add_argument("--quick", action="store_true", help="fewer rates and shorter runs (a few minutes per model)")
     adm.add_argument("--out", default=None, help="results JSON (default artifacts/results/admission.json)")
     adm.set_defaults(func=_bench_admission)
+    gen = bsub.add_parser("generate", help="early-exit generation on one server: tokens/s, TTFT, TPOT of the full "
+                                           "model, E3 (CALM exits, re-batched), naive early exit and self-speculative "
+                                           "decoding; agreement and perplexity against the threshold; writes "
+                                           "artifacts/results/generation.json and a section of docs/RESULTS.md")
+    gen.add_argument("--model", default="smollm2-ee", help="generation model (default smollm2-ee; its exit heads are "
+                                                          "trained on first use, a few minutes)")
+    gen.add_argument("--prompts", type=int, default=16, help="held-out prompts (default 16)")
+    gen.add_argument("--new-tokens", type=int, default=32, help="tokens generated per prompt (default 32)")
+    gen.add_argument("--taus", default="0.1,0.2,0.3,0.5,0.7,0.9", help="thresholds of the quality table")
+    gen.add_argument("--tau", type=float, default=0.2, help="threshold of the speed table's early-exit systems")
+    gen.add_argument("--draft-tokens", type=int, default=4, help="self-speculative draft length (default 4)")
+    gen.add_argument("--out", default=None, help="results JSON (default artifacts/results/generation.json)")
+    gen.add_argument("--no-docs", action="store_true", help="do not update docs/RESULTS.md")
+    gen.set_defaults(func=_bench_generate)
 
     pa = sub.add_parser("perf", help="run Triton's perf_analyzer (from the client wheel) with its libraries "
                                      "found; arguments after -- go to perf_analyzer")
@@ -688,6 +765,13 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--state-dir", default=None, help="controller files (default artifacts/controller)")
     st.add_argument("--history", type=int, default=10, help="plan history entries to show (default 10)")
     st.set_defaults(func=_status)
+
+    eg = sub.add_parser("export-generate", help="write an early-exit generation model (split models, kv-fill models, "
+                                                "generation routers) into the model repository")
+    eg.add_argument("model", nargs="?", default="smollm2-ee", help="smollm2-ee (default) or tiny-gen")
+    eg.add_argument("--repo", default=None, help="model repository (default model_repository/)")
+    eg.add_argument("--max-active", type=int, default=16, help="sequences decoded together by <m>_generate (default 16)")
+    eg.set_defaults(func=_export_generate)
 
     m = sub.add_parser("models", help="list the model zoo")
     m.set_defaults(func=_models)

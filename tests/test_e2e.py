@@ -182,10 +182,10 @@ def _tritonservers_in_group(pgid: int) -> list[int]:
 def test_e3_serve_stops_cleanly_on_sigterm(tiny_repo):
     """`e3 serve` under SIGTERM: exit 0, no tritonserver or stub left, no shm regions left."""
     from e3.deploy.server import free_port
-    http = free_port()
+    http, grpc = free_port(), free_port()
     proc = subprocess.Popen([sys.executable, "-m", "e3.cli", "serve", "--repo", str(tiny_repo),
                              "--models", "tiny_ee_split_1-2,tiny_ee_split_3-4,tiny_ee_router",
-                             "--http-port", str(http), "--grpc-port", str(free_port()),
+                             "--http-port", str(http), "--grpc-port", str(grpc),
                              "--metrics-port", str(free_port())],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
@@ -197,10 +197,10 @@ def test_e3_serve_stops_cleanly_on_sigterm(tiny_repo):
             break
     assert any(l.startswith("serving ") for l in lines), "".join(lines[-20:])
     server_pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-                   and _cmdline(p).startswith(str(Path(sys.prefix))) and f"--http-port={http}" in _cmdline(p)]
+                   and _cmdline(p).startswith(str(Path(sys.prefix))) and f"--grpc-port={grpc}" in _cmdline(p)]
     assert len(server_pids) == 1
     pgid = os.getpgid(server_pids[0])
-    shm_prefix = f"e3_{proc.pid}_{http}_"
+    shm_prefix = f"e3_{proc.pid}_"   # Triton's own HTTP port sits behind the guard
     assert list(Path("/dev/shm").glob(f"{shm_prefix}*")), "the server's Python backend uses our shm prefix"
     proc.send_signal(signal.SIGTERM)
     rest, _ = proc.communicate(timeout=60)

@@ -1,0 +1,267 @@
+"""Keep a tritonserver serving: restart it when it dies, reload a model whose Python stub died (``e3 serve``).
+
+Triton does not restart a dead Python-backend stub (2.51; its model may even
+stay "ready"), and nothing restarts tritonserver itself. The supervisor, run
+in ``e3 serve``'s main thread, polls once per ``poll_s``:
+
+* **Snapshot.** While the server is ready, every ``snapshot_s`` it records
+  the READY models, each one's live config (instance counts, the router's
+  plan parameter: whatever the controller changed through the repository API
+  is there, not in the files) and how many stub processes each one runs.
+* **Server death** (the process exited, or its live endpoint failed for
+  ``hang_s``): it stops what is left (process group killed, the Python
+  backend's /dev/shm files removed), starts tritonserver again with no
+  model, and loads the snapshot's models with their snapshot configs as
+  overrides: ordinary models first, then routers, then ensembles (which
+  call them). Requests in flight got connection errors from the dying
+  server; none waits for the new one.
+* **Stub death.** When a stub process of a snapshot model is gone (a
+  controller's reload or scale-down also ends stubs, so that alone decides
+  nothing) and the model now runs fewer stubs than its live config has
+  instances, or a probe of one request of zeros is answered "Stub process ...
+  is not healthy" (:func:`e3.controller.health.is_dead_stub`), the model is
+  reloaded with its live config (Triton starts new stubs;
+  requests to the dead one had already failed with that error). Until the
+  reload is done the model is in :attr:`Supervisor.unhealthy`, which the HTTP
+  guard turns into 503 on the readiness endpoints (Triton's own still say 200).
+
+Decisions: restarts are not rate-limited beyond one per poll, but after
+``max_restarts`` deaths within ``restart_window_s`` the supervisor gives up
+and ``e3 serve`` exits non-zero (a server that dies at once on every start
+needs a person, not a loop).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from e3.controller.health import is_dead_stub
+from e3.deploy.server import ServerError, TritonServer
+
+__all__ = ["Supervisor", "Snapshot", "load_order", "lost_stubs", "probe_request", "GaveUp"]
+
+log = logging.getLogger(__name__)
+
+
+class GaveUp(ServerError):
+    """The server died ``max_restarts`` times within the restart window: the supervisor stopped trying."""
+
+
+@dataclass
+class Snapshot:
+    configs: dict[str, dict] = field(default_factory=dict)   # READY model -> its live config (JSON)
+    stubs: dict[str, set[int]] = field(default_factory=dict)  # model -> pids of the stubs running it
+    taken_at: float = 0.0                                    # time.monotonic() of the snapshot
+
+
+def load_order(configs: Mapping[str, dict]) -> list[str]:
+    """Models in the order to load them after a restart: plain models, then routers (their splits must be
+    there to answer), then ensembles (which call both)."""
+    def rank(name: str) -> tuple[int, str]:
+        config = configs[name]
+        if config.get("platform") == "ensemble" or "ensemble_scheduling" in config:
+            return 2, name
+        return (1 if name.endswith("_router") else 0), name
+    return sorted(configs, key=rank)
+
+
+def lost_stubs(before: Mapping[str, set[int]], now: Mapping[str, set[int]]) -> list[str]:
+    """Models one of whose stub processes ``before`` is gone ``now`` (sorted): candidates for a probe."""
+    return sorted(m for m, pids in before.items() if pids - now.get(m, set()))
+
+
+def probe_request(config: Mapping) -> dict:
+    """A KServe v2 JSON request of one row of zeros for a model of ``config`` (Triton's JSON config)."""
+    batched = int(config.get("max_batch_size", 0)) > 0
+    inputs = []
+    for t in config.get("input", []):
+        dtype = t["data_type"].removeprefix("TYPE_").replace("STRING", "BYTES")
+        shape = [1] * batched + [max(int(d), 1) for d in t.get("dims", [])]
+        count = 1
+        for d in shape:
+            count *= d
+        inputs.append({"name": t["name"], "datatype": dtype, "shape": shape,
+                       "data": ["" if dtype == "BYTES" else False if dtype == "BOOL" else 0] * count})
+    return {"inputs": inputs}
+
+
+def _stub_pids(server: TritonServer, models) -> dict[str, set[int]]:
+    """Stub processes per model of ``server`` (the stub's command line names the model's folder)."""
+    counts = {m: set() for m in models}
+    if not server.alive():
+        return counts
+    for pid in server.group_pids():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "triton_python_backend_stub" not in cmd:
+            continue
+        for m in counts:
+            if f"/{m}/" in cmd:
+                counts[m].add(pid)
+    return counts
+
+
+class Supervisor:
+    """Watches ``server`` (already started) from the calling thread; see the module docstring."""
+
+    def __init__(self, server: TritonServer, *, poll_s: float = 0.5, snapshot_s: float = 2.0, hang_s: float = 15.0,
+                 max_restarts: int = 5, restart_window_s: float = 300.0, headers: dict[str, str] | None = None,
+                 start_timeout_s: float = 180.0):
+        self.server = server
+        self.poll_s, self.snapshot_s, self.hang_s = poll_s, snapshot_s, hang_s
+        self.max_restarts, self.restart_window_s = max_restarts, restart_window_s
+        self.headers = dict(headers or {})
+        self.start_timeout_s = start_timeout_s
+        self.snapshot = Snapshot()
+        self.unhealthy: set[str] = set()     # models known broken (dead stub, being reloaded)
+        self.restarting = False              # the server is down or coming back
+        self.restarts: deque[float] = deque()
+        self.events: list[str] = []          # what the supervisor did, for logs and tests
+        self._last_live = time.monotonic()
+
+    # -- Triton's HTTP API ---------------------------------------------------------------------------------
+    def _call(self, method: str, path: str, body: dict | None = None, timeout_s: float = 10.0):
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"http://{self.server.http_url}{path}", data=data, method=method,
+                                         headers={"Content-Type": "application/json", **self.headers})
+        with urllib.request.urlopen(request, timeout=timeout_s) as r:
+            text = r.read()
+        return json.loads(text) if text else None
+
+    def take_snapshot(self) -> Snapshot:
+        """Record the READY models, their live configs and stub counts (the server must be up)."""
+        index = self._call("POST", "/v2/repository/index", {})
+        ready = [m["name"] for m in index if m.get("state") == "READY"]
+        configs = {m: self._call("GET", f"/v2/models/{m}/config") for m in ready}
+        self.snapshot = Snapshot(configs, _stub_pids(self.server, ready), time.monotonic())
+        return self.snapshot
+
+    def _load(self, name: str, config: dict) -> None:
+        self._call("POST", f"/v2/repository/models/{name}/load",
+                   {"parameters": {"config": json.dumps(config)}}, timeout_s=self.start_timeout_s)
+
+    # -- the loop --------------------------------------------------------------------------------------------
+    def run(self, stop) -> None:
+        """Poll until ``stop`` (a threading.Event) is set; raises :class:`GaveUp` when restarts do not hold."""
+        try:
+            self.take_snapshot()
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            log.warning("supervisor: no first snapshot (%s)", err)
+        next_snapshot = time.monotonic() + self.snapshot_s
+        while not stop.wait(self.poll_s):
+            now = time.monotonic()
+            if not self.server.alive() or self._hung(now):
+                self.restart()
+                next_snapshot = time.monotonic() + self.snapshot_s
+                continue
+            now_pids = _stub_pids(self.server, self.snapshot.stubs)
+            lost = lost_stubs(self.snapshot.stubs, now_pids)
+            dead = [m for m in lost if self.short_of_stubs(m, len(now_pids[m])) or self.stub_is_dead(m)]
+            if dead:
+                self.reload(dead)
+            elif lost or now >= next_snapshot:
+                try:
+                    self.take_snapshot()
+                except (urllib.error.URLError, OSError, ValueError) as err:
+                    log.debug("supervisor: snapshot skipped (%s)", err)
+                next_snapshot = now + self.snapshot_s
+
+    def _hung(self, now: float) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.server.http_url}/v2/health/live", timeout=2) as r:
+                if r.status == 200:
+                    self._last_live = now
+        except (urllib.error.URLError, OSError):
+            pass
+        return now - self._last_live > self.hang_s
+
+    def restart(self) -> float:
+        """Stop what is left of the server, start it again, restore the snapshot's models; seconds it took."""
+        began = time.monotonic()
+        self.restarts.append(began)
+        while self.restarts and began - self.restarts[0] > self.restart_window_s:
+            self.restarts.popleft()
+        code = self.server.process.poll() if self.server.process else None
+        self.restarting = True
+        self.unhealthy = set(self.snapshot.configs)
+        if len(self.restarts) > self.max_restarts:
+            raise GaveUp(f"tritonserver died {len(self.restarts)} times within {self.restart_window_s:.0f} s; "
+                         f"giving up. Last log lines:\n{self.server.log_tail()}")
+        log.error("tritonserver died (exit code %s); restarting it. Last log lines:\n%s", code,
+                  self.server.log_tail(10))
+        self.server.stop(timeout_s=5)
+        self.server.models = []
+        self.server.start(timeout_s=self.start_timeout_s)
+        for name in load_order(self.snapshot.configs):
+            try:
+                self._load(name, self.snapshot.configs[name])
+            except (urllib.error.URLError, OSError) as err:
+                log.error("after the restart, %s did not load: %s", name, err)
+        self.unhealthy.clear()
+        self.restarting = False
+        self._last_live = time.monotonic()
+        took = time.monotonic() - began
+        self.events.append(f"restart {took:.1f}s")
+        log.warning("tritonserver restarted with %d models in %.1f s", len(self.snapshot.configs), took)
+        try:
+            self.take_snapshot()
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        return took
+
+    def short_of_stubs(self, model: str, running: int) -> bool:
+        """Does ``model`` run fewer stubs than its live config has instances (a dead one among several,
+        which a probe may miss by reaching a live one)?"""
+        try:
+            config = self._call("GET", f"/v2/models/{model}/config")
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+        if config.get("backend") != "python":
+            return False
+        return running < sum(int(g.get("count", 1)) for g in config.get("instance_group", [{"count": 1}]))
+
+    def stub_is_dead(self, model: str) -> bool:
+        """Does ``model`` answer a probe with the Python backend's dead-stub error?"""
+        try:
+            self._call("POST", f"/v2/models/{model}/infer", probe_request(self.snapshot.configs[model]), timeout_s=30)
+        except urllib.error.HTTPError as err:
+            try:
+                message = json.loads(err.read() or b"{}").get("error", "")
+            except ValueError:
+                message = ""
+            return is_dead_stub(message)
+        except (urllib.error.URLError, OSError):
+            return False
+        return False
+
+    def reload(self, models: list[str]) -> None:
+        """Reload ``models`` (a stub died) with their live configs (the snapshot's if Triton cannot say)."""
+        self.unhealthy.update(models)
+        for name in load_order({m: self.snapshot.configs[m] for m in models}):
+            began = time.monotonic()
+            log.error("a Python stub of %s died; reloading the model", name)
+            try:
+                config = self._call("GET", f"/v2/models/{name}/config")
+            except (urllib.error.URLError, OSError, ValueError):
+                config = self.snapshot.configs[name]
+            try:
+                self._load(name, config)
+            except (urllib.error.URLError, OSError) as err:
+                log.error("reloading %s failed: %s", name, err)
+                continue
+            self.unhealthy.discard(name)
+            self.events.append(f"reload {name} {time.monotonic() - began:.1f}s")
+        try:
+            self.take_snapshot()
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
