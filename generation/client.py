@@ -25,6 +25,8 @@ class Generated:
     tokens: list[int]         # new token ids
     exit_layers: list[int]    # per token, the layer whose head chose it
     text: str                 # decoded tokens ("" when the model has no tokenizer)
+    ttft_ms: float = 0.0      # server: admission to first token
+    total_ms: float = 0.0     # server: admission to last token
 
 
 def _inputs(module, prompt, max_new_tokens: int, mode: str, tau: float, draft_tokens: int) -> list:
@@ -57,7 +59,8 @@ def generate(url: str, model: str, prompt: list[int] | str, max_new_tokens: int 
         raise GenerationError(err.message()) from None
     text = r.as_numpy("text_out")
     return Generated(r.as_numpy("tokens").tolist(), r.as_numpy("exit_layers").tolist(),
-                     text[0].decode("utf-8") if text is not None and len(text) else "")
+                     text[0].decode("utf-8") if text is not None and len(text) else "",
+                     float(r.as_numpy("ttft_ms")[0]), float(r.as_numpy("total_ms")[0]))
 
 
 def generate_stream(url: str, model: str, prompt: list[int] | str, max_new_tokens: int = 32, mode: str = "calm",

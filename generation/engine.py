@@ -143,6 +143,8 @@ class GenerationEngine:
         self.active: list[_Seq] = []
         self.steps = 0
         self.split_rows: list[list[int]] = [[] for _ in spec.ranges]   # rows per decode call, per split
+        self.kv_gather_s = 0.0     # time spent assembling and storing cache slices (the price of passing KV)
+        self.call_s = 0.0          # time spent in model calls
 
     # -- public --------------------------------------------------------------------------------------
     def submit(self, req: GenRequest) -> None:
@@ -293,6 +295,7 @@ class GenerationEngine:
     def _call_split(self, j: int, seqs: list[_Seq], x: np.ndarray, positions: np.ndarray, chunk_valid: np.ndarray,
                     heads: np.ndarray, new_counts: list[int]) -> dict:
         """Run split j for ``seqs`` on chunk x; store the first ``new_counts[i]`` new k/v of row i."""
+        t0 = time.perf_counter()
         a, b = self.spec.ranges[j]
         past = max(s.lengths[j] for s in seqs)
         n = b - a + 1
@@ -304,11 +307,15 @@ class GenerationEngine:
             key_valid[i, :t] = True
         key_valid[:, past:] = chunk_valid
         name = split_name(self.spec.model, a, b)
+        t1 = time.perf_counter()
         out = self.run(name, {"input_ids" if a == 1 else "hidden": x, "positions": positions, "past_kv": kv,
                               "key_valid": key_valid, "head_index": heads})
+        t2 = time.perf_counter()
         new = out["new_kv"]
         for i, s in enumerate(seqs):
             self._store(s, a, b, j, new[i, :, :, :, :new_counts[i]])
+        self.kv_gather_s += (t1 - t0) + (time.perf_counter() - t2)
+        self.call_s += t2 - t1
         return out
 
     def _store(self, s: _Seq, a: int, b: int, j: int, new: np.ndarray) -> None:

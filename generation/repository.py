@@ -99,7 +99,8 @@ def export_generation_repository(model: str, repo: Path, max_active: int = 16, p
                      TensorSpec("max_new_tokens", "INT32", (1,)), TensorSpec("mode", "BYTES", (1,)),
                      TensorSpec("tau", "FP32", (1,)), TensorSpec("draft_tokens", "INT32", (1,)))
     router_outputs = (TensorSpec("tokens", "INT64", (-1,)), TensorSpec("exit_layers", "INT32", (-1,)),
-                      TensorSpec("text_out", "BYTES", (1,)))
+                      TensorSpec("text_out", "BYTES", (1,)), TensorSpec("ttft_ms", "FP32", (1,)),
+                      TensorSpec("total_ms", "FP32", (1,)))
     tok_file = "tokenizer.json" if tokenizer and gm.tokenizer is not None else ""
     for kind, name in router_names(model).items():
         out = repo / name

@@ -4,7 +4,8 @@ Inputs per request (one sequence): ``input_ids`` INT64 [n] or ``text`` BYTES [1]
 model's tokenizer, no template added), and optionally ``max_new_tokens`` INT32 [1] (default 32), ``mode``
 BYTES [1] (``calm`` default, ``full``, ``speculative``), ``tau`` FP32 [1] (default 0.9), ``draft_tokens``
 INT32 [1] (default 4). Outputs: ``tokens`` INT64 [m], ``exit_layers`` INT32 [m] (the layer whose head chose
-each token; L for the final head) and ``text_out`` BYTES [1] (empty without a tokenizer).
+each token; L for the final head), ``text_out`` BYTES [1] (empty without a tokenizer), and the server's
+timings ``ttft_ms`` / ``total_ms`` FP32 [1] (from the request's admission to its first / last token).
 
 ``execute`` only checks and queues requests and returns; one engine thread runs
 :class:`e3.generation.engine.GenerationEngine` steps (continuous batching across all queued sequences, exits
@@ -127,10 +128,11 @@ class TritonPythonModel:
                 for s in self.engine.active:
                     self._stream(s.req.request_id, s.tokens, s.exits)
 
-    def _outputs(self, tokens: list[int], exits: list[int]) -> dict:
+    def _outputs(self, tokens: list[int], exits: list[int], ttft_s: float = 0.0, total_s: float = 0.0) -> dict:
         text = self.tokenizer.decode(tokens) if self.tokenizer is not None else ""
         return {"tokens": np.array(tokens, np.int64), "exit_layers": np.array(exits, np.int32),
-                "text_out": np.array([text.encode("utf-8")], dtype=object)}
+                "text_out": np.array([text.encode("utf-8")], dtype=object),
+                "ttft_ms": np.array([1e3 * ttft_s], np.float32), "total_ms": np.array([1e3 * total_s], np.float32)}
 
     def _stream(self, request, tokens, exits) -> None:
         start = self.sent.get(id(request), 0)
@@ -147,5 +149,6 @@ class TritonPythonModel:
             self._stream(request, done.tokens, done.exit_layers)
             sender.send(flags=FINAL)
         else:
-            sender.send(tensor_response(self._outputs(done.tokens, done.exit_layers)), flags=FINAL)
+            sender.send(tensor_response(self._outputs(done.tokens, done.exit_layers, done.ttft_s, done.total_s)),
+                        flags=FINAL)
         self.sent.pop(id(request), None)
