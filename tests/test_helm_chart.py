@@ -210,5 +210,41 @@ def test_gpu_pools_ask_for_gpus_on_the_right_nodes():
 def test_bad_values_fail_with_a_clear_message():
     with pytest.raises(helm_python.HelmError, match="router.pool \"gpu\" names no pool"):
         render({"router": {"pool": "gpu"}})
-    with pytest.raises(helm_python.HelmError, match="modelRepository.source must be pvc or export"):
-        render({"modelRepository": {"source": "s3"}})
+    with pytest.raises(helm_python.HelmError, match="/modelRepository/source': value must be one of 'pvc', 'export'"):
+        render({"modelRepository": {"source": "s3"}})      # the schema, checked at every render
+
+
+@pytest.mark.parametrize("case", sorted(VALUES))
+def test_values_pass_the_charts_schema(case):
+    chart = helm_python.Chart.load(CHART)
+    try:
+        chart.validate_schema(VALUES[case])
+    finally:
+        chart.close()
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"pools": [{"name": "Big_Pool", "device": "cpu"}]}, "/pools/0/name"),
+    ({"pools": [{"name": "gpu"}]}, "missing property 'device'"),
+    ({"pools": [{"name": "gpu", "device": "t4", "replica": 2}]}, "additional properties 'replica' not allowed"),
+    ({"modelRepository": {"source": "s3"}}, "/modelRepository/source"),
+    ({"controller": {"slack": 1.5}}, "/controller/slack"),
+])
+def test_the_schema_names_the_bad_value(values, message):
+    chart = helm_python.Chart.load(CHART)
+    try:
+        with pytest.raises(helm_python.HelmValuesError, match=message):
+            chart.validate_schema(values)
+    finally:
+        chart.close()
+
+
+def test_a_pool_needs_only_a_name_and_a_device():
+    values = {"pools": [{"name": "cpu", "device": "cpu"}], "router": {"pool": "cpu"}}
+    docs = render(values)
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    dep = by_kind(docs, "Deployment")["demo-e3-triton-cpu"]
+    assert dep["spec"]["replicas"] == 1 and "--load-model=*" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    pools = json.loads(by_kind(docs, "ConfigMap")["demo-e3-settings"]["data"]["pools.json"])["pools"]
+    assert pools[0]["devices_per_pod"] == 1 and pools[0]["max_replicas"] == 1
