@@ -76,7 +76,7 @@ def _reference_check(tiny_model, ids, mask, records):
     return checked, int((~clear).sum())
 
 
-def test_splits_on_two_servers_and_a_move_under_load(two_servers, tiny_model, tmp_path, monkeypatch):
+def test_splits_on_two_servers_and_a_move_under_load(two_servers, tiny_model, tmp_path, monkeypatch, capsys):
     a, b = two_servers
     monkeypatch.setenv("E3_API_HEADER", HEADER)
     monkeypatch.setenv("E3_API_KEY", KEY)
@@ -136,8 +136,9 @@ def test_splits_on_two_servers_and_a_move_under_load(two_servers, tiny_model, tm
     records = out["records"]
     failed = [r for r in records if r.error is not None]
     answered = len(records) - len(failed)
-    print(f"\nmove of tiny_ee_split_3-4 from B to A under load: sent {REQUESTS}, answered {answered}, "
-          f"failed {len(failed)}")
+    with capsys.disabled():   # shown in every run, not only with -s
+        print(f"\nmove of tiny_ee_split_3-4 from B to A under load: sent {REQUESTS}, answered {answered}, "
+              f"failed {len(failed)}")
     assert moved_during_load, "the load must still be running when the move completes"
     assert len(records) == REQUESTS and not failed, [r.error for r in failed][:3]
     with TritonControl(a.http_url) as ca, TritonControl(b.http_url) as cb:
