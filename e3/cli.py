@@ -197,7 +197,8 @@ def _bench_generate(args) -> int:
     try:
         taus = tuple(float(t) for t in args.taus.split(","))
         run_generate_bench(GenerateBenchSettings(model=args.model, prompts=args.prompts, new_tokens=args.new_tokens,
-                                                 taus=taus, tau=args.tau, draft_tokens=args.draft_tokens,
+                                                 taus=taus, tau=args.tau, fast_tau=args.fast_tau,
+                                                 draft_tokens=args.draft_tokens,
                                                  out=Path(args.out) if args.out else None,
                                                  write_docs=not args.no_docs))
     except (ValueError, FileNotFoundError) as err:
@@ -671,7 +672,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompts", type=int, default=16, help="held-out prompts (default 16)")
     gen.add_argument("--new-tokens", type=int, default=32, help="tokens generated per prompt (default 32)")
     gen.add_argument("--taus", default="0.1,0.2,0.3,0.5,0.7,0.9", help="thresholds of the quality table")
-    gen.add_argument("--tau", type=float, default=0.2, help="threshold of the speed table's early-exit systems")
+    gen.add_argument("--tau", type=float, default=0.5, help="threshold of the speed table's early-exit systems")
+    gen.add_argument("--fast-tau", type=float, default=0.2, help="an extra, aggressive threshold for E3 in the speed "
+                                                                 "table (default 0.2)")
     gen.add_argument("--draft-tokens", type=int, default=4, help="self-speculative draft length (default 4)")
     gen.add_argument("--out", default=None, help="results JSON (default artifacts/results/generation.json)")
     gen.add_argument("--no-docs", action="store_true", help="do not update docs/RESULTS.md")

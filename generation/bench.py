@@ -12,8 +12,9 @@ intra-op thread, so every system has the same cores): all prompts sent at once, 
 per request the server's time to first token (TTFT) and time per output token (TPOT = (total - TTFT) /
 (tokens - 1)), medians. Systems: the full model decoded plainly (continuous batching), E3 for generation
 (CALM exits, survivors re-batched between splits, continuous batching), naive early exit (the same exits, one
-sequence at a time: nothing to re-batch), the full model one sequence at a time (naive's fair comparator), and
-lossless self-speculative decoding.
+sequence at a time: nothing to re-batch), the full model one sequence at a time (naive's fair comparator),
+lossless self-speculative decoding, and E3 with the KV cache kept inside the split instances instead of
+passed as tensors (the two placements side by side).
 
 Results: ``artifacts/results/generation.json`` and a section of ``docs/RESULTS.md``.
 """
@@ -46,7 +47,8 @@ class GenerateBenchSettings:
     prompts: int = 16                      # held-out prompts (Rotten Tomatoes test snippets)
     new_tokens: int = 32
     taus: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
-    tau: float = 0.2                       # threshold of the speed table's early-exit systems
+    tau: float = 0.5                       # threshold of the speed table's early-exit systems
+    fast_tau: float | None = 0.2           # an extra, aggressive threshold for E3 in the speed table
     draft_tokens: int = 4
     max_active: int = 16
     out: Path | None = None
@@ -186,6 +188,10 @@ def run_generate_bench(settings: GenerateBenchSettings = GenerateBenchSettings()
     names = router_names(s.model)
     systems = [("full, continuous batching", names["continuous"], dict(mode="full")),
                (f"E3 CALM tau={s.tau}, re-batched", names["continuous"], dict(mode="calm", tau=s.tau)),
+               *([(f"E3 CALM tau={s.fast_tau}, re-batched", names["continuous"], dict(mode="calm", tau=s.fast_tau))]
+                 if s.fast_tau is not None else []),
+               (f"E3 CALM tau={s.tau}, KV kept in the split instances", names["kv_in_splits"],
+                dict(mode="calm", tau=s.tau)),
                (f"naive CALM tau={s.tau}, one at a time", names["naive"], dict(mode="calm", tau=s.tau)),
                ("full, one at a time", names["naive"], dict(mode="full")),
                (f"self-speculative (draft {s.draft_tokens} from layer {exits[0]}), lossless", names["continuous"],

@@ -20,7 +20,9 @@ One :meth:`GenerationEngine.step`:
 4. return the sequences that finished (``eos_id`` produced, or ``max_new_tokens`` reached).
 
 With ``max_active = 1`` sequences run one after another, whole: the naive form (no batching across
-sequences, nothing to re-batch).
+sequences, nothing to re-batch). With ``kv_in_splits`` the splits keep the cache
+(:mod:`e3.generation.kv_store`): calls carry sequence ids and lengths instead of cache slices, and kv fills
+travel to a split with the sequence's next call there.
 
 The KV cache of each sequence lives here, as ``[L, 2, kv_heads, capacity, head_dim]`` float32, grown by
 doubling; each split call gets its rows' cache slice, right-padded to the longest (``key_valid`` marks it).
@@ -64,15 +66,22 @@ class EngineSpec:
     eos_id: int | None = None
     max_context: int = 2048             # prompt + new tokens, per sequence
     vocab_size: int | None = None       # token ids must lie in [0, vocab_size)
+    kv_in_splits: bool = False          # the splits keep the cache (e3.generation.kv_store), not the engine
+    split_model: str | None = None      # name prefix of the split models (default: model)
 
     @property
     def num_layers(self) -> int:
         return self.ranges[-1][1]
 
+    def split(self, j: int) -> str:
+        """Served name of split j (0-based)."""
+        return split_name(self.split_model or self.model, *self.ranges[j])
+
     def to_dict(self) -> dict:
         return {"model": self.model, "ranges": [list(r) for r in self.ranges], "kv_heads": self.kv_heads,
                 "head_dim": self.head_dim, "max_active": self.max_active, "eos_id": self.eos_id,
-                "max_context": self.max_context, "vocab_size": self.vocab_size}
+                "max_context": self.max_context, "vocab_size": self.vocab_size, "kv_in_splits": self.kv_in_splits,
+                "split_model": self.split_model}
 
     @classmethod
     def from_dict(cls, d: dict) -> "EngineSpec":
@@ -124,9 +133,11 @@ class _Seq:
     kv: np.ndarray                      # [L, 2, kvh, capacity, d]
     lengths: list[int]                  # cached positions per split (differ only while drafting)
     admitted: float
+    sid: int = 0                        # sequence id (the splits' key when they keep the cache)
     tokens: list[int] = field(default_factory=list)
     exits: list[int] = field(default_factory=list)
     first_token_s: float = 0.0
+    pending: dict = field(default_factory=dict)   # kv_in_splits: split -> fills [n, 2, kvh, 1, d] to append
 
     @property
     def position(self) -> int:          # position of the next input token (= its last token's)
@@ -143,6 +154,7 @@ class GenerationEngine:
         self.active: list[_Seq] = []
         self.steps = 0
         self.split_rows: list[list[int]] = [[] for _ in spec.ranges]   # rows per decode call, per split
+        self.next_sid = 0
         self.kv_gather_s = 0.0     # time spent assembling and storing cache slices (the price of passing KV)
         self.call_s = 0.0          # time spent in model calls
 
@@ -176,22 +188,37 @@ class GenerationEngine:
             now = time.perf_counter()
             done = [Finished(s.req.request_id, s.tokens, s.exits, s.first_token_s, now - s.admitted,
                              error=f"generation failed: {e}") for s in self.active]
-            self.active = []
+            gone, self.active = self.active, []
+            self._release(gone)
             return done
         now = time.perf_counter()
-        for s in [s for s in self.active if self._finished(s)]:
+        gone = [s for s in self.active if self._finished(s)]
+        for s in gone:
             self.active.remove(s)
             done.append(Finished(s.req.request_id, s.tokens, s.exits, s.first_token_s, now - s.admitted))
+        self._release(gone)
         return done
+
+    def _release(self, seqs: list[_Seq]) -> None:
+        """Splits that keep caches drop those of finished sequences (best effort: a failure is logged)."""
+        if not self.spec.kv_in_splits or not seqs:
+            return
+        ids = np.array([s.sid for s in seqs], np.int64)
+        for j in range(len(self.spec.ranges)):
+            try:
+                self.run(self.spec.split(j), {"release_ids": ids})
+            except Exception:
+                log.exception("releasing caches in %s failed", self.spec.split(j))
 
     # -- phases --------------------------------------------------------------------------------------
     def _admit(self) -> list[_Seq]:
         fresh = []
         while self.waiting and len(self.active) < self.spec.max_active:
             req, t = self.waiting.popleft()
-            cap = 1 << max(4, (len(req.prompt) + 8).bit_length())
+            cap = 0 if self.spec.kv_in_splits else 1 << max(4, (len(req.prompt) + 8).bit_length())
             kv = np.zeros((self.spec.num_layers, 2, self.spec.kv_heads, cap, self.spec.head_dim), np.float32)
-            s = _Seq(req, kv, [0] * len(self.spec.ranges), t)
+            self.next_sid += 1
+            s = _Seq(req, kv, [0] * len(self.spec.ranges), t, sid=self.next_sid)
             self.active.append(s)
             fresh.append(s)
         return fresh
@@ -295,6 +322,8 @@ class GenerationEngine:
     def _call_split(self, j: int, seqs: list[_Seq], x: np.ndarray, positions: np.ndarray, chunk_valid: np.ndarray,
                     heads: np.ndarray, new_counts: list[int]) -> dict:
         """Run split j for ``seqs`` on chunk x; store the first ``new_counts[i]`` new k/v of row i."""
+        if self.spec.kv_in_splits:
+            return self._call_stateful(j, seqs, x, positions, chunk_valid, heads, new_counts)
         t0 = time.perf_counter()
         a, b = self.spec.ranges[j]
         past = max(s.lengths[j] for s in seqs)
@@ -306,7 +335,7 @@ class GenerationEngine:
             kv[i, :, :, :, :t] = s.kv[a - 1:b, :, :, :t]
             key_valid[i, :t] = True
         key_valid[:, past:] = chunk_valid
-        name = split_name(self.spec.model, a, b)
+        name = self.spec.split(j)
         t1 = time.perf_counter()
         out = self.run(name, {"input_ids" if a == 1 else "hidden": x, "positions": positions, "past_kv": kv,
                               "key_valid": key_valid, "head_index": heads})
@@ -318,9 +347,41 @@ class GenerationEngine:
         self.call_s += t2 - t1
         return out
 
+    def _call_stateful(self, j: int, seqs: list[_Seq], x, positions, chunk_valid, heads, new_counts) -> dict:
+        """Split j keeps the cache: send ids, lengths and pending fills (see e3.generation.kv_store)."""
+        t0 = time.perf_counter()
+        a, b = self.spec.ranges[j]
+        inputs = {"input_ids" if a == 1 else "hidden": x, "positions": positions, "head_index": heads,
+                  "chunk_valid": np.ascontiguousarray(chunk_valid),
+                  "seq_id": np.array([s.sid for s in seqs], np.int64),
+                  "past_len": np.array([s.lengths[j] for s in seqs], np.int64),
+                  "new_count": np.array(new_counts, np.int64)}
+        width = max(len(s.pending.get(j, ())) for s in seqs)
+        if width:
+            append = np.zeros((len(seqs), b - a + 1, 2, self.spec.kv_heads, width, self.spec.head_dim), np.float32)
+            for i, s in enumerate(seqs):
+                for p, kv in enumerate(s.pending.get(j, ())):
+                    append[i, :, :, :, p] = kv[:, :, :, 0]
+            inputs["append_kv"] = append
+            inputs["append_count"] = np.array([len(s.pending.get(j, ())) for s in seqs], np.int64)
+        t1 = time.perf_counter()
+        out = self.run(self.spec.split(j), inputs)
+        t2 = time.perf_counter()
+        for s, c in zip(seqs, new_counts):
+            s.lengths[j] += c
+            s.pending.pop(j, None)
+        self.kv_gather_s += t1 - t0
+        self.call_s += t2 - t1
+        return out
+
     def _store(self, s: _Seq, a: int, b: int, j: int, new: np.ndarray) -> None:
-        """Append new [n, 2, kvh, c, d] at split j's length (layers a..b)."""
+        """Append new [n, 2, kvh, c, d] at split j's length (layers a..b); queued for the split itself
+        when it keeps the cache."""
         t, c = s.lengths[j], new.shape[3]
+        if self.spec.kv_in_splits:
+            s.pending.setdefault(j, []).append(new)
+            s.lengths[j] = t + c
+            return
         if t + c > s.kv.shape[3]:
             grown = np.zeros((*s.kv.shape[:3], max(2 * s.kv.shape[3], t + c), s.kv.shape[4]), np.float32)
             grown[:, :, :, :s.kv.shape[3]] = s.kv

@@ -11,7 +11,10 @@ For a model ``<m>`` (``smollm2-ee`` -> ``smollm2_ee``) with exit heads after lay
   model any HTTP/gRPC client can call;
 * ``<m>_generate_naive``: the same router decoding one sequence at a time (``max_active`` 1), the naive
   early-exit baseline;
-* ``<m>_generate_stream``: the same router, decoupled, one response per token (gRPC streaming).
+* ``<m>_generate_stream``: the same router, decoupled, one response per token (gRPC streaming);
+* ``<m>_kv_split_<a>-<b>`` and ``<m>_generate_kv``: the alternative placement of the KV cache, kept inside
+  the split instances (:mod:`e3.generation.kv_store`; one instance each, sharing the splits' ONNX files),
+  served so that the benchmark can measure both placements side by side.
 
 Splits have no dynamic batcher (``max_batch_size`` 0): the router forms every batch itself (a batch is the
 rows of one step, and their caches differ in length, so Triton could not concatenate two calls anyway).
@@ -45,7 +48,8 @@ def served_name(model: str) -> str:
 
 def router_names(model: str) -> dict[str, str]:
     m = served_name(model)
-    return {"continuous": f"{m}_generate", "naive": f"{m}_generate_naive", "stream": f"{m}_generate_stream"}
+    return {"continuous": f"{m}_generate", "naive": f"{m}_generate_naive", "stream": f"{m}_generate_stream",
+            "kv_in_splits": f"{m}_generate_kv"}
 
 
 def onnx_files(repo: Path, spec: EngineSpec) -> dict[str, str]:
@@ -102,10 +106,29 @@ def export_generation_repository(model: str, repo: Path, max_active: int = 16, p
                       TensorSpec("text_out", "BYTES", (1,)), TensorSpec("ttft_ms", "FP32", (1,)),
                       TensorSpec("total_ms", "FP32", (1,)))
     tok_file = "tokenizer.json" if tokenizer and gm.tokenizer is not None else ""
+    for a, b in ranges:   # the same splits keeping the cache in their instance
+        name = split_name(f"{m}_kv", a, b)
+        out = repo / name
+        shutil.rmtree(out, ignore_errors=True)
+        first = TensorSpec("input_ids", "INT64", (-1, -1)) if a == 1 else TensorSpec("hidden", "FP32", (-1, -1, -1))
+        inputs = (first, TensorSpec("positions", "INT64", (-1, -1)), TensorSpec("head_index", "INT64", (-1, -1)),
+                  TensorSpec("chunk_valid", "BOOL", (-1, -1)), TensorSpec("seq_id", "INT64", (-1,)),
+                  TensorSpec("past_len", "INT64", (-1,)), TensorSpec("new_count", "INT64", (-1,)),
+                  TensorSpec("append_kv", "FP32", (-1,) * 6), TensorSpec("append_count", "INT64", (-1,)),
+                  TensorSpec("release_ids", "INT64", (-1,)))
+        outputs = (TensorSpec("hidden_out", "FP32", (-1, -1, -1)), TensorSpec("token", "INT64", (-1, -1)),
+                   TensorSpec("confidence", "FP32", (-1, -1)))
+        _write(out, ModelDescription(name=name, kind="onnx", max_batch_size=0, inputs=inputs, outputs=outputs,
+                                     dynamic_batching=None, parameters={
+                                         "intra_op_threads": "1", "kv_store": "1",
+                                         "onnx_file": f"../../{split_name(m, a, b)}/1/model.onnx"}),
+               f"{SERVING}.generate_split")
+        _mark_optional(out / "config.pbtxt", [t.name for t in inputs])
     for kind, name in router_names(model).items():
         out = repo / name
         shutil.rmtree(out, ignore_errors=True)
-        s = EngineSpec(**{**spec.__dict__, "max_active": 1 if kind == "naive" else max_active})
+        s = EngineSpec(**{**spec.__dict__, "max_active": 1 if kind == "naive" else max_active,
+                          **({"kv_in_splits": True, "split_model": f"{m}_kv"} if kind == "kv_in_splits" else {})})
         params = {"engine": json.dumps(s.to_dict()), "decoupled": "1" if kind == "stream" else "0"}
         if tok_file:
             params["tokenizer"] = tok_file   # beside config.pbtxt
@@ -117,14 +140,15 @@ def export_generation_repository(model: str, repo: Path, max_active: int = 16, p
                 f.write("model_transaction_policy {\n  decoupled: true\n}\n")
         if tok_file:
             gm.tokenizer.save(str(out / "tokenizer.json"))
-        _mark_optional(out / "config.pbtxt")
+        _mark_optional(out / "config.pbtxt", ["input_ids", "text", "max_new_tokens", "mode", "tau", "draft_tokens"])
     (repo / f"{m}_generation.json").write_text(json.dumps(spec.to_dict(), indent=1))
     return spec
 
 
-def _mark_optional(config: Path) -> None:
-    """Every router input but one of ``input_ids``/``text`` may be left out by a client."""
+def _mark_optional(config: Path, names: list[str]) -> None:
+    """Mark inputs ``names`` optional (the model checks what it needs: a router one of ``input_ids``/``text``;
+    a split with a store, either a batch or ``release_ids``)."""
     text = config.read_text()
-    for name in ("input_ids", "text", "max_new_tokens", "mode", "tau", "draft_tokens"):
+    for name in names:
         text = text.replace(f'name: "{name}"\n', f'name: "{name}"\n  optional: true\n', 1)
     config.write_text(text)

@@ -36,8 +36,15 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 SPLIT_OUTPUTS = ["hidden_out", "new_kv", "token", "confidence"]
 
 
-def _run(name: str, inputs: dict) -> dict:
-    return bls(name, inputs, ["new_kv"] if "_kvfill_" in name else SPLIT_OUTPUTS)
+def _runner(kv_in_splits: bool):
+    """The engine's ``run``: a BLS call asking for the outputs each kind of model gives."""
+    split_outputs = [o for o in SPLIT_OUTPUTS if not (kv_in_splits and o == "new_kv")]
+
+    def run(name: str, inputs: dict) -> dict:
+        if "release_ids" in inputs:
+            return bls(name, inputs, [])
+        return bls(name, inputs, ["new_kv"] if "_kvfill_" in name else split_outputs)
+    return run
 
 
 def _scalar(request, name: str, default):
@@ -60,7 +67,7 @@ class TritonPythonModel:
         if params.get("tokenizer"):
             from tokenizers import Tokenizer
             self.tokenizer = Tokenizer.from_file(os.path.join(args["model_repository"], params["tokenizer"]))
-        self.engine = GenerationEngine(self.spec, _run)
+        self.engine = GenerationEngine(self.spec, _runner(self.spec.kv_in_splits))
         self.inbox: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
         self.sent: dict[int, int] = {}

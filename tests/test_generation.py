@@ -98,11 +98,24 @@ def tiny_engine_files(tmp_path_factory):
     return spec, onnx_files(repo, spec)
 
 
-@pytest.mark.parametrize("max_active", [16, 1])
-def test_engine_over_onnx_splits_equals_the_references(tiny_engine_files, max_active):
+def _runner(spec, files, kv_in_splits: bool):
+    from e3.generation.kv_store import StoreRunner
+    if not kv_in_splits:
+        return OrtRunner(files)
+    c = tiny_decoder().config
+    shapes = {spec.split(j): (b - a + 1, 2, c.num_kv_heads, c.head_dim) for j, (a, b) in enumerate(spec.ranges)}
+    return StoreRunner(OrtRunner({**files, **{spec.split(j): files[f"tiny_gen_split_{a}-{b}"]
+                                              for j, (a, b) in enumerate(spec.ranges)}}), shapes)
+
+
+@pytest.mark.parametrize("max_active,kv_in_splits", [(16, False), (1, False), (16, True)])
+def test_engine_over_onnx_splits_equals_the_references(tiny_engine_files, max_active, kv_in_splits):
+    """The engine (KV passed to the splits, or kept in them) reproduces the PyTorch references."""
     spec, files = tiny_engine_files
-    spec = EngineSpec(**{**spec.__dict__, "max_active": max_active})
-    engine = GenerationEngine(spec, OrtRunner(files))
+    spec = EngineSpec(**{**spec.__dict__, "max_active": max_active, "kv_in_splits": kv_in_splits,
+                         "split_model": "tiny_gen_kv" if kv_in_splits else None})
+    runner = _runner(spec, files, kv_in_splits)
+    engine = GenerationEngine(spec, runner)
     model = tiny_decoder()
     modes = ["calm", "full", "speculative"]
     prompts = _prompts(30)
@@ -119,6 +132,8 @@ def test_engine_over_onnx_splits_equals_the_references(tiny_engine_files, max_ac
             assert done[i].exit_layers == ref.exit_layers
     if max_active > 1:   # survivors re-batched: later splits ran fewer rows than split 1 in some step
         assert any(b < a for a, b in zip(engine.split_rows[0], engine.split_rows[1]))
+    if kv_in_splits:     # finished sequences' caches were released
+        assert all(not store.kv for store in runner.stores.values())
 
 
 def test_engine_rejects_bad_requests_by_name(tiny_engine_files):
