@@ -37,7 +37,7 @@ from e3.core.names import ee_name, router_name, served_name, stock_name
 from e3.core.plan import Plan
 from e3.paths import artifacts_dir
 
-__all__ = ["BenchSettings", "run_side_by_side", "default_results_path", "machine_plan"]
+__all__ = ["BenchSettings", "run_side_by_side", "default_results_path", "machine_plan", "run_simulator_validation"]
 
 log = logging.getLogger(__name__)
 
@@ -253,3 +253,36 @@ def _commit() -> str:
                               cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def run_simulator_validation(measured: Path | None = None, out: Path | None = None, echo=print) -> dict:
+    """`e3 bench simulator`: every cell of a side-by-side run (``measured``, default its results file)
+    simulated with the same latency profile, plans, baseline configurations, inputs and load; writes
+    ``artifacts/results/simulator_validation.json`` (``out``) and prints the table."""
+    import json
+    import numpy as np
+    from e3.core.files import write_json_atomic
+    from e3.core.profile import LatencyProfile
+    from e3.export.profiler import default_profile_path
+    from e3.simulator.validate import format_validation, validate_side_by_side
+    measured = measured or default_results_path()
+    if not measured.exists():
+        raise ValueError(f"{measured} does not exist: run `e3 bench side-by-side` first (the real runs to "
+                         "validate against)")
+    doc = json.loads(measured.read_text())
+    if "plans" not in doc:
+        raise ValueError(f"{measured} holds no plans (written by an older e3): run `e3 bench side-by-side` again")
+    latency = LatencyProfile.load(default_profile_path(doc["model"], ["cpu"]))
+    folder = artifacts_dir() / "workloads" / doc["model"]
+    exit_ramps = {}
+    for label in {r["mix"] for r in doc["rows"]}:
+        easy, hard = label.split(":")
+        exit_ramps[label] = np.load(folder / f"mix-{easy}-{hard}.npz")["exit_ramp"]
+    rows = validate_side_by_side(doc, latency, exit_ramps)
+    echo(format_validation(rows))
+    result = {"model": doc["model"], "measured": str(measured), "measured_commit": doc.get("commit"),
+              "commit": _commit(), "rows": [r.to_dict() for r in rows]}
+    out = out or artifacts_dir() / "results" / "simulator_validation.json"
+    write_json_atomic(out, result, indent=1)
+    echo(f"\nwrote {out}")
+    return result

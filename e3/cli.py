@@ -10,6 +10,7 @@
     e3 plan                       plan cuts, instances, devices, input batch (E3's DP) under an SLO
     e3 demo                       export + serve + side-by-side load + table
     e3 bench side-by-side         E3 vs <m>_stock and <m>_ee at equal cores, per mix and request size
+    e3 bench simulator            the discrete-event simulator against the side-by-side's real runs
     e3 bench admission            E²bird's elastic admission vs Triton's dynamic batcher under a QoS target
     e3 bench generate             early-exit generation (SmolLM2): speed and quality vs the full model
     e3 export-generate MODEL      write a generation model's splits and routers into the model repository
@@ -270,6 +271,16 @@ def _admission(args) -> int:
         return 2
     print(f"wrote {repo / name} ({policy['kind']}, workers {policy.get('engine') or profile['engine']}); "
           f"load it with `e3 serve --models {name}` or Triton's load API, and send requests to {name}")
+    return 0
+
+
+def _bench_simulator(args) -> int:
+    from e3.bench import run_simulator_validation
+    try:
+        run_simulator_validation(Path(args.measured) if args.measured else None, Path(args.out) if args.out else None)
+    except ValueError as err:
+        print(f"e3 bench simulator: error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -652,6 +663,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="measured runs per system and cell, interleaved; the median is reported (default 3)")
     sbs.add_argument("--out", default=None, help="results JSON (default artifacts/results/side_by_side.json)")
     sbs.set_defaults(func=_bench_side_by_side)
+    sim = bsub.add_parser("simulator", help="the discrete-event simulator against real runs: every cell of a "
+                                            "side-by-side run simulated with the same profile, plans, configs and "
+                                            "load; writes artifacts/results/simulator_validation.json")
+    sim.add_argument("--measured", default=None,
+                     help="side-by-side results to validate against (default artifacts/results/side_by_side.json)")
+    sim.add_argument("--out", default=None, help="validation JSON (default artifacts/results/simulator_validation.json)")
+    sim.set_defaults(func=_bench_simulator)
     adm = bsub.add_parser("admission", help="E²bird's elastic admission stage (N-Ebird, E-Ebird) against Triton's "
                                             "dynamic batcher (no delay, tuned delay, instances) under a QoS target: "
                                             "throughput at the target and latency through a load burst")

@@ -1,0 +1,396 @@
+"""A discrete-event simulator of the served system (SimPy), driven by the same inputs as the real one.
+
+What it takes: the latency profile (``e3 profile``: P(k, c, B), ramps, Tx,
+the router's per-batch and exit-check work), a plan, the inputs' exit ramps
+(from a workload: the reference model's exit per input) and the arrival process
+(a closed loop of clients or Poisson arrivals, ``batch`` inputs per request).
+What it returns: what the load generator reports (inputs/s, p50 / p99,
+goodput under an SLO, drops) plus the batch each split ran.
+
+* **E3** runs through the *real* scheduler (:class:`e3.serving.scheduler.Scheduler`,
+  the same queues, slots, delays, SLO forcing and drops as the router): the
+  simulator only replaces time. A constant split's batch holds one of its
+  instances for ``sum_k P(k, B) + Tx(B)`` (its blocks at the batch's size, the
+  BLS hop) plus the router's work ``router(B)``; a compact split holds one of
+  the router's workers for its blocks with the batch shrinking at every
+  enabled ramp, plus ``check(B)`` per ramp and ``router(B)``.
+* **stock** and **naive EE** run through a model of Triton's dynamic batcher:
+  a free instance takes whole queued requests up to ``max_batch`` rows, at
+  once when the delay is 0, else when ``preferred`` rows wait or the oldest has
+  waited the delay. One execute costs one Python-model call (``Tx(B)``, the
+  same measured hop) plus ``Tx(1)`` for every further request in it (each is
+  a request/response exchange of its own), plus the blocks (stock: its
+  measured whole-graph curve when given, else every block at B without ramps;
+  EE: shrinking at every ramp, with the exit check). A router instance
+  answering inline pays the same ``Tx(1)`` per further request it takes.
+* **Threads**: the profile is measured on 1 intra-op thread; an instance with
+  ``t`` threads runs ``t x parallel_efficiency`` times faster (documented
+  assumption; the side-by-side's best baselines use 1 thread).
+* **Exits**: an input leaves at its reference exit ramp; where the plan
+  disabled that ramp it leaves at the next enabled one (or the head). The
+  exit rule's decision itself is not re-run.
+* **Not modelled**: the client's own CPU on the same cores, the front door
+  (HTTP) and Triton's queue before the router, OS scheduling noise. The
+  validation table (``e3 bench``) says how far that leaves it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+import simpy
+
+from e3.core.plan import COMPACT, Plan
+from e3.core.profile import LatencyProfile
+from e3.serving.scheduler import Scheduler, make_queues
+
+__all__ = ["Arrivals", "Baseline", "SimResult", "simulate_plan", "simulate_baseline", "next_enabled_exit"]
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """The load: a closed loop of ``clients`` or Poisson arrivals at ``rate_rps`` requests/s."""
+    batch: int = 1                      # inputs per request
+    requests: int = 400                 # measured requests
+    clients: int | None = 16            # closed loop; None: open loop at rate_rps
+    rate_rps: float | None = None
+    warmup: int = 32                    # requests sent (and not measured) first
+    seed: int = 0
+    client_ms: float = 1.0              # mean of the client's and transport's time per request (exponential):
+    #                                     it also keeps closed-loop clients from resending in lockstep
+
+    def __post_init__(self) -> None:
+        if (self.clients is None) == (self.rate_rps is None):
+            raise ValueError("give exactly one of clients (closed loop) or rate_rps (open loop)")
+        if self.batch < 1 or self.requests < 1:
+            raise ValueError(f"batch and requests must be >= 1, got {self.batch}, {self.requests}")
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A single model behind Triton's dynamic batcher: ``stock`` (no ramps) or ``ee`` (naive early exit)."""
+    kind: str                           # "stock" | "ee"
+    instances: int = 2
+    threads: int = 1
+    delay_us: int = 0
+    max_batch: int = 64
+    preferred: int = 8                  # rows that end a delayed wait early
+    enabled_ramps: tuple[int, ...] | None = None   # ee: default every ramp of the profile
+
+
+@dataclass
+class SimResult:
+    inputs_per_s: float                 # inputs answered successfully per simulated second
+    p50_ms: float
+    p99_ms: float
+    goodput_ips: float                  # inputs answered within the SLO per second (all answered without one)
+    dropped_inputs: int = 0
+    answered_inputs: int = 0
+    batches: dict[int, list[int]] = field(default_factory=dict)   # split index -> rows of every batch run
+    duration_s: float = 0.0
+
+
+def next_enabled_exit(exit_ramp: np.ndarray, enabled: Sequence[int], num_blocks: int) -> np.ndarray:
+    """Each input's exit block when only ``enabled`` ramps exist: its reference exit if enabled, else the
+    next enabled ramp after it, else the head ``num_blocks``."""
+    stops = np.array(sorted(set(enabled)) + [num_blocks])
+    return stops[np.searchsorted(stops, np.asarray(exit_ramp))]
+
+
+@dataclass
+class _SimRoute:
+    """What :meth:`Scheduler.finish` reads of a batch's outcome."""
+    exit_ramp: np.ndarray               # [n] block that answered, 0 = still running
+    label: np.ndarray
+    probs: np.ndarray
+    active: np.ndarray                  # indices of undecided rows
+    rule_state: dict = field(default_factory=dict)
+
+
+class _Clock:
+    """The load (closed or open loop) and the record of every request's latency."""
+
+    def __init__(self, env: simpy.Environment, arrivals: Arrivals, pool_size: int, send):
+        self.env, self.arrivals, self.pool_size, self.send = env, arrivals, pool_size, send
+        self.total = arrivals.warmup + arrivals.requests
+        self.next = 0
+        self.records: list[tuple[float, float, int, bool]] = []   # (sent, done, inputs, ok) of measured ones
+        self.all_done = env.event()
+        self.finished = 0
+        self.rng = np.random.default_rng(arrivals.seed + 1)
+
+    def rows(self, i: int) -> np.ndarray:
+        b = self.arrivals.batch
+        return (np.arange(i * b, (i + 1) * b)) % self.pool_size
+
+    def start(self) -> None:
+        if self.arrivals.clients is not None:
+            for _ in range(self.arrivals.clients):
+                self.env.process(self._client())
+        else:
+            self.env.process(self._poisson())
+
+    def _one(self, i: int) -> Iterator:
+        sent = self.env.now
+        if self.arrivals.client_ms > 0:
+            yield self.env.timeout(self.rng.exponential(self.arrivals.client_ms) / 1e3)
+        ok = yield self.send(self.rows(i))
+        if i >= self.arrivals.warmup:
+            self.records.append((sent, self.env.now, self.arrivals.batch, bool(ok)))
+        self.finished += 1
+        if self.finished == self.total:
+            self.all_done.succeed()
+
+    def _client(self) -> Iterator:
+        while self.next < self.total:
+            i, self.next = self.next, self.next + 1
+            yield self.env.process(self._one(i))
+
+    def _poisson(self) -> Iterator:
+        rng = np.random.default_rng(self.arrivals.seed)
+        for i in range(self.total):
+            yield self.env.timeout(rng.exponential(1.0 / self.arrivals.rate_rps))
+            self.env.process(self._one(i))
+
+    def result(self, slo_ms: float | None, batches: dict) -> SimResult:
+        rec = np.array(self.records, dtype=float).reshape(-1, 4)
+        ok = rec[:, 3] > 0
+        lat = (rec[ok, 1] - rec[ok, 0]) * 1e3
+        span = rec[:, 1].max() - rec[:, 0].min() if len(rec) else 0.0
+        answered = int(rec[ok, 2].sum())
+        good = int(rec[ok, 2][lat <= slo_ms].sum()) if slo_ms is not None else answered
+        pct = (lambda q: float(np.percentile(lat, q)) if len(lat) else float("nan"))
+        return SimResult(inputs_per_s=answered / span if span > 0 else 0.0, p50_ms=pct(50), p99_ms=pct(99),
+                         goodput_ips=good / span if span > 0 else 0.0, dropped_inputs=int(rec[~ok, 2].sum()),
+                         answered_inputs=answered, batches=batches, duration_s=span)
+
+
+class _Router:
+    """One router instance: its own scheduler and split workers, in simulated time."""
+
+    def __init__(self, env: simpy.Environment, latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray,
+                 device: str, num_classes: int, batches: dict[int, list[int]]):
+        self.env, self.latency, self.plan, self.device, self.C = env, latency, plan, device, num_classes
+        splits, share = plan.splits, plan.router_instances
+        inline = share > 1
+        slots = [s.instances // share if s.form == COMPACT else s.instances + 1 for s in splits]
+        self.sched = Scheduler(make_queues([s.batch_size for s in splits], slots,
+                                           [0 if inline and i == 0 else s.queue_delay_us
+                                            for i, s in enumerate(splits)],
+                                           [min(s.instances, n) for s, n in zip(splits, slots)]),
+                               plan.slo_ms / 1e3, plan.slack)
+        L = plan.num_blocks
+        self.exits = [next_enabled_exit(exit_ramp, s.enabled_ramps, L) for s in splits]
+        self.ramps = [set(r for r in s.enabled_ramps if s.first_block <= r <= s.last_block) for s in splits]
+        # inline with one worker per split: the execute thread runs every split's batches (direct)
+        if inline and all(n == 1 for n in slots):
+            one = simpy.Resource(env, capacity=1)
+            self.workers = [one] * len(splits)
+        else:
+            self.workers = [simpy.Resource(env, capacity=s.instances if s.form != COMPACT else max(1, n))
+                            for s, n in zip(splits, slots)]
+        self.batches = batches
+        self.waiting: dict[int, simpy.Event] = {}
+        self.wake_at: float | None = None
+
+    def service_ms(self, i: int, pool_rows: np.ndarray) -> tuple[float, np.ndarray]:
+        """Time of split i on these inputs and the exit block of each (0: goes on)."""
+        s, lat, dev = self.plan.splits[i], self.latency, self.device
+        n0 = len(pool_rows)
+        out = self.exits[i][pool_rows]
+        leaves = np.where(out <= s.last_block, out, 0)
+        ms = lat.router(dev, n0)
+        if s.form == COMPACT:
+            n = n0
+            for k in range(s.first_block, s.last_block + 1):
+                ms += lat.block(k, dev, n, with_ramp=k in self.ramps[i])
+                if k in self.ramps[i]:
+                    ms += lat.check(dev, n)
+                    n = int(np.sum(out > k))
+                if n == 0:
+                    break
+        else:
+            ms += sum(lat.block(k, dev, n0, with_ramp=k in self.ramps[i])
+                      for k in range(s.first_block, s.last_block + 1)) + lat.tx(dev, n0)
+        return ms, leaves
+
+    def admit(self, pool_rows: np.ndarray) -> simpy.Event:
+        """A request of these inputs: admitted now; the event fires with True (answered) or False (dropped)."""
+        job = self.sched.job(None, len(pool_rows), self.env.now, self.C)
+        done = self.env.event()
+        self.waiting[id(job)] = done
+        self.sched.admit(job, {"x": pool_rows.astype(np.float64)}, {}, self.env.now)
+        return done
+
+    def pump(self) -> None:
+        dispatches, dropped, at = self.sched.poll(self.env.now)
+        for job in dropped:
+            job.answered = True
+            self.waiting.pop(id(job)).succeed(False)
+        for d in dispatches:
+            self.env.process(self._run(d))
+        if at is not None and (self.wake_at is None or at < self.wake_at or self.wake_at <= self.env.now):
+            self.wake_at = at
+            self.env.process(self._timer(at))
+
+    def _timer(self, at: float) -> Iterator:
+        yield self.env.timeout(max(0.0, at - self.env.now))
+        if self.wake_at == at:
+            self.wake_at = None
+        self.pump()
+
+    def _run(self, d) -> Iterator:
+        with self.workers[d.split].request() as slot:
+            yield slot
+            feed, _ = Scheduler.stack(d.rows)
+            pool_rows = feed["x"].astype(int)
+            ms, leaves = self.service_ms(d.split, pool_rows)
+            self.batches[d.split].append(len(pool_rows))
+            yield self.env.timeout(ms / 1e3)
+        n = len(pool_rows)
+        route = _SimRoute(exit_ramp=leaves.astype(np.int32), label=np.zeros(n, np.int64),
+                          probs=np.zeros((n, self.C), np.float32), active=np.flatnonzero(leaves == 0))
+        for job in self.sched.finish(d, route, {"x": pool_rows[route.active]}, ms, self.env.now):
+            self.waiting.pop(id(job)).succeed(True)
+        self.pump()
+
+
+def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, arrivals: Arrivals, *,
+                  device: str = "cpu", num_classes: int = 2, slo_ms: float | None = None,
+                  max_batch: int = 64) -> SimResult:
+    """E3 serving ``plan`` (the router's scheduler, its splits and instances); ``exit_ramp``: [pool] the
+    reference exit block of every input the load cycles through. ``slo_ms``: goodput's objective
+    (default: the plan's SLO decides drops, goodput counts every answer).
+
+    With one router instance, ``execute`` admits requests and returns at once: every request goes
+    straight to the one scheduler. With several (compact plans, :attr:`Plan.router_instances`), each
+    instance answers inline: Triton's batcher (delay :attr:`Plan.router_queue_delay_us`, at most
+    ``max_batch`` rows) hands a free instance the queued requests, and the instance takes no more until
+    all of them are answered."""
+    env = simpy.Environment()
+    batches: dict[int, list[int]] = {i: [] for i in range(len(plan.splits))}
+    routers = [_Router(env, latency, plan, exit_ramp, device, num_classes, batches)
+               for _ in range(plan.router_instances)]
+    if len(routers) == 1:
+        router = routers[0]
+
+        def send(pool_rows: np.ndarray) -> simpy.Event:
+            done = router.admit(pool_rows)
+            router.pump()
+            return done
+    else:
+        queue: list[tuple[float, np.ndarray, simpy.Event]] = []
+        arrived = {"event": env.event()}
+        delay_s = plan.router_queue_delay_us / 1e6
+
+        def instance(router: _Router) -> Iterator:
+            while True:
+                while not queue:
+                    yield arrived["event"]
+                if delay_s > 0:
+                    deadline = queue[0][0] + delay_s
+                    while sum(len(r) for _, r, _ in queue) < max_batch and env.now < deadline:
+                        yield arrived["event"] | env.timeout(deadline - env.now)
+                if not queue:   # another instance took them while this one waited
+                    continue
+                take, rows = [], 0
+                while queue and (not take or rows + len(queue[0][1]) <= max_batch):
+                    take.append(queue.pop(0))
+                    rows += len(take[-1][1])
+                # Triton hands the instance its requests; each costs one request/response exchange
+                yield env.timeout((len(take) - 1) * latency.tx(device, 1) / 1e3)
+                mine = [(router.admit(r), done) for _, r, done in take]
+                router.pump()
+                for answered, done in mine:
+                    ok = yield answered
+                    done.succeed(ok)
+
+        for router in routers:
+            env.process(instance(router))
+
+        def send(pool_rows: np.ndarray) -> simpy.Event:
+            done = env.event()
+            queue.append((env.now, pool_rows, done))
+            event, arrived["event"] = arrived["event"], env.event()
+            event.succeed()
+            return done
+
+    clock = _Clock(env, arrivals, len(exit_ramp), send)
+    clock.start()
+    env.run(until=clock.all_done)
+    return clock.result(slo_ms, batches)
+
+
+def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.ndarray, arrivals: Arrivals, *,
+                      device: str = "cpu", slo_ms: float | None = None, parallel_efficiency: float = 0.85,
+                      stock_ms: dict[int, float] | None = None) -> SimResult:
+    """``<m>_stock`` or ``<m>_ee`` behind Triton's dynamic batcher (see the module docstring).
+    ``stock_ms``: batch -> ms of the stock model as the one graph it is served as (measured); without
+    it, the sum of its blocks (which counts a session call per block the fused graph does not make)."""
+    if base.kind not in ("stock", "ee"):
+        raise ValueError(f"unknown baseline {base.kind!r}: 'stock' or 'ee'")
+    env = simpy.Environment()
+    L = latency.num_blocks
+    ramps = set(latency.ramp_blocks() if base.enabled_ramps is None else base.enabled_ramps)
+    exits = next_enabled_exit(exit_ramp, ramps, L)
+    speed = 1.0 if base.threads == 1 else base.threads * parallel_efficiency
+    queue: list[tuple[float, np.ndarray, simpy.Event]] = []
+    arrived = {"event": env.event()}
+    batches: dict[int, list[int]] = {0: []}
+
+    def service_ms(pool_rows: np.ndarray, requests: int) -> float:
+        n = len(pool_rows)
+        ms = latency.tx(device, n) + (requests - 1) * latency.tx(device, 1)
+        if base.kind == "stock":
+            if stock_ms is not None:
+                return ms + float(np.interp(n, *zip(*sorted(stock_ms.items())))) / speed
+            return ms + sum(latency.block(k, device, n, with_ramp=False) for k in range(1, L + 1)) / speed
+        out = exits[pool_rows]
+        compute = 0.0
+        for k in range(1, L + 1):
+            compute += latency.block(k, device, n, with_ramp=k in ramps)
+            if k in ramps:
+                compute += latency.check(device, n)
+                n = int(np.sum(out > k))
+            if n == 0:
+                break
+        return ms + compute / speed
+
+    def instance() -> Iterator:
+        while True:
+            while not queue:
+                yield arrived["event"]
+            if base.delay_us > 0:
+                deadline = queue[0][0] + base.delay_us / 1e6
+                while sum(len(r) for _, r, _ in queue) < base.preferred and env.now < deadline:
+                    yield arrived["event"] | env.timeout(deadline - env.now)
+            if not queue:   # another instance took them while this one waited
+                continue
+            take, rows = [], 0
+            while queue and rows + len(queue[0][1]) <= base.max_batch:
+                item = queue.pop(0)
+                take.append(item)
+                rows += len(item[1])
+            if not take:   # one request larger than max_batch: Triton refuses it; here it runs alone
+                take.append(queue.pop(0))
+            pool_rows = np.concatenate([r for _, r, _ in take])
+            batches[0].append(len(pool_rows))
+            yield env.timeout(service_ms(pool_rows, len(take)) / 1e3)
+            for _, _, done in take:
+                done.succeed(True)
+
+    def send(pool_rows: np.ndarray) -> simpy.Event:
+        done = env.event()
+        queue.append((env.now, pool_rows, done))
+        event, arrived["event"] = arrived["event"], env.event()
+        event.succeed()
+        return done
+
+    for _ in range(base.instances):
+        env.process(instance())
+    clock = _Clock(env, arrivals, len(exit_ramp), send)
+    clock.start()
+    env.run(until=clock.all_done)
+    return clock.result(slo_ms, batches)

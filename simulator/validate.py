@@ -1,0 +1,91 @@
+"""The simulator against real runs: every cell of a side-by-side measurement (`e3 bench side-by-side`),
+simulated with the same latency profile, plan, baseline configuration, inputs (their reference exits)
+and load, predicted beside measured.
+
+A closed loop without an SLO answers every request, so goodput is the throughput of answered inputs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from e3.core.plan import Plan
+from e3.core.profile import LatencyProfile
+from e3.simulator.des import Arrivals, Baseline, simulate_baseline, simulate_plan
+
+__all__ = ["ValidationRow", "validate_side_by_side", "format_validation", "parse_baseline_config",
+           "GOODPUT_TOLERANCE", "P99_TOLERANCE"]
+
+GOODPUT_TOLERANCE = 0.08   # the bar: Vidur publishes < 9% against real runs
+P99_TOLERANCE = 0.15
+
+
+@dataclass(frozen=True)
+class ValidationRow:
+    setting: str                 # "<mix> batch <b> <system> (<config>)"
+    predicted_goodput: float     # inputs/s
+    measured_goodput: float
+    predicted_p99_ms: float
+    measured_p99_ms: float
+
+    @property
+    def goodput_error(self) -> float:
+        return self.predicted_goodput / self.measured_goodput - 1 if self.measured_goodput else float("nan")
+
+    @property
+    def p99_error(self) -> float:
+        return self.predicted_p99_ms / self.measured_p99_ms - 1 if self.measured_p99_ms else float("nan")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "goodput_error": round(self.goodput_error, 4), "p99_error": round(self.p99_error, 4)}
+
+
+def parse_baseline_config(system: str, config: str) -> Baseline:
+    """``"2 inst x 1 thr, delay 0 us"`` (the side-by-side's description) -> :class:`Baseline`."""
+    m = re.match(r"(\d+) inst x (\d+) thr, delay (\d+) us", config)
+    if not m:
+        raise ValueError(f"cannot read the baseline configuration {config!r}")
+    return Baseline(system, int(m[1]), int(m[2]), int(m[3]))
+
+
+def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Mapping[str, np.ndarray], *,
+                          progress: Callable[[str], None] | None = None) -> list[ValidationRow]:
+    """Simulate every measured cell of ``doc`` (a side-by-side results document, with its plans and
+    settings); ``exit_ramps``: mix label -> [pool] reference exit block of the mix's inputs, in the order
+    the load sent them."""
+    settings = doc.get("settings", {})
+    clients = int(settings.get("concurrency", 16))
+    inputs = int(settings.get("inputs_per_run", 1600))
+    rows = []
+    for r in doc["rows"]:
+        arrivals = Arrivals(batch=r["batch"], requests=max(clients, inputs // r["batch"]), clients=clients)
+        exit_ramp = exit_ramps[r["mix"]]
+        if r["system"] == "e3":
+            result = simulate_plan(latency, Plan.from_dict(doc["plans"][r["mix"]]), exit_ramp, arrivals)
+        else:
+            result = simulate_baseline(latency, parse_baseline_config(r["system"], r["config"]), exit_ramp, arrivals)
+        row = ValidationRow(f"{r['mix']} batch {r['batch']} {r['system']} ({r['config']})", result.goodput_ips,
+                            r["inputs_per_s"], result.p99_ms, r["p99_ms"])
+        rows.append(row)
+        if progress:
+            progress(row.setting)
+    return rows
+
+
+def format_validation(rows: Sequence[ValidationRow]) -> str:
+    """The validation table: predicted vs measured goodput and p99, the error of each, misses marked."""
+    lines = [f"{'setting':<52} {'goodput sim':>11} {'real':>7} {'err':>7}   {'p99 sim':>8} {'real':>8} {'err':>7}",
+             ]
+    for r in rows:
+        g = f"{r.goodput_error:+.1%}" + ("*" if abs(r.goodput_error) > GOODPUT_TOLERANCE else " ")
+        p = f"{r.p99_error:+.1%}" + ("*" if abs(r.p99_error) > P99_TOLERANCE else " ")
+        lines.append(f"{r.setting[:52]:<52} {r.predicted_goodput:>11.1f} {r.measured_goodput:>7.1f} {g:>8}  "
+                     f"{r.predicted_p99_ms:>8.1f} {r.measured_p99_ms:>8.1f} {p:>8}")
+    within = sum(abs(r.goodput_error) <= GOODPUT_TOLERANCE and abs(r.p99_error) <= P99_TOLERANCE for r in rows)
+    lines.append(f"* outside the bar (goodput {GOODPUT_TOLERANCE:.0%}, p99 {P99_TOLERANCE:.0%}); "
+                 f"{within} of {len(rows)} settings within both")
+    return "\n".join(lines)
