@@ -44,6 +44,7 @@ class Pool:
     deployment: str           # its Kubernetes Deployment (and Service) name
     grpc_url: str             # host:port of its Triton's gRPC endpoint (what a plan's SplitPlan.server names)
     http_url: str             # host:port of its Triton's HTTP endpoint (model control, statistics)
+    metrics_url: str = ""     # its Triton's metrics page (http://host:port/metrics); "": port 8002 of http_url's host
     devices_per_pod: int = 1  # split instances one pod runs
     min_replicas: int = 1     # fewest pods
     max_replicas: int = 1     # most pods
@@ -91,7 +92,7 @@ def load_pools(source: str | Path | Mapping[str, Any]) -> Pools:
     for i, e in enumerate(entries):
         try:
             pool = Pool(name=str(e["name"]), device=str(e["device"]), deployment=str(e["deployment"]),
-                        grpc_url=str(e["grpc_url"]), http_url=str(e["http_url"]),
+                        grpc_url=str(e["grpc_url"]), http_url=str(e["http_url"]), metrics_url=str(e.get("metrics_url", "")),
                         devices_per_pod=int(e.get("devices_per_pod", 1)), min_replicas=int(e.get("min_replicas", 1)),
                         max_replicas=int(e.get("max_replicas", 1)), price=float(e.get("price", 1.0)),
                         router=bool(e.get("router", False)))

@@ -462,7 +462,7 @@ def _pooled(args, router_applier, planner, pinned):
     if args.kubernetes:
         from e3.controller.k8s_scaler import KubernetesScaler
         scaler = KubernetesScaler(pools)
-    servers = {p.grpc_url: TritonApplier(p.http_url, metrics_url=metrics_url_for(p.http_url))
+    servers = {p.grpc_url: TritonApplier(p.http_url, metrics_url=p.metrics_url or metrics_url_for(p.http_url))
                for p in pools.pools if not p.router}
     applier = PooledApplier(f"{served_name(args.model)}_router", router_applier, servers, pools=pools, scaler=scaler)
     return applier, PlacingPlanner(planner, pools), pinned
