@@ -126,7 +126,16 @@ class PooledApplier(ServerView, ServerControl):
 
     def switch_plan(self, router: str, plan: Plan) -> None:
         for s in plan.triton_splits:
-            if s.server and not self._at(s.server).control.is_ready(s.model):
+            if not s.server:
+                continue
+            try:
+                ready = self._at(s.server).control.is_ready(s.model)
+            except ControlError:
+                raise
+            except Exception as err:  # noqa: BLE001 - a pool that cannot be reached: refuse with its address
+                raise ControlError(f"cannot reach {s.server} (pool of {s.model}) before switching {router}: "
+                                   f"{err}") from None
+            if not ready:
                 raise ControlError(f"load the plan's splits before switching {router}: {s.model} is not ready "
                                    f"on {s.server}")
         self.router.switch_plan(router, plan)

@@ -149,3 +149,44 @@ def test_splits_on_two_servers_and_a_move_under_load(two_servers, tiny_model, tm
     # 3. Every answer, before and across the move, equals the reference.
     checked, ties = _reference_check(tiny_model, ids, mask, before + records)
     assert checked > 0.95 * 3 * (REQUESTS + 80) and ties < 0.02 * len(ids)
+
+
+def test_a_pool_that_is_down_answers_every_request_with_an_error(two_servers, tiny_model, monkeypatch):
+    """A plan naming a server nobody serves: the controller refuses to switch to it; forced onto the router,
+    every request gets an explicit error naming the split and the server, and serving recovers on the next
+    plan."""
+    from e3.client.sdk import E3Client
+    from e3.deploy.server import free_port
+    a, b = two_servers
+    monkeypatch.setenv("E3_API_HEADER", HEADER)
+    monkeypatch.setenv("E3_API_KEY", KEY)
+    card = tiny_model.card
+    dead = f"127.0.0.1:{free_port()}"
+    base = default_plan(MODEL, card.num_blocks, [(1, 2), (3, 4)], card.exit_rule, card.ramp_blocks, batch_size=4,
+                        slo_ms=10_000)
+    pools = load_pools({"pools": [
+        {"name": "a", "device": "cpu", "deployment": "a", "grpc_url": a.grpc_url, "http_url": a.http_url, "router": True},
+        {"name": "gone", "device": "cpu", "deployment": "gone", "grpc_url": dead, "http_url": dead}]})
+    broken = place(base, pools, pin={"tiny_ee_split_3-4": "gone"})
+    applier = PooledApplier(ROUTER, TritonApplier(a.http_url), {dead: TritonApplier(dead)})
+    with pytest.raises(ControlError):
+        applier.switch_plan(ROUTER, broken)   # its split is not ready anywhere: refused, the old plan serves
+    ids, mask = (x.numpy() for x in tiny_model.example_inputs(12, seed=3))
+    with TritonControl(a.http_url) as control:
+        for split in base.splits:
+            control.load(split.model)
+        control.switch_plan(ROUTER, broken)   # forced past the controller's check
+        errors = []
+        with E3Client(a.http_url) as client:
+            for i in range(0, 12, 3):
+                try:
+                    got = client.infer(ROUTER, {"input_ids": ids[i:i + 3], "attention_mask": mask[i:i + 3]})
+                    errors.append(None if (got.exit_ramp < card.num_blocks).all() else "answered past a dead split")
+                except Exception as err:  # noqa: BLE001 - the explicit error is what we check
+                    errors.append(str(err))
+        # inputs that exit in split 1-2 are answered; a request with any input reaching 3-4 gets the error
+        failed = [e for e in errors if e is not None]
+        assert failed and all("tiny_ee_split_3-4 on " + dead in e for e in failed), errors
+        control.switch_plan(ROUTER, base)
+        with E3Client(a.http_url) as client:
+            assert len(client.infer(ROUTER, {"input_ids": ids, "attention_mask": mask}).label) == 12
