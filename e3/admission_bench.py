@@ -207,11 +207,11 @@ def _sweep(url, model, pool, rates, qos_ms, settings, echo, label) -> list[RateP
     ladder = list(rates)
     while ladder[-1] < 4 * rates[-1]:
         ladder.append(round(ladder[-1] * 1.15, 1))
+    run_s = max(settings.run_s, 4 * qos_ms / 1e3)   # long enough for a falling-behind queue to show in p99
     for rate in ladder:
-        r = open_loop(url, model, pool, rate_rps=rate, duration_s=settings.run_s, batch=1,
+        r = open_loop(url, model, pool, rate_rps=rate, duration_s=run_s, batch=1,
                       workers=settings.workers, seed=int(rate), shm=settings.shm)
-        point = RatePoint(rate, (r.requests - r.errors) / r.duration_s if r.duration_s else 0.0,
-                          r.percentile_ms(99), r.errors)
+        point = RatePoint(rate, (r.requests - r.errors) / run_s, r.percentile_ms(99), r.errors)
         points.append(point)
         echo(f"[sweep] {label:<20} offered {rate:7.1f}/s answered {point.answered_rps:7.1f}/s "
              f"p99 {point.p99_ms:8.1f} ms {'ok' if meets(point, qos_ms) else 'MISSED'}")

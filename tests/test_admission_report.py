@@ -33,9 +33,11 @@ def test_phase_latencies_judge_each_phase_by_its_own_p99_and_failures():
 
 
 def test_throughput_at_qos_is_the_last_rate_met_before_the_first_miss():
-    points = [RatePoint(10, 10, 50, 0), RatePoint(20, 19.8, 80, 0), RatePoint(30, 25, 90, 0),   # fell behind
+    points = [RatePoint(10, 10, 50, 0), RatePoint(20, 19.8, 80, 0), RatePoint(30, 29, 190, 0),  # p99 missed
               RatePoint(40, 39.9, 95, 0)]                                                        # after a miss
     assert throughput_at_qos(points, qos_ms=100) == 19.8
+    behind = [RatePoint(10, 10, 50, 0), RatePoint(30, 25, 90, 0)]
+    assert throughput_at_qos(behind, qos_ms=100) == 25 and throughput_at_qos(behind, 100, keep_up=0.95) == 10
     assert throughput_at_qos([RatePoint(10, 10, 150, 0)], qos_ms=100) == 0.0
     assert throughput_at_qos([RatePoint(10, 10, 50, 1)], qos_ms=100) == 0.0      # a failure misses it
 
