@@ -416,7 +416,9 @@ def _control(args) -> int:
                                drift_threshold=args.drift, straggler_factor=args.straggler_factor or None,
                                dry_run=args.dry_run)
     metrics_url = args.metrics_url or metrics_url_for(args.url)
-    applier = TritonApplier(args.url, metrics_url=metrics_url, repo=Path(args.repo), zoo_model=args.model)
+    # --repo "": the repository is not visible here (e.g. written inside each Triton pod); Triton's load decides
+    applier = TritonApplier(args.url, metrics_url=metrics_url, repo=Path(args.repo) if args.repo else None,
+                            zoo_model=args.model)
     planner = ProfilePlanner(latency, exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks, slo_ms=args.slo_ms,
                              rate_rps=args.rate_rps, slack=args.slack, alpha=args.alpha)
     if args.kubernetes and not args.pools:
@@ -766,7 +768,8 @@ def build_parser() -> argparse.ArgumentParser:
     ct.add_argument("--metrics-url", default=None,
                     help="Triton metrics address (default: the --url host, Triton's default metrics port)")
     ct.add_argument("--repo", default=str(default_repository()),
-                    help="model repository, to export split models that are missing (default ./model_repository)")
+                    help="model repository, to export split models that are missing (default ./model_repository; "
+                         "\"\": none visible here, as in a cluster whose Triton pods export their own)")
     ct.add_argument("--dry-run", action="store_true", help="print the plan and the diff vs the running plan; "
                                                            "apply nothing")
     ct.add_argument("--pin", default=None, metavar="PLAN.json",
