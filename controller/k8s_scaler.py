@@ -88,11 +88,12 @@ class KubernetesScaler(PoolScaler):
 
     def _call(self, what: str, fn, *args, **kwargs):
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
         try:
             return fn(*args, **kwargs)
         except ApiException as err:
             raise ControlError(f"{what}: Kubernetes answered {err.status} {err.reason}: {err.body}") from None
-        except OSError as err:   # urllib3's connection errors are OSErrors
+        except (HTTPError, OSError) as err:   # urllib3's retries exhausted, a refused connection
             raise ControlError(f"{what}: cannot reach the Kubernetes API: {err}") from None
 
     def replicas(self, pool: Pool) -> int:

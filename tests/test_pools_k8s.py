@@ -134,6 +134,17 @@ def test_a_refusal_is_a_control_error_naming_the_deployment(cluster):
         _scaler(cluster, pools).scale(pools.named("t4"), 2)
 
 
+def test_an_api_that_cannot_be_reached_is_a_control_error():
+    from kubernetes import client
+    from e3.deploy.server import free_port
+    pools = load_pools(make_pools())
+    config = client.Configuration(host=f"http://127.0.0.1:{free_port()}")
+    config.retries = 0
+    scaler = KubernetesScaler(pools, apps=client.AppsV1Api(client.ApiClient(config)))
+    with pytest.raises(ControlError, match="read scale of demo-e3-triton-t4: cannot reach the Kubernetes API"):
+        scaler.replicas(pools.named("t4"))
+
+
 def test_a_plan_that_needs_more_pods_scales_the_pool_first_and_back_after(cluster):
     pools = load_pools(make_pools())
     scaler = _scaler(cluster, pools)
