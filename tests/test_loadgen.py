@@ -201,7 +201,7 @@ class SlowClient:
     service_s = 0.05
     lock = None
 
-    def __init__(self, url, protocol="http", timeout_s=60.0):
+    def __init__(self, url, protocol="http", timeout_s=60.0, shm=False):
         pass
 
     def __enter__(self):
