@@ -31,6 +31,7 @@ doubling; each split call gets its rows' cache slice, right-padded to the longes
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -154,7 +155,8 @@ class GenerationEngine:
         self.active: list[_Seq] = []
         self.steps = 0
         self.split_rows: list[list[int]] = [[] for _ in spec.ranges]   # rows per decode call, per split
-        self.next_sid = 0
+        # Sequence ids are keys in the splits' caches, which several routers may share: start at random.
+        self.next_sid = int.from_bytes(os.urandom(5), "little") << 20
         self.kv_gather_s = 0.0     # time spent assembling and storing cache slices (the price of passing KV)
         self.call_s = 0.0          # time spent in model calls
 

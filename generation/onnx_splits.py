@@ -8,11 +8,10 @@ final head for the split that holds layer L. The same graph serves
 * decode: S = 1, the head read at that position (token and CALM confidence);
 * self-speculative verification: S = drafted tokens, the final head read at every position.
 
-Decision: the KV cache is passed as tensors (the router keeps each sequence's cache; splits are stateless),
-not kept in the split's instances. Stateless splits can be replicated and batched freely across sequences
-(continuous batching re-forms the batch at every step and at every split), and a speculative rejection is a
-truncation in one place. The cost is moving each batch's cache slice to the split at every step; the
-benchmark reports its share (``kv_copy_ms``).
+The graph takes the cache as an input (``past_kv``) and returns only the chunk's new k/v (``new_kv``); where
+the cache lives is the caller's choice: passed in by the router (``<m>_split_*``), or kept by the split's
+Python model and fed to the graph from there (``<m>_kv_split_*``, :mod:`e3.generation.kv_store`; measured
+faster, the default: ``docs/generation.md``).
 
 Tensors (B sequences, S new positions, T cached positions, n = last-first+1 layers, K heads to read):
 

@@ -3,18 +3,18 @@
 For a model ``<m>`` (``smollm2-ee`` -> ``smollm2_ee``) with exit heads after layers e1 < e2 < ...:
 
 * ``<m>_split_<a>-<b>``: layers a..b and the head after b (ONNX; on the embedded server a Python-backend
-  model running it in ONNX Runtime, one intra-op thread; see ``serving/generate_split.py``); prefill and
-  decode both use them;
+  model running it in ONNX Runtime, one intra-op thread; see ``serving/generate_split.py``), stateless: the
+  caller passes each sequence's cache; prefill and decode both use them;
+* ``<m>_kv_split_<a>-<b>``: the same split (sharing its ONNX file) keeping each sequence's cache in its
+  instance (:mod:`e3.generation.kv_store`, one instance);
 * ``<m>_kvfill_<e+1>-<L>`` per exit e: the skipped layers' k/v from the exit state (CALM);
-* ``<m>_generate``: the generation router (``serving/generate_router.py``), continuous batching over up to
-  ``max_active`` sequences, per-token exits, survivors re-batched between splits; a plain (non-decoupled)
-  model any HTTP/gRPC client can call;
-* ``<m>_generate_naive``: the same router decoding one sequence at a time (``max_active`` 1), the naive
-  early-exit baseline;
-* ``<m>_generate_stream``: the same router, decoupled, one response per token (gRPC streaming);
-* ``<m>_kv_split_<a>-<b>`` and ``<m>_generate_kv``: the alternative placement of the KV cache, kept inside
-  the split instances (:mod:`e3.generation.kv_store`; one instance each, sharing the splits' ONNX files),
-  served so that the benchmark can measure both placements side by side.
+* ``<m>_generate``: the generation router (``serving/generate_router.py``) over the ``_kv_split`` models,
+  continuous batching over up to ``max_active`` sequences, per-token exits, survivors re-batched between
+  splits; a plain (non-decoupled) model any HTTP/gRPC client can call;
+* ``<m>_generate_naive``: the same, one sequence at a time (``max_active`` 1), the naive early-exit baseline;
+* ``<m>_generate_stream``: the same as ``<m>_generate``, decoupled, one response per step (gRPC streaming);
+* ``<m>_generate_tensors``: the same as ``<m>_generate`` over the stateless splits, the KV cache passed as
+  tensors: the placement measured against (``e3 bench generate``: kept in the instances ran 1.5x faster).
 
 Splits have no dynamic batcher (``max_batch_size`` 0): the router forms every batch itself (a batch is the
 rows of one step, and their caches differ in length, so Triton could not concatenate two calls anyway).
@@ -49,7 +49,7 @@ def served_name(model: str) -> str:
 def router_names(model: str) -> dict[str, str]:
     m = served_name(model)
     return {"continuous": f"{m}_generate", "naive": f"{m}_generate_naive", "stream": f"{m}_generate_stream",
-            "kv_in_splits": f"{m}_generate_kv"}
+            "tensors": f"{m}_generate_tensors"}
 
 
 def onnx_files(repo: Path, spec: EngineSpec) -> dict[str, str]:
@@ -128,7 +128,7 @@ def export_generation_repository(model: str, repo: Path, max_active: int = 16, p
         out = repo / name
         shutil.rmtree(out, ignore_errors=True)
         s = EngineSpec(**{**spec.__dict__, "max_active": 1 if kind == "naive" else max_active,
-                          **({"kv_in_splits": True, "split_model": f"{m}_kv"} if kind == "kv_in_splits" else {})})
+                          **({} if kind == "tensors" else {"kv_in_splits": True, "split_model": f"{m}_kv"})})
         params = {"engine": json.dumps(s.to_dict()), "decoupled": "1" if kind == "stream" else "0"}
         if tok_file:
             params["tokenizer"] = tok_file   # beside config.pbtxt

@@ -58,16 +58,16 @@ def test_served_tokens_equal_the_reference_early_exit_decoder(gen_server):
     assert exits > 50   # the test exercises exits (and the KV fill of skipped layers), not only the full model
 
 
-def test_kv_kept_in_the_split_instances_gives_the_same_tokens(gen_server):
-    """The alternative cache placement (splits keep it; ids and lengths travel instead) serves the same
-    tokens, with CALM exits and kv fills, and in speculative mode."""
+def test_kv_passed_as_tensors_gives_the_same_tokens(gen_server):
+    """The alternative cache placement (the router keeps it and passes each split its rows' slice) serves
+    the same tokens, with CALM exits and kv fills, and in speculative mode."""
     from e3.generation.models import load_generation_model
     from e3.generation.reference import generate_early_exit, generate_full
     server, _, names = gen_server
     model = load_generation_model("tiny-gen").decoder
     prompts = _prompts(20)
-    calm = _serve_all(server, names["kv_in_splits"], prompts, mode="calm", tau=TAU)
-    spec = _serve_all(server, names["kv_in_splits"], prompts, mode="speculative", draft_tokens=3)
+    calm = _serve_all(server, names["tensors"], prompts, mode="calm", tau=TAU)
+    spec = _serve_all(server, names["tensors"], prompts, mode="speculative", draft_tokens=3)
     for p, c, s in zip(prompts, calm, spec):
         ref = generate_early_exit(model, p, NEW_TOKENS, tau=TAU)
         assert (c.tokens, c.exit_layers) == (ref.tokens, ref.exit_layers), f"prompt {p}"
