@@ -16,14 +16,18 @@ Decisions:
 * With a scaler (Kubernetes), a plan that needs more pods in a pool than it has
   (:func:`e3.deploy.pools.replicas_needed`) scales the pool up and waits for the pods to be ready
   before its splits load; pods are given back only after the drain, down to what the plan in force
-  needs. Model control reaches a pool through its Service, so per-split instance counts are changed
-  on one pod: new pods start with the models the chart's values list for the pool.
+  needs. Loads, unloads and reloads go to every pod of a pool (its headless Service lists them),
+  a split's instances spread over them; the router's pool runs one pod. Reads (loaded models,
+  statistics, counters) go through the pool's Service, which answers from one pod.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Iterable
+import math
+import socket
+from dataclasses import replace
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from e3.controller.applier import ControlError, ServerControl, ServerView
 from e3.controller.health import SplitStats
@@ -34,11 +38,17 @@ if TYPE_CHECKING:
     from e3.controller.k8s_scaler import PoolScaler
     from e3.deploy.pools import Pools
 
-__all__ = ["PooledApplier", "PlacingPlanner", "ROUTER_SERVER", "located"]
+__all__ = ["PooledApplier", "PlacingPlanner", "ROUTER_SERVER", "located", "dns_pods"]
 
 log = logging.getLogger(__name__)
 
 ROUTER_SERVER = "router"   # how a copy on the router's own server is named in ``<split>@<server>``
+
+
+def dns_pods(host: str, port: int) -> list[str]:
+    """``ip:port`` of every address ``host`` resolves to (a headless Service: one per ready pod), sorted."""
+    addresses = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+    return sorted(f"[{a}]:{port}" if ":" in a else f"{a}:{port}" for a in addresses)
 
 
 def located(split: str, server: str) -> str:
@@ -48,18 +58,28 @@ def located(split: str, server: str) -> str:
 
 class PooledApplier(ServerView, ServerControl):
     """``router``: the applier of the router's server; ``servers``: gRPC address (as plans name a split's
-    server) -> the applier of that server's HTTP API."""
+    server) -> the applier of that server's HTTP API (its Service). With ``pools`` whose ``pods_host`` is
+    set, changes to a pool go to each of its pods (``resolve(host, port)`` lists their ``ip:port``; default:
+    DNS, one record per ready pod of a headless Service), a split's instances spread over them; reads
+    go through the Service. ``make_applier(url)`` builds a pod's applier (default :class:`TritonApplier`)."""
 
     def __init__(self, router_model: str, router: TritonApplier, servers: dict[str, TritonApplier], *,
-                 pools: Pools | None = None, scaler: PoolScaler | None = None, ready_timeout_s: float = 600.0):
+                 pools: Pools | None = None, scaler: PoolScaler | None = None, ready_timeout_s: float = 600.0,
+                 resolve: Callable[[str, int], list[str]] | None = None,
+                 make_applier: Callable[[str], TritonApplier] | None = None):
         if scaler is not None and pools is None:
             raise ValueError("a scaler needs the pools it scales")
         self.router_model, self.router, self.servers = router_model, router, dict(servers)
         self.pools, self.scaler, self.ready_timeout_s = pools, scaler, ready_timeout_s
+        self._resolve = resolve or dns_pods
+        self._make_applier = make_applier or TritonApplier
+        self._pod_appliers: dict[str, TritonApplier] = {}
 
     def close(self) -> None:
         """Close every server's clients (this thread's)."""
         for _, applier in self._everywhere():
+            applier.close()
+        for applier in self._pod_appliers.values():
             applier.close()
 
     def _at(self, server: str) -> TritonApplier:
@@ -71,6 +91,32 @@ class PooledApplier(ServerView, ServerControl):
             raise ControlError(f"no pool serves {server!r} (pools: {sorted(self.servers)}); add it to the "
                                "controller's pools") from None
 
+    def _pods(self, server: str) -> list[TritonApplier]:
+        """The appliers a change on ``server`` goes to: each pod of its pool when the pool has a
+        ``pods_host`` (never the router's pool: it runs one pod), else the server's own."""
+        if not server or self.pools is None:
+            return [self._at(server)]
+        from e3.deploy.pools import PoolError
+        try:
+            pool = self.pools.of_server(server)
+        except PoolError as err:
+            raise ControlError(str(err)) from None
+        if pool.router or not pool.pods_host:
+            return [self._at(server)]
+        port = int(pool.http_url.rpartition(":")[2])
+        try:
+            urls = self._resolve(pool.pods_host, port)
+        except OSError as err:
+            raise ControlError(f"pool {pool.name!r}: cannot list its pods ({pool.pods_host}): {err}") from None
+        if not urls:
+            raise ControlError(f"pool {pool.name!r} has no ready pod ({pool.pods_host})")
+        out = []
+        for url in urls:
+            if url not in self._pod_appliers:
+                self._pod_appliers[url] = self._make_applier(url)
+            out.append(self._pod_appliers[url])
+        return out
+
     def _everywhere(self) -> list[tuple[str, TritonApplier]]:
         return [("", self.router), *self.servers.items()]
 
@@ -79,11 +125,12 @@ class PooledApplier(ServerView, ServerControl):
         plan = self.router.current_plan(self.router_model)
         return {s.model: s.server for s in plan.triton_splits} if plan else {}
 
-    def _owner(self, name: str) -> tuple[str, TritonApplier]:
+    def _owner(self, name: str) -> tuple[str, str]:
+        """(split, server) of a name from :meth:`loaded_splits`: ``<split>@<server>`` or a placed split."""
         split, _, where = name.partition("@")
         if where:
-            return split, self.router if where == ROUTER_SERVER else self._at(where)
-        return split, self._at(self._placement().get(split, ""))
+            return split, "" if where == ROUTER_SERVER else where
+        return split, self._placement().get(split, "")
 
     # -- ServerView ----------------------------------------------------------------------------------
     def current_plan(self, router: str) -> Plan | None:
@@ -114,30 +161,40 @@ class PooledApplier(ServerView, ServerControl):
         return total
 
     def probe(self, name: str) -> str | None:
-        split, applier = self._owner(name)
-        return applier.probe(split)
+        split, server = self._owner(name)
+        for applier in self._pods(server):
+            error = applier.probe(split)
+            if error is not None:
+                return error
+        return None
 
     # -- ServerControl -------------------------------------------------------------------------------
     def export(self, splits: list[SplitPlan], plan_in_force: Plan | None) -> None:
         self.router.export(splits, plan_in_force)
 
     def configure_split(self, split: SplitPlan) -> None:
-        self._at(split.server).configure_split(split)
+        """Load the split on every pod of its pool, its instances spread over them (ceil(instances / pods)
+        each, within the pool's devices per pod as :func:`e3.deploy.pools.replicas_needed` sized it)."""
+        pods = self._pods(split.server)
+        per_pod = math.ceil(split.instances / len(pods))
+        for applier in pods:
+            applier.configure_split(replace(split, instances=per_pod))
 
     def switch_plan(self, router: str, plan: Plan) -> None:
         for s in plan.triton_splits:
             if not s.server:
                 continue
-            try:
-                ready = self._at(s.server).control.is_ready(s.model)
-            except ControlError:
-                raise
-            except Exception as err:  # noqa: BLE001 - a pool that cannot be reached: refuse with its address
-                raise ControlError(f"cannot reach {s.server} (pool of {s.model}) before switching {router}: "
-                                   f"{err}") from None
-            if not ready:
-                raise ControlError(f"load the plan's splits before switching {router}: {s.model} is not ready "
-                                   f"on {s.server}")
+            for applier in self._pods(s.server):
+                try:
+                    ready = applier.control.is_ready(s.model)
+                except ControlError:
+                    raise
+                except Exception as err:  # noqa: BLE001 - a pool that cannot be reached: refuse with its address
+                    raise ControlError(f"cannot reach {s.server} (pool of {s.model}) before switching {router}: "
+                                       f"{err}") from None
+                if not ready:
+                    raise ControlError(f"load the plan's splits before switching {router}: {s.model} is not "
+                                       f"ready on {s.server}")
         self.router.switch_plan(router, plan)
 
     def prepare(self, plan: Plan) -> None:
@@ -169,13 +226,14 @@ class PooledApplier(ServerView, ServerControl):
                 self.scaler.scale(pool, need[pool.name])
 
     def unload(self, name: str) -> None:
-        split, applier = self._owner(name)
-        applier.unload(split)
+        split, server = self._owner(name)
+        for applier in self._pods(server):
+            applier.unload(split)
 
     def reload(self, name: str) -> None:
-        split, applier = self._owner(name)
-        applier.reload(split)
-
+        split, server = self._owner(name)
+        for applier in self._pods(server):
+            applier.reload(split)
 
 class PlacingPlanner:
     """The controller's planner with every plan placed on the pools (:func:`e3.deploy.pools.place`):

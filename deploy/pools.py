@@ -13,6 +13,10 @@ machines are grouped):
   router's own pool wins when its device fits: the split is then reached by BLS, with no network
   hop; otherwise the first pool of that device in the values' order, reached over gRPC.
 * Compact splits run inside the router, so they need the router's pool to have their device.
+* The router's pool runs exactly one pod: one router is E3's one scheduler, merging the survivors of
+  every request, and the controller switches its plan through the pool's Service. Other pools may
+  run several pods; the controller reaches each of them through the pool's headless Service
+  (``pods_host``: one DNS record per ready pod) and spreads a split's instances over them.
 * Replicas: a pod holds ``devices_per_pod`` split instances (GPUs per pod on a GPU pool); a pool
   needs ceil(instances placed on it / devices_per_pod) pods, within its min and max replicas.
   A plan that needs more than ``max_replicas`` is refused (the planner was given more devices
@@ -50,6 +54,7 @@ class Pool:
     max_replicas: int = 1     # most pods
     price: float = 1.0        # cost per device (per hour, or any unit the planner's alpha uses)
     router: bool = False      # True for the pool whose Triton serves the router
+    pods_host: str = ""       # DNS name with one record per ready pod (headless Service); "": only http_url
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,7 @@ def load_pools(source: str | Path | Mapping[str, Any]) -> Pools:
                         grpc_url=str(e["grpc_url"]), http_url=str(e["http_url"]), metrics_url=str(e.get("metrics_url", "")),
                         devices_per_pod=int(e.get("devices_per_pod", 1)), min_replicas=int(e.get("min_replicas", 1)),
                         max_replicas=int(e.get("max_replicas", 1)), price=float(e.get("price", 1.0)),
-                        router=bool(e.get("router", False)))
+                        router=bool(e.get("router", False)), pods_host=str(e.get("pods_host", "")))
         except KeyError as missing:
             raise PoolError(f"pools[{i}] is missing the field {missing}") from None
         except (TypeError, ValueError) as err:
@@ -107,9 +112,13 @@ def load_pools(source: str | Path | Mapping[str, Any]) -> Pools:
     names = [p.name for p in pools]
     if len(set(names)) != len(names):
         raise PoolError(f"pool names must be unique, got {names}")
-    routers = [p.name for p in pools if p.router]
+    routers = [p for p in pools if p.router]
     if len(routers) != 1:
-        raise PoolError(f"exactly one pool must serve the router, got {routers or 'none'}")
+        raise PoolError(f"exactly one pool must serve the router, got {[p.name for p in routers] or 'none'}")
+    if routers[0].max_replicas != 1 or routers[0].min_replicas != 1:
+        raise PoolError(f"the router's pool {routers[0].name!r} runs exactly one pod (one scheduler merges every "
+                        f"request's survivors): set its minReplicas and maxReplicas to 1, and its devicesPerPod "
+                        f"to the instances it needs")
     return Pools(tuple(pools), namespace=str(source.get("namespace") or "default"))
 
 

@@ -20,7 +20,7 @@ KUBE_VERSION = "1.30.0"
 
 MULTI_POOL = {
     "pools": [
-        {"name": "front", "device": "cpu", "replicas": 1, "minReplicas": 1, "maxReplicas": 2, "devicesPerPod": 2,
+        {"name": "front", "device": "cpu", "replicas": 1, "minReplicas": 1, "maxReplicas": 1, "devicesPerPod": 2,
          "price": 0.2, "gpu": {"type": "", "count": 0}, "nodeSelector": {"e3/pool": "front"},
          "models": ["bert_ee", "bert_ee_preprocess", "bert_ee_router", "bert_ee_split_1-3"]},
         {"name": "deep", "device": "cpu", "replicas": 2, "minReplicas": 1, "maxReplicas": 4, "devicesPerPod": 2,
@@ -34,7 +34,7 @@ MULTI_POOL = {
 
 GPU = {
     "pools": [
-        {"name": "t4", "device": "t4", "replicas": 2, "minReplicas": 1, "maxReplicas": 8, "devicesPerPod": 1,
+        {"name": "t4", "device": "t4", "replicas": 1, "minReplicas": 1, "maxReplicas": 1, "devicesPerPod": 1,
          "price": 0.35, "gpu": {"type": "Tesla-T4", "count": 1}, "nodeSelector": {},
          "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"memory": "16Gi"}},
          "models": ["bert_ee", "bert_ee_preprocess", "bert_ee_router", "bert_ee_split_1-2"]},
@@ -182,11 +182,14 @@ def test_pools_get_their_own_deployment_service_and_models():
     assert [a for a in deep["containers"][0]["args"] if a.startswith("--load-model")] == \
         ["--load-model=bert_ee_split_4-6"]
     assert deep["nodeSelector"] == {"e3/pool": "deep"}
-    assert set(by_kind(docs, "Service")) == {"demo-e3-triton-front", "demo-e3-triton-deep"}
+    assert set(by_kind(docs, "Service")) == {"demo-e3-triton-front", "demo-e3-triton-deep",
+                                             "demo-e3-triton-front-pods", "demo-e3-triton-deep-pods"}
+    assert by_kind(docs, "Service")["demo-e3-triton-deep-pods"]["spec"]["clusterIP"] == "None"
     settings = by_kind(docs, "ConfigMap")["demo-e3-settings"]["data"]
-    assert settings["E3_DEVICES"] == "cpu:12"   # 2 devices per pod x (2 + 4) max replicas
+    assert settings["E3_DEVICES"] == "cpu:10"   # 2 devices per pod x (1 + 4) max replicas
     pools = json.loads(settings["pools.json"])
     assert [p["grpc_url"] for p in pools["pools"]] == ["demo-e3-triton-front:8001", "demo-e3-triton-deep:8001"]
+    assert [p["pods_host"] for p in pools["pools"]] == ["demo-e3-triton-front-pods", "demo-e3-triton-deep-pods"]
     dashboard = json.loads(by_kind(docs, "ConfigMap")["demo-e3-dashboard"]["data"]["e3.json"])
     titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
     for word in ("goodput", "drops", "batch profile", "batch size", "plan in force"):
@@ -203,12 +206,14 @@ def test_gpu_pools_ask_for_gpus_on_the_right_nodes():
     assert "--allow-gpu-metrics=true" in t4["containers"][0]["args"]
     init = t4["initContainers"][0]["command"]
     assert init[:5] == ["e3", "export", "bert-ee", "--target", "ngc"] and "--all-ranges" in init
-    assert by_kind(docs, "ConfigMap")["demo-e3-settings"]["data"]["E3_DEVICES"] == "t4:8,v100:12"
+    assert by_kind(docs, "ConfigMap")["demo-e3-settings"]["data"]["E3_DEVICES"] == "t4:1,v100:12"
 
 
 def test_bad_values_fail_with_a_clear_message():
     with pytest.raises(helm_python.HelmError, match="router.pool \"gpu\" names no pool"):
         render({"router": {"pool": "gpu"}})
+    with pytest.raises(helm_python.HelmError, match="serves the router and runs exactly one pod"):
+        render({"pools": [{"name": "main", "device": "cpu", "maxReplicas": 3}]})
     with pytest.raises(helm_python.HelmError, match="/modelRepository/source': value must be one of 'pvc', 'export'"):
         render({"modelRepository": {"source": "s3"}})      # the schema, checked at every render
 

@@ -18,7 +18,8 @@ def make_pools(**router_overrides) -> dict:
     """Three pools as the chart writes them: a CPU pool serving the router, two GPU pools."""
     front = {"name": "front", "device": "cpu", "deployment": "demo-e3-triton-front",
              "grpc_url": "demo-e3-triton-front:8001", "http_url": "demo-e3-triton-front:8000",
-             "devices_per_pod": 2, "min_replicas": 1, "max_replicas": 2, "price": 0.1, "router": True}
+             "devices_per_pod": 4, "min_replicas": 1, "max_replicas": 1, "price": 0.1, "router": True,
+             "pods_host": "demo-e3-triton-front-pods"}
     front.update(router_overrides)
     return {"namespace": "e3", "pools": [
         front,
@@ -51,6 +52,8 @@ def test_pools_json_from_the_chart_is_read_and_checked():
         load_pools(bad)
     with pytest.raises(PoolError, match="max_replicas"):
         load_pools(make_pools(min_replicas=3))
+    with pytest.raises(PoolError, match="the router's pool 'front' runs exactly one pod"):
+        load_pools(make_pools(max_replicas=2))
 
 
 def test_splits_go_to_a_pool_of_their_device_the_routers_first():
@@ -86,10 +89,12 @@ def test_replicas_follow_the_instances_placed_on_each_pool():
     pools = load_pools(make_pools())
     placed = place(make_plan(devices_=("cpu", "t4", "t4"), instances=(3, 2, 1)), pools,
                    pin={"bert_ee_split_5-6": "t4b"})
-    # front: 3 instances / 2 per pod -> 2 pods; t4: 2 / 1 -> 2; t4b: 1 / 2 -> 1
-    assert replicas_needed(placed, pools) == {"front": 2, "t4": 2, "t4b": 1}
+    # front: 3 instances / 4 per pod -> 1 pod; t4: 2 / 1 -> 2; t4b: 1 / 2 -> 1
+    assert replicas_needed(placed, pools) == {"front": 1, "t4": 2, "t4b": 1}
     idle = place(make_plan(devices_=("cpu", "cpu", "cpu"), instances=(1, 1, 1)), pools)
-    assert replicas_needed(idle, pools) == {"front": 2, "t4": 1, "t4b": 0}   # min_replicas hold
+    assert replicas_needed(idle, pools) == {"front": 1, "t4": 1, "t4b": 0}   # min_replicas hold
+    with pytest.raises(PoolError, match="needs 2 pods in pool 'front'"):
+        replicas_needed(place(make_plan(devices_=("cpu", "cpu", "cpu"), instances=(2, 2, 1)), pools), pools)
     too_many = place(make_plan(devices_=("cpu", "t4", "t4"), instances=(1, 3, 2)), pools)
     with pytest.raises(PoolError, match="needs 5 pods in pool 't4'.*max_replicas is 4"):
         replicas_needed(too_many, pools)
@@ -111,3 +116,50 @@ def test_the_plan_carries_a_splits_server_and_checks_it():
     doc["splits"][1]["form"] = COMPACT
     with pytest.raises(PlanError, match="only a constant split can be placed on another server"):
         Plan.from_dict(doc)
+
+
+def test_changes_to_a_pool_go_to_each_of_its_pods():
+    """Loads, readiness checks and unloads reach every pod a pool's headless Service lists; a split's
+    instances are spread over them; the router's pool is reached through its Service."""
+    from e3.controller.applier import ControlError
+    from e3.controller.pooled_applier import PooledApplier
+    from e3.controller.recording_applier import RecordingApplier
+
+    class Pod(RecordingApplier):
+        @property
+        def control(self):
+            return self
+
+        def is_ready(self, model):
+            return model in self.splits
+
+    class Router(RecordingApplier):
+        def switch_plan(self, router, plan):   # this server holds only the splits placed on it
+            self.calls.append(("switch", plan.plan_id))
+            self.plan = plan
+
+    pools_doc = make_pools()
+    pools_doc["pools"][1]["pods_host"] = "demo-e3-triton-t4-pods"
+    pools = load_pools(pools_doc)
+    plan = place(make_plan(devices_=("cpu", "t4", "t4"), instances=(1, 3, 1)), pools)
+    pods: dict[str, Pod] = {}
+    listed = {"demo-e3-triton-t4-pods": ["10.0.0.1:8000", "10.0.0.2:8000"]}
+    router = Router(plan)
+    applier = PooledApplier("bert_ee_router", router, {p.grpc_url: Pod() for p in pools.pools if not p.router},
+                            pools=pools, resolve=lambda host, port: listed[host],
+                            make_applier=lambda url: pods.setdefault(url, Pod()))
+    for split in plan.triton_splits:
+        applier.configure_split(split)
+    assert set(pods) == {"10.0.0.1:8000", "10.0.0.2:8000"}
+    for pod in pods.values():   # 3 instances over 2 pods: 2 each; split 5-6 (1 instance): 1 each
+        assert pod.calls == [("load", "bert_ee_split_3-4", 2, 8), ("load", "bert_ee_split_5-6", 1, 8)]
+    assert router.calls == []   # split 1-2 is on the router's server already with its settings: nothing to load
+    applier.switch_plan("bert_ee_router", plan)
+    assert router.calls[-1] == ("switch", plan.plan_id)
+    applier.unload("bert_ee_split_5-6@demo-e3-triton-t4:8001")
+    assert all(pod.calls[-1] == ("unload", "bert_ee_split_5-6") for pod in pods.values())
+    with pytest.raises(ControlError, match="not ready on demo-e3-triton-t4:8001"):   # 5-6 is gone from the pods
+        applier.switch_plan("bert_ee_router", plan)
+    listed["demo-e3-triton-t4-pods"] = []
+    with pytest.raises(ControlError, match="pool 't4' has no ready pod"):
+        applier.configure_split(plan.splits[1])

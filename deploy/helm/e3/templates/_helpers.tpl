@@ -52,3 +52,8 @@ e3.pool: {{ .pool.name }}
 {{- if not (hasKey . "maxReplicas") -}}{{- $_ := set $p "maxReplicas" (max $p.replicas $p.minReplicas) -}}{{- end -}}
 {{- toJson $p -}}
 {{- end -}}
+
+{{/* The headless Service of a pool: one DNS record per ready pod, for the controller. */}}
+{{- define "e3.podsName" -}}
+{{- printf "%s-pods" (include "e3.poolName" . | trunc 58 | trimSuffix "-") -}}
+{{- end -}}
