@@ -133,7 +133,7 @@ def run_generate_bench(settings: GenerateBenchSettings = GenerateBenchSettings()
     from e3.deploy.server import TritonServer
     from e3.generation.models import load_generation_model
     from e3.generation.reference import generate_early_exit, generate_full
-    from e3.generation.repository import export_generation_repository, onnx_files, router_names
+    from e3.generation.repository import export_generation_repository, model_names, onnx_files, router_names
     from e3.generation.training import eval_prompts
     torch.set_num_threads(1)
     s = settings
@@ -197,7 +197,7 @@ def run_generate_bench(settings: GenerateBenchSettings = GenerateBenchSettings()
                 dict(mode="speculative", draft_tokens=s.draft_tokens))]
     budget = "every split and kv-fill model: 1 instance x 1 intra-op thread; one engine thread per router; one system at a time"
     echo(f"speed on one tritonserver ({budget}); {len(prompts)} prompts sent at once")
-    served_models = [p.name for p in repo.iterdir() if p.is_dir()]
+    served_models = model_names(s.model, spec)
     with TritonServer.on_free_ports(repo, served_models, log_file=artifacts_dir() / "logs" / "bench-generate.log",
                                     exit_timeout_s=5) as server:
         for name, router, kw in systems:

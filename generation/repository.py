@@ -35,7 +35,7 @@ from e3.generation.engine import EngineSpec, kvfill_name, split_name
 from e3.generation.models import load_generation_model
 from e3.generation.onnx_splits import export_kvfill, export_split, split_ranges
 
-__all__ = ["export_generation_repository", "served_name", "router_names", "onnx_files"]
+__all__ = ["export_generation_repository", "served_name", "router_names", "onnx_files", "model_names"]
 
 log = logging.getLogger(__name__)
 SERVING = "e3.serving"
@@ -59,6 +59,14 @@ def onnx_files(repo: Path, spec: EngineSpec) -> dict[str, str]:
     names = [split_name(spec.model, a, b) for a, b in spec.ranges]
     names += [kvfill_name(spec.model, b + 1, L) for _, b in spec.ranges[:-1]]
     return {n: str(repo / n / "1" / "model.onnx") for n in names}
+
+
+def model_names(model: str, spec: EngineSpec) -> list[str]:
+    """Every Triton model :func:`export_generation_repository` writes for ``model`` (what a server loads)."""
+    m = served_name(model)
+    L = spec.num_layers
+    return ([split_name(p, a, b) for p in (m, f"{m}_kv") for a, b in spec.ranges]
+            + [kvfill_name(m, b + 1, L) for _, b in spec.ranges[:-1]] + list(router_names(model).values()))
 
 
 def _write(out: Path, desc: ModelDescription, module: str) -> None:

@@ -21,10 +21,10 @@ NEW_TOKENS = 10
 
 @pytest.fixture(scope="module")
 def gen_server(tmp_path_factory):
-    from e3.generation.repository import export_generation_repository, router_names
+    from e3.generation.repository import export_generation_repository, model_names, router_names
     repo = tmp_path_factory.mktemp("gen-repo")
     spec = export_generation_repository("tiny-gen", repo, max_active=16, progress=False)
-    names = [p.name for p in repo.iterdir() if p.is_dir()]
+    names = model_names("tiny-gen", spec)
     with serving(repo, names, name="generation") as server:
         yield server, spec, router_names("tiny-gen")
 
