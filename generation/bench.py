@@ -170,10 +170,12 @@ def run_generate_bench(settings: GenerateBenchSettings = GenerateBenchSettings()
 
     echo(f"kv fill of skipped layers at tau={s.tau}: copy (CALM) vs recompute, PyTorch reference")
     n_kv = min(len(prompts), 8)
+    reference = {}
     for fill in ("copy", "recompute"):
         start = time.perf_counter()
         outs = [generate_early_exit(model, p, s.new_tokens, tau=s.tau, eos_id=gm.eos_id, kv_fill=fill)
                 for p in prompts[:n_kv]]
+        reference[fill] = outs
         wall = time.perf_counter() - start
         fulls = [generate_full(model, p, s.new_tokens, eos_id=gm.eos_id).tokens for p in prompts[:n_kv]]
         row = {"kv_fill": fill, "tau": s.tau, "prompts": n_kv,
@@ -211,6 +213,10 @@ def run_generate_bench(settings: GenerateBenchSettings = GenerateBenchSettings()
                    "agreement": statistics.mean(agreement(o.tokens, t) for o, t in zip(out, full_tokens)),
                    "perplexity": _perplexity(model, prompts, [o.tokens for o in out]),
                    "budget": budget}
+            if kw == dict(mode="calm", tau=s.tau):   # served = the PyTorch reference (greedy, same tau)
+                same = sum((o.tokens, o.exit_layers) == (r.tokens, r.exit_layers)
+                           for o, r in zip(out, reference["copy"]))
+                row["equal_to_pytorch_reference"] = f"{same}/{len(reference['copy'])}"
             results["speed"].append(row)
             echo(f"  {name:45s} {row['tokens_per_s']:7.1f} tok/s  TTFT {row['ttft_ms_p50']:8.1f} ms  "
                  f"TPOT {row['tpot_ms_p50']:6.1f} ms  agreement {row['agreement']:.3f}  ppl {row['perplexity']:.2f}")
@@ -282,6 +288,9 @@ def _reading(results: dict) -> list[str]:
         out.append(f"- E3 (re-batched, continuous) against naive early exit (one sequence at a time), tau={tau}: "
                    f"{e3['tokens_per_s'] / naive['tokens_per_s']:.2f}x tokens/s.")
     if e3:
+        if "equal_to_pytorch_reference" in e3:
+            out.append(f"- Served tokens and exit layers equal the PyTorch reference early-exit decoder's for "
+                       f"{e3['equal_to_pytorch_reference']} prompts (tau={tau}).")
         out.append(f"- E3 against the full model decoded plainly (both continuous): "
                    f"{e3['tokens_per_s'] / full['tokens_per_s']:.2f}x tokens/s, agreement {e3['agreement']:.3f}.")
     if e3 and kv:
