@@ -37,7 +37,8 @@ from e3.core.names import ee_name, router_name, served_name, stock_name
 from e3.core.plan import Plan
 from e3.paths import artifacts_dir
 
-__all__ = ["BenchSettings", "run_side_by_side", "default_results_path", "machine_plan", "run_simulator_validation"]
+__all__ = ["BenchSettings", "run_side_by_side", "default_results_path", "machine_plan", "run_simulator_validation",
+           "run_evaluation"]
 
 log = logging.getLogger(__name__)
 
@@ -286,3 +287,49 @@ def run_simulator_validation(measured: Path | None = None, out: Path | None = No
     write_json_atomic(out, result, indent=1)
     echo(f"\nwrote {out}")
     return result
+
+
+def run_evaluation(quick: bool = False, model: str = "bert-ee", results_md: Path | None = None, echo=print) -> dict:
+    """`e3 bench`: goodput against inputs per request for E3, stock and naive EE on one server at equal
+    cores (the side-by-side, its JSON in ``artifacts/results/bench_side_by_side.json``), the simulator
+    validated against those runs (``artifacts/results/simulator_validation.json``), both written as
+    tables into ``docs/RESULTS.md`` (its generated section; the rest of the file is left alone).
+    ``quick``: the 80:20 mix, 1 run per cell, fewer inputs (minutes instead of most of an hour)."""
+    from e3.client.bench_report import goodput_table, replace_section, validation_table
+    from e3.simulator.validate import GOODPUT_TOLERANCE, P99_TOLERANCE
+    out = artifacts_dir() / "results" / "bench_side_by_side.json"
+    if quick:
+        settings = BenchSettings(model=model, mixes=((80, 20),), batches=(1, 4, 8, 16), repeats=1,
+                                 inputs_per_run=800, calibration_inputs=200, out=out)
+    else:
+        settings = BenchSettings(model=model, batches=(1, 2, 4, 8, 16), out=out)
+    doc = run_side_by_side(settings, echo)
+    validation = run_simulator_validation(out, echo=echo)
+    within = sum(abs(r["goodput_error"]) <= GOODPUT_TOLERANCE and abs(r["p99_error"]) <= P99_TOLERANCE
+                 for r in validation["rows"])
+    command = "e3 bench --quick" if quick else "e3 bench"
+    section = "\n".join([
+        f"## Goodput against batch size, and the simulator against real runs (`{command}`)",
+        "",
+        f"{model}, every system on {settings.cores} cores (instances x 1 thread; each baseline in its best "
+        f"configuration within them), {settings.concurrency} closed-loop clients, {settings.inputs_per_run} inputs "
+        f"per run, {settings.repeats} run(s) per cell (median); commit {doc.get('commit', 'unknown')}. In a closed "
+        "loop without an SLO every request is answered, so goodput is the answered inputs per second. The JSON: "
+        "`artifacts/results/bench_side_by_side.json`.",
+        "",
+        goodput_table(doc["rows"], doc["ideal_speedup"]),
+        "",
+        "The discrete-event simulator (`simulator/`, SimPy, the real scheduler in simulated time) run with the "
+        "same latency profile, plans, baseline configurations, inputs and load as each cell above "
+        f"(`e3 bench simulator`; `artifacts/results/simulator_validation.json`). Bar: goodput within "
+        f"{GOODPUT_TOLERANCE:.0%}, p99 within {P99_TOLERANCE:.0%} (misses in bold); {within} of "
+        f"{len(validation['rows'])} settings within both.",
+        "",
+        validation_table(validation["rows"], GOODPUT_TOLERANCE, P99_TOLERANCE),
+    ])
+    path = results_md or Path(__file__).resolve().parent.parent / "docs" / "RESULTS.md"
+    text = path.read_text() if path.exists() else "# Measured results\n"
+    from e3.core.files import write_atomic
+    write_atomic(path, replace_section(text, section))
+    echo(f"wrote the generated section of {path}")
+    return {"side_by_side": doc, "validation": validation}

@@ -274,6 +274,16 @@ def _admission(args) -> int:
     return 0
 
 
+def _bench_all(args) -> int:
+    from e3.bench import run_evaluation
+    try:
+        run_evaluation(quick=args.quick, model=args.model)
+    except ValueError as err:
+        print(f"e3 bench: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _bench_simulator(args) -> int:
     from e3.bench import run_simulator_validation
     try:
@@ -651,7 +661,13 @@ def build_parser() -> argparse.ArgumentParser:
     ad.set_defaults(func=_admission)
 
     b = sub.add_parser("bench", help="benchmarks: E3 against the stock and early-exit baselines, side by side")
-    bsub = b.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    b.add_argument("--quick", action="store_true", help="without a BENCHMARK: the 80:20 mix, one run per cell, "
+                                                        "fewer inputs (minutes)")
+    b.add_argument("--model", default="bert-ee", help="without a BENCHMARK: the zoo model (default bert-ee)")
+    b.set_defaults(func=_bench_all)
+    bsub = b.add_subparsers(dest="bench", required=False, metavar="BENCHMARK",
+                            help="one benchmark; none: goodput against batch for E3, stock and naive EE and the "
+                                 "simulator's validation, written into docs/RESULTS.md")
     sbs = bsub.add_parser("side-by-side", help="E3, <m>_stock and <m>_ee on one server at one core budget, per mix "
                                                "and request size; writes artifacts/results/side_by_side.json")
     sbs.add_argument("--model", default="bert-ee", help="zoo model with workload mixes (default bert-ee; trained "

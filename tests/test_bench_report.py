@@ -1,0 +1,32 @@
+"""`e3 bench`'s tables and its section of docs/RESULTS.md."""
+
+from __future__ import annotations
+
+import pytest
+
+from e3.client.bench_report import BEGIN, END, goodput_table, replace_section, validation_table
+
+
+def test_the_goodput_table_has_the_ratios_and_the_share_of_the_ideal():
+    rows = [{"mix": "80:20", "batch": 8, "system": "e3", "inputs_per_s": 280.0, "config": "1-6 compact x2 b16"},
+            {"mix": "80:20", "batch": 8, "system": "stock", "inputs_per_s": 140.0},
+            {"mix": "80:20", "batch": 8, "system": "ee", "inputs_per_s": 290.0}]
+    text = goodput_table(rows, {"80:20": 2.5})
+    assert "| 80:20 | 8 | 280.0 | 140.0 | 290.0 | 2.00x | 0.97x | 80% (2.50x) | 1-6 compact x2 b16 |" in text
+
+
+def test_the_validation_table_marks_misses():
+    rows = [{"setting": "a", "predicted_goodput": 110.0, "measured_goodput": 100.0, "predicted_p99_ms": 50.0,
+             "measured_p99_ms": 50.0}]
+    text = validation_table(rows, 0.08, 0.15)
+    assert "**+10.0%**" in text and "| +0.0% |" in text
+
+
+def test_the_section_is_replaced_in_place_and_the_rest_kept():
+    doc = "# Results\n\nhand-written\n"
+    once = replace_section(doc, "table 1")
+    assert once.startswith(doc.rstrip("\n")) and once.count(BEGIN) == 1 and "table 1" in once
+    twice = replace_section(once + "\n## after\nmore\n", "table 2")
+    assert "table 1" not in twice and "table 2" in twice and twice.endswith("## after\nmore\n")
+    with pytest.raises(ValueError, match="broken"):
+        replace_section(f"{END}\n{BEGIN}\n", "x")
