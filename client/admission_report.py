@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["Phase", "burst_schedule", "phase_latencies", "RatePoint", "throughput_at_qos", "format_burst",
+__all__ = ["Phase", "burst_schedule", "phase_latencies", "RatePoint", "throughput_at_qos", "format_burst", "admission_markdown",
            "format_throughput"]
 
 
@@ -110,3 +110,34 @@ def format_throughput(rows: Sequence[dict], qos_ms: float, budget: str) -> str:
         ratio = f"{r['throughput_rps'] / opt:.2f}x" if opt else "-"
         lines.append(f"{r['system']:<28} {r['throughput_rps']:>9.1f} {ratio:>11}  {r['config']}")
     return "\n".join(lines)
+
+
+def admission_markdown(doc: dict, command: str) -> str:
+    """docs/RESULTS.md's section for `e3 bench admission`: per model, the Fig. 14 analogue (throughput at
+    the QoS target) and the Fig. 13 analogue (p50 / p99 per burst phase)."""
+    out = [f"## Elastic admission (E²bird) against Triton's dynamic batcher (`{command}`)", "",
+           f"Commit {doc.get('commit', 'unknown')}; every input through system shared memory; open-loop Poisson "
+           "arrivals of single-input requests. The offline phase, the systems and what a CPU cannot show: "
+           "`docs/admission.md`. JSON: `artifacts/results/admission.json`."]
+    for name, m in doc["models"].items():
+        qos = m["qos_ms"]
+        out += ["", f"### {name} ({m['stock']}): QoS target p99 <= {qos:.0f} ms, MaxBS {m['offline']['max_bs']}", "",
+                f"Budget: {m['budget']}. Offline: one worker's latency per batch (ms) {m['offline']['latency_ms']}; "
+                f"E-Ebird's best worker set per TotalBS {m['offline']['confs']}. NO_Wait's closed-loop capacity "
+                f"{m['capacity_ips']:.1f} inputs/s; the sweep's rates are fractions of it.", "",
+                "Throughput at the QoS target (Fig. 14 analogue):", "",
+                "| system | inputs/s at the target | vs OPT_Wait | configuration |", "| --- | --- | --- | --- |"]
+        opt = next((r["throughput_rps"] for r in m["throughput"] if r["system"].startswith("OPT_Wait")), None)
+        for r in m["throughput"]:
+            ratio = f"{r['throughput_rps'] / opt:.2f}x" if opt else "-"
+            out.append(f"| {r['system']} | {r['throughput_rps']:.1f} | {ratio} | {r['config']} |")
+        out += ["", "Latency through a low -> high -> low burst (Fig. 13 analogue):", "",
+                "| system | phase | offered/s | requests | p50 ms | p99 ms | within the target |",
+                "| --- | --- | --- | --- | --- | --- | --- |"]
+        for r in m["burst"]:
+            ok = "yes" if r["meets_qos"] else "**no**" + (f" ({r['failed']} failed)" if r["failed"] else "")
+            out.append(f"| {r['system']} | {r['phase']} | {r['rate_rps']:.1f} | {r['requests']} | {r['p50_ms']:.1f} | "
+                       f"{r['p99_ms']:.1f} | {ok} |")
+        if m.get("burst_figure"):
+            out += ["", f"![{name}: latency through the burst]({m['burst_figure']})"]
+    return "\n".join(out)

@@ -45,13 +45,15 @@ from pathlib import Path
 
 import numpy as np
 
-from e3.client.admission_report import (Phase, RatePoint, burst_schedule, format_burst, format_throughput,
-                                        meets, phase_latencies, throughput_at_qos)
+from e3.client.admission_report import (Phase, RatePoint, admission_markdown, burst_schedule, format_burst,
+                                        format_throughput, meets, phase_latencies, throughput_at_qos)
 from e3.core.files import write_json_atomic
 from e3.core.names import served_name, stock_name
 from e3.paths import artifacts_dir
 
 __all__ = ["AdmissionBenchSettings", "run_admission_bench"]
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 log = logging.getLogger(__name__)
 
@@ -72,24 +74,34 @@ class AdmissionBenchSettings:
     shm: bool = True                     # inputs through system shared memory, for every system alike
     out: Path | None = None              # default artifacts/results/admission.json
     quick: bool = False
+    results_md: Path | None = DOCS / "RESULTS.md"   # None: leave docs alone
 
     def shortened(self) -> "AdmissionBenchSettings":
         """``--quick``: fewer rates, shorter runs, one OPT_Wait delay."""
         return AdmissionBenchSettings(self.models, self.cores, self.qos_ms, self.qos_factor,
                                       (0.5, 0.85, 1.0, 1.2, 1.4), self.burst_fractions, 3.0, 4.0, (4000,),
-                                      self.workers, self.shm, self.out, True)
+                                      self.workers, self.shm, self.out, True, self.results_md)
 
 
 def run_admission_bench(settings: AdmissionBenchSettings = AdmissionBenchSettings(), echo=print) -> dict:
     """Run the benchmark for every model; returns the results document (also written to ``settings.out``)."""
     if settings.quick:
         settings = settings.shortened()
+    from e3.bench import _commit
+    from e3.client.bench_report import replace_section
+    from e3.core.files import write_atomic
     out = settings.out or artifacts_dir() / "results" / "admission.json"
-    doc = {"cores": settings.cores, "models": {}}
+    doc = {"cores": settings.cores, "commit": _commit(), "quick": settings.quick, "models": {}}
     for name in settings.models:
         doc["models"][name] = _bench_model(name, settings, echo)
         write_json_atomic(out, doc, indent=1)
     echo(f"[done] results: {out}")
+    if settings.results_md is not None:
+        command = "e3 bench admission" + (" --quick" if settings.quick else "")
+        text = settings.results_md.read_text() if settings.results_md.exists() else "# Measured results\n"
+        write_atomic(settings.results_md, replace_section(text, admission_markdown(doc, command),
+                                                          name="e3 bench admission"))
+        echo(f"[done] wrote the generated section of {settings.results_md}")
     return doc
 
 
@@ -187,7 +199,7 @@ def _bench_model(name: str, settings: AdmissionBenchSettings, echo) -> dict:
         echo(format_burst(burst, qos_ms, budget))
         plot = _plot_burst(traces, phases, qos_ms, m)
     result.update(capacity_ips=capacity, rates=rates, sweep=sweep, throughput=table, burst=burst,
-                  burst_plot=str(plot) if plot else None)
+                  burst_figure=f"figures/{plot.name}" if plot else None)
     return result
 
 
@@ -250,9 +262,9 @@ def _plot_burst(traces: dict, phases, qos_ms: float, m: str) -> Path | None:
     ax.set_yscale("log")
     ax.set_title(f"{m}: low -> high -> low burst")
     ax.legend(fontsize=7, markerscale=4)
-    path = artifacts_dir() / "results" / f"admission_burst_{m}.png"
+    path = DOCS / "figures" / f"admission_burst_{m}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return path

@@ -50,3 +50,17 @@ def test_the_tables_name_the_budget_and_the_ratio_to_opt_wait():
     burst = [{"system": "E-Ebird", "phase": "high", "rate_rps": 9.0, "requests": 5, "p50_ms": 1.0, "p99_ms": 2.0,
               "meets_qos": False, "failed": 1}]
     assert "MISSED (1 failed)" in format_burst(burst, 100, "2 cores")
+
+
+def test_the_results_section_has_both_analogues_per_model():
+    from e3.client.admission_report import admission_markdown
+    model = {"stock": "bert_ee_stock", "qos_ms": 700.0, "budget": "2 cores", "capacity_ips": 40.0,
+             "offline": {"max_bs": 16, "latency_ms": {"1": 20.0}, "confs": {"4": [2, 2]}},
+             "throughput": [{"system": "OPT_Wait (1000 us)", "throughput_rps": 30.0, "config": "a"},
+                            {"system": "E-Ebird", "throughput_rps": 45.0, "config": "b"}],
+             "burst": [{"system": "NO_Wait", "phase": "high", "rate_rps": 50.0, "requests": 400, "p50_ms": 900.0,
+                        "p99_ms": 2000.0, "meets_qos": False, "failed": 0}],
+             "burst_figure": "figures/admission_burst_bert_ee.png"}
+    text = admission_markdown({"commit": "abc", "models": {"bert-ee": model}}, "e3 bench admission")
+    assert "| E-Ebird | 45.0 | 1.50x | b |" in text and "| NO_Wait | high | 50.0 | 400 | 900.0 | 2000.0 | **no** |" in text
+    assert "QoS target p99 <= 700 ms, MaxBS 16" in text and "(figures/admission_burst_bert_ee.png)" in text

@@ -30,3 +30,5 @@ def test_the_section_is_replaced_in_place_and_the_rest_kept():
     assert "table 1" not in twice and "table 2" in twice and twice.endswith("## after\nmore\n")
     with pytest.raises(ValueError, match="broken"):
         replace_section(f"{END}\n{BEGIN}\n", "x")
+    other = replace_section(twice, "admission table", name="e3 bench admission")   # sections side by side
+    assert "table 2" in other and "admission table" in other
