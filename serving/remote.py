@@ -7,8 +7,9 @@ with the same typed errors, so the router's scheduler treats both alike.
 
 Decisions:
 * One gRPC client per calling thread (the router's split workers): a channel per worker keeps calls
-  independent, and behind a Kubernetes Service kube-proxy balances connections, so the workers'
-  channels spread over the pool's pods.
+  independent. A server named ``dns:///host:port`` (the Helm chart names a pool's headless Service
+  so) gets gRPC's round-robin balancing over every address the name resolves to, one per ready pod:
+  kube-proxy behind a plain Service balances connections, not calls.
 * The batch's remaining SLO goes twice: as Triton's request ``timeout`` (the split's queue rejects
   it once expired, as for BLS) and as the client's deadline (a lost server cannot hold a batch).
 """
@@ -25,6 +26,8 @@ __all__ = ["RemoteSplit"]
 
 # Extra client-side wait past the batch's deadline (s): the server answers an expired request itself.
 CLIENT_GRACE_S = 1.0
+# A server address resolved by gRPC itself, every address balanced round-robin (e.g. a headless Service).
+DNS_SCHEME = "dns:///"
 
 
 class RemoteSplit:
@@ -40,7 +43,9 @@ class RemoteSplit:
         client = getattr(self._local, "client", None)
         if client is None:
             import tritonclient.grpc as grpc
-            client = self._local.client = grpc.InferenceServerClient(self.server)
+            balanced = self.server.startswith(DNS_SCHEME)
+            client = self._local.client = grpc.InferenceServerClient(
+                self.server, channel_args=[("grpc.lb_policy_name", "round_robin")] if balanced else None)
             with self._lock:
                 self._clients.append(client)
         return client

@@ -188,7 +188,8 @@ def test_pools_get_their_own_deployment_service_and_models():
     settings = by_kind(docs, "ConfigMap")["demo-e3-settings"]["data"]
     assert settings["E3_DEVICES"] == "cpu:10"   # 2 devices per pod x (1 + 4) max replicas
     pools = json.loads(settings["pools.json"])
-    assert [p["grpc_url"] for p in pools["pools"]] == ["demo-e3-triton-front:8001", "demo-e3-triton-deep:8001"]
+    assert [p["grpc_url"] for p in pools["pools"]] == ["dns:///demo-e3-triton-front-pods:8001",
+                                                       "dns:///demo-e3-triton-deep-pods:8001"]
     assert [p["pods_host"] for p in pools["pools"]] == ["demo-e3-triton-front-pods", "demo-e3-triton-deep-pods"]
     dashboard = json.loads(by_kind(docs, "ConfigMap")["demo-e3-dashboard"]["data"]["e3.json"])
     titles = " ".join(p["title"] for p in dashboard["panels"]).lower()

@@ -107,7 +107,10 @@ def test_the_plan_carries_a_splits_server_and_checks_it():
     assert "server" not in doc["splits"][0] and doc["splits"][1]["server"] == "demo-e3-triton-t4:8001"
     assert Plan.from_json(placed.to_json()) == placed
     assert "server" not in json.dumps(plan.to_dict())       # plans without pools read as before
-    for bad in ("t4-pool", "t4:http", ":8001", "a b:8001", "host:70000"):
+    doc = placed.to_dict()
+    doc["splits"][1]["server"] = "dns:///demo-e3-triton-t4-pods:8001"   # gRPC resolves it, round-robin
+    assert Plan.from_dict(doc).splits[1].server == "dns:///demo-e3-triton-t4-pods:8001"
+    for bad in ("t4-pool", "t4:http", ":8001", "a b:8001", "host:70000", "dns:///:8001"):
         doc = placed.to_dict()
         doc["splits"][1]["server"] = bad
         with pytest.raises(PlanError, match=r"splits\[1\].*is not a gRPC address host:port"):

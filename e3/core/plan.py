@@ -51,7 +51,8 @@ class SplitPlan:
     enabled_ramps: tuple[int, ...] = ()  # ramps computed in this split (blocks < L; the head is implied)
     form: str = CONSTANT        # CONSTANT (own Triton model, constant batch) or COMPACT (in the router, shrinking)
     server: str = ""            # where a constant split runs: "" = the router's own Triton (reached by BLS), else
-                                # the gRPC address host:port of the Triton (pool) serving it (reached by tritonclient)
+                                # the gRPC address host:port of the Triton (pool) serving it (reached by tritonclient;
+                                # dns:///host:port: every address of host, balanced round-robin)
 
 
 @dataclass(frozen=True)
@@ -193,10 +194,11 @@ class Plan:
                 if s.form != CONSTANT:
                     raise PlanError(f"{where}: a {s.form} split runs inside the router; only a constant split "
                                     f"can be placed on another server (got server {s.server!r})")
-                host, _, port = s.server.rpartition(":")
+                host, _, port = s.server.removeprefix("dns:///").rpartition(":")
                 if not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in host):
-                    raise PlanError(f"{where}: server {s.server!r} is not a gRPC address host:port "
-                                    "(e.g. e3-triton-gpu:8001); leave it empty for the router's own server")
+                    raise PlanError(f"{where}: server {s.server!r} is not a gRPC address host:port or "
+                                    "dns:///host:port (e.g. e3-triton-gpu:8001); leave it empty for the router's "
+                                    "own server")
             if s.batch_size < 1 or s.instances < 1 or s.queue_delay_us < 0:
                 raise PlanError(f"{where}: batch_size and instances must be >= 1 and queue_delay_us >= 0")
             for k in s.enabled_ramps:
