@@ -12,6 +12,10 @@ request is passed through unchanged, except:
   ``Content-Length`` 411, a compressed one that inflates past the limit 413;
 * while Triton is unreachable (being restarted by ``e3 serve``'s supervisor),
   every request gets 503 at once instead of hanging;
+* :meth:`Guard.abort` ends the requests in flight to a model with 503 (the
+  supervisor calls it when the model's stub died: measured, a request the
+  router had admitted before its stub was killed got no answer from Triton,
+  ever);
 * the readiness endpoints tell the truth the supervisor knows and Triton
   does not: ``/v2/health/ready`` answers 503 while any model is unhealthy
   (a dead Python stub being reloaded, the server restarting), and
@@ -30,6 +34,7 @@ import http.client
 import json
 import logging
 import re
+import socket
 import threading
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -53,12 +58,15 @@ class _Server(ThreadingHTTPServer):
     upstream: tuple[str, int]
     max_body_bytes: int
     unhealthy: Callable[[], set[str]]
+    inflight: dict[str, set["_Handler"]]   # model -> handlers waiting on Triton for an infer of it
+    lock: threading.Lock
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
     _conn: http.client.HTTPConnection | None = None
+    _aborted = False
 
     def log_message(self, fmt, *args):  # the server's access log is Triton's business
         log.debug("guard: " + fmt, *args)
@@ -121,7 +129,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.command in ("GET", "HEAD") and self._not_ready():
             return
+        model = None
         if self.command == "POST" and _INFER.match(self.path):
+            model = self.path.split("/")[3]
             plain = self._inflated(body)
             if plain is None:
                 return
@@ -131,12 +141,24 @@ class _Handler(BaseHTTPRequestHandler):
                 return
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
         headers["Content-Length"] = str(len(body))
+        if model:
+            with self.server.lock:
+                self.server.inflight.setdefault(model, set()).add(self)
         try:
             status, reason, out_headers, data = self._upstream(headers, body)
         except OSError as err:
-            self._reply(503, f"tritonserver is not reachable ({err.__class__.__name__}); it may be restarting, "
-                             "retry shortly")
+            if self._aborted:
+                self._aborted = False
+                self._reply(503, f"model {model} lost its Python stub while this request was in flight; "
+                                 "it is being reloaded, retry shortly")
+            else:
+                self._reply(503, f"tritonserver is not reachable ({err.__class__.__name__}); it may be "
+                                 "restarting, retry shortly")
             return
+        finally:
+            if model:
+                with self.server.lock:
+                    self.server.inflight.get(model, set()).discard(self)
         self.send_response(status, reason)
         for k, v in out_headers:
             if k.lower() not in _HOP_BY_HOP:
@@ -172,8 +194,18 @@ class _Handler(BaseHTTPRequestHandler):
             except (http.client.HTTPException, OSError):
                 self._conn.close()
                 self._conn = None
-                if attempt:
+                if attempt or self._aborted:
                     raise OSError("upstream connection failed") from None
+
+    def abort(self) -> None:
+        """From another thread: end this handler's wait on Triton (its request then gets 503)."""
+        self._aborted = True
+        conn = self._conn
+        if conn is not None and conn.sock is not None:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def finish(self):
         try:
@@ -207,6 +239,7 @@ class Guard:
     def start(self) -> "Guard":
         server = _Server((self.host, self.port), _Handler)
         server.upstream, server.max_body_bytes, server.unhealthy = self.upstream, self.max_body_bytes, self.unhealthy
+        server.inflight, server.lock = {}, threading.Lock()
         self._server = server
         self.port = server.server_address[1]   # port 0: the one the system chose
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
@@ -214,6 +247,18 @@ class Guard:
         self._thread.start()
         log.info("HTTP guard on %s in front of %s:%d", self.url, *self.upstream)
         return self
+
+    def abort(self, model: str) -> int:
+        """Answer every request in flight to ``model`` with 503 now; returns how many there were."""
+        if self._server is None:
+            return 0
+        with self._server.lock:
+            handlers = list(self._server.inflight.get(model, ()))
+        for handler in handlers:
+            handler.abort()
+        if handlers:
+            log.warning("guard: %d request(s) in flight to %s ended with 503", len(handlers), model)
+        return len(handlers)
 
     def stop(self) -> None:
         if self._server is not None:

@@ -175,7 +175,7 @@ def _group_rss(pgid: int) -> list[tuple[int, int]]:
         try:
             stat = (proc / "stat").read_text()
             fields = stat[stat.rindex(")") + 2:].split()   # after "pid (comm) ": state ppid pgrp ...
-            if int(fields[2]) != pgid:
+            if int(fields[2]) != pgid or fields[0] == "Z":   # a zombie (killed, not yet reaped) holds nothing
                 continue
             rss_pages = int((proc / "statm").read_text().split()[1])
         except (OSError, ValueError, IndexError):

@@ -35,18 +35,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import time
 import urllib.error
 import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from e3.controller.health import is_dead_stub
 from e3.deploy.server import ServerError, TritonServer
 
-__all__ = ["Supervisor", "Snapshot", "load_order", "lost_stubs", "probe_request", "GaveUp"]
+__all__ = ["Supervisor", "Snapshot", "load_order", "lost_stubs", "probe_request", "orphan_regions", "GaveUp"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,30 @@ def lost_stubs(before: Mapping[str, set[int]], now: Mapping[str, set[int]]) -> l
     return sorted(m for m, pids in before.items() if pids - now.get(m, set()))
 
 
+def orphan_regions(server: TritonServer, min_age_s: float = 10.0) -> list[Path]:
+    """``server``'s Python-backend shared-memory files that no stub maps any more, older than ``min_age_s``
+    (a region is created before its stub maps it). A stub killed outright never unlinks its region, and
+    Triton unlinks it only when it tears the instance down itself (measured: after a stub of a 2-instance
+    split was killed and the model reloaded, both old regions stayed)."""
+    stubs = [pid for pid in server.group_pids() if pid != (server.process.pid if server.process else None)]
+    mapped: set[str] = set()
+    for pid in stubs:
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                mapped.update(line.split()[-1] for line in maps if "/dev/shm/" in line)
+        except OSError:
+            continue
+    now = time.time()
+    old = []
+    for region in server.shm_regions():
+        try:
+            if str(region) not in mapped and now - region.stat().st_mtime > min_age_s:
+                old.append(region)
+        except OSError:
+            continue
+    return old
+
+
 def probe_request(config: Mapping) -> dict:
     """A KServe v2 JSON request of one row of zeros for a model of ``config`` (Triton's JSON config)."""
     batched = int(config.get("max_batch_size", 0)) > 0
@@ -93,22 +119,29 @@ def probe_request(config: Mapping) -> dict:
     return {"inputs": inputs}
 
 
-def _stub_pids(server: TritonServer, models) -> dict[str, set[int]]:
-    """Stub processes per model of ``server`` (the stub's command line names the model's folder)."""
-    counts = {m: set() for m in models}
+def _stub_cmdlines(server: TritonServer) -> dict[int, str]:
+    """pid -> command line of every Python-backend stub of ``server``."""
+    found = {}
     if not server.alive():
-        return counts
+        return found
     for pid in server.group_pids():
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "triton_python_backend_stub" not in cmd:
-            continue
-        for m in counts:
-            if f"/{m}/" in cmd:
-                counts[m].add(pid)
-    return counts
+        if "triton_python_backend_stub" in cmd:
+            found[pid] = cmd
+    return found
+
+
+def _match_stubs(stubs: Mapping[int, str], models) -> dict[str, set[int]]:
+    """Per model, the pids among ``stubs`` running it (a stub's command line names the model's folder)."""
+    return {m: {pid for pid, cmd in stubs.items() if f"/{m}/" in cmd} for m in models}
+
+
+def _stub_pids(server: TritonServer, models) -> dict[str, set[int]]:
+    """Stub processes per model of ``server``."""
+    return _match_stubs(_stub_cmdlines(server), models)
 
 
 class Supervisor:
@@ -116,21 +149,23 @@ class Supervisor:
 
     def __init__(self, server: TritonServer, *, poll_s: float = 0.5, snapshot_s: float = 2.0, hang_s: float = 15.0,
                  max_restarts: int = 5, restart_window_s: float = 300.0, headers: dict[str, str] | None = None,
-                 start_timeout_s: float = 180.0):
+                 start_timeout_s: float = 180.0, on_stub_death: Callable[[str], object] | None = None):
         self.server = server
         self.poll_s, self.snapshot_s, self.hang_s = poll_s, snapshot_s, hang_s
         self.max_restarts, self.restart_window_s = max_restarts, restart_window_s
         self.headers = dict(headers or {})
         self.start_timeout_s = start_timeout_s
+        self.on_stub_death = on_stub_death   # called with a model's name before it is reloaded (the guard's abort)
         self.snapshot = Snapshot()
         self.unhealthy: set[str] = set()     # models known broken (dead stub, being reloaded)
         self.restarting = False              # the server is down or coming back
         self.restarts: deque[float] = deque()
         self.events: list[str] = []          # what the supervisor did, for logs and tests
+        self.stale: dict[int, float] = {}    # pid of an old version's stub -> when its model was reloaded
         self._last_live = time.monotonic()
 
     # -- Triton's HTTP API ---------------------------------------------------------------------------------
-    def _call(self, method: str, path: str, body: dict | None = None, timeout_s: float = 10.0):
+    def _call(self, method: str, path: str, body: dict | None = None, timeout_s: float = 30.0):
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(f"http://{self.server.http_url}{path}", data=data, method=method,
                                          headers={"Content-Type": "application/json", **self.headers})
@@ -140,10 +175,13 @@ class Supervisor:
 
     def take_snapshot(self) -> Snapshot:
         """Record the READY models, their live configs and stub counts (the server must be up)."""
+        # Stubs first: the API calls may take seconds under load, and a stub that dies meanwhile must
+        # still be in the snapshot, or its death would go unseen.
+        stubs = _stub_cmdlines(self.server)
         index = self._call("POST", "/v2/repository/index", {})
         ready = [m["name"] for m in index if m.get("state") == "READY"]
         configs = {m: self._call("GET", f"/v2/models/{m}/config") for m in ready}
-        self.snapshot = Snapshot(configs, _stub_pids(self.server, ready), time.monotonic())
+        self.snapshot = Snapshot(configs, _match_stubs(stubs, ready), time.monotonic())
         return self.snapshot
 
     def _load(self, name: str, config: dict) -> None:
@@ -175,6 +213,36 @@ class Supervisor:
                 except (urllib.error.URLError, OSError, ValueError) as err:
                     log.debug("supervisor: snapshot skipped (%s)", err)
                 next_snapshot = now + self.snapshot_s
+                self.end_stale_stubs()
+                self.remove_orphan_regions()
+
+    def end_stale_stubs(self, grace_s: float = 10.0) -> None:
+        """Kill stubs of a reloaded model's old version still running ``grace_s`` after the reload.
+
+        Measured: when one stub of a 2-instance split is killed and the model reloaded, Triton never
+        finishes unloading the old version; its surviving stub (and its shared memory) stays. The new
+        version serves by then, and nothing is left in flight on the old one after ``grace_s``.
+        """
+        group = set(self.server.group_pids())
+        for pid, since in list(self.stale.items()):
+            if pid not in group:
+                del self.stale[pid]
+            elif time.monotonic() - since > grace_s:
+                log.warning("ending stub %d of a reloaded model's old version", pid)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                del self.stale[pid]
+
+    def remove_orphan_regions(self) -> None:
+        """Unlink the shared-memory files of stubs that are gone (:func:`orphan_regions`)."""
+        for region in orphan_regions(self.server):
+            try:
+                region.unlink()
+                log.warning("removed %s: its stub is gone", region)
+            except OSError:
+                pass
 
     def _hung(self, now: float) -> bool:
         try:
@@ -220,12 +288,14 @@ class Supervisor:
         return took
 
     def short_of_stubs(self, model: str, running: int) -> bool:
-        """Does ``model`` run fewer stubs than its live config has instances (a dead one among several,
-        which a probe may miss by reaching a live one)?"""
-        try:
-            config = self._call("GET", f"/v2/models/{model}/config")
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
+        """Does ``model`` run fewer stubs than its snapshot config has instances (a dead one among several,
+        which a probe may miss by reaching a live one)?
+
+        The snapshot's config, not a fresh call: under load every HTTP thread of Triton may be held by
+        requests to the dead stub (each waits ~2 s for its error; measured with 8 clients), and the answer
+        must not wait for them. A controller's scale-down between two snapshots (2 s) can make this a
+        false alarm; the price is one reload, which Triton serves through."""
+        config = self.snapshot.configs.get(model, {})
         if config.get("backend") != "python":
             return False
         return running < sum(int(g.get("count", 1)) for g in config.get("instance_group", [{"count": 1}]))
@@ -245,21 +315,25 @@ class Supervisor:
         return False
 
     def reload(self, models: list[str]) -> None:
-        """Reload ``models`` (a stub died) with their live configs (the snapshot's if Triton cannot say)."""
+        """Reload ``models`` (a stub died) with their snapshot configs."""
         self.unhealthy.update(models)
         for name in load_order({m: self.snapshot.configs[m] for m in models}):
             began = time.monotonic()
             log.error("a Python stub of %s died; reloading the model", name)
-            try:
-                config = self._call("GET", f"/v2/models/{name}/config")
-            except (urllib.error.URLError, OSError, ValueError):
-                config = self.snapshot.configs[name]
+            if self.on_stub_death:
+                self.on_stub_death(name)   # requests it held will never be answered by Triton
+            config = self.snapshot.configs[name]   # at most snapshot_s old; see short_of_stubs
+            # An override equal to the live config is a no-op for Triton (measured: "successfully loaded" at
+            # once, the dead stub kept); a changed parameter makes it a new version with fresh stubs.
+            config = {**config, "parameters": {**config.get("parameters", {}),
+                                               "e3_reload": {"string_value": f"{time.time():.6f}"}}}
             try:
                 self._load(name, config)
             except (urllib.error.URLError, OSError) as err:
                 log.error("reloading %s failed: %s", name, err)
                 continue
             self.unhealthy.discard(name)
+            self.stale.update(dict.fromkeys(self.snapshot.stubs.get(name, ()), time.monotonic()))
             self.events.append(f"reload {name} {time.monotonic() - began:.1f}s")
         try:
             self.take_snapshot()

@@ -90,6 +90,7 @@ def _serve(args) -> int:
         if guarded:
             guard = Guard(server.http_url, host=args.host, port=args.http_port,
                           unhealthy=lambda: supervisor.unhealthy).start()
+            supervisor.on_stub_death = guard.abort
         http = guard.url if guard else server.http_url
         print(f"serving {args.repo}: HTTP {http}{' (guarded)' if guard else ''}, gRPC {server.grpc_url}, "
               f"metrics {server.metrics_url}{'' if args.no_restart else ', restarted if it dies'} (Ctrl-C stops)",

@@ -199,7 +199,8 @@ def test_e3_serve_restores_a_killed_server_and_a_killed_stub_under_load(tiny_rep
             assert router_plan["plan_id"] == "supervised"
         status, after = _infer(port, body)
         assert status == 200 and _labels(after) == _labels(before)
-        wait_until(lambda: len(_shm(proc.pid)) == len(shm_baseline), 30, "/dev/shm back to its baseline")
+        wait_until(lambda: len(_shm(proc.pid)) == len(shm_baseline), 30,
+                   lambda: f"/dev/shm back to its baseline: {_shm(proc.pid)} vs {shm_baseline}")
 
         # 2. kill -9 one stub of split 3-4 under load: detected, the model reloaded, readiness truthful
         stubs = _pids(lambda c: "triton_python_backend_stub" in c and f"/{SPLIT}/" in c
@@ -224,7 +225,31 @@ def test_e3_serve_restores_a_killed_server_and_a_killed_stub_under_load(tiny_rep
         assert any("reloading the model" in l for l in lines), "".join(lines[-30:])
         status, after = _infer(port, body)
         assert status == 200 and _labels(after) == _labels(before)
-        wait_until(lambda: len(_shm(proc.pid)) == len(shm_baseline), 30, "/dev/shm back to its baseline")
+        wait_until(lambda: len(_shm(proc.pid)) == len(shm_baseline), 30,
+                   lambda: f"/dev/shm back to its baseline: {_shm(proc.pid)} vs {shm_baseline}")
+
+        # 3. kill -9 the router's stub under load (it holds requests in flight): each gets an error, none hangs
+        router_stubs = _pids(lambda c: "triton_python_backend_stub" in c and f"/{ROUTER}/" in c
+                             and f"e3_{proc.pid}_" in c)
+        assert len(router_stubs) == 1, router_stubs
+        with Load(port, body, threads=8) as load:
+            wait_until(lambda: sum(s == 200 for _, _, s in load.calls) >= 20, 60, "load before the router kill")
+            killed_at = time.monotonic()
+            os.kill(router_stubs[0], signal.SIGKILL)
+            wait_until(lambda: _ready(port) == 200 and any(t0 > killed_at + 1 and s == 200
+                                                           for t0, _, s in load.calls), 60,
+                       lambda: f"serving restored; ready {_ready(port)}, last calls {load.calls[-4:]}; log: " +
+                       "".join(l for l in lines[-25:] if "# 0x" not in l))
+            restored_router_s = time.monotonic() - killed_at
+        failed = [c for c in load.calls if c[2] != 200]
+        print(f"supervision: router stub killed, restored within {restored_router_s:.1f} s; {len(load.calls)} "
+              f"calls, {len(failed)} failed (slowest failure {max((d for _, d, _ in failed), default=0):.2f} s)")
+        assert restored_router_s < RESTORE_BOUND_S
+        assert all(d < RESTORE_BOUND_S for _, d, _ in failed)
+        status, after = _infer(port, body)
+        assert status == 200 and _labels(after) == _labels(before)
+        wait_until(lambda: len(_shm(proc.pid)) == len(shm_baseline), 30,
+                   lambda: f"/dev/shm back to its baseline: {_shm(proc.pid)} vs {shm_baseline}")
 
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
