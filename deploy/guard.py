@@ -8,6 +8,8 @@ request is passed through unchanged, except:
   :func:`e3.deploy.request_check.check_infer_request` refuses gets HTTP 400
   with ``{"error": "..."}`` naming the problem, and Triton never sees it (one
   such body killed the embedded server; see that module);
+* a model-repository call with a traversal-style model name or ``file:``
+  override gets 400 (:func:`~e3.deploy.request_check.check_repository_request`);
 * a body larger than ``max_body_bytes`` gets 413, one without a
   ``Content-Length`` 411, a compressed one that inflates past the limit 413;
 * while Triton is unreachable (being restarted by ``e3 serve``'s supervisor),
@@ -40,7 +42,7 @@ import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
-from e3.deploy.request_check import check_infer_request
+from e3.deploy.request_check import check_infer_request, check_repository_request
 
 __all__ = ["Guard", "DEFAULT_MAX_BODY_BYTES"]
 
@@ -138,6 +140,11 @@ class _Handler(BaseHTTPRequestHandler):
             problem = check_infer_request(plain, self.headers.get("Inference-Header-Content-Length"))
             if problem:
                 self._reply(400, f"malformed inference request: {problem}")
+                return
+        if self.command == "POST" and self.path.startswith("/v2/repository/models/"):
+            problem = check_repository_request(self.path, body)
+            if problem:
+                self._reply(400, f"refused: {problem}")
                 return
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
         headers["Content-Length"] = str(len(body))

@@ -32,9 +32,12 @@ from __future__ import annotations
 
 import json
 import math
+import posixpath
+import re
+import urllib.parse
 from typing import Any
 
-__all__ = ["check_infer_request", "DATATYPES", "MAX_ELEMENTS"]
+__all__ = ["check_infer_request", "check_repository_request", "DATATYPES", "MAX_ELEMENTS"]
 
 # datatype -> (JSON kind, low, high); kind "int" (not bool), "float" (int or float, not bool), "bool", "str"
 DATATYPES: dict[str, tuple[str, float, float]] = {
@@ -201,3 +204,40 @@ def _shm(params: dict, what: str) -> None:
     for key in _SHM_KEYS[1:]:
         if key in params and not _uint(params[key], 2**63):
             raise _Bad(f"{what}: {key} must be a non-negative integer")
+
+
+# A model name as the exporter writes them: letters, digits, '_', '-', '.', not starting with '.'.
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}$")
+
+
+def check_repository_request(path: str, body: bytes) -> str | None:
+    """None if a model-repository call (``/v2/repository/models/<name>/load|unload``) may reach Triton,
+    else why not (for a 400).
+
+    Measured on Triton 2.51: a load of a traversal-style name (``..%2F..%2Fetc``) is refused with 500,
+    but leaves an UNAVAILABLE entry that turns the server's readiness false. Refused here: names other
+    than :data:`_MODEL_NAME` (after URL-decoding: no '/', '\\', '..' or leading '.'), and ``file:``
+    overrides whose path is absolute or climbs out of the model folder.
+    """
+    parts = path.split("?", 1)[0].split("/")
+    if len(parts) < 6 or parts[1:4] != ["v2", "repository", "models"]:
+        return None
+    name = urllib.parse.unquote(parts[4])
+    if not _MODEL_NAME.match(name) or ".." in name:
+        return f"model name {name[:60]!r} is not allowed (letters, digits, '_', '-', '.'; no path)"
+    if not body:
+        return None
+    try:
+        request = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return "the request body is not valid JSON"
+    params = request.get("parameters", {}) if isinstance(request, dict) else {}
+    if not isinstance(params, dict):
+        return "'parameters' must be an object"
+    for key in params:
+        if key.startswith("file:"):
+            rel = key[len("file:"):]
+            norm = posixpath.normpath(rel)
+            if not rel or rel.startswith(("/", "\\")) or norm.startswith("..") or "\\" in rel:
+                return f"file override {rel[:80]!r} must stay inside the model folder"
+    return None

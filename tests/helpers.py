@@ -15,16 +15,18 @@ from e3.core.rows import request_slices
 
 
 @contextmanager
-def serving(repo: str | os.PathLike, models: list[str] | None = None, *, name: str = "session") -> Iterator:
+def serving(repo: str | os.PathLike, models: list[str] | None = None, *, name: str = "session",
+            **server_args) -> Iterator:
     """The real embedded tritonserver serving ``repo`` (``models``, default: its manifest) on free
     loopback ports, for as long as the ``with`` lasts; its log goes to
-    ``artifacts/logs/test-tritonserver-<name>-<pid>.log``. Every e2e test starts its servers here."""
+    ``artifacts/logs/test-tritonserver-<name>-<pid>.log``; ``server_args`` go to TritonServer (e.g.
+    ``api_key``). Every e2e test starts its servers here."""
     from e3.deploy.server import TritonServer
     from e3.paths import artifacts_dir
     log = Path(artifacts_dir()) / "logs" / f"test-tritonserver-{name}-{os.getpid()}.log"
     # A test server has nothing in flight when it stops; Triton's wait for models that never report
     # unloaded (seen after a refused router reload) is cut to 3 s, after which the launcher kills it.
-    with TritonServer.on_free_ports(repo, models, log_file=log, exit_timeout_s=3) as server:
+    with TritonServer.on_free_ports(repo, models, log_file=log, exit_timeout_s=3, **server_args) as server:
         yield server
 
 

@@ -34,6 +34,9 @@ RSS_BOUND_MIB_PER_100 = 1.0 if BODIES >= 2000 else 3.0
 TARGETS = ["tiny_ee_router", "tiny_ee_split_1-2", "tiny_ee_split_3-4"]
 MODELS = ["tiny_ee_split_1-2", "tiny_ee_split_3-4", "tiny_ee_router"]
 MIB = 2**20
+# Killed the embedded Triton 2.51 (std::bad_alloc in its JSON parser) before the guard.
+CRASH_BODY = json.dumps({"inputs": [{"name": "input_ids", "shape": [10**12, 16], "datatype": "INT64",
+                                     "data": [1] * 16}]}).encode()
 
 # -- bodies -------------------------------------------------------------------------------------------------
 NAMES = st.sampled_from(["input_ids", "attention_mask", "hidden", "TEXT", ""]) | st.text(max_size=6)
@@ -201,10 +204,24 @@ def guarded(tiny_repo):
         yield server, guard
 
 
+@pytest.mark.reliability
+@pytest.mark.skipif(not os.environ.get("E3_RELIABILITY"), reason="kills a server on purpose: make reliability")
+def test_without_the_guard_one_body_kills_triton(tiny_repo):
+    """The positive control: the body the guard refuses does kill Triton 2.51 when it reaches its parser.
+    If a Triton upgrade survives it, this test says so (and the guard's docstring needs updating)."""
+    with serving(tiny_repo, ["tiny_ee_split_1-2"], name="crash") as server:
+        status = None
+        try:
+            status, _ = post((server.host, server.http_port), "tiny_ee_split_1-2", CRASH_BODY, {})
+        except (OSError, http.client.HTTPException):
+            pass
+        died = not server.alive() or not server.ready()
+        print(f"fuzz: unguarded server {'died' if died else 'survived'} on the crash body (status {status})")
+        assert died
+
+
 def test_checker_refuses_the_body_that_kills_triton():
-    crash = json.dumps({"inputs": [{"name": "input_ids", "shape": [10**12, 16], "datatype": "INT64",
-                                    "data": [1] * 16}]}).encode()
-    assert "more than the 2147483648 allowed" in check_infer_request(crash)
+    assert "more than the 2147483648 allowed" in check_infer_request(CRASH_BODY)
     assert check_infer_request(_valid_json(2)) is None
 
 

@@ -1,0 +1,79 @@
+"""`make reliability`: the long reliability runs, one line per item of the reliability issue with its figure.
+
+Runs the reliability tests with their long settings (E3_RELIABILITY=1, 2,500 fuzzed bodies), one pytest
+run at a time (each starts its own tritonserver), reads the figures the tests print, and prints:
+
+    item 1  no request takes the server down     PASS  2500 bodies, 0 deaths, ...
+    ...
+
+Items the project does not test yet are printed as NOT BUILT, never as passing. Exit status 1 if any
+item that runs fails. Usage: ``python benchmarks/reliability.py [--bodies N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (item, title, pytest selection, regexes whose matches in the output form the figure)
+ITEMS = [
+    (1, "no request takes the server down", ["tests/test_fuzz_http.py"], [r"fuzz: .*"]),
+    (2, "supervision: tritonserver killed", ["tests/test_supervision.py"], [r"supervision: server killed.*"]),
+    (3, "input policy (NaN/Inf, ids, text)", ["tests/test_input_policy.py"], []),
+    (4, "instance resizing under 16-thread load", None, []),
+    (5, "100 re-plans under load", None, []),
+    (6, "kill -9 of a split's / the router's stub", ["tests/test_supervision.py"],
+     [r"supervision: stub killed.*", r"supervision: router stub killed.*"]),
+    (7, "a hung split", None, []),
+    (8, "backpressure at 3x capacity", None, []),
+    (9, "soak: 1M requests, 100 reload cycles", None, []),
+    (10, "security: restricted APIs, names, SIGTERM",
+     ["tests/test_security.py", "tests/test_e2e.py::test_e3_serve_stops_cleanly_on_sigterm"], [r"security: .*"]),
+]
+
+
+def run(paths: list[str], env: dict) -> tuple[bool, str, float]:
+    began = time.monotonic()
+    existing = [p for p in paths if (ROOT / p.split("::")[0]).exists()]
+    if not existing:
+        return False, "no test file", 0.0
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", *existing],
+                          cwd=ROOT, env=env, capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    return proc.returncode == 0, out, time.monotonic() - began
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bodies", type=int, default=2500, help="fuzzed request bodies for item 1 (default 2500)")
+    args = parser.parse_args()
+    env = {**os.environ, "E3_RELIABILITY": "1", "E3_FUZZ_BODIES": str(args.bodies)}
+    cache: dict[tuple[str, ...], tuple[bool, str, float]] = {}
+    failed = 0
+    for item, title, paths, patterns in ITEMS:
+        if paths is None:
+            print(f"item {item:<2} {title:<42} NOT BUILT", flush=True)
+            continue
+        key = tuple(paths)
+        if key not in cache:
+            cache[key] = run(paths, env)
+        ok, out, seconds = cache[key]
+        figures = [m.group(0).strip() for p in patterns for m in re.finditer(p, out)]
+        summary = re.findall(r"\d+ (?:passed|failed)[^\n=]*", out)
+        figure = "; ".join(figures) if figures else (summary[-1].strip() if summary else "(no pytest summary)")
+        failed += not ok
+        print(f"item {item:<2} {title:<42} {'PASS' if ok else 'FAIL'}  {figure}  ({seconds:.0f} s)", flush=True)
+        if not ok:
+            print("\n".join("    " + l for l in out.strip().splitlines()[-25:]), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
