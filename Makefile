@@ -8,11 +8,12 @@ SETUP_INPUTS := requirements.txt requirements-nodeps.txt requirements.lock pypro
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export E3_DEPS_DIR := $(CURDIR)/.deps
 
-.PHONY: setup demo test clean help
+.PHONY: setup demo test reliability clean help
 
 help:
 	@echo "make demo       set up, export the demo model, serve it on the embedded Triton, print a side-by-side table"
 	@echo "make test       set up and run the test suite (unit + end-to-end on the real tritonserver)"
+	@echo "make reliability  long fault, fuzz and security runs; one line per item with its figure (docs/reliability.md)"
 	@echo "make setup      create .venv with the pinned dependencies (idempotent)"
 	@echo "make clean      remove generated artifacts (keeps .venv)"
 
@@ -45,6 +46,11 @@ endef
 
 test: setup
 	$(call run_pytest,)
+
+# The long versions of the reliability tests (2,500 fuzzed bodies, destructive controls); `make test` runs
+# the short ones.
+reliability: setup
+	$(BIN)/python benchmarks/reliability.py
 
 clean:
 	@if [ -x $(BIN)/e3 ]; then $(BIN)/e3 clean; else rm -rf artifacts; fi
