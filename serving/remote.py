@@ -10,6 +10,8 @@ Decisions:
   independent. A server named ``dns:///host:port`` (the Helm chart names a pool's headless Service
   so) gets gRPC's round-robin balancing over every address the name resolves to, one per ready pod:
   kube-proxy behind a plain Service balances connections, not calls.
+* A call answered UNAVAILABLE (a pod that left, a channel still connecting) is tried once more
+  within the deadline; inference is idempotent. Any other failure is final.
 * The batch's remaining SLO goes twice: as Triton's request ``timeout`` (the split's queue rejects
   it once expired, as for BLS) and as the client's deadline (a lost server cannot hold a batch).
 """
@@ -17,6 +19,7 @@ Decisions:
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 
@@ -26,6 +29,8 @@ __all__ = ["RemoteSplit"]
 
 # Extra client-side wait past the batch's deadline (s): the server answers an expired request itself.
 CLIENT_GRACE_S = 1.0
+# Calls answered UNAVAILABLE (no connection) are tried this many times in all, within the batch's deadline.
+UNAVAILABLE_TRIES = 2
 # A server address resolved by gRPC itself, every address balanced round-robin (e.g. a headless Service).
 DNS_SCHEME = "dns:///"
 
@@ -65,17 +70,25 @@ class RemoteSplit:
             tensor.set_data_from_numpy(value)
             tensors.append(tensor)
         where = f"{self.model} on {self.server}"
-        try:
-            result = self._client().infer(
-                self.model, tensors, outputs=[grpc.InferRequestedOutput(n) for n in outputs],
-                **({"timeout": int(timeout_us), "client_timeout": timeout_us / 1e6 + CLIENT_GRACE_S}
-                   if timeout_us else {}))
-        except InferenceServerException as err:
-            if "DEADLINE_EXCEEDED" in str(err.status() or ""):
-                raise BlsTimeout(f"{where}: the deadline passed before it answered") from None
-            raise bls_error(where, err.message() or str(err)) from None
-        except Exception as err:  # noqa: BLE001 - connection trouble: the batch's requests get this error
-            raise BlsError(f"{where}: {err}") from None
+        deadline = time.monotonic() + timeout_us / 1e6 if timeout_us else None
+        for attempt in range(UNAVAILABLE_TRIES):
+            left_us = int((deadline - time.monotonic()) * 1e6) if deadline is not None else 0
+            if deadline is not None and left_us <= 0:
+                raise BlsTimeout(f"{where}: the deadline passed before it answered")
+            try:
+                result = self._client().infer(
+                    self.model, tensors, outputs=[grpc.InferRequestedOutput(n) for n in outputs],
+                    **({"timeout": left_us, "client_timeout": left_us / 1e6 + CLIENT_GRACE_S} if left_us else {}))
+                break
+            except InferenceServerException as err:
+                status = str(err.status() or "")
+                if "DEADLINE_EXCEEDED" in status:
+                    raise BlsTimeout(f"{where}: the deadline passed before it answered") from None
+                if "UNAVAILABLE" in status and attempt + 1 < UNAVAILABLE_TRIES:
+                    continue   # a pod that went away (or a channel not connected yet): inference is idempotent
+                raise bls_error(where, err.message() or str(err)) from None
+            except Exception as err:  # noqa: BLE001 - connection trouble: the batch's requests get this error
+                raise BlsError(f"{where}: {err}") from None
         out = {}
         for name in outputs:
             value = result.as_numpy(name)

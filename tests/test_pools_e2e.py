@@ -56,11 +56,12 @@ def two_servers(tmp_path_factory):
 
 def _pools(a, b):
     """What the chart's pools.json holds for two pools of one device, A serving the router; B is named as the
-    chart names a pool's pods (dns:///<host>:<port>: gRPC resolves the name and balances over its addresses)."""
+    chart names a pool's pods (dns:///<host>:<port>: gRPC resolves the name and balances over its addresses;
+    an IPv4 literal, since localhost also resolves to ::1, where nothing listens)."""
     return load_pools({"namespace": "local", "pools": [
         {"name": "a", "device": "cpu", "deployment": "e3-triton-a", "grpc_url": a.grpc_url, "http_url": a.http_url,
          "router": True},
-        {"name": "b", "device": "cpu", "deployment": "e3-triton-b", "grpc_url": f"dns:///localhost:{b.grpc_port}",
+        {"name": "b", "device": "cpu", "deployment": "e3-triton-b", "grpc_url": f"dns:///127.0.0.1:{b.grpc_port}",
          "http_url": b.http_url}]})
 
 
