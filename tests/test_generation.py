@@ -160,3 +160,13 @@ def test_smollm2_from_gguf_answers_a_known_question():
     assert tok.decode(ids, skip_special_tokens=False) == prompt
     out = generate_full(model, ids, 12, eos_id=eos)
     assert tok.decode(out.tokens, skip_special_tokens=True) == "The capital of France is Paris."
+
+
+def test_the_engine_and_the_kv_store_load_without_torch():
+    """They only decide and move arrays (the generation router imports them inside Triton)."""
+    import subprocess
+    import sys
+    code = "import sys, e3.generation.engine, e3.generation.kv_store; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
