@@ -97,7 +97,8 @@ def load_pools(source: str | Path | Mapping[str, Any]) -> Pools:
     for i, e in enumerate(entries):
         try:
             pool = Pool(name=str(e["name"]), device=str(e["device"]), deployment=str(e["deployment"]),
-                        grpc_url=str(e["grpc_url"]), http_url=str(e["http_url"]), metrics_url=str(e.get("metrics_url", "")),
+                        grpc_url=str(e["grpc_url"]), http_url=str(e["http_url"]),
+                        metrics_url=str(e.get("metrics_url", "")),
                         devices_per_pod=int(e.get("devices_per_pod", 1)), min_replicas=int(e.get("min_replicas", 1)),
                         max_replicas=int(e.get("max_replicas", 1)), price=float(e.get("price", 1.0)),
                         router=bool(e.get("router", False)), pods_host=str(e.get("pods_host", "")))

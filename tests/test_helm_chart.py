@@ -80,7 +80,8 @@ def key_fields(docs: list[dict]) -> dict:
         entry = {"replicas": dep["spec"]["replicas"], "image": c["image"], "args": c.get("args", []),
                  "resources": c.get("resources", {}), "nodeSelector": pod.get("nodeSelector", {}),
                  "volumes": pod.get("volumes", []), "mounts": c.get("volumeMounts", []),
-                 "initContainers": [{"name": i["name"], "command": i["command"]} for i in pod.get("initContainers", [])]}
+                 "initContainers": [{"name": i["name"], "command": i["command"]}
+                                    for i in pod.get("initContainers", [])]}
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             if probe in c:
                 entry[probe] = c[probe]

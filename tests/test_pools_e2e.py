@@ -180,7 +180,8 @@ def test_a_pool_that_is_down_answers_every_request_with_an_error(two_servers, ti
     base = default_plan(MODEL, card.num_blocks, [(1, 2), (3, 4)], card.exit_rule, card.ramp_blocks, batch_size=4,
                         slo_ms=SLO_MS)
     pools = load_pools({"pools": [
-        {"name": "a", "device": "cpu", "deployment": "a", "grpc_url": a.grpc_url, "http_url": a.http_url, "router": True},
+        {"name": "a", "device": "cpu", "deployment": "a", "grpc_url": a.grpc_url, "http_url": a.http_url,
+         "router": True},
         {"name": "gone", "device": "cpu", "deployment": "gone", "grpc_url": dead, "http_url": dead}]})
     broken = place(base, pools, pin={"tiny_ee_split_3-4": "gone"})
     applier = PooledApplier(ROUTER, TritonApplier(a.http_url), {dead: TritonApplier(dead)})
