@@ -66,6 +66,9 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body leave in separate writes: with Nagle's algorithm and the client's delayed ACK each
+    # answer waited ~40 ms (measured: 52 ms per request against 6 ms direct).
+    disable_nagle_algorithm = True
     server: _Server
     _conn: http.client.HTTPConnection | None = None
     _aborted = False
@@ -193,6 +196,8 @@ class _Handler(BaseHTTPRequestHandler):
         for attempt in (0, 1):
             if self._conn is None:
                 self._conn = http.client.HTTPConnection(*self.server.upstream, timeout=None)
+                self._conn.connect()
+                self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # see disable_nagle
             try:
                 self._conn.request(self.command, self.path, body=body, headers=headers)
                 r = self._conn.getresponse()
