@@ -151,8 +151,9 @@ def test_shm_is_a_memory_volume_sized_for_the_python_backend():
 def test_model_control_is_restricted_with_the_secret_key():
     docs = render({})
     c = _triton(docs, "main")["containers"][0]
-    assert "--http-restricted-api=model-repository:e3-api-key=$(E3_API_KEY)" in c["args"]
-    assert "--grpc-restricted-protocol=model-repository:e3-api-key=$(E3_API_KEY)" in c["args"]
+    apis = "model-repository,model-config,shared-memory"   # as `e3 serve` restricts them
+    assert f"--http-restricted-api={apis}:e3-api-key=$(E3_API_KEY)" in c["args"]
+    assert f"--grpc-restricted-protocol={apis}:e3-api-key=$(E3_API_KEY)" in c["args"]
     key = next(e for e in c["env"] if e["name"] == "E3_API_KEY")["valueFrom"]["secretKeyRef"]
     secret = by_kind(docs, "Secret")[key["name"]]
     assert len(secret["data"][key["key"]]) >= 40

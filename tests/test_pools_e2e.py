@@ -1,7 +1,7 @@
 """Splits on different servers (pools), locally: two embedded tritonservers on loopback act as two pools.
 The router on server A reaches split 1-2 by BLS and split 3-4 on server B over gRPC; answers equal the
 PyTorch reference; then, under load, the controller moves split 3-4 from B to A (load on A, switch the
-router, unload from B after the drain) and no request fails. Server B restricts its model-control API
+router, unload from B after the drain) and no request fails. Server B restricts its model-control APIs
 with a key (as the Helm chart does); the controller sends it.
 """
 
@@ -47,10 +47,9 @@ def two_servers(tmp_path_factory):
     logs = Path(artifacts_dir()) / "logs"
     a = TritonServer.on_free_ports(repo, [ROUTER, "tiny_ee_split_1-2", "tiny_ee_split_3-4"], exit_timeout_s=3,
                                    log_file=logs / f"test-tritonserver-pool-a-{os.getpid()}.log")
-    b = TritonServer.on_free_ports(repo, [], exit_timeout_s=3,
-                                   log_file=logs / f"test-tritonserver-pool-b-{os.getpid()}.log",
-                                   extra_args=[f"--http-restricted-api=model-repository:{HEADER}={KEY}",
-                                               f"--grpc-restricted-protocol=model-repository:{HEADER}={KEY}"])
+    # B restricts what the chart restricts (model repository, model config, shared memory) with a key
+    b = TritonServer.on_free_ports(repo, [], exit_timeout_s=3, api_key=(HEADER, KEY),
+                                   log_file=logs / f"test-tritonserver-pool-b-{os.getpid()}.log")
     with a, b:
         yield a, b
 
