@@ -32,7 +32,7 @@ ITEMS = [
     (6, "kill -9 of a split's / the router's stub", ["tests/test_supervision.py"],
      [r"supervision: stub killed.*", r"supervision: router stub killed.*"]),
     (7, "a hung split", None, []),
-    (8, "backpressure at 3x capacity", None, []),
+    (8, "backpressure at 3x capacity", ["tests/test_reliability_backpressure.py"], [r"backpressure: .*"]),
     (9, "soak: 1M requests, 100 reload cycles", None, []),
     (10, "security: restricted APIs, names, SIGTERM",
      ["tests/test_security.py", "tests/test_e2e.py::test_e3_serve_stops_cleanly_on_sigterm"], [r"security: .*"]),
