@@ -27,7 +27,7 @@ ITEMS = [
     (1, "no request takes the server down", ["tests/test_fuzz_http.py"], [r"fuzz: .*"]),
     (2, "supervision: tritonserver killed", ["tests/test_supervision.py"], [r"supervision: server killed.*"]),
     (3, "input policy (NaN/Inf, ids, text)", ["tests/test_input_policy.py"], []),
-    (4, "instance resizing under 16-thread load", None, []),
+    (4, "instance resizing under 16-thread load", ["tests/test_reliability_resize.py"], [r"resize: .*"]),
     (5, "100 re-plans under load", None, []),
     (6, "kill -9 of a split's / the router's stub", ["tests/test_supervision.py"],
      [r"supervision: stub killed.*", r"supervision: router stub killed.*"]),
