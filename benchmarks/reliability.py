@@ -28,7 +28,7 @@ ITEMS = [
     (2, "supervision: tritonserver killed", ["tests/test_supervision.py"], [r"supervision: server killed.*"]),
     (3, "input policy (NaN/Inf, ids, text)", ["tests/test_input_policy.py"], []),
     (4, "instance resizing under 16-thread load", ["tests/test_reliability_resize.py"], [r"resize: .*"]),
-    (5, "100 re-plans under load", None, []),
+    (5, "100 re-plans under load", ["tests/test_reliability_replans.py"], [r"replans: .*"]),
     (6, "kill -9 of a split's / the router's stub", ["tests/test_supervision.py"],
      [r"supervision: stub killed.*", r"supervision: router stub killed.*"]),
     (7, "a hung split", None, []),

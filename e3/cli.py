@@ -74,7 +74,8 @@ def _serve(args) -> int:
                           "E3_API_KEY so that model control, model configs and shared memory need the key")
     guarded = not args.no_guard
     if guarded and port_taken(args.host, args.http_port):
-        raise ServerError(f"HTTP port {args.http_port} on {args.host} is already in use; choose another with --http-port")
+        raise ServerError(f"HTTP port {args.http_port} on {args.host} is already in use; "
+                          "choose another with --http-port")
     server = TritonServer(args.repo, models, host=args.host, http_port=free_port() if guarded else args.http_port,
                           http_host="127.0.0.1" if guarded else None, grpc_port=args.grpc_port,
                           metrics_port=args.metrics_port, tritonserver=args.tritonserver, echo_logs=True,

@@ -258,7 +258,8 @@ def test_generated_bodies_get_client_errors_and_the_server_stays_live(guarded):
     sent = sum(record.statuses.values())
     rss_before, rss_after = rss[BODIES // 2], server.rss_bytes()
     growth_mib_per_100 = (rss_after - rss_before) / MIB / ((sent - BODIES // 2) / 100)
-    print(f"fuzz: {sent} bodies ({record.past_guard} reached Triton), statuses {dict(record.statuses)}, server RSS over the second half "
+    print(f"fuzz: {sent} bodies ({record.past_guard} reached Triton), statuses {dict(record.statuses)}, "
+          f"server RSS over the second half "
           f"{rss_before / MIB:.1f} -> {rss_after / MIB:.1f} MiB ({growth_mib_per_100:+.3f} MiB per 100 requests)")
     assert sent >= BODIES
     assert record.past_guard >= sent // 8   # the fuzz reaches Triton's checks and the models', not only the guard

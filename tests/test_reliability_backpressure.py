@@ -40,7 +40,8 @@ REJECTED = "Exceeds maximum queue size"
 def _body(ids: np.ndarray, mask: np.ndarray) -> tuple[bytes, dict]:
     import json
     header = json.dumps({"inputs": [
-        {"name": "input_ids", "shape": list(ids.shape), "datatype": "INT64", "parameters": {"binary_data_size": ids.nbytes}},
+        {"name": "input_ids", "shape": list(ids.shape), "datatype": "INT64",
+         "parameters": {"binary_data_size": ids.nbytes}},
         {"name": "attention_mask", "shape": list(mask.shape), "datatype": "INT64",
          "parameters": {"binary_data_size": mask.nbytes}}]}).encode()
     return header + ids.tobytes() + mask.tobytes(), {"Inference-Header-Content-Length": str(len(header))}
