@@ -32,6 +32,17 @@ Answers are decided by :class:`~e3.serving.policy.BatchRoute` (the same code as
 failure (:func:`e3.serving.policy.drop_for`); every dropped request gets an
 explicit error and is counted by its inputs in ``e3_dropped_total``.
 
+A split call that does not return (a hung execute: the BLS timeout only
+covers the split's queue, not an execute that never ends) is caught by the
+scheduler's watchdog (:meth:`~e3.serving.scheduler.Scheduler.expire`): the
+timer thread polls at the earliest deadline of a batch in flight, and each
+request still waiting on the stuck batch is answered then with the explicit
+deadline error (naming the split). The stuck worker thread keeps its slot
+until the call returns; when it does, its answers for those requests are
+dropped (each request has had its one response) and the slot serves again.
+Unloading waits at most ``UNLOAD_WAIT_S`` for stuck calls, then answers
+everything still in flight with an error.
+
 The plan arrives in the model config's ``plan`` parameter and is validated at
 load; a load with a malformed plan fails and Triton keeps serving the previous
 version. Telemetry: :class:`~e3.serving.router_metrics.RouterMetrics`.
@@ -70,6 +81,7 @@ class _Inline:
     def __init__(self):
         self.what = None
 SWITCH_INTERVAL_S = 0.0005
+UNLOAD_WAIT_S = 5.0   # longest finalize waits for split calls still running (a hung one may never return)
 
 
 class TritonPythonModel:
@@ -128,8 +140,14 @@ class TritonPythonModel:
             self.changed.notify_all()
             self.room.notify_all()
         self.loop.join(timeout=5)
-        for pool in self.pools:
-            pool.shutdown(wait=True)
+        for pool in self.pools:   # batches already handed over still run; a hung call is not waited for
+            pool.shutdown(wait=False)
+        end = time.monotonic() + UNLOAD_WAIT_S
+        while time.monotonic() < end:
+            with self.lock:
+                if not self.sched.running:
+                    break
+            time.sleep(0.01)
         with self.lock:
             left = self.sched.fail_all(ERROR)
         self._answer_failed(left, "the router is unloading")
@@ -179,7 +197,12 @@ class TritonPythonModel:
         in the calling thread (a finished batch's worker, or execute): no hand-over to another thread on
         the way. Returns the jobs it dropped (to be answered outside the lock); the timer thread is told
         when the scheduler must be polled next even if nothing happens."""
-        dispatches, dropped, wake = self.sched.poll(time.monotonic())
+        now = time.monotonic()
+        expired = self.sched.expire(now)   # the watchdog: jobs whose batch is still running past their deadline
+        dispatches, dropped, wake = self.sched.poll(now)
+        due = self.sched.next_expiry()
+        if due is not None and (wake is None or due < wake):
+            wake = due
         for d in dispatches:
             if self.direct:
                 self.ready.append(d)
@@ -190,7 +213,7 @@ class TritonPythonModel:
         if wake is not None and (self.wake_at is None or wake < self.wake_at):
             self.wake_at = wake
             self.changed.notify()
-        return dropped
+        return expired + dropped
 
     def _loop(self) -> None:
         """The timer: polls when a partial batch's delay or its SLO forces it and nothing else happened."""
@@ -227,10 +250,12 @@ class TritonPythonModel:
         ms = (time.perf_counter() - start) * 1e3
         call_cpu = time.thread_time() - call_cpu
         with self.lock:
+            # a late return of an abandoned batch: finish frees its slot and answers only jobs still live
             done = self.sched.finish(d, route, survivors, ms, time.monotonic())
             dropped = self._pump()
         self._answer_failed(dropped, "it would finish after its deadline")
-        self.metrics.record(route, new_inputs=len(d.rows) if d.split == 0 else 0)
+        if d.abandoned_at is None:   # an abandoned batch's exits are not counted: its requests were dropped
+            self.metrics.record(route, new_inputs=len(d.rows) if d.split == 0 else 0)
         for job in done:
             self._deliver(job.handle, {"label": job.label[:, None], "exit_ramp": job.exit_ramp[:, None],
                                        "probs": job.probs})
@@ -241,7 +266,9 @@ class TritonPythonModel:
     def _answer_failed(self, jobs: list[Job], detail: str) -> None:
         """Answer dropped jobs with their explicit error and count their inputs."""
         for job in jobs:
-            drop = drop_for(self.plan, late=job.failed == DEADLINE, detail=detail)
+            why = detail if job.stuck_in is None else (   # the watchdog's drop: say which split hung
+                f"{self.plan.splits[job.stuck_in].model} had not returned by the deadline; its call was abandoned")
+            drop = drop_for(self.plan, late=job.failed == DEADLINE, detail=why)
             job.answered = True
             self._deliver(job.handle, drop.message)
             self.metrics.dropped(drop.reason, job.n)

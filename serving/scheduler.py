@@ -42,6 +42,26 @@ decision is made here, on explicit clocks, so it is tested without a server.
   scheduler drop every queued row as if the split had become that slow for
   good; a real slow-down still moves the line within a few batches (each
   clipped batch raises it by up to ``(OUTLIER_X - 1) x EWMA_ALPHA``).
+* A **watchdog** (:meth:`Scheduler.expire`) ends the wait of jobs whose batch
+  is in flight and whose deadline has passed: a split call that never returns
+  (a hung execute; a BLS timeout only covers the callee's queue) must not hold
+  its requests past their SLO. Each such job is dropped as late at its
+  deadline, and the router polls again at :meth:`Scheduler.next_expiry`.
+  Decisions (the papers are silent on a split that hangs):
+
+  - the stuck call's **slot stays taken** until the call returns (or raises):
+    the split's instance is still busy with it, and counting it free would send
+    the next batch to wait behind it. The split's other slots keep serving, so
+    a split with one instance hung of two runs on the other; one whose every
+    slot is stuck takes nothing, and its queued rows are dropped at their
+    deadline (:meth:`next_expiry` covers queued heads too, for want of any
+    other event).
+  - a **late return** is accounted, never answered: :meth:`finish` frees the
+    slot, skips the rows of dropped jobs (their error was their one response),
+    still answers and passes on the rows of jobs that had time left, and
+    learns the batch's time only up to when it was abandoned (it took at least
+    that; a hang's full length would make the split look slow for many
+    batches after).
 
 The deadline counts from the job's arrival at the router. The router's
 ``execute`` only hands rows to this scheduler and returns at once, so Triton's
@@ -57,7 +77,7 @@ from typing import Any
 
 import numpy as np
 
-from e3.serving.policy import BatchRoute
+from e3.serving.policy import DEADLINE, BatchRoute
 
 __all__ = ["Job", "Row", "SplitQueue", "Dispatch", "Scheduler", "make_queues", "EWMA_ALPHA", "OUTLIER_X", "WARM_BATCHES"]
 
@@ -80,6 +100,7 @@ class Job:
     probs: np.ndarray = field(init=False)
     pending: int = field(init=False)   # rows not yet decided
     failed: str | None = None          # the drop reason once the job is dropped
+    stuck_in: int | None = None        # split whose call had not returned by the deadline (watchdog drop)
     answered: bool = False             # its response has been handed out (an answer or an error)
 
     def __post_init__(self) -> None:
@@ -143,11 +164,14 @@ class SplitQueue:
         self.batches += 1
 
 
-@dataclass
+@dataclass(eq=False)
 class Dispatch:
     """A batch to run now: split index and its rows (the router stacks their tensors)."""
     split: int
     rows: list[Row]
+    started: float = 0.0                # seconds (scheduler clock) when it was dispatched
+    due: float = float("inf")           # earliest deadline of its live jobs: when the watchdog looks next
+    abandoned_at: float | None = None   # when the watchdog first dropped a job of it (its call still running)
 
 
 class Scheduler:
@@ -160,6 +184,7 @@ class Scheduler:
         self.queues = queues
         self.slo_s = slo_s
         self.slack = slack
+        self.running: dict[int, Dispatch] = {}   # id -> batches dispatched and not yet finished or abandoned
 
     # -- admission -----------------------------------------------------------------------------------
     def job(self, handle: Any, n: int, now: float, num_classes: int) -> Job:
@@ -197,12 +222,42 @@ class Scheduler:
                 if not rows:
                     break
                 q.in_flight += 1
-                dispatches.append(Dispatch(s, rows))
+                d = Dispatch(s, rows, now, min(r.job.deadline for r in rows))
+                self.running[id(d)] = d
+                dispatches.append(d)
                 self._skip_dead(q)
             if q.rows and q.in_flight < q.partial:
                 at = self._force_time(s)
                 wake = at if wake is None else min(wake, at)
         return dispatches, dropped, wake
+
+    def expire(self, now: float) -> list[Job]:
+        """The watchdog: live jobs with a row in a batch still running whose deadline has passed (``now``,
+        seconds) are dropped as late, with ``stuck_in`` naming the split. Their batch keeps its slot until
+        :meth:`finish` or :meth:`abandon` (see the module docstring). Returns them, each once."""
+        expired = []
+        for d in self.running.values():
+            if d.due > now:
+                continue
+            for row in d.rows:
+                job = row.job
+                if job.live and job.deadline <= now:
+                    job.failed, job.stuck_in = DEADLINE, d.split
+                    expired.append(job)
+                    if d.abandoned_at is None:
+                        d.abandoned_at = now
+            d.due = min((r.job.deadline for r in d.rows if r.job.live), default=float("inf"))
+        return expired
+
+    def next_expiry(self) -> float | None:
+        """When (seconds) a job will next be late with no other event: the earliest deadline in a running
+        batch, or when a queue's head row can no longer make its deadline; None if nothing waits."""
+        due = min((d.due for d in self.running.values()), default=float("inf"))
+        for q in self.queues:
+            head = [r.job.deadline for r in _head(q.rows) if r.job.live]
+            if head:
+                due = min(due, min(head) - q.expected_ms(min(len(q.rows), q.batch_size)) / 1e3)
+        return None if due == float("inf") else due
 
     def _upstream_idle(self, split: int) -> bool:
         return all(not q.rows and q.in_flight == 0 for q in self.queues[:split])
@@ -245,9 +300,13 @@ class Scheduler:
                now: float) -> list[Job]:
         """A dispatched batch ran in ``ms``: record every decided row's answer, queue the survivors
         (``survivors``: name -> [len(route.active), ...], the next split's inputs) for the next split.
-        Returns the jobs now fully answered (each exactly once)."""
+        Returns the jobs now fully answered (each exactly once). A batch the watchdog abandoned counts
+        for at most the time it had run when abandoned."""
         q = self.queues[d.split]
         q.in_flight -= 1
+        self.running.pop(id(d), None)
+        if d.abandoned_at is not None:
+            ms = min(ms, (d.abandoned_at - d.started) * 1e3)
         q.observe(len(d.rows), ms)
         done = []
         decided = np.flatnonzero(route.exit_ramp > 0)
@@ -277,6 +336,7 @@ class Scheduler:
     def abandon(self, d: Dispatch, reason: str) -> list[Job]:
         """A dispatched batch failed (``reason``: a drop reason): its live jobs are dropped. Returns them."""
         self.queues[d.split].in_flight -= 1
+        self.running.pop(id(d), None)
         failed = []
         for row in d.rows:
             if row.job.live:
@@ -285,8 +345,14 @@ class Scheduler:
         return failed
 
     def fail_all(self, reason: str) -> list[Job]:
-        """Every live job still queued (the router is unloading): dropped with ``reason``."""
+        """Every live job still queued or in a running batch (the router is unloading): dropped with
+        ``reason``."""
         failed = []
+        for d in self.running.values():
+            for row in d.rows:
+                if row.job.live:
+                    row.job.failed = reason
+                    failed.append(row.job)
         for q in self.queues:
             for row in q.rows:
                 if row.job.live:
