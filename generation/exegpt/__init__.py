@@ -1,0 +1,10 @@
+"""ExeGPT (ASPLOS '24) for the served decoder: latency-bounded scheduling of generation.
+
+Pure modules (no torch, no Triton), in the order a plan is made (``docs/exegpt.md``):
+
+* ``workload``  — the per-layer latency profile (prefill by tokens, decode by batch) and output-length
+  distributions;
+* ``simulator`` — predicted throughput and p99-length latency of RRA and WAA schedules;
+* ``search``    — the control variables, branch-and-bound over them and the exhaustive grid it is checked
+  against.
+"""
