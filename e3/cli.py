@@ -696,7 +696,8 @@ def build_parser() -> argparse.ArgumentParser:
     adm.add_argument("--models", default="bert-ee,resnet-ee",
                      help="zoo models whose stock form is served (default bert-ee,resnet-ee; trained when missing)")
     adm.add_argument("--qos-ms", type=float, default=None,
-                     help="p99 latency target (default per model: 2.5 x its latency at batch 16 on one thread)")
+                     help="p99 latency target (default per model: 2.5 x its latency at batch 16 on one thread, "
+                          "at least 50 ms)")
     adm.add_argument("--cores", type=int, default=2, help="cores every system gets (default 2)")
     adm.add_argument("--quick", action="store_true", help="fewer rates and shorter runs (a few minutes per model)")
     adm.add_argument("--out", default=None, help="results JSON (default artifacts/results/admission.json)")
