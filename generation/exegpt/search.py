@@ -26,12 +26,17 @@ Algorithm 1's ambiguities, and what we chose:
   down) this is what makes the bounds valid.
 * **Queue order.** "PriorityQueue sorted by lower bound" but ``popMax``: we pop the block with the highest
   throughput upper bound first (best-first), the usual branch-and-bound order.
-* **Solved blocks.** A block whose throughput-maximising corner meets the bound holds no better point: it
-  updates the incumbent and is not split (line 16 of the pseudo-code, applied to every child).
+* **Solved blocks.** With ``throughput_tol`` = 0, a block whose throughput-maximising corner meets the bound
+  holds no better point: it updates the incumbent and is not split (line 16 of the pseudo-code, applied to
+  every child; at the root this is the paper's "if the constraint is met at (b1, b2) it is optimal"). With a
+  tolerance the corner is only trusted to within it: the block's best is taken to be at most
+  corner x (1 + throughput_tol), so the block is split on while that could beat the incumbent. This is what
+  lets the tolerance find an optimum where throughput is not monotonic (measured here: WAA's throughput peaks
+  at a middle batch size on this CPU, ``docs/exegpt.md``).
 * **Incumbent.** Every evaluated point that meets the bound may become the incumbent (the pseudo-code only
   looks at children's top-right corners); this never hurts and prunes earlier.
 * **Tolerances.** ``throughput_tol`` and ``latency_tol`` are relative: a block is pruned when its throughput
-  bound x (1 + throughput_tol) is below the incumbent, and dropped as infeasible when its latency bound exceeds
+  bound x (1 + throughput_tol) is below the incumbent (see "Solved blocks"), and dropped as infeasible when its latency bound exceeds
   the latency bound x (1 + latency_tol). Larger tolerances keep more blocks (more evaluations, safer where the
   simulator is not exactly monotonic); zero trusts monotonicity fully.
 * **Split heuristic** (lines 7-10): the two mixed corners are evaluated; if the one at low x1 / high x2 (in
@@ -170,7 +175,7 @@ def branch_and_bound(workload: Workload, space: SearchSpace, latency_bound_ms: f
     def offer(b) -> None:
         nonlocal counter
         up = ev(thr_corner(b))
-        if consider(up):
+        if consider(up) and throughput_tol == 0:
             return                      # its best point meets the bound: solved
         if ev(lat_corner(b)).latency_ms > lat_cap:
             return                      # nothing in it can meet the bound

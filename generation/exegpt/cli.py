@@ -1,0 +1,135 @@
+"""``e3 plan-generate`` (also ``python -m e3.generation.exegpt``): profile the served decoder, then print
+branch-and-bound against the exhaustive grid and the schedule chosen per latency bound."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+__all__ = ["add_arguments", "run", "main"]
+
+
+def _range(text: str, what: str) -> tuple[int, ...]:
+    try:
+        lo, hi = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise SystemExit(f"plan-generate: error: {what} must look like LOW:HIGH (e.g. 8:64), got {text!r}")
+    if not 1 <= lo <= hi:
+        raise SystemExit(f"plan-generate: error: {what} needs 1 <= LOW <= HIGH, got {text!r}")
+    return tuple(range(lo, hi + 1))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default="smollm2-ee", help="exported generation model (default smollm2-ee)")
+    p.add_argument("--repo", default=None, help="repository `e3 export-generate` wrote (default "
+                                                "artifacts/generation/repo)")
+    p.add_argument("--profile", default=None, help="a profile JSON to use instead of measuring (the format the "
+                                                   "profiler caches; see docs/exegpt.md)")
+    p.add_argument("--workers", type=int, default=2, help="identical workers (pinned cores) to schedule over "
+                                                          "(default 2; WAA needs 2)")
+    p.add_argument("--prompt-tokens", type=int, default=32, help="prompt length in tokens (default 32)")
+    p.add_argument("--output-lengths", default="8:64", help="output lengths, uniform LOW:HIGH tokens (default 8:64), "
+                                                            "or a JSON file holding a list of observed lengths")
+    p.add_argument("--batch-sizes", default="1:32", help="B_E candidates LOW:HIGH (default 1:32)")
+    p.add_argument("--decode-iters", default="1:64", help="RRA's N_D candidates LOW:HIGH (default 1:64)")
+    p.add_argument("--bounds-ms", default=None, help="comma-separated latency bounds in ms, 'inf' for none "
+                                                     "(default: 1.2x, 2x, 4x, 8x the lowest reachable, and inf)")
+    p.add_argument("--throughput-tol", type=float, default=0.05, help="B&B's relative throughput tolerance "
+                                                                      "(default 0.05, the paper's 5%%)")
+    p.add_argument("--latency-tol", type=float, default=0.05, help="B&B's relative latency tolerance (default 0.05)")
+    p.add_argument("--json", default=None, help="also write the rows as JSON here")
+
+
+def _output_lengths(text: str):
+    from e3.generation.exegpt.workload import LengthDistribution
+    path = Path(text)
+    if path.suffix == ".json" or path.exists():
+        try:
+            return LengthDistribution.from_samples([int(x) for x in json.loads(path.read_text())])
+        except (OSError, ValueError, TypeError) as e:
+            raise SystemExit(f"plan-generate: error: --output-lengths {text}: {e}")
+    lengths = _range(text, "--output-lengths")
+    return LengthDistribution(lengths, tuple(1.0 / len(lengths) for _ in lengths))
+
+
+def _profile(args):
+    from e3.generation.exegpt.workload import LayerProfile
+    from e3.paths import artifacts_dir
+    if args.profile:
+        try:
+            doc = json.loads(Path(args.profile).read_text())
+            return LayerProfile.from_dict(doc.get("profile", doc))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"plan-generate: error: --profile {args.profile}: {e}")
+    from e3.generation.exegpt.profiler import ProfileSettings, cached_profile
+    repo = Path(args.repo) if args.repo else artifacts_dir() / "generation" / "repo"
+    m = args.model.replace("-", "_")
+    spec_file = repo / f"{m}_generation.json"
+    if not spec_file.exists():
+        raise SystemExit(f"plan-generate: error: {spec_file} not found; run `e3 export-generate {args.model}` "
+                         f"(with --repo {repo}) first, or pass --profile")
+    ranges = [tuple(r) for r in json.loads(spec_file.read_text())["ranges"]]
+    first, last = next(((a, b) for a, b in ranges if a > 1), ranges[-1])
+    onnx = repo / f"{m}_split_{first}-{last}" / "1" / "model.onnx"
+    settings = ProfileSettings(prompt_tokens=args.prompt_tokens)
+    return cached_profile(onnx, last - first + 1, ranges[-1][1],
+                          artifacts_dir() / "generation" / "exegpt" / f"{m}_profile.json", settings)
+
+
+def run(args) -> int:
+    from e3.generation.exegpt.report import (default_bounds_ms, format_schedule_table, format_search_table,
+                                             plan_rows)
+    from e3.generation.exegpt.simulator import Workload
+    from e3.generation.exegpt.workload import LengthDistribution
+    if args.workers < 1 or args.prompt_tokens < 1:
+        raise SystemExit("plan-generate: error: --workers and --prompt-tokens must be >= 1")
+    batch_sizes = _range(args.batch_sizes, "--batch-sizes")
+    decode_iters = _range(args.decode_iters, "--decode-iters")
+    workload = Workload(_profile(args), LengthDistribution.fixed(args.prompt_tokens),
+                        _output_lengths(args.output_lengths), workers=args.workers)
+    if args.bounds_ms:
+        try:
+            bounds = tuple(float(b) for b in args.bounds_ms.split(","))
+        except ValueError:
+            raise SystemExit(f"plan-generate: error: --bounds-ms must be numbers or inf, got {args.bounds_ms!r}")
+    else:
+        bounds = default_bounds_ms(workload, batch_sizes, decode_iters)
+    rows = plan_rows(workload, bounds, batch_sizes, decode_iters, args.throughput_tol, args.latency_tol)
+    p = workload.profile
+    print(f"profile: {p.num_layers} layers; per layer: decode {p.decode_ms[0]:.2f} ms at batch "
+          f"{p.decode_batch[0]:g} .. {p.decode_ms[-1]:.2f} ms at {p.decode_batch[-1]:g}; prefill "
+          f"{p.prefill_ms[0]:.2f} ms at {p.prefill_tokens[0]:g} tokens .. {p.prefill_ms[-1]:.2f} ms at "
+          f"{p.prefill_tokens[-1]:g}")
+    out = workload.output_lengths
+    print(f"workload: {args.workers} workers, prompts of {args.prompt_tokens} tokens, output mean "
+          f"{out.mean():.1f} tokens, p99 {out.quantile(0.99)}; space: B_E {batch_sizes[0]}..{batch_sizes[-1]}, "
+          f"N_D {decode_iters[0]}..{decode_iters[-1]}, B_m 1..{max(1, args.workers - 1)}\n")
+    print("Branch-and-bound against the exhaustive grid (both schedules; evaluations = points simulated):\n")
+    print(format_search_table(rows))
+    print("\nSchedule chosen per latency bound (Table 6 analogue; predicted by the simulator):\n")
+    print(format_schedule_table(rows))
+    if args.json:
+        doc = [{"bound_ms": None if math.isinf(r.bound_ms) else r.bound_ms,
+                "bnb": {"evaluations": r.bnb.evaluations, "seconds": r.bnb.seconds,
+                        "best": None if r.bnb.best is None else {
+                            "schedule": r.bnb.best.schedule, "config": list(r.bnb.best.config),
+                            "throughput_seq_s": r.bnb.best.throughput_seq_s,
+                            "latency_ms": r.bnb.best.latency_ms}},
+                "grid": {"evaluations": r.grid.evaluations, "seconds": r.grid.seconds,
+                         "throughput_seq_s": None if r.grid.best is None else r.grid.best.throughput_seq_s},
+                "same_optimum": r.same_optimum()} for r in rows]
+        Path(args.json).write_text(json.dumps({"profile": p.to_dict(), "rows": doc}, indent=1))
+    return 0 if all(r.same_optimum() for r in rows) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m e3.generation.exegpt", description=__doc__)
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
