@@ -14,6 +14,7 @@
     e3 bench admission            E²bird's elastic admission vs Triton's dynamic batcher under a QoS target
     e3 bench generate             early-exit generation (SmolLM2): speed and quality vs the full model
     e3 export-generate MODEL      write a generation model's splits and routers into the model repository
+    e3 plan-generate [MODEL]      ExeGPT: profile the decoder, schedule under latency bounds (B&B vs grid)
     e3 admission MODEL --qos-ms Q add an elastic admission stage (N-Ebird / E-Ebird) in front of MODEL
     e3 load SERVED_MODEL          closed/open-loop load or a workload replay; goodput under an SLO
     e3 control --model M ...      every window: telemetry -> forecast -> plan -> apply to a running Triton
@@ -208,6 +209,11 @@ def _bench_generate(args) -> int:
         print(f"e3 bench generate: error: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+def _plan_generate(args) -> int:
+    from e3.generation.exegpt.cli import run
+    return run(args)
 
 
 def _export_generate(args) -> int:
@@ -815,6 +821,12 @@ def build_parser() -> argparse.ArgumentParser:
     eg.add_argument("--repo", default=None, help="model repository (default model_repository/)")
     eg.add_argument("--max-active", type=int, default=16, help="sequences decoded together by <m>_generate (default 16)")
     eg.set_defaults(func=_export_generate)
+
+    pg = sub.add_parser("plan-generate", help="ExeGPT: profile the served decoder's layers, then the RRA/WAA "
+                                               "schedule with the highest throughput per latency bound (B&B vs grid)")
+    from e3.generation.exegpt.cli import add_arguments as _plan_generate_arguments
+    _plan_generate_arguments(pg)
+    pg.set_defaults(func=_plan_generate)
 
     m = sub.add_parser("models", help="list the model zoo")
     m.set_defaults(func=_models)

@@ -24,8 +24,8 @@ def _range(text: str, what: str) -> tuple[int, ...]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default="smollm2-ee", help="exported generation model (default smollm2-ee)")
-    p.add_argument("--repo", default=None, help="repository `e3 export-generate` wrote (default "
-                                                "artifacts/generation/repo)")
+    p.add_argument("--repo", default=None, help="repository `e3 export-generate` wrote (default: "
+                                                "artifacts/generation/repo, else model_repository/)")
     p.add_argument("--profile", default=None, help="a profile JSON to use instead of measuring (the format the "
                                                    "profiler caches; see docs/exegpt.md)")
     p.add_argument("--workers", type=int, default=2, help="identical workers (pinned cores) to schedule over "
@@ -65,8 +65,10 @@ def _profile(args):
         except (OSError, ValueError) as e:
             raise SystemExit(f"plan-generate: error: --profile {args.profile}: {e}")
     from e3.generation.exegpt.profiler import ProfileSettings, cached_profile
-    repo = Path(args.repo) if args.repo else artifacts_dir() / "generation" / "repo"
+    from e3.paths import default_repository
     m = args.model.replace("-", "_")
+    repos = [Path(args.repo)] if args.repo else [artifacts_dir() / "generation" / "repo", default_repository()]
+    repo = next((r for r in repos if (r / f"{m}_generation.json").exists()), repos[0])
     spec_file = repo / f"{m}_generation.json"
     if not spec_file.exists():
         raise SystemExit(f"plan-generate: error: {spec_file} not found; run `e3 export-generate {args.model}` "
