@@ -35,9 +35,11 @@ explicit error and is counted by its inputs in ``e3_dropped_total``.
 A split call that does not return (a hung execute: the BLS timeout only
 covers the split's queue, not an execute that never ends) is caught by the
 scheduler's watchdog (:meth:`~e3.serving.scheduler.Scheduler.expire`): the
-timer thread polls at the earliest deadline of a batch in flight, and each
-request still waiting on the stuck batch is answered then with the explicit
-deadline error (naming the split). The stuck worker thread keeps its slot
+timer thread polls at the earliest deadline of a batch in flight (plus a
+grace of ``WATCHDOG_GRACE_S``, 50 ms, in which a split's own queue timeout
+reports first), and each request still waiting on the stuck batch is answered
+then with the explicit deadline error (naming the split). The model config's
+string parameter ``watchdog_grace_ms`` changes the grace. The stuck worker thread keeps its slot
 until the call returns; when it does, its answers for those requests are
 dropped (each request has had its one response) and the slot serves again.
 Unloading waits at most ``UNLOAD_WAIT_S`` for stuck calls, then answers
@@ -68,7 +70,7 @@ from e3.core.spec import ModelCard
 from e3.serving.policy import DEADLINE, ERROR, BatchRoute, drop_for
 from e3.serving.remote import RemoteSplit
 from e3.serving.router_metrics import RouterMetrics
-from e3.serving.scheduler import Dispatch, Job, Scheduler, make_queues
+from e3.serving.scheduler import WATCHDOG_GRACE_S, Dispatch, Job, Scheduler, make_queues
 from e3.serving.triton_io import BlsTimeout, bls, error_response, gather, model_parameters, tensor_response
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -115,7 +117,8 @@ class TritonPythonModel:
                                            [0 if self.inline and i == 0 else s.queue_delay_us
                                             for i, s in enumerate(self.plan.splits)],
                                            [min(s.instances, n) for s, n in zip(self.plan.splits, slots)]),
-                               self.plan.slo_ms / 1e3, self.plan.slack)
+                               self.plan.slo_ms / 1e3, self.plan.slack,
+                               float(params.get("watchdog_grace_ms") or WATCHDOG_GRACE_S * 1e3) / 1e3)
         self.pools = [ThreadPoolExecutor(n, thread_name_prefix=f"e3-{s.model}") for s, n in zip(self.plan.splits, slots)]
         # Inline with one worker per split: the execute thread is that worker (no hand-over per batch).
         self.direct = self.inline and all(n == 1 for n in slots)

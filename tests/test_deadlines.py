@@ -57,6 +57,12 @@ def test_a_split_queue_rejecting_an_expired_call_is_a_deadline_drop(tmp_path, ti
     # rejection as a deadline drop (BlsTimeout), not a failing split; a batch that exits whole in split
     # 1-2 is answered.
     export_repository("tiny-ee", "2", tmp_path, ExportSettings(slo_ms=200, queue_delay_us=0), progress=False)
+    # Triton rejects the expired call only when its batcher wakes (0.4 s), after the router's watchdog
+    # would have answered it at the deadline (+50 ms; tests/test_hung_split.py): the watchdog's grace is
+    # lengthened here so that the rejection itself is what the router reads.
+    router_config = tmp_path / "tiny_ee_router" / "config.pbtxt"
+    router_config.write_text(router_config.read_text() +
+                             'parameters {\n  key: "watchdog_grace_ms"\n  value {\n    string_value: "5000"\n  }\n}\n')
     ids, mask = (x.numpy() for x in tiny_model.example_inputs(24, seed=5))
     with serving(tmp_path, ["tiny_ee_split_1-2", "tiny_ee_split_3-4", "tiny_ee_router"], name="queue-timeout") as server:
         with TritonControl(server.http_url) as control:

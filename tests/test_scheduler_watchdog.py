@@ -9,11 +9,12 @@ import pytest
 
 from e3.core.exits import EntropyRule
 from e3.serving.policy import BatchRoute
-from e3.serving.scheduler import Scheduler, SplitQueue
+from e3.serving.scheduler import WATCHDOG_GRACE_S, Scheduler, SplitQueue
 
 C, L = 2, 4
 SURE, UNSURE = np.array([8.0, 0.0]), np.array([0.1, 0.0])
 SLO_S = 0.1
+DUE_S = SLO_S + WATCHDOG_GRACE_S   # when a job arriving at 0 and still in a running batch is dropped
 
 
 def _sched(batches=(4, 4), slots=(1, 1)):
@@ -40,9 +41,9 @@ def test_a_job_in_a_batch_still_running_at_its_deadline_is_dropped_then_once():
     sched = _sched()
     job = _admit(sched, 2, 0.0)
     d, = sched.poll(0.0)[0]
-    assert sched.next_expiry() == pytest.approx(SLO_S)        # the timer is told when to look
-    assert sched.expire(SLO_S - 1e-3) == []                    # not yet late
-    assert sched.expire(SLO_S) == [job]                        # at its deadline
+    assert sched.next_expiry() == pytest.approx(DUE_S)        # the timer is told when to look
+    assert sched.expire(DUE_S - 1e-3) == []                    # not yet (a split's own timeout reports first)
+    assert sched.expire(DUE_S) == [job]                        # at its deadline plus the grace
     assert job.failed == "deadline" and job.stuck_in == 0 and not job.live
     assert sched.expire(SLO_S + 1.0) == [] and sched.next_expiry() is None   # dropped once
     assert sched.queues[0].in_flight == 1                      # the stuck call still holds its slot
@@ -50,22 +51,19 @@ def test_a_job_in_a_batch_still_running_at_its_deadline_is_dropped_then_once():
 
 def test_a_late_return_answers_nothing_frees_the_slot_and_counts_only_until_abandoned():
     sched = _sched()
-    for i in range(6):                                         # the split takes 10 ms per batch of 2
-        d, = sched.poll(_admit(sched, 2, i, tag=i).arrival)[0]
-        assert len(_return_split1(sched, d, i + 0.01, 10.0)) == 1
-    job = _admit(sched, 2, 10.0, tag=9)
-    stuck, = sched.poll(10.0)[0]
-    assert sched.expire(10.0 + SLO_S) == [job]
-    waiting = _admit(sched, 1, 10.2, tag=10)
-    assert sched.poll(10.2)[0] == []                           # one slot, still taken: the new job waits
-    assert _return_split1(sched, stuck, 30.0, 20_000.0) == []  # returns 20 s late: nobody answered again
+    job = _admit(sched, 2, 0.0)
+    stuck, = sched.poll(0.0)[0]                                # the split's first batch hangs
+    assert sched.expire(DUE_S) == [job]
+    waiting = _admit(sched, 1, 0.12, tag=1)
+    assert sched.poll(0.12)[0] == []                           # one slot, still taken: the new job waits
+    assert _return_split1(sched, stuck, 20.0, 20_000.0) == []  # returns 20 s late: nobody answered again
     assert sched.queues[0].in_flight == 0 and not sched.running
-    # learnt as at most the 100 ms it had run when abandoned, not the 20 s hang
-    assert sched.queues[0].expected_ms(2) < 100.0
-    assert sched.poll(30.0)[1] == [waiting]                    # its own deadline (10.3) passed meanwhile
-    fresh = _admit(sched, 2, 30.0, tag=11)
-    d, = sched.poll(30.0)[0]                                   # the freed slot serves again
-    assert _return_split1(sched, d, 30.01, 10.0) == [fresh]
+    # learnt as the 150 ms it had run when abandoned (a first batch is not clipped), not the 20 s hang
+    assert sched.queues[0].expected_ms(2) == pytest.approx(DUE_S * 1e3)
+    assert sched.poll(20.0)[1] == [waiting]                    # its own deadline (0.22) passed meanwhile
+    fresh = _admit(sched, 1, 20.0, tag=2)                      # (one row: ~75 ms expected, within the SLO)
+    d, = sched.poll(20.0)[0]                                   # the freed slot serves again
+    assert _return_split1(sched, d, 20.01, 10.0) == [fresh]
 
 
 def test_the_splits_other_slots_keep_serving_while_one_call_hangs():
@@ -75,7 +73,7 @@ def test_the_splits_other_slots_keep_serving_while_one_call_hangs():
     other = _admit(sched, 2, 0.01, 2)
     d, = sched.poll(0.01)[0]                                   # the second slot takes the next request
     assert _return_split1(sched, d, 0.02, 10.0) == [other]     # and it is answered
-    assert sched.expire(SLO_S) == [hung]
+    assert sched.expire(DUE_S) == [hung]
     third = _admit(sched, 2, 0.2, 3)
     d, = sched.poll(0.2)[0]
     assert _return_split1(sched, d, 0.21, 10.0) == [third] and stuck in sched.running.values()
@@ -84,15 +82,15 @@ def test_the_splits_other_slots_keep_serving_while_one_call_hangs():
 def test_only_the_jobs_past_their_deadline_are_dropped_the_rest_of_the_batch_is_answered_on_return():
     sched = _sched()
     early = _admit(sched, 1, 0.0, 1)
-    late = _admit(sched, 1, 0.05, 2)                           # deadline 0.15
+    late = _admit(sched, 1, 0.09, 2)                           # deadline 0.19
     sched.queues[0].in_flight = 1                              # hold the batch until both are queued
-    sched.poll(0.05)
+    sched.poll(0.09)
     sched.queues[0].in_flight = 0
-    d, = sched.poll(0.05)[0]
+    d, = sched.poll(0.09)[0]
     assert len(d.rows) == 2
-    assert sched.expire(SLO_S) == [early]
-    assert sched.next_expiry() == pytest.approx(0.15)
-    assert _return_split1(sched, d, 0.12, 70.0) == [late]      # back before the second deadline
+    assert sched.expire(DUE_S) == [early]
+    assert sched.next_expiry() == pytest.approx(0.19 + WATCHDOG_GRACE_S)
+    assert _return_split1(sched, d, 0.17, 80.0) == [late]      # back before the second deadline
 
 
 def test_queued_rows_behind_splits_whose_every_slot_hangs_are_dropped_at_their_deadline():
@@ -100,7 +98,7 @@ def test_queued_rows_behind_splits_whose_every_slot_hangs_are_dropped_at_their_d
     _admit(sched, 4, 0.0, 1)
     sched.poll(0.0)
     queued = _admit(sched, 1, 0.05, 2)
-    assert sched.expire(SLO_S)
+    assert sched.expire(DUE_S)
     assert sched.next_expiry() == pytest.approx(0.05 + SLO_S)  # no event will come: the timer must look then
     assert sched.poll(0.05 + SLO_S + 1e-6)[1] == [queued]
 
