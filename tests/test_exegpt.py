@@ -81,6 +81,18 @@ def test_rra_by_hand_fixed_length():
     assert r.latency_ms == pytest.approx(3 * enc + 2 * (it1 + it2) + it1)
 
 
+def test_the_final_head_is_paid_once_per_micro_batch():
+    """RRA on 2 workers: 2 micro-batches per iteration, each reading the head on the last stage."""
+    base = make_profile(layers=2)
+    d = base.to_dict()
+    d["head"] = {"batch": [1, 16], "ms": [1.0, 2.5]}
+    p = LayerProfile.from_dict(d)
+    w = lambda prof: Workload(prof, LengthDistribution.fixed(10), LengthDistribution.fixed(1), workers=2)
+    a, b = simulate_rra(w(base), 8, 1), simulate_rra(w(p), 8, 1)
+    # one encode (2 micro-batches of 4 prompts) and one decode iteration (2 micro-batches of 4 rows)
+    assert b.detail["cycle_ms"] - a.detail["cycle_ms"] == pytest.approx(2 * p.head_call_ms(4) * 2)
+
+
 def test_waa_by_hand():
     p = make_profile(layers=4)
     w = Workload(p, LengthDistribution.fixed(10), LengthDistribution.fixed(20), workers=4)

@@ -35,7 +35,10 @@ def test_profile_of_a_real_split_is_positive_and_cached(tiny_split, tmp_path):
     assert cached_profile(tiny_split, 2, 4, cache, SMALL, progress=False) == p      # reused, not re-measured
     assert cache.stat().st_mtime_ns == stamp
     other = ProfileSettings(**{**SMALL.__dict__, "decode_batches": (1, 2, 8)})
-    assert cached_profile(tiny_split, 2, 4, cache, other, progress=False).decode_batch == (1.0, 2.0, 8.0)
+    with_head = cached_profile(tiny_split, 2, 4, cache, other, progress=False, final_head=True)
+    assert with_head.decode_batch == (1.0, 2.0, 8.0) and with_head.head_batch == (1.0, 2.0, 8.0)
+    assert all(ms >= 0 for ms in with_head.head_ms)
+    assert LayerProfile.from_dict(with_head.to_dict()) == with_head
 
 
 def test_the_first_split_is_refused_with_a_reason(tmp_path):

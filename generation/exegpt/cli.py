@@ -74,11 +74,15 @@ def _profile(args):
         raise SystemExit(f"plan-generate: error: {spec_file} not found; run `e3 export-generate {args.model}` "
                          f"(with --repo {repo}) first, or pass --profile")
     ranges = [tuple(r) for r in json.loads(spec_file.read_text())["ranges"]]
-    first, last = next(((a, b) for a, b in ranges if a > 1), ranges[-1])
+    first, last = ranges[-1]
+    if first == 1:
+        raise SystemExit(f"plan-generate: error: {args.model} has a single split; the profiler needs a last split "
+                         f"that does not hold layer 1")
     onnx = repo / f"{m}_split_{first}-{last}" / "1" / "model.onnx"
     settings = ProfileSettings(prompt_tokens=args.prompt_tokens)
-    return cached_profile(onnx, last - first + 1, ranges[-1][1],
-                          artifacts_dir() / "generation" / "exegpt" / f"{m}_profile.json", settings)
+    return cached_profile(onnx, last - first + 1, last,
+                          artifacts_dir() / "generation" / "exegpt" / f"{m}_profile.json", settings,
+                          final_head=True)
 
 
 def run(args) -> int:

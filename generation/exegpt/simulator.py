@@ -10,7 +10,8 @@ expectations (fractional), as in the paper.
 and ``decode_iters`` (the paper's N_D; the encoding frequency is 1/N_D) decode iterations over every live
 sequence. Each phase is cut into ``workers`` micro-batches so that the pipeline is full: a decode iteration
 of ``n`` rows takes ``L * decode(n / workers)``, and an encode phase adds the pipeline fill, ``(2 workers -
-1) / workers * L * prefill(tokens / workers)``. Decisions where §6 is ambiguous or wrong:
+1) / workers * L * prefill(tokens / workers)``; the final head (profiled apart, it sits on the last stage)
+is added once per micro-batch. Decisions where §6 is ambiguous or wrong:
 
 * §6 sets B_D = B_E / Σ_U P_D(U) with P_D(U) = Σ_S P_D(U|S) P_D(S), which weights lengths by how many
   *queries* have them, while a live decode batch holds long queries for more phases. We use Little's law
@@ -98,10 +99,12 @@ def simulate_rra(w: Workload, batch_size: int, decode_iters: int) -> Prediction:
     iter_ms, alive, done = [], rows0, 0.0
     for u in range(1, nd + 1):
         alive = rows0 - batch_size * done
-        iter_ms.append(p.num_layers * p.decode_layer_ms(alive / n) + p.overhead_ms if alive > 1e-9 else 0.0)
+        iter_ms.append(p.num_layers * p.decode_layer_ms(alive / n) + n * p.head_call_ms(alive / n) + p.overhead_ms
+                       if alive > 1e-9 else 0.0)
         done += p_last[u]
     tokens = batch_size * w.input_lengths.mean()
-    enc_ms = (2 * n - 1) / n * p.num_layers * p.prefill_layer_ms(tokens / n) + p.overhead_ms
+    enc_ms = ((2 * n - 1) / n * p.num_layers * p.prefill_layer_ms(tokens / n) + n * p.head_call_ms(batch_size / n)
+              + p.overhead_ms)
     dec_ms = sum(iter_ms)
     cycle_ms = enc_ms + dec_ms
     s99 = out.quantile(w.latency_quantile)
@@ -135,9 +138,11 @@ def simulate_waa(w: Workload, batch_size: int, micro_batches: int) -> Prediction
     n_enc, n_dec = waa_allocation(w, batch_size)
     bm = min(micro_batches, n_dec)
     rows = batch_size * out.mean()
-    enc_pass = p.num_layers * p.prefill_layer_ms(batch_size * w.input_lengths.mean()) + p.overhead_ms
+    enc_pass = (p.num_layers * p.prefill_layer_ms(batch_size * w.input_lengths.mean()) + p.overhead_ms
+                + p.head_call_ms(batch_size))
     enc_stage = enc_pass / n_enc
-    dec_stage = (p.num_layers * p.decode_layer_ms(rows / bm) + p.overhead_ms) / n_dec
+    # the final head sits on the last decode stage: the slowest one sets the pipeline's pace
+    dec_stage = (p.num_layers * p.decode_layer_ms(rows / bm) + p.overhead_ms) / n_dec + p.head_call_ms(rows / bm)
     dec_iter = max(bm, n_dec) * dec_stage
     period = max(dec_iter, enc_stage)
     s99 = out.quantile(w.latency_quantile)

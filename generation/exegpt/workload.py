@@ -50,6 +50,7 @@ class LayerProfile:
     length (ExeGPT profiles one layer per batch size too); on SmolLM2 at the lengths served here the
     attention over the cache is a small share of a layer. ``overhead_ms`` is a fixed cost per model
     iteration (one per prefill or decode pass over all layers: the engine's bookkeeping and hops).
+    ``head_call_ms(rows)``: the final head, paid once per pass for the rows that read it (optional).
     """
 
     num_layers: int                       # decoder layers L
@@ -58,11 +59,14 @@ class LayerProfile:
     decode_batch: tuple[float, ...]       # profiled decode batch sizes (rows), increasing
     decode_ms: tuple[float, ...]          # per-layer latency of one decode step at each batch (ms)
     overhead_ms: float = 0.0              # per pass over all layers (ms)
+    head_batch: tuple[float, ...] = ()    # profiled row counts of the final head (empty: the head is free)
+    head_ms: tuple[float, ...] = ()       # the final head (norm + LM head + argmax) at each row count (ms)
 
     @classmethod
     def from_dict(cls, d: dict) -> "LayerProfile":
         """Build from ``{"num_layers": L, "prefill": {"tokens": [...], "ms": [...]}, "decode": {"batch":
-        [...], "ms": [...]}, "overhead_ms": x}`` (the profiler's JSON); errors name the bad field."""
+        [...], "ms": [...]}, "overhead_ms": x, "head": {"batch": [...], "ms": [...]}}`` (the profiler's JSON;
+        ``overhead_ms`` and ``head`` optional); errors name the bad field."""
         if not isinstance(d, dict):
             raise ValueError("profile must be a JSON object")
         try:
@@ -76,17 +80,25 @@ class LayerProfile:
         overhead = float(d.get("overhead_ms", 0.0))
         if overhead < 0:
             raise ValueError(f"profile 'overhead_ms' must be >= 0, got {overhead}")
-        return cls(num_layers, pt, pm, db, dm, overhead)
+        hb, hm = _points(d["head"], "batch", "head") if d.get("head") else ((), ())
+        return cls(num_layers, pt, pm, db, dm, overhead, hb, hm)
 
     def to_dict(self) -> dict:
         return {"num_layers": self.num_layers,
                 "prefill": {"tokens": list(self.prefill_tokens), "ms": list(self.prefill_ms)},
                 "decode": {"batch": list(self.decode_batch), "ms": list(self.decode_ms)},
-                "overhead_ms": self.overhead_ms}
+                "overhead_ms": self.overhead_ms,
+                **({"head": {"batch": list(self.head_batch), "ms": list(self.head_ms)}} if self.head_batch else {})}
 
     def prefill_layer_ms(self, tokens: float) -> float:
         """One layer over a prefill chunk of ``tokens`` tokens (ms); 0 for an empty chunk."""
         return 0.0 if tokens <= 0 else _interp(self.prefill_tokens, self.prefill_ms, tokens)
+
+    def head_call_ms(self, rows: float) -> float:
+        """The final head over ``rows`` positions (one per decoded row, one per prompt in prefill) (ms).
+
+        On SmolLM2 the tied 49,152 x 576 LM head costs about as much as 8 layers, so it is profiled."""
+        return 0.0 if rows <= 0 or not self.head_batch else _interp(self.head_batch, self.head_ms, rows)
 
     def decode_layer_ms(self, batch: float) -> float:
         """One layer, one decode step of ``batch`` rows (fractional: an expected batch) (ms); 0 if empty."""
