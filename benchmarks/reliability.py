@@ -31,7 +31,7 @@ ITEMS = [
     (5, "100 re-plans under load", ["tests/test_reliability_replans.py"], [r"replans: .*"]),
     (6, "kill -9 of a split's / the router's stub", ["tests/test_supervision.py"],
      [r"supervision: stub killed.*", r"supervision: router stub killed.*"]),
-    (7, "a hung split", None, []),
+    (7, "a hung split", ["tests/test_hung_split.py", "tests/test_scheduler_watchdog.py"], [r"hung split: .*"]),
     (8, "backpressure at 3x capacity", ["tests/test_reliability_backpressure.py"], [r"backpressure: .*"]),
     (9, "soak: 1M requests, 100 reload cycles", None, []),
     (10, "security: restricted APIs, names, SIGTERM",
