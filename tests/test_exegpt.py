@@ -44,6 +44,16 @@ def test_profile_interpolates_and_extrapolates_linearly():
     assert LayerProfile.from_dict(p.to_dict()) == p
 
 
+def test_fitted_profile_is_a_nonnegative_line_through_noisy_points():
+    p = LayerProfile.from_dict({"num_layers": 2, "prefill": {"tokens": [1, 2], "ms": [1, 2]},
+                                "decode": {"batch": [1, 2, 3, 4], "ms": [1.0, 5.0, 1.5, 2.5]},
+                                "head": {"batch": [1, 2], "ms": [3.0, 1.0]}})
+    f = p.fitted()
+    assert f.decode_ms == pytest.approx((2.35, 2.45, 2.55, 2.65))     # slope 0.1, intercept 2.25
+    assert f.head_ms == (2.0, 2.0)                                  # a falling fit is flattened: slope 0
+    assert f.prefill_ms == pytest.approx((1.0, 2.0))
+
+
 @pytest.mark.parametrize("bad, message", [
     ({}, "num_layers"),
     ({"num_layers": 2, "decode": {"batch": [1], "ms": [1]}}, "prefill"),

@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                 "artifacts/generation/repo, else model_repository/)")
     p.add_argument("--profile", default=None, help="a profile JSON to use instead of measuring (the format the "
                                                    "profiler caches; see docs/exegpt.md)")
+    p.add_argument("--raw-profile", action="store_true", help="use the measured points as they are (default: "
+                                                                 "each curve's least-squares line; docs/exegpt.md)")
     p.add_argument("--workers", type=int, default=2, help="identical workers (pinned cores) to schedule over "
                                                           "(default 2; WAA needs 2)")
     p.add_argument("--prompt-tokens", type=int, default=32, help="prompt length in tokens (default 32)")
@@ -94,7 +96,8 @@ def run(args) -> int:
         raise SystemExit("plan-generate: error: --workers and --prompt-tokens must be >= 1")
     batch_sizes = _range(args.batch_sizes, "--batch-sizes")
     decode_iters = _range(args.decode_iters, "--decode-iters")
-    workload = Workload(_profile(args), LengthDistribution.fixed(args.prompt_tokens),
+    profile = _profile(args)
+    workload = Workload(profile if args.raw_profile else profile.fitted(), LengthDistribution.fixed(args.prompt_tokens),
                         _output_lengths(args.output_lengths), workers=args.workers)
     if args.bounds_ms:
         try:
@@ -105,7 +108,7 @@ def run(args) -> int:
         bounds = default_bounds_ms(workload, batch_sizes, decode_iters)
     rows = plan_rows(workload, bounds, batch_sizes, decode_iters, args.throughput_tol, args.latency_tol)
     p = workload.profile
-    print(f"profile: {p.num_layers} layers; per layer: decode {p.decode_ms[0]:.2f} ms at batch "
+    print(f"profile ({'as measured' if args.raw_profile else 'least-squares lines'}): {p.num_layers} layers; per layer: decode {p.decode_ms[0]:.2f} ms at batch "
           f"{p.decode_batch[0]:g} .. {p.decode_ms[-1]:.2f} ms at {p.decode_batch[-1]:g}; prefill "
           f"{p.prefill_ms[0]:.2f} ms at {p.prefill_tokens[0]:g} tokens .. {p.prefill_ms[-1]:.2f} ms at "
           f"{p.prefill_tokens[-1]:g}")

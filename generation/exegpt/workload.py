@@ -90,6 +90,26 @@ class LayerProfile:
                 "overhead_ms": self.overhead_ms,
                 **({"head": {"batch": list(self.head_batch), "ms": list(self.head_ms)}} if self.head_batch else {})}
 
+    def fitted(self) -> "LayerProfile":
+        """The same profile with every curve replaced by its least-squares line ``a + b x`` (a, b >= 0),
+        read at the same points.
+
+        Why: on the shared 2-core machine single points carry interference (the head measured 18 ms at 8 rows
+        and 133 ms at 32 in one run), and a dent in a curve makes throughput non-monotonic in the batch size,
+        which branch-and-bound relies on. The CPU's cost is a fixed cost per call plus a per-row slope
+        (docs/exegpt.md), which the line keeps."""
+        def line(xs, ys):
+            if len(xs) < 2:
+                return ys
+            n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+            sxx = sum((x - mx) ** 2 for x in xs)
+            b = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx, 0.0) if sxx else 0.0
+            a = max(my - b * mx, 0.0)
+            return tuple(a + b * x for x in xs)
+        return LayerProfile(self.num_layers, self.prefill_tokens, line(self.prefill_tokens, self.prefill_ms),
+                            self.decode_batch, line(self.decode_batch, self.decode_ms), self.overhead_ms,
+                            self.head_batch, line(self.head_batch, self.head_ms) if self.head_batch else ())
+
     def prefill_layer_ms(self, tokens: float) -> float:
         """One layer over a prefill chunk of ``tokens`` tokens (ms); 0 for an empty chunk."""
         return 0.0 if tokens <= 0 else _interp(self.prefill_tokens, self.prefill_ms, tokens)
