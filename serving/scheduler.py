@@ -50,12 +50,12 @@ decision is made here, on explicit clocks, so it is tested without a server.
   :meth:`Scheduler.next_expiry`. Decisions (the papers are silent on a split
   that hangs):
 
-  - the **grace** (50 ms): a BLS call's queue timeout ends at the same
-    deadline, and Triton's rejection says more (the call never left the
-    split's queue) than the watchdog can; measured on the 2-core machine, with
-    no grace the watchdog answered first some of the time. A call that comes
-    back within the grace is answered as before the watchdog existed (late).
-
+  - the **grace** (50 ms; the router's ``watchdog_grace_ms``): a call that
+    comes back just past the deadline (its answers, or its queue's rejection,
+    which says where it waited) is handled as before the watchdog existed; the
+    watchdog is the backstop for calls that do not come back. Triton 2.51
+    rejects an expired call only when the split's batcher next wakes, which
+    can be long after the deadline: such calls are the watchdog's too.
   - the stuck call's **slot stays taken** until the call returns (or raises):
     the split's instance is still busy with it, and counting it free would send
     the next batch to wait behind it. The split's other slots keep serving, so
@@ -86,8 +86,8 @@ import numpy as np
 
 from e3.serving.policy import DEADLINE, BatchRoute
 
-__all__ = ["Job", "Row", "SplitQueue", "Dispatch", "Scheduler", "make_queues", "EWMA_ALPHA", "OUTLIER_X", "WARM_BATCHES",
-           "WATCHDOG_GRACE_S"]
+__all__ = ["Job", "Row", "SplitQueue", "Dispatch", "Scheduler", "make_queues", "EWMA_ALPHA", "OUTLIER_X",
+           "WARM_BATCHES", "WATCHDOG_GRACE_S"]
 
 EWMA_ALPHA = 0.1   # decay per batch of the older batches' weight in a split's expected time
 WARM_BATCHES = 5   # batches observed before an observation is clipped
@@ -244,8 +244,9 @@ class Scheduler:
 
     def expire(self, now: float) -> list[Job]:
         """The watchdog: live jobs with a row in a batch still running whose deadline plus the grace has
-        passed (``now``, seconds) are dropped as late, with ``stuck_in`` naming the split. Their batch keeps its slot until
-        :meth:`finish` or :meth:`abandon` (see the module docstring). Returns them, each once."""
+        passed (``now``, seconds) are dropped as late, with ``stuck_in`` naming the split. Their batch
+        keeps its slot until :meth:`finish` or :meth:`abandon` (see the module docstring). Returns them,
+        each once."""
         expired = []
         for d in self.running.values():
             if d.due > now:
