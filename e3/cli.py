@@ -282,38 +282,37 @@ def _admission(args) -> int:
     return 0
 
 
-def _bench_all(args) -> int:
-    from e3.bench import run_evaluation
+def _refusing(command: str, run) -> int:
+    """Run ``run()``: a ValueError is the user's input, printed as ``<command>: error: ...`` (exit 2)."""
     try:
-        run_evaluation(quick=args.quick, model=args.model)
+        run()
     except ValueError as err:
-        print(f"e3 bench: error: {err}", file=sys.stderr)
+        print(f"{command}: error: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+def _bench_all(args) -> int:
+    from e3.bench import run_evaluation
+    return _refusing("e3 bench", lambda: run_evaluation(quick=args.quick, model=args.model))
 
 
 def _bench_simulator(args) -> int:
     from e3.bench import run_simulator_validation
-    try:
-        run_simulator_validation(Path(args.measured) if args.measured else None, Path(args.out) if args.out else None)
-    except ValueError as err:
-        print(f"e3 bench simulator: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return _refusing("e3 bench simulator", lambda: run_simulator_validation(
+        Path(args.measured) if args.measured else None, Path(args.out) if args.out else None))
 
 
 def _bench_admission(args) -> int:
     from e3.admission_bench import AdmissionBenchSettings, run_admission_bench
-    try:
+
+    def run():
         models = tuple(m.strip() for m in args.models.split(",") if m.strip())
         if not models or args.cores < 1 or (args.qos_ms is not None and args.qos_ms <= 0):
             raise ValueError("give at least one model, --cores >= 1 and a positive --qos-ms")
         run_admission_bench(AdmissionBenchSettings(models=models, cores=args.cores, qos_ms=args.qos_ms,
                                                    out=Path(args.out) if args.out else None, quick=args.quick))
-    except ValueError as err:
-        print(f"e3 bench admission: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return _refusing("e3 bench admission", run)
 
 
 def _demo(args) -> int:

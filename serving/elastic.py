@@ -30,13 +30,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
-import triton_python_backend_utils as pb_utils
 
 from e3.serving.admission import make_policy
 from e3.serving.session import make_session
-from e3.serving.triton_io import error_response, gather, io_specs, model_parameters, tensor_response
+from e3.serving.triton_io import ResponseSender, gather, io_specs, model_parameters
 
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 @dataclass(eq=False)
@@ -66,9 +64,7 @@ class TritonPythonModel:
         self.work = [queue.Queue() for _ in self.policy.engine]
         self.workers = [threading.Thread(target=self._worker, args=(w,), name=f"e3-worker-{w}-b{b}", daemon=True)
                         for w, b in enumerate(self.policy.engine)]
-        self.outbox: queue.Queue = queue.Queue()
-        self.sender = threading.Thread(target=self._send_loop, name="e3-responses", daemon=True)
-        self.sender.start()
+        self.outbox = ResponseSender("e3 admission")
         for t in self.workers:
             t.start()
 
@@ -83,14 +79,13 @@ class TritonPythonModel:
             t.join(timeout=5)
         for r in left.values():
             self._fail(r, "the admission stage is unloading")
-        self.outbox.put(None)
-        self.sender.join(timeout=5)
+        self.outbox.close()
 
     def execute(self, requests):
         got = gather(requests, self.inputs)
         for request, response in zip(requests, got.responses):
             if response is not None:  # malformed: answered now, the others go on
-                self.outbox.put((request, response))
+                self.outbox.put(request, response)
         start = 0
         with self.lock:
             for i, n in zip(got.valid, got.sizes):
@@ -137,25 +132,8 @@ class TritonPythonModel:
                         done.append(r)
                 self._pump()
             for r in done:
-                self.outbox.put((r.handle, r.failed if r.failed else r.outputs))
+                self.outbox.put(r.handle, r.failed if r.failed else r.outputs)
 
     def _fail(self, r: _Request, message: str) -> None:
-        self.outbox.put((r.handle, message))
+        self.outbox.put(r.handle, message)
 
-    def _send_loop(self) -> None:
-        """The one thread that answers requests: (request, outputs dict | error message | a response)."""
-        while True:
-            item = self.outbox.get()
-            if item is None:
-                return
-            request, what = item
-            if isinstance(what, dict):
-                response = tensor_response(what)
-            elif isinstance(what, str):
-                response = error_response(what)
-            else:
-                response = what
-            try:
-                request.get_response_sender().send(response, flags=FINAL)
-            except Exception as err:  # noqa: BLE001 - e.g. the client went away; the others go on
-                pb_utils.Logger.log_warn(f"e3 admission: could not send a response: {err}")

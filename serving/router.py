@@ -60,8 +60,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import triton_python_backend_utils as pb_utils
-
 from e3.core.exits import make_exit_rule
 from e3.core.names import block_file
 from e3.core.plan import COMPACT, Plan, SplitPlan
@@ -71,9 +69,9 @@ from e3.serving.policy import DEADLINE, ERROR, BatchRoute, drop_for
 from e3.serving.remote import RemoteSplit
 from e3.serving.router_metrics import RouterMetrics
 from e3.serving.scheduler import WATCHDOG_GRACE_S, Dispatch, Job, Scheduler, make_queues
-from e3.serving.triton_io import BlsTimeout, bls, error_response, gather, model_parameters, tensor_response
+from e3.serving.triton_io import (BlsTimeout, ResponseSender, bls, error_response, gather, model_parameters,
+                                  tensor_response)
 
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class _Inline:
@@ -128,12 +126,8 @@ class TritonPythonModel:
         self.room = threading.Condition(self.lock)      # an inline execute waits on it for its answers
         self.wake_at: float | None = None   # when the timer must poll next (None: only events matter)
         self.stopping = False
-        # Every response leaves through one thread: measured on this Triton, responses and error
-        # responses sent from several threads at once crashed the server (SIGSEGV, or
-        # boost::interprocess::lock_exception in the Python backend) under a burst of drops.
-        self.outbox: queue.Queue = queue.Queue()
-        self.sender = threading.Thread(target=self._send_loop, name="e3-responses", daemon=True)
-        self.sender.start()
+        # Every response leaves through one thread (ResponseSender: concurrent sends crashed the server).
+        self.outbox = ResponseSender("e3 router")
         self.loop = threading.Thread(target=self._loop, name="e3-scheduler", daemon=True)
         self.loop.start()
 
@@ -154,8 +148,7 @@ class TritonPythonModel:
         with self.lock:
             left = self.sched.fail_all(ERROR)
         self._answer_failed(left, "the router is unloading")
-        self.outbox.put(None)
-        self.sender.join(timeout=5)
+        self.outbox.close()
         for remote in self.remotes:
             remote.close()
         self.metrics.close()
@@ -168,7 +161,7 @@ class TritonPythonModel:
         if not self.inline:
             for request, response in zip(requests, got.responses):
                 if response is not None:  # malformed: answered now, the others go on
-                    self.outbox.put((request, response))
+                    self.outbox.put(request, response)
         handles = {i: (_Inline() if self.inline else requests[i]) for i in got.valid}
         with self.lock:
             for i, rows in zip(got.valid, request_slices(got.sizes)):
@@ -284,25 +277,8 @@ class TritonPythonModel:
                 handle.what = what
                 self.room.notify_all()
         else:
-            self.outbox.put((handle, what))
+            self.outbox.put(handle, what)
 
-    def _send_loop(self) -> None:
-        """The one thread that answers requests: (request, answers dict | error message | a response)."""
-        while True:
-            item = self.outbox.get()
-            if item is None:
-                return
-            request, what = item
-            if isinstance(what, dict):
-                response = tensor_response(what)
-            elif isinstance(what, str):
-                response = error_response(what)
-            else:
-                response = what
-            try:
-                request.get_response_sender().send(response, flags=FINAL)
-            except Exception as err:  # noqa: BLE001 - e.g. the client went away; the others go on
-                pb_utils.Logger.log_warn(f"e3 router: could not send a response: {err}")
 
     # -- how a split runs ----------------------------------------------------------------------------------
     def _runner(self, split: SplitPlan):

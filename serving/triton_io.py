@@ -13,6 +13,8 @@ here once (:func:`bls_error`), so callers never match error text.
 from __future__ import annotations
 
 import json
+import queue
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +24,7 @@ from e3.core.rows import request_slices, split_rows
 from e3.core.spec import TensorSpec, dtype_from_config
 from e3.serving.input_policy import InputError, check_request
 
-__all__ = ["InputError", "BlsError", "BlsTimeout", "Gathered", "model_parameters", "io_specs", "gather",
+__all__ = ["ResponseSender", "InputError", "BlsError", "BlsTimeout", "Gathered", "model_parameters", "io_specs", "gather",
            "error_response", "tensor_response", "answer_responses", "split_responses", "bls", "bls_error",
            "EXPIRED_IN_QUEUE", "INPUT_BOUNDS"]
 
@@ -162,3 +164,45 @@ def bls_error(model: str, message: str) -> BlsError:
     if EXPIRED_IN_QUEUE.lower() in message.lower():
         return BlsTimeout(text)
     return BlsError(text)
+
+
+class ResponseSender:
+    """The one thread that answers a model's requests through their response senders.
+
+    Measured on this Triton (the router): responses and error responses sent from several threads at
+    once crashed the server (SIGSEGV, or boost::interprocess::lock_exception in the Python backend)
+    under a burst of drops, so every model that answers outside ``execute`` sends through one of these.
+    ``put(request, what)``: ``what`` is an outputs dict, an error message or a ready response.
+    """
+
+    def __init__(self, who: str):
+        self.who = who
+        self._outbox: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="e3-responses", daemon=True)
+        self._thread.start()
+
+    def put(self, request, what) -> None:
+        self._outbox.put((request, what))
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Send what is queued, then stop the thread."""
+        self._outbox.put(None)
+        self._thread.join(timeout=timeout_s)
+
+    def _loop(self) -> None:
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        while True:
+            item = self._outbox.get()
+            if item is None:
+                return
+            request, what = item
+            if isinstance(what, dict):
+                response = tensor_response(what)
+            elif isinstance(what, str):
+                response = error_response(what)
+            else:
+                response = what
+            try:
+                request.get_response_sender().send(response, flags=final)
+            except Exception as err:  # noqa: BLE001 - e.g. the client went away; the others go on
+                pb_utils.Logger.log_warn(f"{self.who}: could not send a response: {err}")

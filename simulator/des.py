@@ -167,6 +167,40 @@ class _Clock:
                          answered_inputs=answered, batches=batches, duration_s=span)
 
 
+class _TritonQueue:
+    """Triton's dynamic-batcher queue in simulated time: requests wait here for a free instance."""
+
+    def __init__(self, env: simpy.Environment):
+        self.env = env
+        self.items: list[tuple[float, np.ndarray, simpy.Event]] = []   # (arrival, pool rows, answered)
+        self._arrived = env.event()
+
+    def send(self, pool_rows: np.ndarray) -> simpy.Event:
+        """Queue a request; the event fires with True (answered) or False (dropped)."""
+        done = self.env.event()
+        self.items.append((self.env.now, pool_rows, done))
+        event, self._arrived = self._arrived, self.env.event()
+        event.succeed()
+        return done
+
+    def take(self, delay_s: float, enough_rows: int, max_batch: int) -> Iterator:
+        """For a free instance (``yield from``): wait for requests; with a delay, until ``enough_rows``
+        wait or the oldest has waited it; then take the queued requests up to ``max_batch`` rows (at
+        least one: a larger request runs alone here, where Triton would refuse it). Returns them ([] when
+        another instance took them meanwhile)."""
+        while not self.items:
+            yield self._arrived
+        if delay_s > 0:
+            deadline = self.items[0][0] + delay_s
+            while sum(len(r) for _, r, _ in self.items) < enough_rows and self.env.now < deadline:
+                yield self._arrived | self.env.timeout(deadline - self.env.now)
+        take, rows = [], 0
+        while self.items and (not take or rows + len(self.items[0][1]) <= max_batch):
+            take.append(self.items.pop(0))
+            rows += len(take[-1][1])
+        return take
+
+
 class _Router:
     """One router instance: its own scheduler and split workers, in simulated time."""
 
@@ -281,24 +315,14 @@ def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, ar
             router.pump()
             return done
     else:
-        queue: list[tuple[float, np.ndarray, simpy.Event]] = []
-        arrived = {"event": env.event()}
+        triton = _TritonQueue(env)
         delay_s = plan.router_queue_delay_us / 1e6
 
         def instance(router: _Router) -> Iterator:
             while True:
-                while not queue:
-                    yield arrived["event"]
-                if delay_s > 0:
-                    deadline = queue[0][0] + delay_s
-                    while sum(len(r) for _, r, _ in queue) < max_batch and env.now < deadline:
-                        yield arrived["event"] | env.timeout(deadline - env.now)
-                if not queue:   # another instance took them while this one waited
+                take = yield from triton.take(delay_s, max_batch, max_batch)
+                if not take:
                     continue
-                take, rows = [], 0
-                while queue and (not take or rows + len(queue[0][1]) <= max_batch):
-                    take.append(queue.pop(0))
-                    rows += len(take[-1][1])
                 # Triton hands the instance its requests; each costs one request/response exchange
                 yield env.timeout((len(take) - 1) * latency.tx(device, 1) / 1e3)
                 mine = [(router.admit(r), done) for _, r, done in take]
@@ -309,13 +333,7 @@ def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, ar
 
         for router in routers:
             env.process(instance(router))
-
-        def send(pool_rows: np.ndarray) -> simpy.Event:
-            done = env.event()
-            queue.append((env.now, pool_rows, done))
-            event, arrived["event"] = arrived["event"], env.event()
-            event.succeed()
-            return done
+        send = triton.send
 
     clock = _Clock(env, arrivals, len(exit_ramp), send)
     clock.start()
@@ -336,8 +354,7 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
     ramps = set(latency.ramp_blocks() if base.enabled_ramps is None else base.enabled_ramps)
     exits = next_enabled_exit(exit_ramp, ramps, L)
     speed = 1.0 if base.threads == 1 else base.threads * parallel_efficiency
-    queue: list[tuple[float, np.ndarray, simpy.Event]] = []
-    arrived = {"event": env.event()}
+    triton = _TritonQueue(env)
     batches: dict[int, list[int]] = {0: []}
 
     def service_ms(pool_rows: np.ndarray, requests: int) -> float:
@@ -360,37 +377,18 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
 
     def instance() -> Iterator:
         while True:
-            while not queue:
-                yield arrived["event"]
-            if base.delay_us > 0:
-                deadline = queue[0][0] + base.delay_us / 1e6
-                while sum(len(r) for _, r, _ in queue) < base.preferred and env.now < deadline:
-                    yield arrived["event"] | env.timeout(deadline - env.now)
-            if not queue:   # another instance took them while this one waited
+            take = yield from triton.take(base.delay_us / 1e6, base.preferred, base.max_batch)
+            if not take:
                 continue
-            take, rows = [], 0
-            while queue and rows + len(queue[0][1]) <= base.max_batch:
-                item = queue.pop(0)
-                take.append(item)
-                rows += len(item[1])
-            if not take:   # one request larger than max_batch: Triton refuses it; here it runs alone
-                take.append(queue.pop(0))
             pool_rows = np.concatenate([r for _, r, _ in take])
             batches[0].append(len(pool_rows))
             yield env.timeout(service_ms(pool_rows, len(take)) / 1e3)
             for _, _, done in take:
                 done.succeed(True)
 
-    def send(pool_rows: np.ndarray) -> simpy.Event:
-        done = env.event()
-        queue.append((env.now, pool_rows, done))
-        event, arrived["event"] = arrived["event"], env.event()
-        event.succeed()
-        return done
-
     for _ in range(base.instances):
         env.process(instance())
-    clock = _Clock(env, arrivals, len(exit_ramp), send)
+    clock = _Clock(env, arrivals, len(exit_ramp), triton.send)
     clock.start()
     env.run(until=clock.all_done)
     return clock.result(slo_ms, batches)
