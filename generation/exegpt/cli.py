@@ -33,8 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=2, help="identical workers (pinned cores) to schedule over "
                                                           "(default 2; WAA needs 2)")
     p.add_argument("--prompt-tokens", type=int, default=32, help="prompt length in tokens (default 32)")
-    p.add_argument("--output-lengths", default="8:64", help="output lengths, uniform LOW:HIGH tokens (default 8:64), "
-                                                            "or a JSON file holding a list of observed lengths")
+    p.add_argument("--output-lengths", default="8:64", help="output lengths, uniform over LOW:HIGH or over a "
+                   "comma-separated list of tokens (default 8:64), or a JSON file holding a list of observed lengths")
     p.add_argument("--batch-sizes", default="1:32", help="B_E candidates LOW:HIGH (default 1:32)")
     p.add_argument("--decode-iters", default="1:64", help="RRA's N_D candidates LOW:HIGH (default 1:64)")
     p.add_argument("--bounds-ms", default=None, help="comma-separated latency bounds in ms, 'inf' for none "
@@ -43,6 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                                       "(default 0.05, the paper's 5%%)")
     p.add_argument("--latency-tol", type=float, default=0.05, help="B&B's relative latency tolerance (default 0.05)")
     p.add_argument("--json", default=None, help="also write the rows as JSON here")
+    p.add_argument("--validate", action="store_true", help="also run RRA with the generation engine in this process "
+                   "(one core: workers=1) at a few settings and print predicted against measured (~2 min)")
+    p.add_argument("--validate-lengths", default="4,8,12,16", help="output lengths for --validate, as "
+                                                                   "--output-lengths (default 4,8,12,16)")
+    p.add_argument("--validate-phases", type=int, default=12, help="RRA phases per setting for --validate, the "
+                                                                   "first 4 not measured (default 12)")
 
 
 def _output_lengths(text: str):
@@ -53,7 +59,15 @@ def _output_lengths(text: str):
             return LengthDistribution.from_samples([int(x) for x in json.loads(path.read_text())])
         except (OSError, ValueError, TypeError) as e:
             raise SystemExit(f"plan-generate: error: --output-lengths {text}: {e}")
-    lengths = _range(text, "--output-lengths")
+    if "," in text:
+        try:
+            lengths = tuple(sorted({int(x) for x in text.split(",")}))
+        except ValueError:
+            raise SystemExit(f"plan-generate: error: lengths must be integers, got {text!r}")
+        if lengths[0] < 1:
+            raise SystemExit(f"plan-generate: error: lengths must be >= 1, got {text!r}")
+    else:
+        lengths = _range(text, "--output-lengths")
     return LengthDistribution(lengths, tuple(1.0 / len(lengths) for _ in lengths))
 
 
@@ -85,6 +99,40 @@ def _profile(args):
     return cached_profile(onnx, last - first + 1, last,
                           artifacts_dir() / "generation" / "exegpt" / f"{m}_profile.json", settings,
                           final_head=True)
+
+
+VALIDATE_CONFIGS = ((2, 4), (4, 8), (8, 4), (4, 16), (8, 16))   # (B_E, N_D)
+
+
+def _validate(args, workload) -> list[dict]:
+    from e3.generation.exegpt.simulator import Workload
+    from e3.generation.exegpt.validate import validate_rra
+    from e3.paths import artifacts_dir, default_repository
+    if args.validate_phases < 6:
+        raise SystemExit("plan-generate: error: --validate-phases must be >= 6 (4 are warm-up)")
+    m = args.model.replace("-", "_")
+    repos = [Path(args.repo)] if args.repo else [artifacts_dir() / "generation" / "repo", default_repository()]
+    repo = next((r for r in repos if (r / f"{m}_generation.json").exists()), None)
+    if repo is None:
+        raise SystemExit(f"plan-generate: error: --validate needs the exported model; run `e3 export-generate "
+                         f"{args.model}` first")
+    one = Workload(workload.profile, workload.input_lengths, _output_lengths(args.validate_lengths), workers=1)
+    rows = validate_rra(repo, args.model, one, list(VALIDATE_CONFIGS), args.validate_phases)
+    print("\nSimulator against measured RRA runs (engine in process, one core; output lengths "
+          f"{args.validate_lengths}, p99 {one.output_lengths.quantile(0.99)}):\n")
+    print("| B_E | N_D | predicted seq/s | measured seq/s | error | predicted p99-length latency (ms) | "
+          "measured (ms) | error | sequences |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    out = []
+    for pred, meas in rows:
+        e_thr = pred.throughput_seq_s / meas.throughput_seq_s - 1
+        e_lat = pred.latency_ms / meas.latency_ms - 1
+        print(f"| {pred.config[0]} | {pred.config[1]} | {pred.throughput_seq_s:.2f} | {meas.throughput_seq_s:.2f} | "
+              f"{e_thr:+.0%} | {pred.latency_ms:,.0f} | {meas.latency_ms:,.0f} | {e_lat:+.0%} | {meas.sequences} |")
+        out.append({"config": list(pred.config), "predicted_seq_s": pred.throughput_seq_s,
+                    "measured_seq_s": meas.throughput_seq_s, "predicted_latency_ms": pred.latency_ms,
+                    "measured_latency_ms": meas.latency_ms, "sequences": meas.sequences})
+    return out
 
 
 def run(args) -> int:
@@ -120,6 +168,9 @@ def run(args) -> int:
     print(format_search_table(rows))
     print("\nSchedule chosen per latency bound (Table 6 analogue; predicted by the simulator):\n")
     print(format_schedule_table(rows))
+    validation = []
+    if args.validate:
+        validation = _validate(args, workload)
     if args.json:
         doc = [{"bound_ms": None if math.isinf(r.bound_ms) else r.bound_ms,
                 "bnb": {"evaluations": r.bnb.evaluations, "seconds": r.bnb.seconds,
@@ -130,7 +181,8 @@ def run(args) -> int:
                 "grid": {"evaluations": r.grid.evaluations, "seconds": r.grid.seconds,
                          "throughput_seq_s": None if r.grid.best is None else r.grid.best.throughput_seq_s},
                 "same_optimum": r.same_optimum()} for r in rows]
-        Path(args.json).write_text(json.dumps({"profile": p.to_dict(), "rows": doc}, indent=1))
+        Path(args.json).write_text(json.dumps({"profile": p.to_dict(), "rows": doc, "validation": validation},
+                                              indent=1))
     return 0 if all(r.same_optimum() for r in rows) else 1
 
 
