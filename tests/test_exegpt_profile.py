@@ -93,3 +93,20 @@ def test_plan_command_names_bad_input(tmp_path):
         plan_main(["--profile", str(bad)])
     with pytest.raises(SystemExit, match="export-generate"):
         plan_main(["--repo", str(tmp_path / "none")])
+
+
+def test_rra_run_by_the_engine_admits_per_phase_and_measures_the_p99_sequences(tmp_path):
+    """The validation run on tiny-gen: every sequence admitted in the measured phases is counted once, the
+    p99-length ones are all followed to their end, and the simulator's prediction sits beside it."""
+    from e3.generation.exegpt.validate import measure_rra, validate_rra
+    from e3.generation.repository import export_generation_repository
+    export_generation_repository("tiny-gen", tmp_path, progress=False)
+    w = Workload(_cpu_like_profile(), LengthDistribution.fixed(6), LengthDistribution.fixed(3), workers=1)
+    m = measure_rra(tmp_path, "tiny-gen", w, batch_size=3, decode_iters=2, phases=8, warmup_phases=2)
+    # 3 tokens: the prefill's and one decode step in the admitting phase, the last at the next phase's first
+    # step, so each of the 6 measured phases finishes exactly the 3 admitted before it
+    assert m.sequences == 3 * 6
+    assert m.throughput_seq_s > 0 and math.isfinite(m.latency_ms) and m.latency_ms > 0
+    with pytest.raises(ValueError, match="workers=1"):
+        validate_rra(tmp_path, "tiny-gen", Workload(w.profile, w.input_lengths, w.output_lengths, workers=2),
+                     [(1, 1)], 6)
