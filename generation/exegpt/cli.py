@@ -157,7 +157,8 @@ def run(args) -> int:
     rows = plan_rows(workload, bounds, batch_sizes, decode_iters, args.throughput_tol, args.latency_tol)
     p = workload.profile
     print(f"profile ({'as measured' if args.raw_profile else 'least-squares lines'}): {p.num_layers} layers; "
-          f"per layer: decode {p.decode_ms[0]:.2f} ms at batch {p.decode_batch[0]:g} .. {p.decode_ms[-1]:.2f} ms at {p.decode_batch[-1]:g}; prefill "
+          f"per layer: decode {p.decode_ms[0]:.2f} ms at batch {p.decode_batch[0]:g} .. {p.decode_ms[-1]:.2f} ms "
+          f"at {p.decode_batch[-1]:g}; prefill "
           f"{p.prefill_ms[0]:.2f} ms at {p.prefill_tokens[0]:g} tokens .. {p.prefill_ms[-1]:.2f} ms at "
           f"{p.prefill_tokens[-1]:g}")
     out = workload.output_lengths

@@ -37,8 +37,8 @@ Algorithm 1's ambiguities, and what we chose:
   looks at children's top-right corners); this never hurts and prunes earlier.
 * **Tolerances.** ``throughput_tol`` and ``latency_tol`` are relative: a block is pruned when its throughput
   bound x (1 + throughput_tol) is below the incumbent (see "Solved blocks"), and dropped as infeasible when
-  its latency bound exceeds the latency bound x (1 + latency_tol). Larger tolerances keep more blocks (more evaluations, safer where the
-  simulator is not exactly monotonic); zero trusts monotonicity fully.
+  its latency bound exceeds the latency bound x (1 + latency_tol). Larger tolerances keep more blocks (more
+  evaluations, safer where the simulator is not exactly monotonic); zero trusts monotonicity fully.
 * **Split heuristic** (lines 7-10): the two mixed corners are evaluated; if the one at low x1 / high x2 (in
   the throughput orientation) is the better feasible one the block is split along x1, otherwise along x2; if
   neither meets the bound, along the longer side; a side of length one is never split.
