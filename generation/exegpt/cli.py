@@ -132,7 +132,36 @@ def _validate(args, workload) -> list[dict]:
         out.append({"config": list(pred.config), "predicted_seq_s": pred.throughput_seq_s,
                     "measured_seq_s": meas.throughput_seq_s, "predicted_latency_ms": pred.latency_ms,
                     "measured_latency_ms": meas.latency_ms, "sequences": meas.sequences})
+    out.append(_against_static(repo, args, one))
     return out
+
+
+def _against_static(repo: Path, args, one) -> dict:
+    """Under one latency bound, RRA's chosen schedule against the best static batch (no admission until the
+    batch has finished; it is RRA with N_D = the longest output), both run by the engine."""
+    from e3.generation.exegpt.search import grid_search, rra_space
+    from e3.generation.exegpt.simulator import simulate_rra
+    from e3.generation.exegpt.validate import measure_rra
+    s_max = one.output_lengths.lengths[-1]
+    batches = tuple(range(1, 17))
+    static_space = rra_space(batches, (s_max,))
+    # loose enough that admitting between decode steps can pay: tighter, the best RRA is the static batch itself
+    bound = 6.0 * simulate_rra(one, 1, s_max).latency_ms
+    chosen = grid_search(one, rra_space(batches, tuple(range(1, s_max + 1))), bound).best
+    static = grid_search(one, static_space, bound).best
+    if chosen is None or static is None:
+        raise SystemExit("plan-generate: error: no schedule meets the validation bound")
+    m_chosen = measure_rra(repo, args.model, one, *chosen.config, args.validate_phases)
+    m_static = measure_rra(repo, args.model, one, *static.config, args.validate_phases)
+    print(f"\nUnder a bound of {bound:,.0f} ms (6x the static batch of 1's p99-length latency), measured:\n")
+    print("| schedule | B_E | N_D | predicted seq/s | measured seq/s | measured p99-length latency (ms) | meets |")
+    print("|---|---:|---:|---:|---:|---:|:-:|")
+    for name, p, m in (("RRA chosen", chosen, m_chosen), ("static batch", static, m_static)):
+        print(f"| {name} | {p.config[0]} | {p.config[1]} | {p.throughput_seq_s:.2f} | {m.throughput_seq_s:.2f} | "
+              f"{m.latency_ms:,.0f} | {'yes' if m.latency_ms <= bound else 'NO'} |")
+    return {"bound_ms": bound, "chosen": list(chosen.config), "static": list(static.config),
+            "chosen_measured_seq_s": m_chosen.throughput_seq_s, "static_measured_seq_s": m_static.throughput_seq_s,
+            "chosen_measured_latency_ms": m_chosen.latency_ms, "static_measured_latency_ms": m_static.latency_ms}
 
 
 def run(args) -> int:
