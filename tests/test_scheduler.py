@@ -8,7 +8,7 @@ import pytest
 
 from e3.core.exits import EntropyRule
 from e3.serving.policy import BatchRoute
-from e3.serving.scheduler import EWMA_ALPHA, OUTLIER_X, Scheduler, SplitQueue
+from e3.serving.scheduler import EWMA_ALPHA, OUTLIER_X, WARM_BATCHES, Scheduler, SplitQueue
 
 C, L = 2, 4
 SURE, UNSURE = np.array([8.0, 0.0]), np.array([0.1, 0.0])
@@ -101,7 +101,8 @@ def test_each_request_is_answered_when_its_own_rows_are_decided():
 
 def test_only_rows_that_will_miss_are_dropped_and_a_dropped_requests_other_rows_are_left_behind():
     sched = _sched(batches=(2, 2), slo_s=0.05)
-    sched.queues[0].observe(2, 20.0)                          # split 1 takes ~20 ms
+    for _ in range(WARM_BATCHES + 1):                         # (the first batch is not learnt)
+        sched.queues[0].observe(2, 20.0)                      # split 1 takes ~20 ms
     late = _admit(sched, 3, 0.0, 1)
     on_time = _admit(sched, 1, 0.04, 2)
     dispatches, dropped, _ = sched.poll(0.04)                  # 0.04 + 0.02 > 0.05: the first job will miss
@@ -116,6 +117,18 @@ def test_a_failed_batch_drops_its_jobs_once_and_their_other_rows_are_never_answe
     assert sched.abandon(a, "error") == [job]
     assert _run_split1(sched, b, exits=set(), now=0.01) == []  # its last row is not answered again...
     assert not sched.queues[1].rows and sched.poll(0.01)[0] == []  # ...nor sent on
+
+
+def test_the_first_batch_is_not_learnt_and_nothing_is_dropped_early_on_a_guess():
+    q = SplitQueue(8, 1, 0.0)
+    q.observe(8, 2000.0)                                      # a cold first run
+    assert q.expected_ms(8) == 0.0
+    sched = _sched(batches=(2, 2), slo_s=0.05)
+    for _ in range(WARM_BATCHES - 1):
+        sched.queues[0].observe(2, 40.0)                      # not yet trusted for drops
+    job = _admit(sched, 1, 0.0)
+    dispatches, dropped, _ = sched.poll(0.02)                 # 0.02 + 0.04 > 0.05, but still warming up
+    assert not dropped and [r.job for d in dispatches for r in d.rows] == [job]
 
 
 def test_expected_time_learns_a_fixed_and_a_per_row_part():

@@ -51,14 +51,15 @@ def test_a_job_in_a_batch_still_running_at_its_deadline_is_dropped_then_once():
 
 def test_a_late_return_answers_nothing_frees_the_slot_and_counts_only_until_abandoned():
     sched = _sched()
+    sched.queues[0].observe(1, 1.0)                            # a first batch: one-time costs, not learnt
     job = _admit(sched, 2, 0.0)
-    stuck, = sched.poll(0.0)[0]                                # the split's first batch hangs
+    stuck, = sched.poll(0.0)[0]                                # the split's next batch hangs
     assert sched.expire(DUE_S) == [job]
     waiting = _admit(sched, 1, 0.12, tag=1)
     assert sched.poll(0.12)[0] == []                           # one slot, still taken: the new job waits
     assert _return_split1(sched, stuck, 20.0, 20_000.0) == []  # returns 20 s late: nobody answered again
     assert sched.queues[0].in_flight == 0 and not sched.running
-    # learnt as the 150 ms it had run when abandoned (a first batch is not clipped), not the 20 s hang
+    # learnt as the 150 ms it had run when abandoned (nothing is clipped while warming up), not the 20 s hang
     assert sched.queues[0].expected_ms(2) == pytest.approx(DUE_S * 1e3)
     assert sched.poll(20.0)[1] == [waiting]                    # its own deadline (0.22) passed meanwhile
     fresh = _admit(sched, 1, 20.0, tag=2)                      # (one row: ~75 ms expected, within the SLO)
