@@ -460,6 +460,10 @@ def _control(args) -> int:
     except ControlError as err:
         print(f"e3 control: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:   # urllib's URLError too: an address with nothing listening, a wrong port
+        print(f"e3 control: error: cannot reach the server ({err}); Triton at {args.url}, its metrics at "
+              f"{metrics_url} (give --metrics-url if they are elsewhere)", file=sys.stderr)
+        return 2
     finally:
         applier.close()
     return 0

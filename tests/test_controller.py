@@ -493,3 +493,14 @@ def test_reports_and_status_show_what_the_loop_did(tmp_path):
     assert lines[-1].endswith(f"{app.plan.plan_id}  1-1 x1 | 2-4 x1  ({rep.decision})")
     assert status_lines(RecordingApplier(), MODEL, tmp_path / "empty")[:2] == [
         "tiny_ee_router is not loaded", "loaded splits: none"]
+
+
+def test_e3_control_without_a_server_says_so_instead_of_a_traceback(tmp_path, capsys):
+    from e3.cli import main
+    profile = tmp_path / "profile.json"
+    synthetic_profile().save(profile)
+    rc = main(["control", "--model", "tiny-ee", "--latency-profile", str(profile), "--devices", "cpu:2",
+               "--slo-ms", "200", "--rate-rps", "50", "--url", "127.0.0.1:1", "--metrics-url", "127.0.0.1:1",
+               "--once"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "cannot reach the server" in err and "127.0.0.1:1" in err
