@@ -197,15 +197,19 @@ class PooledApplier(ServerView, ServerControl):
                                        f"ready on {s.server}")
         self.router.switch_plan(router, plan)
 
+    def _pods_needed(self, plan: Plan) -> dict[str, int]:
+        """Pool name -> pods the plan needs there (a plan the pools cannot hold is a ControlError)."""
+        from e3.deploy.pools import PoolError, replicas_needed
+        try:
+            return replicas_needed(plan, self.pools)
+        except PoolError as err:
+            raise ControlError(str(err)) from None
+
     def prepare(self, plan: Plan) -> None:
         """Scale up the pools whose pods cannot hold the plan's instances, and wait for them to be ready."""
         if self.scaler is None:
             return
-        from e3.deploy.pools import PoolError, replicas_needed
-        try:
-            need = replicas_needed(plan, self.pools)
-        except PoolError as err:
-            raise ControlError(str(err)) from None
+        need = self._pods_needed(plan)
         for pool in self.pools.pools:
             if need[pool.name] > self.scaler.replicas(pool):
                 self.scaler.scale(pool, need[pool.name])
@@ -216,11 +220,7 @@ class PooledApplier(ServerView, ServerControl):
         """Scale down pools that hold more pods than the plan in force needs (never below min_replicas)."""
         if self.scaler is None:
             return
-        from e3.deploy.pools import PoolError, replicas_needed
-        try:
-            need = replicas_needed(plan, self.pools)
-        except PoolError as err:
-            raise ControlError(str(err)) from None
+        need = self._pods_needed(plan)
         for pool in self.pools.pools:
             if need[pool.name] < self.scaler.replicas(pool):
                 self.scaler.scale(pool, need[pool.name])
