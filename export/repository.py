@@ -58,6 +58,7 @@ class ExportSettings:
     slo_ms: float = 1000.0
     format: str = "onnx"            # split/stock files: "onnx", or "tensorrt" (model.plan; --target ngc only)
     fp16: bool = False              # TensorRT engines may use FP16 kernels
+    baselines: bool = True          # also write <m>_stock and <m>_ee (False: the E3 path only)
 
 
 FORMATS = ("onnx", "tensorrt")
@@ -120,8 +121,9 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
                           queue_delay_us=plan.splits[0].queue_delay_us,
                           enabled_ramps=ramps_in_range(card.ramp_blocks, a, b, card.num_blocks))
         splits.setdefault(extra.model, extra)
+    baselines = [stock_name(m), ee_name(m)] if settings.baselines else []
     steps = [*[(name, "split") for name in splits], (router_name(m), "router"),
-             (stock_name(m), "stock"), (ee_name(m), "ee")]
+             *[(name, kind) for name, kind in zip(baselines, ("stock", "ee"))]]
     if card.preprocess:  # text front door: <m> = <m>_preprocess -> <m>_router
         steps += [(preprocess_name(m), "preprocess"), (m, "ensemble")]
     for name, _ in steps:
@@ -144,8 +146,8 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
     front = [router_name(m), *([preprocess_name(m), m] if card.preprocess else [])]
     manifest["deployments"][m] = {"model": model_name, "card": card.to_dict(), "plan": plan.to_dict(),
                                   "front_door": m if card.preprocess else router_name(m), "router": router_name(m),
-                                  "baselines": [stock_name(m), ee_name(m)],
-                                  "serve": [*(s.model for s in plan.triton_splits), *front, stock_name(m), ee_name(m)]}
+                                  "baselines": baselines,
+                                  "serve": [*(s.model for s in plan.triton_splits), *front, *baselines]}
     write_manifest(repo, manifest)
     return plan
 

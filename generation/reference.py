@@ -35,6 +35,7 @@ __all__ = ["Generation", "KVCache", "generate_full", "generate_early_exit", "gen
 class Generation:
     tokens: list[int] = field(default_factory=list)        # new tokens, in order
     exit_layers: list[int] = field(default_factory=list)   # per token: the layer whose head chose it (L: final)
+    confidences: list[float] = field(default_factory=list)  # per token: its head's softmax margin
     layers_run: int = 0                                     # decoder layers executed (positions x layers)
     drafted: int = 0                                        # self-speculative: draft tokens proposed
     accepted: int = 0                                       # self-speculative: of them, accepted
@@ -97,15 +98,27 @@ def generate_full(model: Decoder, prompt: list[int], max_new_tokens: int, eos_id
 @torch.no_grad()
 def generate_early_exit(model: Decoder, prompt: list[int], max_new_tokens: int, tau: float,
                         eos_id: int | None = None, kv_fill: str = "copy",
-                        exit_layers: tuple[int, ...] | None = None) -> Generation:
+                        exit_layers: tuple[int, ...] | None = None, depth: int | None = None) -> Generation:
     """Greedy CALM decoding (see the module docstring); ``exit_layers`` (default: all the model's heads)
-    selects which heads may answer; ``tau`` > 1 never exits."""
+    selects which heads may answer; ``tau`` > 1 never exits.
+
+    ``depth`` (an exit layer): the model **partially loaded** up to that layer (HELIOS): the head after
+    ``depth`` acts as the final head, for the prompt too, and every token that reaches it leaves there
+    whatever its confidence; layers past ``depth`` never run and get no k/v."""
     if kv_fill not in ("copy", "recompute"):
         raise ValueError(f"kv_fill must be 'copy' or 'recompute', not {kv_fill!r}")
-    L = model.config.num_layers
-    exits = sorted(model.config.exit_layers if exit_layers is None else exit_layers)
-    cache, token = prefill(model, prompt)
-    out = Generation(tokens=[token], exit_layers=[L], layers_run=len(prompt) * L)
+    full = model.config.num_layers
+    L = full if depth is None else depth
+    if L != full and L not in model.config.exit_layers:
+        raise ValueError(f"depth {depth} is not an exit layer of the model {model.config.exit_layers}")
+    exits = sorted(e for e in (model.config.exit_layers if exit_layers is None else exit_layers) if e < L)
+    if not prompt:
+        raise ValueError("empty prompt: at least one token is needed")
+    cache = KVCache(model)                        # the prefill: every (loaded) layer, the last head answers
+    h = _run(model, cache, model.embed(torch.tensor([prompt])), 0, 1, L)
+    logits = model.head_logits(h[:, -1], L)
+    token, conf = int(logits.argmax()), float(softmax_margin(logits))
+    out = Generation(tokens=[token], exit_layers=[L], layers_run=len(prompt) * L, confidences=[conf])
     pending: dict[int, torch.Tensor] = {}   # recompute: position -> hidden state it left with
     position = len(prompt)
     while not _done(out, max_new_tokens, eos_id):
@@ -121,11 +134,13 @@ def generate_early_exit(model: Decoder, prompt: list[int], max_new_tokens: int, 
             if stop == L:
                 break
             logits = model.head_logits(h[:, -1], stop)
-            if float(softmax_margin(logits)) >= tau:
+            conf = float(softmax_margin(logits))
+            if conf >= tau:
                 chosen, token = stop, int(logits.argmax())
                 break
         if chosen == L:
-            token = int(model.head_logits(h[:, -1], L).argmax())
+            logits = model.head_logits(h[:, -1], L)
+            token, conf = int(logits.argmax()), float(softmax_margin(logits))
         elif kv_fill == "copy":
             pos = torch.tensor([[position]])
             for skipped in range(chosen + 1, L + 1):
@@ -134,6 +149,7 @@ def generate_early_exit(model: Decoder, prompt: list[int], max_new_tokens: int, 
             pending[position] = h[:, -1:]
         out.tokens.append(token)
         out.exit_layers.append(chosen)
+        out.confidences.append(conf)
         position += 1
     out.cache = cache
     return out

@@ -160,3 +160,78 @@ def _mark_optional(config: Path, names: list[str]) -> None:
     for name in names:
         text = text.replace(f'name: "{name}"\n', f'name: "{name}"\n  optional: true\n', 1)
     config.write_text(text)
+
+
+HELIOS = "helios_generate"
+
+
+def helios_candidate(model: str) -> dict:
+    """The sizes HELIOS's memory budget and cost model count for ``model`` (float32 weights as served)."""
+    from dataclasses import asdict
+
+    from e3.controller.helios import Candidate
+    gm = load_generation_model(model, progress=False)
+    d, c = gm.decoder, gm.decoder.config
+    layer = sum(p.numel() for p in d.layers[0].parameters())
+    head = c.hidden_size * c.hidden_size
+    cand = Candidate(name=served_name(model), exits=tuple(c.exit_layers), num_layers=c.num_layers,
+                     layer_bytes=4 * layer, base_bytes=4 * (d.embed_tokens.weight.numel() + d.norm.weight.numel()),
+                     head_bytes=4 * head, kv_bytes=2 * c.num_kv_heads * c.head_dim * 4,
+                     head_cost=round((c.vocab_size * c.hidden_size + head) / layer, 3),
+                     fill_cost=round(2 * c.hidden_size * c.num_kv_heads * c.head_dim / layer, 4))
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cand).items()}
+
+
+def export_helios_repository(models: list[str], repo: Path, *, memory_mb: float, tau: float = 0.9,
+                             eval_prompts: int = 5, ri: int = 150, cbc_max: int = 50, window: int = 100,
+                             switch_gain: float = 1.25, min_tokens: int = 20, progress: bool = True,
+                             fixed: bool = True) -> list[str]:
+    """Export every candidate in ``models`` (their splits and kv-fill models, see
+    :func:`export_generation_repository`) and HELIOS's front door ``helios_generate``
+    (``serving/helios_router.py``) over them, with the memory budget ``memory_mb`` MiB. With ``fixed``, also
+    ``helios_only_<m>`` per candidate: the same router serving that candidate whole under the same budget, no
+    controller (the baselines of ``e3 bench helios``). Returns the front doors' names; load only those (the
+    router loads the split models it needs)."""
+    from e3.controller.helios import Candidate, HeliosSettings, check_candidates
+    if len(models) < 1:
+        raise ValueError("HELIOS needs at least one candidate model")
+    specs, cands = [], []
+    for model in models:
+        spec = export_generation_repository(model, repo, progress=progress, tokenizer=False)
+        specs.append(EngineSpec(**{**spec.__dict__, "max_active": 256, "kv_in_splits": True,
+                                   "split_model": f"{served_name(model)}_kv"}))
+        cands.append(helios_candidate(model))
+    vocab = {s.vocab_size for s in specs}
+    if len(vocab) != 1:
+        raise ValueError(f"HELIOS's candidates must share a tokenizer; their vocabularies differ: {sorted(vocab)}")
+    settings = dict(tau=tau, memory_bytes=int(memory_mb * 2**20), eval_prompts=eval_prompts, ri=ri, cbc_max=cbc_max,
+                    window=window, switch_gain=switch_gain, min_tokens=min_tokens)
+    hs = HeliosSettings(candidates=tuple(Candidate(**{**c, "exits": tuple(c["exits"])}) for c in cands), **settings)
+    hs.validate()
+    check_candidates(hs, 64)
+    gm = load_generation_model(models[0], progress=False)
+    tok_file = "tokenizer.json" if gm.tokenizer is not None else ""
+    inputs = (TensorSpec("input_ids", "INT64", (-1,)), TensorSpec("text", "BYTES", (1,)),
+              TensorSpec("max_new_tokens", "INT32", (1,)), TensorSpec("mode", "BYTES", (1,)),
+              TensorSpec("tau", "FP32", (1,)), TensorSpec("draft_tokens", "INT32", (1,)),
+              TensorSpec("status", "BYTES", (1,)))
+    outputs = (TensorSpec("tokens", "INT64", (-1,)), TensorSpec("exit_layers", "INT32", (-1,)),
+               TensorSpec("text_out", "BYTES", (1,)), TensorSpec("ttft_ms", "FP32", (1,)),
+               TensorSpec("total_ms", "FP32", (1,)), TensorSpec("served_by", "BYTES", (1,)))
+    doors = {HELIOS: None}
+    if fixed:
+        doors.update({f"helios_only_{c['name']}": [c["name"], c["num_layers"]] for c in cands})
+    for name, only in doors.items():
+        out = repo / name
+        shutil.rmtree(out, ignore_errors=True)
+        doc = {"candidates": [{"candidate": c, "engine": s.to_dict()} for c, s in zip(cands, specs)],
+               "settings": settings, "fixed": only}
+        params = {"helios": json.dumps(doc)}
+        if tok_file:
+            params["tokenizer"] = tok_file
+        _write(out, ModelDescription(name=name, kind="python", max_batch_size=0, inputs=inputs, outputs=outputs,
+                                     dynamic_batching=None, parameters=params), f"{SERVING}.helios_router")
+        if tok_file:
+            gm.tokenizer.save(str(out / "tokenizer.json"))
+        _mark_optional(out / "config.pbtxt", [t.name for t in inputs])
+    return list(doors)

@@ -30,6 +30,7 @@ from e3.export.reference import reference_answers
 pytestmark = pytest.mark.e2e
 
 N_INPUTS, CLIENTS, TIE_BAND = 1000, 16, 1e-5
+_REFERENCE: dict = {}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def zoo_server(tmp_path_factory):
     try:
         texts = rotten_tomatoes()["test"].texts[:N_INPUTS]
         ids, mask = Tokenizer()(texts)
-        for name in ("bert-stock", "bert-ee", "pabee", "resnet-stock", "resnet-ee"):
+        for name in ("bert-ee", "pabee", "resnet-ee"):   # no baselines here: their stock models are not needed
             train(name, quick=True, progress=False)
         from e3.export.data.images import fashion_mnist
         pixels = fashion_mnist()["test"].images[:N_INPUTS]
@@ -74,7 +75,8 @@ def zoo_server(tmp_path_factory):
                                 card.exit_rule, card.ramp_blocks, slo_ms=120_000)
             plan = replace(plan, splits=tuple(replace(s, form=CONSTANT if i == 1 else COMPACT)
                                               for i, s in enumerate(plan.splits)))
-            export_repository(name, None, repo, ExportSettings(slo_ms=120_000), plan=plan, progress=False)
+            export_repository(name, None, repo, ExportSettings(slo_ms=120_000, baselines=False), plan=plan,
+                              progress=False)
         with serving(repo, name="zoo") as server:
             yield server, texts, ids, mask, pixels
     finally:
@@ -103,7 +105,9 @@ def test_thousand_inputs_from_sixteen_clients_equal_the_reference(zoo_server, na
     label, ramp = send_concurrently(server.http_url, target, make, mixed_sizes(N_INPUTS, 16, len(name) + len(front)),
                                     workers=CLIENTS)
     inputs = (pixels,) if name == "resnet-ee" else (ids, mask)
-    ref = reference_answers(model, inputs, make_exit_rule(model.card.exit_rule))
+    if name not in _REFERENCE:          # pabee is checked through two front doors against one reference
+        _REFERENCE[name] = reference_answers(model, inputs, make_exit_rule(model.card.exit_rule))
+    ref = _REFERENCE[name]
     clear = ref.min_margin > TIE_BAND
     assert (~clear).sum() <= 3, "tie band must stay tiny"
     assert (ramp[clear] == ref.exit_ramp[clear]).all()
