@@ -14,6 +14,8 @@
     e3 bench admission            E²bird's elastic admission vs Triton's dynamic batcher under a QoS target
     e3 bench generate             early-exit generation (SmolLM2): speed and quality vs the full model
     e3 export-generate MODEL      write a generation model's splits and routers into the model repository
+    e3 export-helios MODELS...    HELIOS over early-exit LLM candidates: their splits and helios_generate
+    e3 bench helios               HELIOS against each candidate alone, under one memory budget
     e3 plan-generate [MODEL]      ExeGPT: profile the decoder, schedule under latency bounds (B&B vs grid)
     e3 admission MODEL --qos-ms Q add an elastic admission stage (N-Ebird / E-Ebird) in front of MODEL
     e3 load SERVED_MODEL          closed/open-loop load or a workload replay; goodput under an SLO
@@ -226,6 +228,36 @@ def _export_generate(args) -> int:
         print(f"e3 export-generate: error: {err}", file=sys.stderr)
         return 2
     print(f"wrote {spec.model}_split_* / _kvfill_* / _generate{{,_naive,_stream}} to {repo}")
+    return 0
+
+
+def _export_helios(args) -> int:
+    from e3.generation.repository import export_helios_repository
+    from e3.paths import default_repository
+    repo = Path(args.repo) if args.repo else default_repository()
+    try:
+        doors = export_helios_repository(args.models, repo, memory_mb=args.memory_mb, tau=args.tau,
+                                         eval_prompts=args.eval_prompts, ri=args.ri, cbc_max=args.cbc_max,
+                                         window=args.window, switch_gain=args.switch_gain)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"e3 export-helios: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote the candidates' split models and {', '.join(doors)} to {repo}; serve the front doors only "
+          f"(e3 serve --models {doors[0]}): HELIOS loads the split models it needs itself")
+    return 0
+
+
+def _bench_helios(args) -> int:
+    from e3.generation.helios_bench import HeliosBenchSettings, run_helios_bench
+    kw = {k: v for k, v in dict(prompts=args.prompts, new_tokens=args.new_tokens, clients=args.clients,
+                                tau=args.tau, memory_mb=args.memory_mb).items() if v is not None}
+    kw.update(models=tuple(args.models.split(",")), write_docs=not args.no_docs,
+              out=Path(args.out) if args.out else None)
+    try:
+        run_helios_bench(HeliosBenchSettings.quick(**kw) if args.quick else HeliosBenchSettings(**kw))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"e3 bench helios: error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -727,6 +759,20 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", default=None, help="results JSON (default artifacts/results/generation.json)")
     gen.add_argument("--no-docs", action="store_true", help="do not update docs/RESULTS.md")
     gen.set_defaults(func=_bench_generate)
+    hel = bsub.add_parser("helios", help="HELIOS against each of its candidates alone, one server, one memory budget: "
+                                         "tokens/s, batch reached, TTFT, TPOT, tokens per exit layer, agreement; "
+                                         "writes artifacts/results/helios.json and a section of docs/RESULTS.md")
+    hel.add_argument("--models", default="smollm2-ee,smollm2-ee-late", help="candidates, comma-separated (default "
+                                                                          "smollm2-ee,smollm2-ee-late)")
+    hel.add_argument("--prompts", type=int, default=None, help="requests (default 48; --quick 24)")
+    hel.add_argument("--new-tokens", type=int, default=None, help="tokens per request (default 32; --quick 16)")
+    hel.add_argument("--clients", type=int, default=None, help="concurrent clients (default 24; --quick 12)")
+    hel.add_argument("--tau", type=float, default=None, help="confidence threshold (default 0.3)")
+    hel.add_argument("--memory-mb", type=float, default=None, help="memory budget for weights + KV (default 600)")
+    hel.add_argument("--quick", action="store_true", help="a shorter run (a few minutes once exported)")
+    hel.add_argument("--out", default=None, help="results JSON (default artifacts/results/helios.json)")
+    hel.add_argument("--no-docs", action="store_true", help="do not update docs/RESULTS.md")
+    hel.set_defaults(func=_bench_helios)
 
     pa = sub.add_parser("perf", help="run Triton's perf_analyzer (from the client wheel) with its libraries "
                                      "found; arguments after -- go to perf_analyzer")
@@ -824,6 +870,20 @@ def build_parser() -> argparse.ArgumentParser:
     eg.add_argument("--repo", default=None, help="model repository (default model_repository/)")
     eg.add_argument("--max-active", type=int, default=16, help="sequences decoded together by <m>_generate (default 16)")
     eg.set_defaults(func=_export_generate)
+
+    eh = sub.add_parser("export-helios", help="HELIOS: write early-exit LLM candidates (split models) and the "
+                                              "helios_generate front door that chooses among them")
+    eh.add_argument("models", nargs="+", help="candidates sharing a tokenizer, e.g. smollm2-ee smollm2-ee-late")
+    eh.add_argument("--repo", default=None, help="model repository (default model_repository/)")
+    eh.add_argument("--memory-mb", type=float, default=600.0, help="budget for loaded weights + reserved KV (MiB)")
+    eh.add_argument("--tau", type=float, default=0.9, help="confidence threshold (softmax margin, default 0.9)")
+    eh.add_argument("--eval-prompts", type=int, default=5, help="Step 2: prompts per candidate (default 5)")
+    eh.add_argument("--ri", type=int, default=150, help="re-assessment interval in prompts (default 150)")
+    eh.add_argument("--cbc-max", type=int, default=50, help="breaches tolerated ... (default 50)")
+    eh.add_argument("--window", type=int, default=100, help="... in this many tokens (default 100)")
+    eh.add_argument("--switch-gain", type=float, default=1.25, help="a switch must be predicted this much faster "
+                                                                   "than loading the rest (default 1.25)")
+    eh.set_defaults(func=_export_helios)
 
     pg = sub.add_parser("plan-generate", help="ExeGPT: profile the served decoder's layers, then the RRA/WAA "
                                                "schedule with the highest throughput per latency bound (B&B vs grid)")

@@ -206,16 +206,16 @@ BAND_TOKENS = {1: range(0, 8), 2: range(8, 16), 3: range(16, 24)}
 
 def banded_decoder(first_confident: tuple[int, ...], final_confident: tuple[int, ...], seed: int = 0,
                    scale: float = 4.0, common: float = 1.0) -> Decoder:
-    """A 4-layer decoder (exits after layers 1 and 2, vocabulary 64) whose confidence is set by the prompt's
+    """A 2-layer decoder (an exit after layer 1, vocabulary 64) whose confidence is set by the prompt's
     **band**: band r holds token ids ``BAND_TOKENS[r]`` (r = 1, 2, 3), embedded as ``scale`` times a one-hot in
     hidden dims 8(r-1)..8r-1, plus ``common`` in dims 28-31 shared by every token. Every layer's weights are
     zero, so each layer passes its input on (residuals only) and greedy decoding repeats the prompt's last
     token. A head is confident (softmax margin near 1) where it sees the band's one-hot; the exit adapters
-    shrink the bands not in ``first_confident`` (margin ~0.04 at both exits) and the final norm weight mutes
+    shrink the bands not in ``first_confident`` (margin ~0.04 at the exit) and the final norm weight mutes
     the bands not in ``final_confident`` (margin ~0.01). So the difficulty of a request stream for each model
     is chosen by the bands its prompts come from: the HELIOS tests' candidates (``tiny-helios-a``/``-b``)."""
-    c = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=4, num_heads=4,
-                      num_kv_heads=2, rope_theta=10000.0, rms_eps=1e-5, exit_layers=(1, 2))
+    c = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                      num_kv_heads=2, rope_theta=10000.0, rms_eps=1e-5, exit_layers=(1,))
     model = Decoder(c)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -6,6 +6,9 @@ The candidates are ``tiny-helios-a`` and ``-b`` (:func:`e3.generation.decoder.ba
 the prompt's band. A answers band 1 at its first exit, band 2 only at its final head, band 3 never
 confidently; B answers band 3 at its first exit and bands 1-2 at its final head. So:
 
+(Each has 2 layers and an exit after layer 1: split models ``_kv_split_1-1``, ``_kv_split_2-2`` and
+``_kvfill_2-2``.)
+
 1. band 1: Step 2 evaluates both (2 prompts each, whole) and chooses A up to layer 1 (only split 1-1 loaded);
 2. band 2: A's exit-1 head breaches on every token: the counter asks, the table says the rest of A (its
    evaluated whole-model profile is confident) and B whole cost the same, so it loads the rest of A;
@@ -78,10 +81,8 @@ def _phase(url, prompts, workers=1):
 
 
 def _split_models(m: str, depth: int) -> set[str]:
-    ranges = [(1, 1), (2, 2), (3, 4)]
-    kept = [r for r in ranges if r[1] <= depth]
-    return ({f"{m}_kv_split_{a}-{b}" for a, b in kept}
-            | {f"{m}_kvfill_{b + 1}-4" for _, b in kept[:-1]})
+    """Split models of candidate m served up to ``depth`` (2 layers, an exit after layer 1)."""
+    return {f"{m}_kv_split_1-1"} | ({f"{m}_kv_split_2-2", f"{m}_kvfill_2-2"} if depth == 2 else set())
 
 
 def test_breach_counter_loads_the_rest_then_switches_model_and_triton_follows(helios):
@@ -104,16 +105,16 @@ def test_breach_counter_loads_the_rest_then_switches_model_and_triton_follows(he
         st = _status(client)
         kinds = [d["kind"] for d in st["decisions"]]
         assert kinds == ["choose", "load_rest"], st["decisions"]
-        assert st["chosen"] == ["tiny_helios_a", 4]
-        assert _loaded(client) == _split_models("tiny_helios_a", 4)
+        assert st["chosen"] == ["tiny_helios_a", 2]
+        assert _loaded(client) == _split_models("tiny_helios_a", 2)
 
         hard = _prompts(3, 6, seed=3)
         answers += list(zip(hard, _phase(url, hard, workers=2)))
         st = _status(client)
         kinds = [d["kind"] for d in st["decisions"]]
         assert kinds == ["choose", "load_rest", "switch"], st["decisions"]
-        assert st["chosen"] == ["tiny_helios_b", 4]
-        assert _loaded(client) == _split_models("tiny_helios_b", 4)      # A's models are gone
+        assert st["chosen"] == ["tiny_helios_b", 2]
+        assert _loaded(client) == _split_models("tiny_helios_b", 2)      # A's models are gone
         assert st["memory_bytes"] <= int(0.25 * 2**20)
 
     served = {}
@@ -122,7 +123,7 @@ def test_breach_counter_loads_the_rest_then_switches_model_and_triton_follows(he
         ref = generate_early_exit(decoders[m], prompt, NEW, tau=TAU, depth=int(depth))
         assert (tokens, exits) == (ref.tokens, ref.exit_layers), (prompt, by)
         served[by] = served.get(by, 0) + 1
-    assert {"tiny_helios_a:1", "tiny_helios_a:4", "tiny_helios_b:4"} <= set(served), served
+    assert {"tiny_helios_a:1", "tiny_helios_a:2", "tiny_helios_b:2"} <= set(served), served
 
 
 def test_bad_requests_get_errors_and_helios_keeps_serving(helios):
