@@ -21,9 +21,11 @@ setup: $(STAMP)
 
 # Re-runs only when a dependency file changes; a second `make setup` does nothing.
 # (The grep drops this machine's pip notices about absent local index folders.)
+# --no-compile: no byte-compiling of every installed module (torch alone has thousands); Python compiles
+# what it imports, on first import.
 define pip
 	@echo "pip install $(1)"
-	@set -o pipefail; $(BIN)/python -m pip install --quiet $(1) 2>&1 | { grep -v "neither a file nor a directory" || true; }
+	@set -o pipefail; $(BIN)/python -m pip install --quiet --no-compile $(1) 2>&1 | { grep -v "neither a file nor a directory" || true; }
 endef
 
 $(STAMP): $(SETUP_INPUTS)
