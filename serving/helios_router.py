@@ -231,13 +231,17 @@ class TritonPythonModel:
         memory budget asks for room (``force``): its candidates are likely chosen next."""
         if self.controller is not None and self.controller.evaluating and not force:
             return
+        serving = (self.fixed[0], int(self.fixed[1])) if self.fixed else self.controller.chosen
+        if force:
+            serving = None                              # room first: an idle configuration reloads when asked
         for config in [c for c, e in self.engines.items() if e.idle]:
-            keep = not self.fixed and config == self.controller.chosen
-            if not keep:
+            if config != serving:                       # the configuration in force stays loaded when idle
                 del self.engines[config]
         wanted: set[str] = set()
         for config in self.engines:
             wanted |= set(config_models(self._spec(*config)))
+        if serving is not None:
+            wanted |= set(config_models(self._spec(*serving)))
         if self.waiting:
             wanted |= set(config_models(self._spec(*self._next_config()[0])))
         gone = sorted(self.loaded - wanted)
