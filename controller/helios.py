@@ -13,28 +13,28 @@ Algorithm 1, as built here:
   paper's default does not re-select either).
 * **Step 2, evaluation**: the next ``eval_prompts`` requests of the live stream go to each candidate in turn,
   served whole, and their tokens fill the candidate's row of the **Performance History Table** (PHT): the
-  exit profile (where each decoded token left, with every layer loaded), breaches, mean confidence, measured
-  tokens/s. Their answers are real answers (not discarded), as in the paper. When every evaluation request has
+  exit profile (where each decoded token left, with every layer loaded), mean confidence, measured tokens/s. Their answers are real answers (not discarded), as in the paper. When every evaluation request has
   finished, :meth:`HeliosController.best` picks the configuration to serve.
 * **Step 3, serving with greedy partial loading**: a candidate's M' is its shallowest depth whose
   *predicted* breach rate is within the CBC's tolerance (``cbc_max / window``); the predicted breach rate at
   depth d is the share of its profiled tokens that left deeper than d (or met no confidence at all), the
   predicted cost per token counts layers run plus heads read (``head_cost`` layer-equivalents each), and the
-  predicted tokens/s scale the candidate's measured whole-model tokens/s by the cost ratio. Decision: the
+  predicted tokens/s come from the cost per token (see :meth:`HeliosController.predicted`). Decision: the
   "most likely used layers" of the paper are made concrete this way so that loading depth and the breach
   tolerance agree: a depth that would breach more often than the CBC tolerates is never chosen. The best
   configuration is the feasible one with the highest predicted tokens/s (ties: the lower breach rate, then
   the candidates' order).
-* **The CBC**: a token is a **breach** when the head that emitted it was below ``tau``: for a partially
-  loaded model, a token forced out at its last loaded head; for a whole model, a token whose final head's
-  margin is below ``tau``. Decision: the paper's "confidence not met" is read literally, so a whole model that
-  is unsure of the stream breaches too, and the counter can ask for a switch away from it. The counter is a
-  window of the last ``window`` tokens of the chosen configuration; when more than ``cbc_max`` of them
-  breached, the options are (1) load the rest of the chosen candidate (if partial) and (2) switch to the best
-  other candidate's M', both judged from the PHT. (1) wins unless (2) is predicted faster by ``switch_gain``
-  or (1) is infeasible (a switch reloads a whole model; the paper compares "overheads"). A whole model with no
-  feasible alternative triggers an early re-assessment (Step 2 now) instead. The counter restarts after any
-  decision.
+* **The CBC**: a token is a **breach** when a partially loaded model forced it out at its last loaded head
+  with a confidence below ``tau`` (the layers that could have met the threshold are not loaded). A whole
+  model's final head always answers, as in CALM, and never breaches. Decision: an earlier version also
+  counted a whole model's unsure final-head tokens; on SmolLM2 at tau 0.3 about half of every model's final
+  tokens are below the threshold, so the counter switched between whole models back and forth (measured: 10
+  tokens/s against 36-39 for either candidate alone); Algorithm 1's two options (load the rest of M', or
+  another candidate's M') are both about partial models anyway. The counter is a window of the last
+  ``window`` tokens of the chosen configuration; when more than ``cbc_max`` of them breached, the options are
+  (1) load the rest of the chosen candidate and (2) switch to the best other candidate's M', both judged from
+  the PHT. (1) wins unless (2) is predicted faster by ``switch_gain`` (a switch reloads another model; the
+  paper compares "overheads"). The counter restarts after any decision.
 * **Step 4, periodic re-assessment**: after ``ri`` served prompts, Step 2 again. Decision: the pseudo-code's
   ``until ServicedPrompts < RI`` is read as "repeat until RI prompts were served" (taken literally it would
   stop after the first prompt).
@@ -144,7 +144,6 @@ class Row:
     breaches: int = 0
     conf_sum: float = 0.0
     exits: Counter = field(default_factory=Counter)     # exit layer -> decoded tokens (prefill tokens excluded)
-    final_breaches: int = 0                             # decoded tokens at the last head below tau
 
     @property
     def tokens_per_s(self) -> float:
@@ -233,12 +232,11 @@ class HeliosController:
         c = self.by_name[name]
         row = self.pht.setdefault(config, Row())
         for i, (e, conf) in enumerate(zip(exits, confidences)):
-            breach = e == depth and not conf >= self.s.tau
+            breach = depth < c.num_layers and e == depth and not conf >= self.s.tau
             row.breaches += breach
             row.conf_sum += conf if conf == conf else 0.0
             if i > 0:
                 row.exits[e] += 1
-                row.final_breaches += breach
             if config == self.chosen and not evaluation:
                 self.breach_window.append(breach)
         if evaluation:
@@ -247,7 +245,7 @@ class HeliosController:
                 return self._record(self._choose("evaluation done"))
             return None
         self.served_since_eval += 1
-        if config == self.chosen and sum(self.breach_window) > self.s.cbc_max:
+        if config == self.chosen and depth < c.num_layers and sum(self.breach_window) > self.s.cbc_max:
             return self._record(self._on_breaches(c, depth))
         if self.chosen is not None and self.served_since_eval >= self.s.ri:
             return self._record(self._start_evaluation(f"{self.served_since_eval} prompts served (RI {self.s.ri})"))
@@ -294,7 +292,7 @@ class HeliosController:
             return math.inf, 0.0
         total = sum(prof.exits.values())
         beyond = sum(n for e, n in prof.exits.items() if e > depth)
-        breach = (beyond + (prof.final_breaches if depth == c.num_layers else 0)) / total
+        breach = beyond / total
         cost = sum(n * c.token_cost(e, depth) for e, n in prof.exits.items()) / total
         return breach, 1.0 / (unit * cost)
 
@@ -341,22 +339,21 @@ class HeliosController:
         return Decision("choose", before, best, f"{reason}: predicted breach rate {b:.2f}, {tps:.1f} tokens/s")
 
     def _on_breaches(self, c: Candidate, depth: int) -> Decision:
+        """Algorithm 1's ``if PHT[M(Chosen)] < PHT[M'(Others)]``: the rest of this candidate, or another's M'."""
         here = (c.name, depth)
         why = f"{self.cbc} breaches in the last {len(self.breach_window)} tokens (CBCmax {self.s.cbc_max})"
-        rest = (c.name, c.num_layers) if depth < c.num_layers else None
+        rest = (c.name, c.num_layers)
         other = self.best(exclude=c.name)
-        rest_p = self.predicted(rest) if rest else (math.inf, 0.0)
+        rest_tps = self.predicted(rest)[1]
         other_p = self.predicted(other) if other else (math.inf, 0.0)
-        rest_ok = rest is not None and rest_p[0] <= self.s.tolerance
-        if rest_ok and (other is None or other_p[1] < self.s.switch_gain * rest_p[1]):
-            self.chosen = rest
-            return Decision("load_rest", here, rest, f"{why}; the rest of {c.name} is predicted at "
-                            f"{rest_p[1]:.1f} tokens/s" + (f", {other[0]} at {other_p[1]:.1f}" if other else ""))
-        if other is not None:
+        if other is not None and other_p[1] >= self.s.switch_gain * rest_tps:
             self.chosen = other
             return Decision("switch", here, other, f"{why}; {other[0]} up to layer {other[1]} is predicted at "
-                            f"{other_p[1]:.1f} tokens/s, breach rate {other_p[0]:.2f}")
-        return self._start_evaluation(f"{why}, and no configuration in the table is within tolerance")
+                            f"{other_p[1]:.1f} tokens/s (breach rate {other_p[0]:.2f}), the rest of {c.name} at "
+                            f"{rest_tps:.1f}")
+        self.chosen = rest
+        return Decision("load_rest", here, rest, f"{why}; the rest of {c.name} is predicted at {rest_tps:.1f} "
+                        f"tokens/s" + (f", {other[0]} up to layer {other[1]} at {other_p[1]:.1f}" if other else ""))
 
     # -- reporting -------------------------------------------------------------------------------------
     def table(self) -> dict:

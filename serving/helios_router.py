@@ -331,7 +331,9 @@ class TritonPythonModel:
         sender.send(tensor_response(out), flags=FINAL)
         labels = {"model": config[0], "depth": str(config[1])}
         self.m_tokens.Metric(labels).increment(len(f.tokens))
-        breaches = sum(e == config[1] and not c >= self.settings.tau for e, c in zip(f.exit_layers, f.confidences))
+        partial = config[1] < self.cands[config[0]].num_layers
+        breaches = partial * sum(e == config[1] and not c >= self.settings.tau
+                                 for e, c in zip(f.exit_layers, f.confidences))
         self.m_breaches.Metric(labels).increment(breaches)
         if self.controller is not None:
             self._decided(self.controller.observe(config, f.exit_layers, f.confidences, evaluation=is_eval))
