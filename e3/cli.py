@@ -250,7 +250,9 @@ def _export_helios(args) -> int:
 def _bench_helios(args) -> int:
     from e3.generation.helios_bench import HeliosBenchSettings, run_helios_bench
     kw = {k: v for k, v in dict(prompts=args.prompts, new_tokens=args.new_tokens, clients=args.clients,
-                                tau=args.tau, memory_mb=args.memory_mb).items() if v is not None}
+                                memory_mb=args.memory_mb).items() if v is not None}
+    if args.taus:
+        kw["taus"] = tuple(float(t) for t in args.taus.split(","))
     kw.update(models=tuple(args.models.split(",")), write_docs=not args.no_docs,
               out=Path(args.out) if args.out else None)
     try:
@@ -767,7 +769,7 @@ def build_parser() -> argparse.ArgumentParser:
     hel.add_argument("--prompts", type=int, default=None, help="requests (default 48; --quick 24)")
     hel.add_argument("--new-tokens", type=int, default=None, help="tokens per request (default 32; --quick 16)")
     hel.add_argument("--clients", type=int, default=None, help="concurrent clients (default 24; --quick 12)")
-    hel.add_argument("--tau", type=float, default=None, help="confidence threshold (default 0.2)")
+    hel.add_argument("--taus", default=None, help="confidence thresholds, one run each (default 0.2,0.1)")
     hel.add_argument("--memory-mb", type=float, default=None, help="memory budget for weights + KV (default 560)")
     hel.add_argument("--quick", action="store_true", help="a shorter run (a few minutes once exported)")
     hel.add_argument("--out", default=None, help="results JSON (default artifacts/results/helios.json)")

@@ -48,7 +48,7 @@ class HeliosBenchSettings:
     prompts: int = 48
     new_tokens: int = 32
     clients: int = 24
-    tau: float = 0.2                     # where SmolLM2's heads let about half the tokens leave by layer 20
+    taus: tuple[float, ...] = (0.2, 0.1)  # 0.2: about half the tokens leave by layer 20; 0.1: most by layer 10
     memory_mb: float = 560.0             # whole (516 MiB of weights) leaves KV room for ~10 sequences
     eval_prompts: int = 5
     ri: int = 150
@@ -115,53 +115,35 @@ def _exit_share(answers: list[dict]) -> dict[str, float]:
 
 
 def run_helios_bench(settings: HeliosBenchSettings = HeliosBenchSettings(), echo=print) -> dict:
-    """Export, serve, run every system; returns the results (also JSON and, unless disabled, docs/RESULTS.md)."""
+    """Export, serve, run every system at every threshold; returns the results (also JSON and, unless disabled,
+    docs/RESULTS.md)."""
     import torch
 
-    from e3.deploy.server import TritonServer
+    from e3.generation.engine import EngineSpec
     from e3.generation.models import load_generation_model
-    from e3.generation.repository import export_helios_repository, onnx_files
+    from e3.generation.repository import onnx_files
     torch.set_num_threads(1)
     s = settings
     repo = artifacts_dir() / "generation" / "helios-repo"
-    echo(f"exporting {', '.join(s.models)} and helios_generate to {repo} (exit heads train on first use) ...")
-    doors = export_helios_repository(list(s.models), repo, memory_mb=s.memory_mb, tau=s.tau,
-                                     eval_prompts=s.eval_prompts, ri=s.ri, cbc_max=s.cbc_max, window=s.window)
-    gm = load_generation_model(s.models[0], progress=False)
-    prompts = [gm.tokenizer.encode(p).ids for p in workload(s.prompts)]
-    from e3.generation.engine import EngineSpec
-    spec = EngineSpec.from_dict(json.loads((repo / f"{s.models[0].replace('-', '_')}_generation.json").read_text()))
-    echo(f"the full model's greedy tokens for {len(prompts)} prompts (in-process, the same splits) ...")
-    full, _ = _engine_tokens(spec, onnx_files(repo, spec), prompts, s.new_tokens, "full", 2.0)
-    full_tokens = [f.tokens for f in full]
     budget = (f"every split and kv-fill model 1 instance x 1 intra-op thread, one engine thread per front door, "
               f"memory budget {s.memory_mb:.0f} MiB (weights + reserved KV), one system at a time")
     results: dict = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(s).items()},
-                     "budget": budget, "systems": []}
-    order = [d for d in doors if d != "helios_generate"] + ["helios_generate"]
-    echo(f"serving on one tritonserver ({budget}); {len(prompts)} prompts, {s.clients} clients")
-    with TritonServer.on_free_ports(repo, order, log_file=artifacts_dir() / "logs" / "bench-helios.log",
-                                    exit_timeout_s=5) as server:
-        for door in order:
-            _run_system(server.http_url, door, prompts[:2], HeliosBenchSettings(new_tokens=2, clients=2))  # warm-up
-            answers, wall = _run_system(server.http_url, door, prompts, s)
-            status = _status(server.http_url, door)
-            tokens = sum(len(a["tokens"]) for a in answers)
-            tpot = [(a["total_ms"] - a["ttft_ms"]) / (len(a["tokens"]) - 1) for a in answers if len(a["tokens"]) > 1]
-            row = {"system": "HELIOS" if door == "helios_generate" else door.replace("helios_only_", "") + " alone",
-                   "front_door": door, "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-                   "batch_reached": status.get("peak_active"), "ttft_ms_p50": statistics.median(a["ttft_ms"] for a in answers),
-                   "tpot_ms_p50": statistics.median(tpot) if tpot else float("nan"),
-                   "exit_share": _exit_share(answers),
-                   "agreement": statistics.mean(agreement(a["tokens"], t) for a, t in zip(answers, full_tokens)),
-                   "served_by": dict(Counter(a["served_by"] for a in answers)),
-                   "decisions": status.get("decisions", []), "pht": status.get("rows", [])}
-            results["systems"].append(row)
-            echo(f"  {row['system']:24s} {row['tokens_per_s']:6.1f} tok/s  batch {row['batch_reached']}  "
-                 f"TTFT {row['ttft_ms_p50']:7.0f} ms  TPOT {row['tpot_ms_p50']:6.1f} ms  agreement "
-                 f"{row['agreement']:.3f}  exits {row['exit_share']}")
-            for d in row["decisions"]:
-                echo(f"      {d['kind']}: {d['before']} -> {d['after']} ({d['reason']})")
+                     "budget": budget, "runs": []}
+    full_tokens = None
+    for i, tau in enumerate(s.taus):
+        echo(f"tau {tau}: exporting {', '.join(s.models)} and the front doors to {repo} "
+             f"(exit heads train on first use) ...")
+        doors = _export(s, repo, tau, reuse=i > 0)
+        gm = load_generation_model(s.models[0], progress=False)
+        prompts = [gm.tokenizer.encode(p).ids for p in workload(s.prompts)]
+        if full_tokens is None:
+            spec = EngineSpec.from_dict(json.loads((repo / f"{s.models[0].replace('-', '_')}_generation.json")
+                                                   .read_text()))
+            echo(f"the full model's greedy tokens for {len(prompts)} prompts (in-process, the same splits) ...")
+            full, _ = _engine_tokens(spec, onnx_files(repo, spec), prompts, s.new_tokens, "full", 2.0)
+            full_tokens = [f.tokens for f in full]
+        echo(f"serving on one tritonserver ({budget}); {len(prompts)} prompts, {s.clients} clients, tau {tau}")
+        results["runs"].append({"tau": tau, "systems": _serve_all(s, repo, doors, prompts, full_tokens, echo)})
     out_path = s.out or artifacts_dir() / "results" / "helios.json"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(results, indent=1))
@@ -173,14 +155,57 @@ def run_helios_bench(settings: HeliosBenchSettings = HeliosBenchSettings(), echo
     return results
 
 
+def _export(s: HeliosBenchSettings, repo: Path, tau: float, reuse: bool) -> list[str]:
+    from e3.generation.repository import export_helios_repository
+    return export_helios_repository(list(s.models), repo, memory_mb=s.memory_mb, tau=tau, eval_prompts=s.eval_prompts,
+                                    ri=s.ri, cbc_max=s.cbc_max, window=s.window, reuse_splits=reuse)
+
+
+def _serve_all(s: HeliosBenchSettings, repo: Path, doors: list[str], prompts, full_tokens, echo) -> list[dict]:
+    from e3.deploy.server import TritonServer
+    order = [d for d in doors if d != "helios_generate"] + ["helios_generate"]
+    rows = []
+    with TritonServer.on_free_ports(repo, order, log_file=artifacts_dir() / "logs" / "bench-helios.log",
+                                    exit_timeout_s=5) as server:
+        for door in order:
+            _run_system(server.http_url, door, prompts[:2], HeliosBenchSettings(new_tokens=2, clients=2))  # warm-up
+            answers, wall = _run_system(server.http_url, door, prompts, s)
+            status = _status(server.http_url, door)
+            tokens = sum(len(a["tokens"]) for a in answers)
+            tpot = [(a["total_ms"] - a["ttft_ms"]) / (len(a["tokens"]) - 1) for a in answers if len(a["tokens"]) > 1]
+            row = {"system": "HELIOS" if door == "helios_generate" else door.replace("helios_only_", "") + " alone",
+                   "front_door": door, "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+                   "batch_reached": status.get("peak_active"),
+                   "ttft_ms_p50": statistics.median(a["ttft_ms"] for a in answers),
+                   "tpot_ms_p50": statistics.median(tpot) if tpot else float("nan"),
+                   "exit_share": _exit_share(answers),
+                   "agreement": statistics.mean(agreement(a["tokens"], t) for a, t in zip(answers, full_tokens)),
+                   "served_by": dict(Counter(a["served_by"] for a in answers)),
+                   "decisions": status.get("decisions", []), "pht": status.get("rows", [])}
+            rows.append(row)
+            echo(f"  {row['system']:24s} {row['tokens_per_s']:6.1f} tok/s  batch {row['batch_reached']}  "
+                 f"TTFT {row['ttft_ms_p50']:7.0f} ms  TPOT {row['tpot_ms_p50']:6.1f} ms  agreement "
+                 f"{row['agreement']:.3f}  exits {row['exit_share']}")
+            for d in row["decisions"]:
+                echo(f"      {d['kind']}: {d['before']} -> {d['after']} ({d['reason']})")
+    return rows
+
+
 def format_tables(results: dict) -> str:
     s = results["settings"]
-    rows = results["systems"]
-    layers = sorted({int(k) for r in rows for k in r["exit_share"]})
     lines = [f"`e3 bench helios` (candidates {', '.join(s['models'])}; {s['prompts']} prompts x {s['new_tokens']} "
-             f"new tokens, {s['clients']} clients, tau {s['tau']}, CBCmax {s['cbc_max']} of {s['window']} tokens; "
-             f"commit {_commit()}, {time.strftime('%Y-%m-%d')}). Budget: {results['budget']}.", "",
-             "Table 5 analogue, with throughput, batch reached and quality:", "",
+             f"new tokens, {s['clients']} clients, CBCmax {s['cbc_max']} of {s['window']} tokens, Step 2 on "
+             f"{s['eval_prompts']} prompts per candidate; commit {_commit()}, {time.strftime('%Y-%m-%d')}). "
+             f"Budget: {results['budget']}."]
+    for run in results["runs"]:
+        lines += ["", *_run_tables(run)]
+    return "\n".join(lines)
+
+
+def _run_tables(run: dict) -> list[str]:
+    rows, tau = run["systems"], run["tau"]
+    layers = sorted({int(k) for r in rows for k in r["exit_share"]})
+    lines = [f"### tau {tau}", "", "Table 5 analogue, with throughput, batch reached and quality:", "",
              "| system | tokens/s | batch reached | TTFT p50 ms | TPOT p50 ms | agreement with full greedy |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -200,10 +225,10 @@ def format_tables(results: dict) -> str:
         alone = [r for r in rows if r is not helios]
         if alone:
             best = max(alone, key=lambda r: r["tokens_per_s"])
-            lines += ["", f"- HELIOS against the faster candidate alone ({best['system']}): "
+            lines += ["", f"HELIOS against the faster candidate alone ({best['system']}): "
                           f"{helios['tokens_per_s'] / best['tokens_per_s']:.2f}x tokens/s, batch reached "
                           f"{helios['batch_reached']} vs {best['batch_reached']}."]
-    return "\n".join(lines)
+    return lines
 
 
 def write_results_section(path: Path, results: dict) -> None:

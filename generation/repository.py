@@ -185,7 +185,7 @@ def helios_candidate(model: str) -> dict:
 def export_helios_repository(models: list[str], repo: Path, *, memory_mb: float, tau: float = 0.9,
                              eval_prompts: int = 5, ri: int = 150, cbc_max: int = 50, window: int = 100,
                              switch_gain: float = 1.25, min_tokens: int = 20, progress: bool = True,
-                             fixed: bool = True) -> list[str]:
+                             fixed: bool = True, reuse_splits: bool = False) -> list[str]:
     """Export every candidate in ``models`` (their splits and kv-fill models, see
     :func:`export_generation_repository`) and HELIOS's front door ``helios_generate``
     (``serving/helios_router.py``) over them, with the memory budget ``memory_mb`` MiB. With ``fixed``, also
@@ -197,7 +197,11 @@ def export_helios_repository(models: list[str], repo: Path, *, memory_mb: float,
         raise ValueError("HELIOS needs at least one candidate model")
     specs, cands = [], []
     for model in models:
-        spec = export_generation_repository(model, repo, progress=progress, tokenizer=False)
+        saved = repo / f"{served_name(model)}_generation.json"
+        if reuse_splits and saved.exists():
+            spec = EngineSpec.from_dict(json.loads(saved.read_text()))
+        else:
+            spec = export_generation_repository(model, repo, progress=progress, tokenizer=False)
         specs.append(EngineSpec(**{**spec.__dict__, "max_active": 256, "kv_in_splits": True,
                                    "split_model": f"{served_name(model)}_kv"}))
         cands.append(helios_candidate(model))
