@@ -105,9 +105,29 @@ class TritonPythonModel:
                                  pb_utils.MetricFamily.GAUGE).Metric({})
 
     def finalize(self):
+        """Stop the engine thread, then answer whatever is still waiting or running with an error (an accepted
+        request never goes unanswered)."""
         self.stopping.set()
         self.inbox.put(None)
         self.loop.join(timeout=10)
+        if self.loop.is_alive():
+            return                                      # the thread still owns the requests
+        handles = [r.request_id for r in self.waiting]
+        for engine in self.engines.values():
+            handles += [s.req.request_id for s in engine.active] + [r.request_id for r, _ in engine.waiting]
+        while True:
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                handles.append(item)
+        for handle in handles:
+            try:
+                handle.get_response_sender().send(error_response("helios_generate is unloading; send again"),
+                                                  flags=FINAL)
+            except Exception:
+                log.exception("could not answer a request at unload")
 
     def execute(self, requests):
         for request in requests:
