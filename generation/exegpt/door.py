@@ -1,0 +1,85 @@
+"""Export ExeGPT's front door ``<m>_generate_exegpt`` (``serving/exegpt_router.py``) beside a repository that
+``e3 export-generate`` wrote: the same ``<m>_kv_split_*`` and kv-fill models, one more Python-backend model
+whose config parameters carry the engine spec and the scheduler's settings (profile, planned output lengths,
+prompt length, batch sizes, latency bound, re-plan policy, an optional pinned schedule).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+from e3.core.spec import TensorSpec
+from e3.export.triton_config import ModelDescription
+from e3.generation.engine import EngineSpec
+from e3.generation.exegpt.scheduler import ReplanPolicy, RraSchedule
+from e3.generation.exegpt.workload import LayerProfile, LengthDistribution
+
+__all__ = ["exegpt_name", "export_exegpt_door", "door_models"]
+
+INPUTS = (TensorSpec("input_ids", "INT64", (-1,)), TensorSpec("text", "BYTES", (1,)),
+          TensorSpec("max_new_tokens", "INT32", (1,)), TensorSpec("mode", "BYTES", (1,)),
+          TensorSpec("tau", "FP32", (1,)), TensorSpec("draft_tokens", "INT32", (1,)),
+          TensorSpec("control", "BYTES", (1,)))
+OUTPUTS = (TensorSpec("tokens", "INT64", (-1,)), TensorSpec("exit_layers", "INT32", (-1,)),
+           TensorSpec("text_out", "BYTES", (1,)), TensorSpec("ttft_ms", "FP32", (1,)),
+           TensorSpec("total_ms", "FP32", (1,)))
+
+
+def exegpt_name(model: str) -> str:
+    """``smollm2-ee`` -> ``smollm2_ee_generate_exegpt``."""
+    return f"{model.replace('-', '_')}_generate_exegpt"
+
+
+def door_models(repo: Path, model: str) -> list[str]:
+    """The Triton models the door needs loaded: the kv splits, the kv-fill models and the door itself."""
+    from e3.generation.engine import kvfill_name
+    spec = EngineSpec.from_dict(json.loads((repo / f"{model.replace('-', '_')}_generation.json").read_text()))
+    m = spec.model
+    L = spec.num_layers
+    return ([f"{m}_kv_split_{a}-{b}" for a, b in spec.ranges] + [kvfill_name(m, b + 1, L) for _, b in spec.ranges[:-1]]
+            + [exegpt_name(model)])
+
+
+def export_exegpt_door(repo: Path, model: str, profile: LayerProfile, lengths: LengthDistribution,
+                       prompt_tokens: float, batch_sizes: tuple[int, ...], bound_ms: float = math.inf,
+                       policy: ReplanPolicy = ReplanPolicy(), schedule: RraSchedule | None = None,
+                       stop_at_eos: bool = True, name: str | None = None) -> str:
+    """Write ``<m>_generate_exegpt`` (or ``name``) into ``repo``, which must hold ``model`` exported by
+    ``e3 export-generate``; returns the door's name.
+
+    ``profile``: what plans start from until the door has timed its own steps (the offline profiler's, or any
+    :class:`LayerProfile`); ``lengths``: the output lengths planned for at start (tokens); ``bound_ms``: the
+    latency bound (inf: none; ``control`` requests change it); ``schedule``: pinned instead of planned;
+    ``stop_at_eos`` False: every sequence runs to its ``max_new_tokens`` (benchmarks that draw output lengths
+    from a distribution, as ``--validate`` does)."""
+    from e3.generation.repository import _mark_optional, _write   # the same writers as the other routers
+    m = model.replace("-", "_")
+    spec_file = repo / f"{m}_generation.json"
+    if not spec_file.exists():
+        raise FileNotFoundError(f"{spec_file} not found: run `e3 export-generate {model} --repo {repo}` first")
+    base = EngineSpec.from_dict(json.loads(spec_file.read_text()))
+    # admission is the scheduler's: the engine admits whatever the door hands it
+    spec = EngineSpec(**{**base.__dict__, "max_active": 1 << 20, "kv_in_splits": True, "split_model": f"{m}_kv",
+                         "eos_id": base.eos_id if stop_at_eos else None})
+    policy.__post_init__()
+    doc = {"profile": profile.to_dict(), "lengths": {"lengths": list(lengths.lengths), "probs": list(lengths.probs)},
+           "prompt_tokens": float(prompt_tokens), "batch_sizes": sorted(set(int(b) for b in batch_sizes)),
+           "bound_ms": None if math.isinf(bound_ms) else float(bound_ms), "policy": asdict(policy),
+           "schedule": None if schedule is None else [schedule.batch_size, schedule.decode_iters]}
+    name = name or exegpt_name(model)
+    out = repo / name
+    shutil.rmtree(out, ignore_errors=True)
+    params = {"engine": json.dumps(spec.to_dict()), "exegpt": json.dumps(doc)}
+    router = repo / f"{m}_generate" / "tokenizer.json"
+    if router.exists():
+        params["tokenizer"] = "tokenizer.json"
+    _write(out, ModelDescription(name=name, kind="python", max_batch_size=0, inputs=INPUTS, outputs=OUTPUTS,
+                                 dynamic_batching=None, parameters=params), "e3.serving.exegpt_router")
+    if router.exists():
+        shutil.copyfile(router, out / "tokenizer.json")
+    _mark_optional(out / "config.pbtxt", [t.name for t in INPUTS])
+    return name

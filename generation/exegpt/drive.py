@@ -1,0 +1,127 @@
+"""Driving a served generation front door for ExeGPT's measurements: control requests to
+``<m>_generate_exegpt`` and a closed-loop load whose output lengths are drawn from a distribution.
+
+Client side only (tritonclient over HTTP); nothing in the server imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from e3.generation.exegpt.workload import LengthDistribution
+
+__all__ = ["control", "Run", "drive", "percentile", "concurrency_for"]
+
+
+def control(url: str, door: str, doc: dict | None = None) -> dict:
+    """Send a control document (``{}``: status) to ``door`` at ``url`` (host:port); its status JSON."""
+    from tritonclient import http
+    from tritonclient.utils import InferenceServerException
+    t = http.InferInput("control", [1], "BYTES")
+    t.set_data_from_numpy(np.array([json.dumps(doc or {}).encode()], dtype=object))
+    with http.InferenceServerClient(url) as client:
+        try:
+            r = client.infer(door, [t])
+        except InferenceServerException as err:
+            raise ValueError(err.message()) from None
+    return json.loads(r.as_numpy("text_out")[0].decode())
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100, nearest rank: a value that was measured)."""
+    if not values:
+        return math.nan
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, math.ceil(q / 100 * len(v)) - 1))]
+
+
+def concurrency_for(prediction) -> int:
+    """Requests to keep in flight so that an RRA schedule finds its queue full at every phase start: the live
+    decode batch the simulator expects (``detail["decode_batch"]``) plus a phase's admissions, with a margin of
+    30% (lengths vary around the expectation)."""
+    batch, rows = prediction.config[0], prediction.detail.get("decode_batch", prediction.config[0])
+    return int(math.ceil(1.3 * (rows + batch))) + 2
+
+
+@dataclass(frozen=True)
+class Run:
+    """One closed-loop run against a door (figures over the requests after the warm-up)."""
+
+    sequences: int            # finished in the measured part
+    seconds: float            # from the warm-up's end to the last finish
+    seq_s: float              # sequences per second
+    tok_s: float              # generated tokens per second
+    p99_ms: float             # 99th percentile of the server's latency (admission to last token, ``total_ms``)
+    p99_client_ms: float      # 99th percentile seen by the client (queueing before admission included)
+    errors: int               # failed requests (all of them, warm-up included)
+    first_error: str = ""     # the first failure's message
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def drive(grpc_url: str, door: str, lengths: LengthDistribution, prompt_tokens: int, requests: int, concurrency: int,
+          vocab: int, warmup: int = 0, seed: int = 0, mode: str = "full") -> Run:
+    """``requests`` generations kept ``concurrency`` in flight (a closed loop over gRPC, asynchronous: one client,
+    no thread per request, so the client takes little of the cores the server runs on), prompts of
+    ``prompt_tokens`` random ids in [3, vocab), ``max_new_tokens`` drawn from ``lengths``; the first ``warmup``
+    to finish are not measured."""
+    from tritonclient import grpc
+
+    from e3.generation.client import _inputs
+    rng = random.Random(seed)
+    jobs = [([rng.randrange(3, vocab) for _ in range(prompt_tokens)], rng.choices(lengths.lengths, lengths.probs)[0])
+            for _ in range(requests)]
+    lock = threading.Lock()
+    done: list[tuple[float, float, float, int]] = []   # (finish time, server ms, client ms, tokens)
+    errors: list = []
+    state = {"next": 0, "open": 0}
+    finished = threading.Event()
+    client = grpc.InferenceServerClient(grpc_url)
+
+    def submit() -> None:
+        with lock:
+            if state["next"] >= len(jobs):
+                if state["open"] == 0:
+                    finished.set()
+                return
+            prompt, n = jobs[state["next"]]
+            state["next"] += 1
+            state["open"] += 1
+        t0 = time.perf_counter()
+        client.async_infer(door, _inputs(grpc, prompt, n, mode, 0.9, 4),
+                           callback=lambda result, error: answered(t0, result, error), client_timeout=600)
+
+    def answered(t0: float, result, error) -> None:
+        t1 = time.perf_counter()
+        with lock:
+            state["open"] -= 1
+            if error is not None:
+                errors.append(str(error))
+            else:
+                done.append((t1, float(result.as_numpy("total_ms")[0]), 1e3 * (t1 - t0),
+                             len(result.as_numpy("tokens"))))
+        submit()
+
+    try:
+        for _ in range(min(concurrency, len(jobs))):
+            submit()
+        finished.wait(timeout=600)
+    finally:
+        client.close()
+    done.sort()
+    measured = done[warmup:] if len(done) > warmup + 1 else done
+    t_start = done[warmup - 1][0] if 0 < warmup < len(done) else (done[0][0] if done else 0.0)
+    seconds = max(measured[-1][0] - t_start, 1e-9) if measured else 0.0
+    n = len(measured) - (1 if warmup == 0 else 0)   # without a warm-up the first finish opens the window
+    return Run(len(measured), seconds, n / seconds if seconds else 0.0,
+               sum(m[3] for m in measured[(1 if warmup == 0 else 0):]) / seconds if seconds else 0.0,
+               percentile([m[1] for m in measured], 99), percentile([m[2] for m in measured], 99), len(errors),
+               errors[0] if errors else "")

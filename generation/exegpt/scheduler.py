@@ -1,0 +1,287 @@
+"""The decisions of ExeGPT's front door on Triton (``<m>_generate_exegpt``, ``serving/exegpt_router.py``).
+Pure Python: the door only feeds it observations and applies its answers.
+
+:class:`RraScheduler` holds, for one served generation model:
+
+* **the schedule in force**, RRA's (``batch_size`` B_E, ``decode_iters`` N_D), and enforces it around the
+  generation engine: :meth:`RraScheduler.admissions` says how many waiting requests join before the next engine
+  step (B_E at a phase start, none inside a phase), as ``generation/exegpt/validate.py`` does in process;
+* **the served profile**: the door's own engine steps, timed (pure prefill steps by prompt tokens, pure decode
+  steps by rows), fitted to lines (:class:`StepTimes`). The simulator then reasons about the model as served,
+  BLS hops and Python included, not only about the ONNX layers the offline profiler measures;
+* **the output lengths seen** (a window, :class:`LengthWatch`) and the **re-plan**: when their mean or p99
+  moves from those the schedule was planned for by more than ``threshold`` (relative), the same
+  branch-and-bound (:func:`e3.generation.exegpt.search.branch_and_bound`) plans again for what was seen.
+
+Decisions (where the paper is silent):
+
+* **Slack.** Plans are made under ``bound x (1 - slack)`` (E3's 20% default): the simulator is an
+  expected-value model, and the bound is on the 99th percentile of measured latency.
+* **Phases.** A phase starts when the last one has run its N_D steps, or at once when no sequence is active
+  (all finished early): the engine never idles while requests wait. A phase admits min(B_E, waiting): it does
+  not hold a batch back to fill it (in a closed system that only adds latency). A new schedule takes effect at
+  the next phase start.
+* **Latency** is, as in the simulator, from a sequence's admission (its phase start) to its last token; time
+  waiting before admission is not bounded (it depends on the offered load). The door reports both.
+* **Space.** N_D ranges over 1..the longest output length planned for (past it RRA is the static batch, the
+  same point), B_E over ``batch_sizes``.
+* **No feasible schedule**: the lowest-latency one (a static batch of B_E = the smallest batch size) is put
+  in force and the status says ``feasible: false``.
+* **Which profile.** The served profile once both of its curves have two distinct sizes observed
+  (``min_points`` steps each), else the profile given at export (the offline profiler's, which leaves out BLS
+  and the engine's Python: it under-predicts the served step).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+
+from e3.generation.exegpt.search import branch_and_bound, grid_search, rra_space
+from e3.generation.exegpt.simulator import Prediction, Workload, simulate_rra
+from e3.generation.exegpt.workload import LayerProfile, LengthDistribution
+
+__all__ = ["RraSchedule", "ReplanPolicy", "StepTimes", "LengthWatch", "RraScheduler", "choose_rra",
+           "best_static"]
+
+
+@dataclass(frozen=True)
+class RraSchedule:
+    """RRA's control variables on one worker."""
+
+    batch_size: int       # B_E: prompts admitted (and prefilled together) per phase
+    decode_iters: int     # N_D: engine steps per phase (the encoding frequency is 1 / N_D)
+
+    def __post_init__(self):
+        if self.batch_size < 1 or self.decode_iters < 1:
+            raise ValueError(f"an RRA schedule needs batch_size >= 1 and decode_iters >= 1, got "
+                             f"{self.batch_size}, {self.decode_iters}")
+
+
+@dataclass(frozen=True)
+class ReplanPolicy:
+    """When the door re-plans on what it observes."""
+
+    window: int = 200            # output lengths kept (the most recent finished sequences)
+    min_samples: int = 50        # lengths needed before a shift is judged
+    threshold: float = 0.25      # relative change of mean or p99 length that triggers a re-plan
+    slack: float = 0.2           # plans are made under bound x (1 - slack)
+    min_points: int = 3          # steps per size before the served profile is used
+
+    def __post_init__(self):
+        if self.window < 1 or not 1 <= self.min_samples <= self.window:
+            raise ValueError(f"need window >= 1 and 1 <= min_samples <= window, got {self.window}, "
+                             f"{self.min_samples}")
+        if self.threshold <= 0 or not 0 <= self.slack < 1:
+            raise ValueError(f"need threshold > 0 and 0 <= slack < 1, got {self.threshold}, {self.slack}")
+
+
+def _median_points(samples, min_points: int) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    by: dict[int, list[float]] = {}
+    for x, ms in samples:
+        by.setdefault(x, []).append(ms)
+    xs = sorted(x for x, v in by.items() if len(v) >= min_points and x > 0)
+    if len(xs) < 2:
+        return None
+    return tuple(float(x) for x in xs), tuple(statistics.median(by[x]) for x in xs)
+
+
+class StepTimes:
+    """Timed engine steps of the served model, as a :class:`LayerProfile` of one "layer" (the whole model).
+
+    Decision: the served model is profiled whole (``num_layers`` = 1, no separate head curve): the door runs it
+    as one worker (the engine calls the splits one after another), so the simulator needs the cost of a step,
+    not of a layer. Only pure steps are kept: prefill alone (``decode_rows`` = 0) by prompt tokens in the chunk,
+    decode alone by rows; steps that do both are not split apart."""
+
+    def __init__(self, keep: int = 4000, min_points: int = 3):
+        self.prefill: deque[tuple[int, float]] = deque(maxlen=keep)
+        self.decode: deque[tuple[int, float]] = deque(maxlen=keep)
+        self.min_points = min_points
+
+    def record(self, prefill_tokens: int, decode_rows: int, ms: float) -> None:
+        """One engine step: ``prefill_tokens`` tokens in its prefill chunk (rows x padded length; 0: none),
+        ``decode_rows`` rows decoded, ``ms`` its wall time."""
+        if prefill_tokens > 0 and decode_rows == 0:
+            self.prefill.append((int(prefill_tokens), float(ms)))
+        elif decode_rows > 0 and prefill_tokens == 0:
+            self.decode.append((int(decode_rows), float(ms)))
+
+    def points(self) -> dict:
+        """The medians per size (before fitting): ``{"prefill": [[tokens, ms], ...], "decode": [[rows, ms], ...]}``."""
+        out = {}
+        for key, samples in (("prefill", self.prefill), ("decode", self.decode)):
+            pts = _median_points(samples, 1)
+            out[key] = [] if pts is None else [[x, round(y, 3)] for x, y in zip(*pts)]
+        return out
+
+    def profile(self) -> LayerProfile | None:
+        """The fitted profile, or None until each curve has two sizes with ``min_points`` steps each."""
+        pre, dec = _median_points(self.prefill, self.min_points), _median_points(self.decode, self.min_points)
+        if pre is None or dec is None:
+            return None
+        return LayerProfile(1, pre[0], pre[1], dec[0], dec[1]).fitted()
+
+
+class LengthWatch:
+    """The output lengths of the last ``window`` finished sequences against those a schedule was planned for."""
+
+    def __init__(self, policy: ReplanPolicy, planned: LengthDistribution):
+        self.policy, self.planned = policy, planned
+        self.seen: deque[int] = deque(maxlen=policy.window)
+
+    def observe(self, length: int) -> None:
+        if length >= 1:
+            self.seen.append(int(length))
+
+    def observed(self) -> LengthDistribution | None:
+        return LengthDistribution.from_samples(list(self.seen)) if self.seen else None
+
+    def shift(self) -> dict | None:
+        """``{"mean": relative change, "p99": relative change}`` when either exceeds the threshold (with at
+        least ``min_samples`` seen since the last re-base), else None."""
+        if len(self.seen) < self.policy.min_samples:
+            return None
+        obs = self.observed()
+        change = {"mean": obs.mean() / self.planned.mean() - 1.0,
+                  "p99": obs.quantile(0.99) / self.planned.quantile(0.99) - 1.0}
+        return change if any(abs(v) > self.policy.threshold for v in change.values()) else None
+
+    def rebase(self, planned: LengthDistribution) -> None:
+        """A new plan was made for ``planned``: judge shifts against it, from fresh samples."""
+        self.planned = planned
+        self.seen.clear()
+
+
+def _workload(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistribution) -> Workload:
+    prompt = LengthDistribution.fixed(max(1, round(prompt_tokens)))
+    return Workload(profile, prompt, lengths, workers=1)
+
+
+def choose_rra(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistribution, bound_ms: float,
+               batch_sizes: tuple[int, ...], tolerance: float = 0.05) -> Prediction | None:
+    """RRA's best schedule on one worker under ``bound_ms`` (already net of slack) by branch-and-bound; N_D over
+    1..the longest length. None if nothing meets the bound."""
+    space = rra_space(batch_sizes, tuple(range(1, lengths.lengths[-1] + 1)))
+    return branch_and_bound(_workload(profile, prompt_tokens, lengths), space, bound_ms, tolerance,
+                            tolerance).best
+
+
+def best_static(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistribution, bound_ms: float,
+                batch_sizes: tuple[int, ...]) -> Prediction | None:
+    """The best static batch under ``bound_ms``: admit B, decode until all have finished (RRA with N_D = the
+    longest length), the baseline ``e3 plan-generate --validate`` measures. None if none meets it."""
+    space = rra_space(batch_sizes, (lengths.lengths[-1],))
+    return grid_search(_workload(profile, prompt_tokens, lengths), space, bound_ms).best
+
+
+class RraScheduler:
+    """See the module docstring. Not thread-safe: the door's engine thread alone calls it."""
+
+    def __init__(self, profile: LayerProfile, lengths: LengthDistribution, prompt_tokens: float,
+                 batch_sizes: tuple[int, ...], bound_ms: float = math.inf,
+                 policy: ReplanPolicy = ReplanPolicy(), schedule: RraSchedule | None = None,
+                 clock=time.time):
+        if not batch_sizes or min(batch_sizes) < 1:
+            raise ValueError("batch_sizes must hold sizes >= 1")
+        if not bound_ms > 0:
+            raise ValueError(f"bound_ms must be > 0 (inf: no bound), got {bound_ms}")
+        self.offline, self.prompt_tokens = profile, float(prompt_tokens)
+        self.batch_sizes, self.bound_ms, self.policy = tuple(sorted(set(batch_sizes))), float(bound_ms), policy
+        self.steps = StepTimes(min_points=policy.min_points)
+        self.watch = LengthWatch(policy, lengths)
+        self.clock = clock
+        self.history: list[dict] = []
+        self.pinned = schedule is not None
+        self.prediction: Prediction | None = None
+        self.feasible = True
+        self.step_in_phase = 0
+        self.schedule = schedule or RraSchedule(self.batch_sizes[0], lengths.lengths[-1])
+        if not self.pinned:
+            self.replan("start")
+
+    # -- the schedule --------------------------------------------------------------------------------
+    def profile(self) -> tuple[LayerProfile, str]:
+        """The profile plans are made from, and which one it is ("served" or "offline")."""
+        served = self.steps.profile()
+        return (served, "served") if served is not None else (self.offline, "offline")
+
+    def replan(self, reason: str, lengths: LengthDistribution | None = None) -> RraSchedule:
+        """Plan again (for ``lengths``, default those planned for last) under the bound net of slack; the new
+        schedule takes effect at the next phase start. Unpins."""
+        lengths = lengths or self.watch.planned
+        profile, source = self.profile()
+        net = self.bound_ms * (1.0 - self.policy.slack)
+        best = choose_rra(profile, self.prompt_tokens, lengths, net, self.batch_sizes)
+        self.feasible = best is not None
+        if best is None:    # the lowest-latency schedule: a static batch of the smallest size
+            best = simulate_rra(_workload(profile, self.prompt_tokens, lengths), self.batch_sizes[0],
+                                lengths.lengths[-1])
+        self.pinned = False
+        self.prediction = best
+        self.schedule = RraSchedule(*best.config)
+        self.watch.rebase(lengths)
+        self.history.append({"at_s": self.clock(), "reason": reason, "schedule": asdict(self.schedule),
+                             "profile": source, "feasible": self.feasible,
+                             "predicted_seq_s": best.throughput_seq_s, "predicted_latency_ms": best.latency_ms,
+                             "mean_length": lengths.mean(), "p99_length": lengths.quantile(0.99)})
+        return self.schedule
+
+    def set_bound(self, bound_ms: float) -> RraSchedule:
+        """A new latency bound (ms; inf: none): re-plan under it."""
+        if not bound_ms > 0:
+            raise ValueError(f"bound_ms must be > 0 (inf: no bound), got {bound_ms}")
+        self.bound_ms = float(bound_ms)
+        return self.replan("bound")
+
+    def pin(self, schedule: RraSchedule) -> None:
+        """Hold ``schedule`` (from the next phase start): no re-planning until :meth:`replan` or
+        :meth:`set_bound`."""
+        self.schedule, self.pinned, self.prediction = schedule, True, None
+        self.history.append({"at_s": self.clock(), "reason": "pinned", "schedule": asdict(schedule)})
+
+    # -- what the door reports -----------------------------------------------------------------------
+    def admissions(self, waiting: int, active: int) -> int:
+        """How many waiting requests to admit before the next engine step (call once per step, then
+        :meth:`stepped`)."""
+        if active == 0 or self.step_in_phase >= self.schedule.decode_iters:
+            if active == 0 and waiting == 0:
+                return 0
+            self.step_in_phase = 0
+            return min(self.schedule.batch_size, waiting)
+        return 0
+
+    def stepped(self, prefill_tokens: int, decode_rows: int, ms: float) -> None:
+        """An engine step ran (see :meth:`StepTimes.record`)."""
+        self.step_in_phase += 1
+        self.steps.record(prefill_tokens, decode_rows, ms)
+
+    def finished(self, length: int) -> bool:
+        """A sequence finished with ``length`` tokens; True if that made the scheduler re-plan."""
+        self.watch.observe(length)
+        if self.pinned:
+            return False
+        change = self.watch.shift()
+        if change is None:
+            return False
+        self.replan("lengths shifted: mean {mean:+.0%}, p99 {p99:+.0%}".format(**change), self.watch.observed())
+        return True
+
+    def status(self) -> dict:
+        """The schedule in force and why (JSON-ready)."""
+        obs = self.watch.observed()
+        p = self.prediction
+        return {"schedule": asdict(self.schedule), "pinned": self.pinned,
+                "bound_ms": None if math.isinf(self.bound_ms) else self.bound_ms, "slack": self.policy.slack,
+                "feasible": self.feasible, "profile": self.profile()[1],
+                "served_profile": None if self.steps.profile() is None else self.steps.profile().to_dict(),
+                "served_points": self.steps.points(),
+                "predicted": None if p is None else {"seq_s": p.throughput_seq_s, "latency_ms": p.latency_ms},
+                "planned_lengths": {"mean": self.watch.planned.mean(), "p99": self.watch.planned.quantile(0.99)},
+                "observed_lengths": None if obs is None else {"n": len(self.watch.seen), "mean": obs.mean(),
+                                                              "p99": obs.quantile(0.99)},
+                "replans": sum(h["reason"] not in ("start", "pinned") for h in self.history),
+                "history": self.history[-10:]}

@@ -1,0 +1,215 @@
+"""``<m>_generate_exegpt``: ExeGPT's RRA schedule enforced on Triton, one Python-backend instance.
+
+Requests are those of ``<m>_generate`` (:mod:`e3.serving.generate_router`: ``input_ids`` INT64 [n] or
+``text`` BYTES [1], optional ``max_new_tokens``, ``mode``, ``tau``, ``draft_tokens``) and its outputs
+(``tokens``, ``exit_layers``, ``text_out``, ``ttft_ms``, ``total_ms``; ``total_ms`` runs from the sequence's
+admission, its phase start, to its last token). The answers are the same engine's.
+
+``execute`` only queues; one engine thread holds the waiting requests itself and hands them to the same
+:class:`~e3.generation.engine.GenerationEngine` (over the ``<m>_kv_split_*`` models, BLS) as the schedule says:
+``batch_size`` (B_E) of them at a phase start, prefilled together in the phase's first step, then
+``decode_iters`` (N_D) steps before the next admissions. The decisions are
+:class:`e3.generation.exegpt.scheduler.RraScheduler`'s (phases, the served profile from timed steps,
+re-planning when the output lengths shift); this module applies them.
+
+A request holding ``control`` BYTES [1], a JSON object, is not a generation: ``{}`` asks for the status,
+``{"bound_ms": x}`` sets the latency bound and re-plans (``null``: no bound), ``{"schedule": [B_E, N_D]}``
+pins a schedule (no re-planning), ``{"replan": true}`` re-plans now; each is answered with the status JSON
+in ``text_out`` (``e3 bench exegpt`` uses them). Custom metrics: ``e3_exegpt_batch_size`` and
+``e3_exegpt_decode_iters`` (gauges, the schedule in force), ``e3_exegpt_replans_total{reason}``.
+
+Bad requests (and bad control documents) get their own error naming the problem; a failed split call fails
+that step's sequences with an error naming it, as in ``<m>_generate``; the door keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import queue
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from e3.generation.engine import EngineSpec, GenerationEngine, GenRequest
+from e3.generation.exegpt.scheduler import ReplanPolicy, RraSchedule, RraScheduler
+from e3.generation.exegpt.workload import LayerProfile, LengthDistribution
+from e3.serving.generate_router import _runner, _scalar
+from e3.serving.triton_io import error_response, model_parameters, tensor_response
+
+log = logging.getLogger(__name__)
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def scheduler_from_doc(doc: dict) -> RraScheduler:
+    """The scheduler the ``exegpt`` config parameter describes (see ``generation/exegpt/door.py``)."""
+    lengths = LengthDistribution(tuple(doc["lengths"]["lengths"]), tuple(doc["lengths"]["probs"]))
+    bound = doc.get("bound_ms")
+    pinned = doc.get("schedule")
+    return RraScheduler(LayerProfile.from_dict(doc["profile"]), lengths, doc["prompt_tokens"],
+                        tuple(doc["batch_sizes"]), math.inf if bound is None else float(bound),
+                        ReplanPolicy(**doc.get("policy", {})),
+                        RraSchedule(*pinned) if pinned else None)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        _, params = model_parameters(args)
+        self.spec = EngineSpec.from_dict(json.loads(params["engine"]))
+        self.sched = scheduler_from_doc(json.loads(params["exegpt"]))
+        self.tokenizer = None
+        if params.get("tokenizer"):
+            from tokenizers import Tokenizer
+            self.tokenizer = Tokenizer.from_file(os.path.join(args["model_repository"], params["tokenizer"]))
+        self.engine = GenerationEngine(self.spec, _runner(self.spec.kv_in_splits))
+        self.waiting: deque[GenRequest] = deque()
+        self.inbox: queue.Queue = queue.Queue()
+        self.stopping = threading.Event()
+        self._families = []
+        fam = self._family
+        self.m_batch = fam("e3_exegpt_batch_size", "RRA's B_E in force", pb_utils.MetricFamily.GAUGE).Metric({})
+        self.m_iters = fam("e3_exegpt_decode_iters", "RRA's N_D in force", pb_utils.MetricFamily.GAUGE).Metric({})
+        self.m_replans = fam("e3_exegpt_replans_total", "re-plans, by reason", pb_utils.MetricFamily.COUNTER)
+        self._seen_history = len(self.sched.history)
+        self._publish()
+        self.loop = threading.Thread(target=self._loop, name="e3-exegpt", daemon=True)
+        self.loop.start()
+
+    def _family(self, name, doc, kind):
+        # a Metric is only valid while its MetricFamily object is alive: keep every family
+        self._families.append(pb_utils.MetricFamily(name=name, description=doc, kind=kind))
+        return self._families[-1]
+
+    def finalize(self):
+        self.stopping.set()
+        self.inbox.put(None)
+        self.loop.join(timeout=10)
+
+    def execute(self, requests):
+        for request in requests:
+            self.inbox.put(request)
+        return None
+
+    # -- engine thread -------------------------------------------------------------------------------
+    def _publish(self) -> None:
+        self.m_batch.set(self.sched.schedule.batch_size)
+        self.m_iters.set(self.sched.schedule.decode_iters)
+        for h in self.sched.history[self._seen_history:]:
+            if h["reason"] not in ("start", "pinned"):
+                kind = "lengths" if h["reason"].startswith("lengths") else h["reason"]
+                self.m_replans.Metric({"reason": kind}).increment(1)
+                log.info("ExeGPT re-planned (%s): %s", h["reason"], h["schedule"])
+        self._seen_history = len(self.sched.history)
+
+    def _control(self, request, raw) -> None:
+        a = raw.as_numpy().reshape(-1)
+        if a.size != 1:
+            raise ValueError(f"control must hold one JSON object, got {a.size} values")
+        try:
+            doc = json.loads(a[0].decode("utf-8") if isinstance(a[0], bytes) else str(a[0]))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise ValueError(f"control is not a JSON object: {e}") from None
+        if not isinstance(doc, dict) or set(doc) - {"bound_ms", "schedule", "replan"}:
+            raise ValueError("control takes a JSON object with bound_ms, schedule ([B_E, N_D]) or replan")
+        if "bound_ms" in doc:
+            b = doc["bound_ms"]
+            if b is not None and not (isinstance(b, (int, float)) and b > 0):
+                raise ValueError(f"bound_ms must be a number > 0 or null, got {b!r}")
+            self.sched.set_bound(math.inf if b is None else float(b))
+        if "schedule" in doc:
+            s = doc["schedule"]
+            if not (isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) for v in s)):
+                raise ValueError(f"schedule must be [batch_size, decode_iters], got {s!r}")
+            self.sched.pin(RraSchedule(*s))
+        if doc.get("replan"):
+            self.sched.replan("asked")
+        self._publish()
+        text = json.dumps(self.sched.status())
+        request.get_response_sender().send(tensor_response(self._outputs([], [], text=text)), flags=FINAL)
+
+    def _parse(self, request) -> GenRequest | None:
+        control = pb_utils.get_input_tensor_by_name(request, "control")
+        if control is not None:
+            self._control(request, control)
+            return None
+        ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
+        text = pb_utils.get_input_tensor_by_name(request, "text")
+        if (ids is None) == (text is None):
+            raise ValueError("give exactly one of input_ids (INT64 [n]) or text (BYTES [1]), or control")
+        if ids is not None:
+            prompt = [int(x) for x in ids.as_numpy().reshape(-1)]
+        else:
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: send input_ids")
+            raw = text.as_numpy().reshape(-1)
+            if raw.size != 1:
+                raise ValueError(f"text must hold one string, got {raw.size}")
+            try:
+                s = raw[0].decode("utf-8") if isinstance(raw[0], bytes) else str(raw[0])
+            except UnicodeDecodeError:
+                raise ValueError("text is not valid UTF-8") from None
+            prompt = self.tokenizer.encode(s).ids
+        req = GenRequest(request_id=request, prompt=prompt,
+                         max_new_tokens=int(_scalar(request, "max_new_tokens", 32)),
+                         mode=str(_scalar(request, "mode", "full")), tau=float(_scalar(request, "tau", 0.9)),
+                         draft_tokens=int(_scalar(request, "draft_tokens", 4)))
+        req.check(self.spec)   # refused now, not when its phase comes
+        return req
+
+    def _take(self, request) -> None:
+        try:
+            req = self._parse(request)
+        except (ValueError, TypeError) as err:
+            request.get_response_sender().send(error_response(str(err), client_error=True), flags=FINAL)
+            return
+        if req is not None:
+            self.waiting.append(req)
+
+    def _loop(self) -> None:
+        while not self.stopping.is_set():
+            block = self.engine.idle and not self.waiting
+            try:
+                while True:
+                    item = self.inbox.get(block=block)
+                    block = False
+                    if item is None:
+                        return
+                    self._take(item)
+            except queue.Empty:
+                pass
+            for _ in range(self.sched.admissions(len(self.waiting), len(self.engine.active))):
+                self.engine.submit(self.waiting.popleft())
+            if self.engine.idle:
+                continue
+            fresh = [r for r, _ in self.engine.waiting]
+            chunk = len(fresh) * max((len(r.prompt) for r in fresh), default=0)
+            rows = len(self.engine.active)
+            t0 = time.perf_counter()
+            done = self.engine.step()
+            self.sched.stepped(chunk, rows, 1e3 * (time.perf_counter() - t0))
+            for f in done:
+                self._answer(f)
+                if not f.error:
+                    self.sched.finished(len(f.tokens))
+            if done:
+                self._publish()
+
+    def _outputs(self, tokens, exits, ttft_s: float = 0.0, total_s: float = 0.0, text: str | None = None) -> dict:
+        if text is None:
+            text = self.tokenizer.decode(tokens) if self.tokenizer is not None else ""
+        return {"tokens": np.array(tokens, np.int64), "exit_layers": np.array(exits, np.int32),
+                "text_out": np.array([text.encode("utf-8")], dtype=object),
+                "ttft_ms": np.array([1e3 * ttft_s], np.float32), "total_ms": np.array([1e3 * total_s], np.float32)}
+
+    def _answer(self, done) -> None:
+        sender = done.request_id.get_response_sender()
+        if done.error:
+            sender.send(error_response(done.error), flags=FINAL)
+        else:
+            sender.send(tensor_response(self._outputs(done.tokens, done.exit_layers, done.ttft_s, done.total_s)),
+                        flags=FINAL)

@@ -1,0 +1,140 @@
+"""ExeGPT's front-door decisions (generation/exegpt/scheduler.py), pure: RRA's phases around the engine, the
+served profile from timed steps, and re-planning when the output lengths shift. No server; about a second."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from e3.generation.exegpt.scheduler import (LengthWatch, ReplanPolicy, RraSchedule, RraScheduler, StepTimes,
+                                            best_static, choose_rra)
+from e3.generation.exegpt.simulator import Workload, simulate_rra
+from e3.generation.exegpt.workload import LayerProfile, LengthDistribution
+
+
+def served_like(decode_base_ms: float = 6.0, per_row_ms: float = 0.15, prefill_base_ms: float = 6.0,
+                per_token_ms: float = 0.02) -> LayerProfile:
+    """A whole-model step profile shaped like the served tiny model's: a large fixed cost per step."""
+    return LayerProfile.from_dict({"num_layers": 1,
+                                   "prefill": {"tokens": [8, 256], "ms": [prefill_base_ms + per_token_ms * t
+                                                                          for t in (8, 256)]},
+                                   "decode": {"batch": [1, 64], "ms": [decode_base_ms + per_row_ms * b
+                                                                       for b in (1, 64)]}})
+
+
+LENGTHS = LengthDistribution.from_samples(list(range(2, 17)))
+BATCHES = tuple(range(1, 17))
+
+
+def make(bound_ms: float = math.inf, **policy) -> RraScheduler:
+    return RraScheduler(served_like(), LENGTHS, 8, BATCHES, bound_ms, ReplanPolicy(**policy), clock=lambda: 0.0)
+
+
+def run_phases(s: RraScheduler, waiting: int, steps: int, active_after=lambda admitted, active: active + admitted):
+    """Drive admissions for ``steps`` steps with ``waiting`` requests queued; the admissions per step."""
+    out, active = [], 0
+    for _ in range(steps):
+        n = s.admissions(waiting, active)
+        waiting -= n
+        active = active_after(n, active)
+        out.append(n)
+        s.stepped(0, 0, 1.0)
+    return out
+
+
+def test_phases_admit_a_batch_then_run_the_decode_steps():
+    s = make()
+    s.pin(RraSchedule(batch_size=3, decode_iters=4))
+    assert run_phases(s, waiting=100, steps=12) == [3, 0, 0, 0] * 3
+    s.pin(RraSchedule(batch_size=3, decode_iters=1))       # N_D = 1: admissions before every step
+    assert run_phases(s, waiting=7, steps=4) == [3, 3, 1, 0]
+
+
+def test_a_phase_starts_at_once_when_nothing_is_active_and_admits_what_waits():
+    s = make()
+    s.pin(RraSchedule(batch_size=4, decode_iters=10))
+    # every admitted sequence finishes after one step: the engine never idles while requests wait
+    assert run_phases(s, waiting=6, steps=4, active_after=lambda n, a: 0) == [4, 2, 0, 0]
+    assert s.admissions(0, 0) == 0
+
+
+def test_served_profile_fits_pure_steps_only():
+    st = StepTimes(min_points=2)
+    for rows in (1, 4, 8):
+        for _ in range(2):
+            st.record(0, rows, 5.0 + 0.5 * rows)       # decode alone
+    assert st.profile() is None                      # no prefill sizes yet
+    for tokens in (8, 32):
+        for _ in range(2):
+            st.record(tokens, 0, 4.0 + 0.1 * tokens)  # prefill alone
+    st.record(32, 8, 1000.0)                          # both in one step: not counted
+    p = st.profile()
+    assert p.num_layers == 1
+    assert p.decode_layer_ms(4) == pytest.approx(7.0) and p.decode_layer_ms(16) == pytest.approx(13.0)
+    assert p.prefill_layer_ms(32) == pytest.approx(7.2)
+
+
+def test_plans_meet_the_bound_net_of_slack_and_beat_the_static_batch():
+    w = Workload(served_like(), LengthDistribution.fixed(8), LENGTHS, workers=1)
+    floor = simulate_rra(w, 1, 16).latency_ms
+    s = make(bound_ms=5 * floor, slack=0.2)
+    assert not s.pinned and s.feasible and s.history[-1]["profile"] == "offline"
+    chosen = simulate_rra(w, s.schedule.batch_size, s.schedule.decode_iters)
+    assert chosen.latency_ms <= 0.8 * 5 * floor
+    static = best_static(served_like(), 8, LENGTHS, 0.8 * 5 * floor, BATCHES)
+    assert static.config[1] == 16 and chosen.throughput_seq_s >= static.throughput_seq_s
+    assert chosen.config[1] < 16    # with a large fixed cost per step, refilling the batch pays
+    # a looser bound never lowers throughput; a bound nothing meets puts the lowest-latency schedule in force
+    s.set_bound(10 * floor)
+    assert simulate_rra(w, *s.schedule.__dict__.values()).throughput_seq_s >= chosen.throughput_seq_s
+    s.set_bound(0.5 * floor)
+    assert not s.feasible and s.schedule == RraSchedule(1, 16)
+    assert s.status()["feasible"] is False and s.status()["bound_ms"] == pytest.approx(0.5 * floor)
+
+
+def test_length_watch_judges_mean_and_p99_against_the_plan():
+    w = LengthWatch(ReplanPolicy(window=20, min_samples=10, threshold=0.25), LENGTHS)   # mean 9, p99 16
+    for _ in range(9):
+        w.observe(2)
+    assert w.shift() is None                                 # too few samples
+    w.observe(2)
+    assert w.shift()["mean"] == pytest.approx(2 / 9 - 1)
+    w.rebase(LengthDistribution.fixed(2))
+    assert w.shift() is None and not w.seen
+    for n in [2] * 9 + [3]:                                  # p99 2 -> 3 (+50%), mean +5%
+        w.observe(n)
+    assert w.shift()["p99"] == pytest.approx(0.5)
+
+
+def test_a_length_shift_re_plans_with_the_same_branch_and_bound():
+    w = Workload(served_like(), LengthDistribution.fixed(8), LENGTHS, workers=1)
+    bound = 5 * simulate_rra(w, 1, 16).latency_ms
+    s = make(bound_ms=bound, window=40, min_samples=20, threshold=0.25)
+    before = s.schedule
+    short = list(range(2, 17)) * 2
+    assert not any(s.finished(n) for n in short) and s.schedule == before   # as planned: no re-plan
+    # one sequence of 32 tokens moves the window's p99 from 16 to 32: re-planned at once, for what was seen
+    assert s.finished(32) and s.status()["replans"] == 1
+    h = s.history[-1]
+    assert h["reason"].startswith("lengths shifted") and h["p99_length"] == 32
+    seen = LengthDistribution.from_samples(short + [32])
+    assert s.schedule == RraSchedule(*choose_rra(served_like(), 8, seen, 0.8 * bound, BATCHES).config)
+    # then every sequence is long: after min_samples more, the mean has moved too, and it re-plans again
+    replans = [s.finished(32) for _ in range(20)]
+    assert replans == [False] * 19 + [True] and s.status()["replans"] == 2
+    long = LengthDistribution.fixed(32)
+    assert s.schedule == RraSchedule(*choose_rra(served_like(), 8, long, 0.8 * bound, BATCHES).config)
+    assert s.schedule != before and s.watch.planned == long
+    # a pinned schedule is held whatever the lengths do
+    s.pin(RraSchedule(2, 2))
+    assert not any(s.finished(2) for _ in range(40)) and s.schedule == RraSchedule(2, 2)
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match="batch_size >= 1"):
+        RraSchedule(0, 4)
+    with pytest.raises(ValueError, match="min_samples"):
+        ReplanPolicy(window=10, min_samples=20)
+    with pytest.raises(ValueError, match="bound_ms"):
+        RraScheduler(served_like(), LENGTHS, 8, BATCHES, bound_ms=0)
