@@ -171,8 +171,14 @@ class TritonPythonModel:
             self.waiting.append(req)
 
     def _loop(self) -> None:
+        # A step is timed from its start to the next step's start (answers sent, new requests taken: the
+        # scheduler's StepTimes says why); a step after which the door went idle ends when its answers are sent.
+        last = None    # (prefill tokens, decode rows, start, end of its answers) of the step before
         while not self.stopping.is_set():
             block = self.engine.idle and not self.waiting
+            if block and last is not None:
+                self.sched.stepped(last[0], last[1], 1e3 * (last[3] - last[2]))
+                last = None
             try:
                 while True:
                     item = self.inbox.get(block=block)
@@ -186,18 +192,20 @@ class TritonPythonModel:
                 self.engine.submit(self.waiting.popleft())
             if self.engine.idle:
                 continue
+            t0 = time.perf_counter()
+            if last is not None:
+                self.sched.stepped(last[0], last[1], 1e3 * (t0 - last[2]))
             fresh = [r for r, _ in self.engine.waiting]
             chunk = len(fresh) * max((len(r.prompt) for r in fresh), default=0)
             rows = len(self.engine.active)
-            t0 = time.perf_counter()
             done = self.engine.step()
-            self.sched.stepped(chunk, rows, 1e3 * (time.perf_counter() - t0))
             for f in done:
                 self._answer(f)
                 if not f.error:
                     self.sched.finished(len(f.tokens))
             if done:
                 self._publish()
+            last = (chunk, rows, t0, time.perf_counter())
 
     def _outputs(self, tokens, exits, ttft_s: float = 0.0, total_s: float = 0.0, text: str | None = None) -> dict:
         if text is None:

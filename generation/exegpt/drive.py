@@ -42,12 +42,11 @@ def percentile(values: list[float], q: float) -> float:
     return v[min(len(v) - 1, max(0, math.ceil(q / 100 * len(v)) - 1))]
 
 
-def concurrency_for(prediction) -> int:
+def concurrency_for(batch_size: int, decode_batch: float) -> int:
     """Requests to keep in flight so that an RRA schedule finds its queue full at every phase start: the live
-    decode batch the simulator expects (``detail["decode_batch"]``) plus a phase's admissions, with a margin of
-    30% (lengths vary around the expectation)."""
-    batch, rows = prediction.config[0], prediction.detail.get("decode_batch", prediction.config[0])
-    return int(math.ceil(1.3 * (rows + batch))) + 2
+    decode batch the simulator expects (``Prediction.detail["decode_batch"]``) plus a phase's ``batch_size``
+    admissions, with a margin of 30% (lengths vary around the expectation)."""
+    return int(math.ceil(1.3 * (decode_batch + batch_size))) + 2
 
 
 @dataclass(frozen=True)

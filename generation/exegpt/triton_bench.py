@@ -1,0 +1,257 @@
+"""``e3 bench exegpt``: ExeGPT's schedules executed on Triton, measured (the paper's Table 6 and Fig. 6 analogues).
+
+One embedded tritonserver serves the model's ``<m>_kv_split_*`` and kv-fill models (one instance each, one
+intra-op thread), ExeGPT's front door ``<m>_generate_exegpt`` and the continuous-batching router
+``<m>_generate``. Every system calls the same split models, one at a time, so every system has the same cores.
+
+1. **Calibration**: the door is pinned to static batches (``calibration_batches``) and driven; it times its own
+   steps, which gives the served profile (:class:`e3.generation.exegpt.scheduler.StepTimes`) the plans use.
+2. **Per latency bound** (multiples of the p99-length latency of a static batch of one, predicted on the
+   served profiles, and no bound): the bound is sent to the door, which plans (branch-and-bound under the bound
+   net of slack) and reports its schedule (Table 6 analogue); that schedule is then measured, and so is the
+   best static batch under the same bound (admit B, decode until all finished: RRA with N_D = the longest
+   output, as ``e3 plan-generate --validate`` defines it), each in a closed loop that keeps enough requests in
+   flight for the schedule's queue to be full at each phase start.
+3. **Continuous batching without a bound**: ``<m>_generate`` (admits whenever a slot is free, up to its
+   ``max_active``) under the same load.
+
+Latency is the server's, from a sequence's admission to its last token (the simulator's; queueing before
+admission depends on the offered load and is reported beside it as the client's p99). Results:
+``artifacts/results/exegpt_triton.json`` and a section of ``docs/RESULTS.md`` between
+``<!-- exegpt-triton:begin -->`` and ``<!-- exegpt-triton:end -->``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from e3.generation.exegpt.drive import Run, concurrency_for, control, drive
+from e3.generation.exegpt.scheduler import RraSchedule, best_static, predict
+from e3.generation.exegpt.workload import LayerProfile, LengthDistribution
+from e3.paths import artifacts_dir, project_root
+
+__all__ = ["ExegptBenchSettings", "calibrate", "measure", "run_exegpt_bench", "format_tables",
+           "write_results_section", "BEGIN", "END"]
+
+log = logging.getLogger(__name__)
+BEGIN, END = "<!-- exegpt-triton:begin -->", "<!-- exegpt-triton:end -->"
+BUDGET = ("every split and kv-fill model 1 instance x 1 intra-op thread; one engine thread per front door; "
+          "one system at a time")
+
+
+@dataclass(frozen=True)
+class ExegptBenchSettings:
+    model: str = "smollm2-ee"
+    prompt_tokens: int = 32
+    lengths: tuple[int, ...] = tuple(range(4, 17))     # output lengths, uniform
+    batch_sizes: tuple[int, ...] = tuple(range(1, 17))
+    factors: tuple[float, ...] = (2.0, 3.0, 5.0, 8.0)  # bounds: x the static batch of one's p99-length latency
+    calibration_batches: tuple[int, ...] = (16, 8, 4)
+    calibration_phases: int = 3
+    phases: int = 6                                    # measured requests ~ phases x concurrency
+    slack: float = 0.2
+    max_active: int = 16                               # <m>_generate's (continuous batching)
+    out: Path | None = None
+    docs: Path | None = None
+    write_docs: bool = True
+    quick: bool = False
+
+    @classmethod
+    def quick_form(cls, **kw) -> "ExegptBenchSettings":
+        """A short run: two bounds, shorter runs."""
+        return cls(**{"factors": (3.0, 6.0), "phases": 3, "calibration_phases": 2, "quick": True, **kw})
+
+
+def _lengths(s: ExegptBenchSettings) -> LengthDistribution:
+    return LengthDistribution.from_samples(list(s.lengths))
+
+
+def calibrate(http_url: str, grpc_url: str, door: str, lengths: LengthDistribution, prompt_tokens: int, vocab: int,
+              batches: tuple[int, ...] = (16, 8, 4), phases: int = 3,
+              rra_iters: tuple[int, ...] = (2,)) -> tuple[LayerProfile, LayerProfile]:
+    """Pin static batches of ``batches`` and drive ``phases`` phases of each, so that the door times pure prefill
+    steps at several sizes and decode steps up to the largest batch; then RRA with the largest batch and each
+    N_D of ``rra_iters``, whose live batch (B_E x E[ceil(S / N_D)] rows) reaches the decode sizes refilling
+    schedules run (a line fitted to small batches alone under-predicted them by 30% on tiny-gen). Returns the
+    served profiles the door fitted: (step-time medians, the latency quantile's)."""
+    s_max = lengths.lengths[-1]
+    runs = [(b, s_max, (phases + 1) * b, 2 * b) for b in batches]   # the first phase may start part-full
+    big = max(batches)
+    for nd in rra_iters:
+        rows = big * sum(p * math.ceil(n / nd) for n, p in zip(lengths.lengths, lengths.probs))
+        c = concurrency_for(big, rows)
+        runs.append((big, nd, phases * c, c))
+    for b, nd, requests, concurrency in runs:
+        control(http_url, door, {"schedule": [b, nd]})
+        run = drive(grpc_url, door, lengths, prompt_tokens, requests, concurrency, vocab, seed=b * 100 + nd)
+        if run.errors:
+            raise RuntimeError(f"calibration failed: {run.first_error}")
+    status = control(http_url, door, {})
+    if status["served_profile"] is None:
+        raise RuntimeError(f"calibration left too few steps to fit a profile: {status['served_points']}")
+    return (LayerProfile.from_dict(status["served_profile"]),
+            LayerProfile.from_dict(status["served_latency_profile"]))
+
+
+def measure(http_url: str, grpc_url: str, door: str, schedule: RraSchedule, predicted_decode_batch: float,
+            lengths: LengthDistribution, prompt_tokens: int, vocab: int, phases: int, seed: int = 0) -> Run:
+    """Pin ``schedule`` on the door and drive it in a closed loop kept full (see :func:`concurrency_for`):
+    about ``phases`` x the requests in flight, the first of them a warm-up."""
+    control(http_url, door, {"schedule": [schedule.batch_size, schedule.decode_iters]})
+    c = concurrency_for(schedule.batch_size, predicted_decode_batch)
+    return drive(grpc_url, door, lengths, prompt_tokens, (phases + 1) * c, c, vocab, warmup=c, seed=seed)
+
+
+def run_exegpt_bench(settings: ExegptBenchSettings = ExegptBenchSettings(), echo=print) -> dict:
+    """Export (when missing), serve, calibrate, measure every bound; returns the results (also JSON and, unless
+    disabled, ``docs/RESULTS.md``)."""
+    from e3.deploy.server import TritonServer
+    from e3.generation.engine import EngineSpec
+    from e3.generation.exegpt.door import door_models, export_exegpt_door
+    from e3.generation.exegpt.scheduler import ReplanPolicy
+    from e3.generation.repository import export_generation_repository, router_names
+    s = settings
+    m = s.model.replace("-", "_")
+    repo = artifacts_dir() / "generation" / ("repo" if s.model.startswith("smollm2") else f"{m}-repo")
+    if not (repo / f"{m}_generation.json").exists() or not (repo / f"{m}_generate").exists():
+        echo(f"exporting {s.model} to {repo} ...")
+        export_generation_repository(s.model, repo, max_active=s.max_active)
+    spec = EngineSpec.from_dict(json.loads((repo / f"{m}_generation.json").read_text()))
+    lengths = _lengths(s)
+    offline = _offline_profile(repo, spec)
+    door = export_exegpt_door(repo, s.model, offline, lengths, s.prompt_tokens, s.batch_sizes,
+                              policy=ReplanPolicy(slack=s.slack), stop_at_eos=False)
+    continuous = router_names(s.model)["continuous"]
+    vocab = spec.vocab_size or 1000
+    echo(f"budget: {BUDGET}")
+    log_file = artifacts_dir() / "logs" / "bench-exegpt-tritonserver.log"
+    results: dict = {"model": s.model, "budget": BUDGET, "settings": _jsonable(asdict(s)), "rows": []}
+    with TritonServer.on_free_ports(repo, door_models(repo, s.model) + [continuous], log_file=log_file,
+                                    exit_timeout_s=10) as server:
+        http, grpc = server.http_url, server.grpc_url
+        echo("calibrating: the door times its own steps under pinned static batches ...")
+        served, tail = calibrate(http, grpc, door, lengths, s.prompt_tokens, vocab, s.calibration_batches,
+                                 s.calibration_phases)
+        results["served_profile"], results["served_latency_profile"] = served.to_dict(), tail.to_dict()
+        floor = predict(served, s.prompt_tokens, lengths, (1, lengths.lengths[-1]), tail).latency_ms
+        bounds = [round(f * floor) for f in s.factors] + [math.inf]
+        for bound in bounds:
+            status = control(http, door, {"bound_ms": None if math.isinf(bound) else bound})
+            chosen = RraSchedule(**status["schedule"])
+            p_chosen = predict(served, s.prompt_tokens, lengths, (chosen.batch_size, chosen.decode_iters), tail)
+            echo(f"bound {_b(bound)} ms: the door chose B_E={chosen.batch_size}, N_D={chosen.decode_iters} "
+                 f"(profile: {status['profile']}); measuring ...")
+            run_c = measure(http, grpc, door, chosen, p_chosen.detail["decode_batch"], lengths, s.prompt_tokens,
+                            vocab, s.phases)
+            row = {"bound_ms": None if math.isinf(bound) else bound, "feasible": status["feasible"],
+                   "chosen": {"schedule": [chosen.batch_size, chosen.decode_iters],
+                              "predicted_seq_s": p_chosen.throughput_seq_s,
+                              "predicted_latency_ms": p_chosen.latency_ms, **run_c.to_dict()}}
+            net = bound * (1 - s.slack)
+            p_static = best_static(served, s.prompt_tokens, lengths, net, s.batch_sizes, latency_profile=tail)
+            if p_static is not None:
+                st = RraSchedule(*p_static.config)
+                echo(f"  static batch B={st.batch_size}; measuring ...")
+                run_s = measure(http, grpc, door, st, p_static.detail["decode_batch"], lengths, s.prompt_tokens,
+                                vocab, s.phases)
+                row["static"] = {"schedule": list(p_static.config), "predicted_seq_s": p_static.throughput_seq_s,
+                                 "predicted_latency_ms": p_static.latency_ms, **run_s.to_dict()}
+            results["rows"].append(row)
+        echo(f"continuous batching ({continuous}, max_active {s.max_active}, no bound); measuring ...")
+        c = concurrency_for(s.max_active, s.max_active)
+        run = drive(grpc, continuous, lengths, s.prompt_tokens, (s.phases + 1) * c, c, vocab, warmup=c)
+        results["continuous"] = {"max_active": s.max_active, **run.to_dict()}
+        results["door_status"] = control(http, door, {})
+    results["date"] = time.strftime("%Y-%m-%d")
+    out = s.out or artifacts_dir() / "results" / "exegpt_triton.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    echo(format_tables(results))
+    if s.write_docs:
+        write_results_section(s.docs or project_root() / "docs" / "RESULTS.md", results)
+    return results
+
+
+def _offline_profile(repo: Path, spec) -> LayerProfile:
+    """The offline profiler's whole-model step estimate (layers x L + head), the door's start before calibration."""
+    from e3.generation.exegpt.profiler import ProfileSettings, cached_profile
+    first, last = spec.ranges[-1]
+    onnx = repo / f"{spec.model}_split_{first}-{last}" / "1" / "model.onnx"
+    per_layer = cached_profile(onnx, last - first + 1, last,
+                               artifacts_dir() / "generation" / "exegpt" / f"{spec.model}_profile.json",
+                               ProfileSettings(), progress=False, final_head=True).fitted()
+    L = per_layer.num_layers
+    return LayerProfile(1, per_layer.prefill_tokens, tuple(L * v for v in per_layer.prefill_ms),
+                        per_layer.decode_batch, tuple(L * v + per_layer.head_call_ms(b)
+                                                      for v, b in zip(per_layer.decode_ms, per_layer.decode_batch)))
+
+
+def _jsonable(d: dict) -> dict:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
+
+
+def _b(bound) -> str:
+    return "none" if bound is None or (isinstance(bound, float) and math.isinf(bound)) else f"{bound:,.0f}"
+
+
+def format_tables(r: dict) -> str:
+    """Markdown: the Table 6 analogue (schedule chosen per bound, measured) and the Fig. 6 analogue."""
+    out = [f"Budget: {r['budget']}.", "",
+           "Schedule chosen per latency bound, measured on Triton (Table 6 analogue; latency = the server's p99, "
+           "admission to last token):", "",
+           "| bound (ms) | B_E | N_D | predicted seq/s | measured seq/s | tokens/s | predicted p99-length ms | "
+           "measured p99 ms | meets | client p99 ms |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|:-:|---:|"]
+    for row in r["rows"]:
+        c, b = row["chosen"], row["bound_ms"]
+        meets = "-" if b is None else ("yes" if c["p99_ms"] <= b else "NO")
+        out.append(f"| {_b(b)} | {c['schedule'][0]} | {c['schedule'][1]} | {c['predicted_seq_s']:.1f} | "
+                   f"{c['seq_s']:.1f} | {c['tok_s']:.0f} | {c['predicted_latency_ms']:,.0f} | {c['p99_ms']:,.0f} | "
+                   f"{meets} | {c['p99_client_ms']:,.0f} |")
+    cont = r["continuous"]
+    out += ["", "Against the best static batch under the same bound and continuous batching without a bound "
+            "(Fig. 6 analogue; seq/s measured, server p99 ms in brackets):", "",
+            "| bound (ms) | ExeGPT RRA | static batch | RRA / static | continuous batching (no bound) | "
+            "RRA / continuous | continuous meets the bound |",
+            "|---:|---|---|---:|---|---:|:-:|"]
+    for row in r["rows"]:
+        c, st, b = row["chosen"], row.get("static"), row["bound_ms"]
+        st_txt = "none meets it" if st is None else (f"B={st['schedule'][0]}: {st['seq_s']:.1f} "
+                                                     f"({st['p99_ms']:,.0f})")
+        ratio = "-" if st is None or not st["seq_s"] else f"{c['seq_s'] / st['seq_s']:.2f}"
+        meets = "-" if b is None else ("yes" if cont["p99_ms"] <= b else "no")
+        out.append(f"| {_b(b)} | B_E={c['schedule'][0]}, N_D={c['schedule'][1]}: {c['seq_s']:.1f} "
+                   f"({c['p99_ms']:,.0f}) | {st_txt} | {ratio} | {cont['seq_s']:.1f} ({cont['p99_ms']:,.0f}) | "
+                   f"{c['seq_s'] / cont['seq_s']:.2f} | {meets} |")
+    p = r["served_profile"]
+    out += ["", f"Served profile (the door's own steps, fitted lines): decode {p['decode']['ms'][0]:.1f} ms at "
+            f"{p['decode']['batch'][0]:g} rows .. {p['decode']['ms'][-1]:.1f} at {p['decode']['batch'][-1]:g}; "
+            f"prefill {p['prefill']['ms'][0]:.1f} ms at {p['prefill']['tokens'][0]:g} tokens .. "
+            f"{p['prefill']['ms'][-1]:.1f} at {p['prefill']['tokens'][-1]:g}. Errors: "
+            f"{sum(row['chosen']['errors'] + (row.get('static') or {}).get('errors', 0) for row in r['rows']) + cont['errors']}."]
+    return "\n".join(out)
+
+
+def write_results_section(path: Path, results: dict) -> None:
+    """Replace (or append) this benchmark's section of ``path`` between its markers; the rest is kept."""
+    s = results["settings"]
+    head = (f"## ExeGPT on Triton (issue 17: `e3 bench exegpt{' --quick' if s.get('quick') else ''}`, "
+            f"{results['model']}, {results['date']})\n\nPrompts of {s['prompt_tokens']} tokens, output lengths "
+            f"uniform {s['lengths'][0]}..{s['lengths'][-1]}, B_E 1..{s['batch_sizes'][-1]}, slack "
+            f"{s['slack']:.0%}; bounds: {', '.join(str(f) for f in s['factors'])} x the predicted p99-length "
+            f"latency of a static batch of one, and none.\n")
+    body = f"{BEGIN}\n{head}\n{format_tables(results)}\n{END}"
+    text = path.read_text() if path.exists() else ""
+    if BEGIN in text and END in text:
+        before, rest = text.split(BEGIN, 1)
+        text = before + body + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + body + "\n"
+    tmp = path.with_suffix(".exegpt.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
