@@ -17,6 +17,7 @@
     e3 export-helios MODELS...    HELIOS over early-exit LLM candidates: their splits and helios_generate
     e3 bench helios               HELIOS against each candidate alone, under one memory budget
     e3 plan-generate [MODEL]      ExeGPT: profile the decoder, schedule under latency bounds (B&B vs grid)
+    e3 bench exegpt               ExeGPT's RRA on Triton: the schedule per latency bound, vs static and continuous
     e3 admission MODEL --qos-ms Q add an elastic admission stage (N-Ebird / E-Ebird) in front of MODEL
     e3 load SERVED_MODEL          closed/open-loop load or a workload replay; goodput under an SLO
     e3 control --model M ...      every window: telemetry -> forecast -> plan -> apply to a running Triton
@@ -209,6 +210,23 @@ def _bench_generate(args) -> int:
                                                  write_docs=not args.no_docs))
     except (ValueError, FileNotFoundError) as err:
         print(f"e3 bench generate: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _bench_exegpt(args) -> int:
+    from e3.generation.exegpt.triton_bench import ExegptBenchSettings, run_exegpt_bench
+    kw = {"model": args.model, "write_docs": not args.no_docs, "out": Path(args.out) if args.out else None}
+    if args.factors:
+        try:
+            kw["factors"] = tuple(float(f) for f in args.factors.split(","))
+        except ValueError:
+            print(f"e3 bench exegpt: error: --factors must be numbers, got {args.factors!r}", file=sys.stderr)
+            return 2
+    try:
+        run_exegpt_bench(ExegptBenchSettings.quick_form(**kw) if args.quick else ExegptBenchSettings(**kw))
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        print(f"e3 bench exegpt: error: {err}", file=sys.stderr)
         return 2
     return 0
 
@@ -775,6 +793,18 @@ def build_parser() -> argparse.ArgumentParser:
     hel.add_argument("--out", default=None, help="results JSON (default artifacts/results/helios.json)")
     hel.add_argument("--no-docs", action="store_true", help="do not update docs/RESULTS.md")
     hel.set_defaults(func=_bench_helios)
+    exg = bsub.add_parser("exegpt", help="ExeGPT on Triton: the RRA schedule <m>_generate_exegpt chooses per latency "
+                                          "bound, measured, against the best static batch and continuous batching "
+                                          "(Table 6 / Fig. 6 analogues); writes artifacts/results/exegpt_triton.json "
+                                          "and a section of docs/RESULTS.md")
+    exg.add_argument("--model", default="smollm2-ee", help="generation model (default smollm2-ee; tiny-gen for a "
+                                                          "pipeline check in seconds)")
+    exg.add_argument("--factors", default=None, help="latency bounds as multiples of a static batch of one's "
+                                                     "(default 2,3,5,8; --quick 3,6)")
+    exg.add_argument("--quick", action="store_true", help="two bounds, shorter runs (a few minutes on smollm2-ee)")
+    exg.add_argument("--out", default=None, help="results JSON (default artifacts/results/exegpt_triton.json)")
+    exg.add_argument("--no-docs", action="store_true", help="do not update docs/RESULTS.md")
+    exg.set_defaults(func=_bench_exegpt)
 
     pa = sub.add_parser("perf", help="run Triton's perf_analyzer (from the client wheel) with its libraries "
                                      "found; arguments after -- go to perf_analyzer")
