@@ -65,7 +65,6 @@ def export_exegpt_door(repo: Path, model: str, profile: LayerProfile, lengths: L
     # admission is the scheduler's: the engine admits whatever the door hands it
     spec = EngineSpec(**{**base.__dict__, "max_active": 1 << 20, "kv_in_splits": True, "split_model": f"{m}_kv",
                          "eos_id": base.eos_id if stop_at_eos else None})
-    policy.__post_init__()
     doc = {"profile": profile.to_dict(), "lengths": {"lengths": list(lengths.lengths), "probs": list(lengths.probs)},
            "prompt_tokens": float(prompt_tokens), "batch_sizes": sorted(set(int(b) for b in batch_sizes)),
            "bound_ms": None if math.isinf(bound_ms) else float(bound_ms), "policy": asdict(policy),

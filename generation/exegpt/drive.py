@@ -67,11 +67,11 @@ class Run:
 
 
 def drive(grpc_url: str, door: str, lengths: LengthDistribution, prompt_tokens: int, requests: int, concurrency: int,
-          vocab: int, warmup: int = 0, seed: int = 0, mode: str = "full") -> Run:
+          vocab: int, warmup: int = 0, seed: int = 0, mode: str = "full", timeout_s: float = 600.0) -> Run:
     """``requests`` generations kept ``concurrency`` in flight (a closed loop over gRPC, asynchronous: one client,
     no thread per request, so the client takes little of the cores the server runs on), prompts of
     ``prompt_tokens`` random ids in [3, vocab), ``max_new_tokens`` drawn from ``lengths``; the first ``warmup``
-    to finish are not measured."""
+    to finish are not measured; RuntimeError if the run has not finished within ``timeout_s``."""
     from tritonclient import grpc
 
     from e3.generation.client import _inputs
@@ -96,7 +96,7 @@ def drive(grpc_url: str, door: str, lengths: LengthDistribution, prompt_tokens: 
             state["open"] += 1
         t0 = time.perf_counter()
         client.async_infer(door, _inputs(grpc, prompt, n, mode, 0.9, 4),
-                           callback=lambda result, error: answered(t0, result, error), client_timeout=600)
+                           callback=lambda result, error: answered(t0, result, error), client_timeout=timeout_s)
 
     def answered(t0: float, result, error) -> None:
         t1 = time.perf_counter()
@@ -112,7 +112,8 @@ def drive(grpc_url: str, door: str, lengths: LengthDistribution, prompt_tokens: 
     try:
         for _ in range(min(concurrency, len(jobs))):
             submit()
-        finished.wait(timeout=600)
+        if not finished.wait(timeout=timeout_s):
+            raise RuntimeError(f"{door}: {state['open']} requests still open after {timeout_s:.0f} s")
     finally:
         client.close()
     done.sort()
