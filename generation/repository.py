@@ -195,7 +195,16 @@ def export_helios_repository(models: list[str], repo: Path, *, memory_mb: float,
     from e3.controller.helios import Candidate, HeliosSettings, check_candidates
     if len(models) < 1:
         raise ValueError("HELIOS needs at least one candidate model")
-    specs, cands = [], []
+    cands = [helios_candidate(model) for model in models]     # checked before anything is written
+    vocab = {load_generation_model(m, progress=False).decoder.config.vocab_size for m in models}
+    if len(vocab) != 1:
+        raise ValueError(f"HELIOS's candidates must share a tokenizer; their vocabularies differ: {sorted(vocab)}")
+    settings = dict(tau=tau, memory_bytes=int(memory_mb * 2**20), eval_prompts=eval_prompts, ri=ri, cbc_max=cbc_max,
+                    window=window, switch_gain=switch_gain, min_tokens=min_tokens)
+    hs = HeliosSettings(candidates=tuple(Candidate(**{**c, "exits": tuple(c["exits"])}) for c in cands), **settings)
+    hs.validate()
+    check_candidates(hs, 64)
+    specs = []
     for model in models:
         saved = repo / f"{served_name(model)}_generation.json"
         if reuse_splits and saved.exists():
@@ -204,15 +213,6 @@ def export_helios_repository(models: list[str], repo: Path, *, memory_mb: float,
             spec = export_generation_repository(model, repo, progress=progress, tokenizer=False)
         specs.append(EngineSpec(**{**spec.__dict__, "max_active": 256, "kv_in_splits": True,
                                    "split_model": f"{served_name(model)}_kv"}))
-        cands.append(helios_candidate(model))
-    vocab = {s.vocab_size for s in specs}
-    if len(vocab) != 1:
-        raise ValueError(f"HELIOS's candidates must share a tokenizer; their vocabularies differ: {sorted(vocab)}")
-    settings = dict(tau=tau, memory_bytes=int(memory_mb * 2**20), eval_prompts=eval_prompts, ri=ri, cbc_max=cbc_max,
-                    window=window, switch_gain=switch_gain, min_tokens=min_tokens)
-    hs = HeliosSettings(candidates=tuple(Candidate(**{**c, "exits": tuple(c["exits"])}) for c in cands), **settings)
-    hs.validate()
-    check_candidates(hs, 64)
     gm = load_generation_model(models[0], progress=False)
     tok_file = "tokenizer.json" if gm.tokenizer is not None else ""
     inputs = (TensorSpec("input_ids", "INT64", (-1,)), TensorSpec("text", "BYTES", (1,)),

@@ -142,3 +142,22 @@ def test_settings_are_checked():
         settings(cbc_max=10).validate()
     with pytest.raises(ValueError, match="tau"):
         settings(tau=2.0).validate()
+
+
+def test_export_helios_writes_the_front_door_and_refuses_what_cannot_work(tmp_path, capsys):
+    import json
+
+    from e3.cli import main
+    assert main(["export-helios", "tiny-helios-a", "tiny-helios-b", "--repo", str(tmp_path), "--memory-mb", "1",
+                 "--tau", "0.5"]) == 0
+    from e3.export.triton_config import parse_config
+    config = parse_config((tmp_path / "helios_generate" / "config.pbtxt").read_text())
+    doc = json.loads(config.parameters["helios"].string_value)
+    assert [c["candidate"]["name"] for c in doc["candidates"]] == ["tiny_helios_a", "tiny_helios_b"]
+    assert doc["settings"]["memory_bytes"] == 2**20 and doc["settings"]["tau"] == 0.5
+    assert (tmp_path / "tiny_helios_a_kv_split_1-1").is_dir() and (tmp_path / "helios_only_tiny_helios_b").is_dir()
+    capsys.readouterr()
+    assert main(["export-helios", "tiny-helios-a", "--repo", str(tmp_path), "--memory-mb", "0.01"]) == 2
+    assert "candidate tiny_helios_a needs" in capsys.readouterr().err
+    assert main(["export-helios", "no-such-model", "--repo", str(tmp_path)]) == 2
+    assert "unknown generation model 'no-such-model'" in capsys.readouterr().err
