@@ -59,7 +59,10 @@ ROWS = 48
 CAPACITY_S = 2.0 if RELIABILITY else 1.0
 OFFER_S = 20.0 if RELIABILITY else 3.0
 REJECTED = "Exceeds maximum queue size"
-IMMEDIATE_MS = 50.0             # p99 of a rejection's round trip; an accepted request waits for the queue
+# A rejection's round trip (client included): median and 90th percentile bounds. An accepted request waits for
+# the QUEUE requests ahead of it (4 executions, ~25 ms); the tail is left to the client's 32 threads sharing 2
+# busy cores with the server (p99 measured 10-34 ms, once over 50 ms with the machine's load average at 3.5).
+IMMEDIATE_P50_MS, IMMEDIATE_P90_MS = 10.0, 50.0
 
 ENSEMBLE = '''name: "{front}"
 platform: "ensemble"
@@ -189,7 +192,8 @@ def test_three_times_capacity_is_rejected_at_once_and_counted(server, tiny_model
           f"{ROWS} inputs, offered {rate:.0f} req/s for {OFFER_S:.0f} s: {len(results)} requests, "
           f"{sum(answered.values())} answered ({sum(answered.values()) / took_s:.0f} req/s, p50 "
           f"{np.median(accepted_ms):.0f} ms), {sum(rejected.values())} "
-          f"rejected with 503 (p50 {np.median(rejected_ms):.1f} ms, p99 {np.percentile(rejected_ms, 99):.1f} ms); "
+          f"rejected with 503 (p50 {np.median(rejected_ms):.1f} ms, p90 {np.percentile(rejected_ms, 90):.1f} ms, p99 "
+          f"{np.percentile(rejected_ms, 99):.1f} ms); "
           f"direct: {rejected[MODEL]} rejected, Triton counted {direct_failures:.0f} failures (stats fail "
           f"{delta[f'{MODEL}:stats_fail']:.0f}), its success counter = answered exactly; through an ensemble: "
           f"{rejected[FRONT]} rejected, the ensemble's nv_inference_request_failure{{reason=\"OTHER\"}} "
@@ -197,7 +201,8 @@ def test_three_times_capacity_is_rejected_at_once_and_counted(server, tiny_model
     assert len(results) == n                                    # every request got exactly one answer
     assert set(statuses) <= {200, 503}, statuses
     assert sum(rejected.values()) == statuses[503] and statuses[503] >= n // 3   # 3x capacity: ~2/3 rejected
-    assert np.percentile(rejected_ms, 99) < IMMEDIATE_MS        # rejected at once, not after queueing
+    assert np.median(rejected_ms) < IMMEDIATE_P50_MS            # rejected at once, not after queueing
+    assert np.percentile(rejected_ms, 90) < IMMEDIATE_P90_MS
     # Triton's success counters count exactly the answered requests (the step of an ensemble request too)
     assert delta[f"{MODEL}:success"] == delta[f"{MODEL}:stats_success"] == answered[MODEL] + answered[FRONT]
     assert delta[f"{FRONT}:success"] == answered[FRONT]
@@ -209,6 +214,7 @@ def test_three_times_capacity_is_rejected_at_once_and_counted(server, tiny_model
     assert rejected[FRONT] > 0 and rejected[MODEL] > 0
 
 
+ROUNDS = 3
 POLICIES = {   # dynamic_batching.default_queue_policy of MODEL, side by side
     "none (as generated)": None,
     "max_queue_size 1000 (never full here)": {"max_queue_size": 1000},
@@ -217,32 +223,35 @@ POLICIES = {   # dynamic_batching.default_queue_policy of MODEL, side by side
 
 
 @pytest.mark.reliability
-@pytest.mark.skipif(not RELIABILITY, reason="about 40 s: make reliability")
+@pytest.mark.skipif(not RELIABILITY, reason="about a minute: make reliability")
 def test_a_queue_policy_costs_goodput_on_triton_2_51(server, tiny_model):
     """What a bounded queue costs before anything is rejected, measured side by side on one server: an
-    open loop at ``MODEL``'s capacity for 4 s with each policy in ``POLICIES``, answered requests per
-    second and their median latency. Any queue policy with a timeout or a size turns off the dynamic
+    open loop at ``MODEL``'s capacity for 4 s with each policy in ``POLICIES``, ``ROUNDS`` rounds interleaved,
+    answered requests per second and their median latency. Any queue policy with a timeout or a size turns off the dynamic
     batcher's prefetching (``PriorityQueue`` in ``src/scheduler_utils.cc``); the batcher then waits for a
     free instance in ``WaitForPayloadSlotAvailable`` with a 500 ms poll that the end of an execution does
     not cut short (``src/dynamic_batch_scheduler.cc``), and only a new request that finds the instance
     free wakes it. Prints the figures; asserts only that every request is answered."""
     call = _caller(server, tiny_model)
-    rows = []
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in POLICIES}   # (req/s, p50 ms) per round
     with TritonControl(server.http_url) as control:
         capacity_rps = _capacity_rps(control, call)
         original = control.model_config(MODEL)
         try:
-            for name, policy in POLICIES.items():
-                config = copy.deepcopy(original)
-                if policy is not None:
-                    config["dynamic_batching"]["default_queue_policy"] = policy
-                control.load(MODEL, config)
-                results, took_s = _open_loop(lambda i: call(MODEL), capacity_rps, int(capacity_rps * 4))
-                assert all(s == 200 for _, s, _, _ in results), Counter(t for _, s, _, t in results if s != 200)
-                rows.append((name, len(results) / took_s, np.median([d for _, _, d, _ in results]) * 1e3))
+            for _ in range(ROUNDS):                             # interleaved: a noisy moment hits every policy
+                for name, policy in POLICIES.items():
+                    config = copy.deepcopy(original)
+                    if policy is not None:
+                        config["dynamic_batching"]["default_queue_policy"] = policy
+                    control.load(MODEL, config)
+                    results, took_s = _open_loop(lambda i: call(MODEL), capacity_rps, int(capacity_rps * 4))
+                    assert all(s == 200 for _, s, _, _ in results), Counter(t for _, s, _, t in results if s != 200)
+                    runs[name].append((len(results) / took_s, np.median([d for _, _, d, _ in results]) * 1e3))
         finally:
             control.load(MODEL, original)
-    base = rows[0][1]
+    base = np.median([rps for rps, _ in runs[next(iter(POLICIES))]])
     print(f"queue policy: {MODEL} (1 instance) offered its capacity, {capacity_rps:.0f} req/s of {ROWS} inputs, "
-          f"for 4 s: " + "; ".join(f"{name}: {rps:.0f} req/s ({rps / base:.2f}x), p50 {p50:.0f} ms"
-                                   for name, rps, p50 in rows))
+          f"4 s a run, {ROUNDS} rounds interleaved, medians: " + "; ".join(
+              f"{name}: {np.median([r for r, _ in got]):.0f} req/s ({np.median([r for r, _ in got]) / base:.2f}x; "
+              f"runs {', '.join(f'{r:.0f}' for r, _ in got)}), p50 {np.median([p for _, p in got]):.0f} ms"
+              for name, got in runs.items()))

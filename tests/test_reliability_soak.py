@@ -53,8 +53,10 @@ SAMPLE_S = 0.1 if SOAK_REQUESTS <= 100_000 else 0.5
 MB = 1e6
 HEAP_GROWTH_BOUND_MB = 100.0
 # A Python stub is a new process per instance, so a reload that leaks shows in tritonserver's own RSS
-# (model configs, schedulers, backend state). Measured: ~0.1 MB per load (see docs/reliability.md).
-RELOAD_BOUND_MB_PER_LOAD = 1.0
+# (model configs, schedulers, backend state). Measured over 100 loads: 0.00 MB per load; over 2 (make test)
+# +0.2 to +0.85 (allocator noise, not a trend), so the short run keeps a coarse bound that a leaked stub
+# (tens of MB) would still break.
+RELOAD_BOUND_MB_PER_LOAD = 1.0 if RELOADS >= 50 else 5.0
 LEAK_BYTES_PER_ROW = 3 * 2**20
 ROUTER, FIRST, LAST = "tiny_ee_router", "tiny_ee_split_1-2", "tiny_ee_split_3-4"
 MODELS = [FIRST, LAST, ROUTER]
