@@ -97,12 +97,19 @@ class TritonPythonModel:
         def family(name, doc, kind=pb_utils.MetricFamily.COUNTER):
             self._families.append(pb_utils.MetricFamily(name=name, description=doc, kind=kind))
             return self._families[-1]
+        self._metric_cache: dict = {}                 # a Metric lives as long as its Python object: keep them
         self.m_decisions = family("e3_helios_decisions_total", "HELIOS decisions, by kind")
         self.m_tokens = family("e3_helios_tokens_total", "tokens made, by configuration")
         self.m_breaches = family("e3_helios_breaches_total", "confidence breaches, by configuration")
         self.m_active = family("e3_helios_active_sequences", "sequences running", pb_utils.MetricFamily.GAUGE).Metric({})
         self.m_reserved = family("e3_helios_reserved_bytes", "loaded weights plus reserved KV",
                                  pb_utils.MetricFamily.GAUGE).Metric({})
+
+    def _metric(self, family, **labels):
+        key = (id(family), tuple(sorted(labels.items())))
+        if key not in self._metric_cache:
+            self._metric_cache[key] = family.Metric(labels)
+        return self._metric_cache[key]
 
     def finalize(self):
         """Stop the engine thread, then answer whatever is still waiting or running with an error (an accepted
@@ -330,7 +337,7 @@ class TritonPythonModel:
     def _decided(self, decision) -> None:
         if decision is not None:
             log.info("HELIOS %s: %s -> %s (%s)", decision.kind, decision.before, decision.after, decision.reason)
-            self.m_decisions.Metric({"kind": decision.kind}).increment(1)
+            self._metric(self.m_decisions, kind=decision.kind).increment(1)
 
     def _finish(self, config, f) -> None:
         handle = f.request_id
@@ -350,10 +357,10 @@ class TritonPythonModel:
                "served_by": np.array([f"{config[0]}:{config[1]}".encode()], dtype=object)}
         sender.send(tensor_response(out), flags=FINAL)
         labels = {"model": config[0], "depth": str(config[1])}
-        self.m_tokens.Metric(labels).increment(len(f.tokens))
+        self._metric(self.m_tokens, **labels).increment(len(f.tokens))
         partial = config[1] < self.cands[config[0]].num_layers
         breaches = partial * sum(e == config[1] and not c >= self.settings.tau
                                  for e, c in zip(f.exit_layers, f.confidences))
-        self.m_breaches.Metric(labels).increment(breaches)
+        self._metric(self.m_breaches, **labels).increment(breaches)
         if self.controller is not None:
             self._decided(self.controller.observe(config, f.exit_layers, f.confidences, evaluation=is_eval))

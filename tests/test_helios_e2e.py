@@ -119,6 +119,16 @@ def test_breach_counter_loads_the_rest_then_switches_model_and_triton_follows(he
         assert _loaded(client) == _split_models("tiny_helios_b", 1)      # A's models are gone
         assert st["memory_bytes"] <= int(0.25 * 2**20)
 
+    import urllib.request
+
+    from e3.core.telemetry import metric_samples
+    text = urllib.request.urlopen(helios.metrics_url, timeout=10).read().decode()
+    decisions = {labels["kind"]: v for name, labels, v in metric_samples(text) if name == "e3_helios_decisions"}
+    assert decisions == {"choose": 2, "load_rest": 1, "evaluate": 1, "switch": 1}, decisions
+    breaches = {labels["depth"]: v for name, labels, v in metric_samples(text)
+                if name == "e3_helios_breaches" and labels["model"] == "tiny_helios_a"}
+    assert breaches.get("1", 0) >= 2 * NEW and breaches.get("2", 0) == 0    # a whole model never breaches
+
     served = {}
     for prompt, (tokens, exits, by) in answers:                          # every request answered, and right
         m, depth = by.split(":")
