@@ -67,11 +67,14 @@ class Run:
 
 
 def drive(grpc_url: str, door: str, lengths: LengthDistribution, prompt_tokens: int, requests: int, concurrency: int,
-          vocab: int, warmup: int = 0, seed: int = 0, mode: str = "full", timeout_s: float = 600.0) -> Run:
+          vocab: int, warmup: int = 0, seed: int = 0, mode: str = "full", timeout_s: float = 600.0,
+          measure_s: float | None = None) -> Run:
     """``requests`` generations kept ``concurrency`` in flight (a closed loop over gRPC, asynchronous: one client,
     no thread per request, so the client takes little of the cores the server runs on), prompts of
     ``prompt_tokens`` random ids in [3, vocab), ``max_new_tokens`` drawn from ``lengths``; the first ``warmup``
-    to finish are not measured; RuntimeError if the run has not finished within ``timeout_s``."""
+    to finish are not measured. With ``measure_s``, no request is sent once ``measure_s`` seconds have passed
+    since the warm-up ended, and only what finished by then is measured (the rest drains unmeasured).
+    RuntimeError if the run has not finished within ``timeout_s``."""
     from tritonclient import grpc
 
     from e3.generation.client import _inputs
@@ -81,13 +84,13 @@ def drive(grpc_url: str, door: str, lengths: LengthDistribution, prompt_tokens: 
     lock = threading.Lock()
     done: list[tuple[float, float, float, int]] = []   # (finish time, server ms, client ms, tokens)
     errors: list = []
-    state = {"next": 0, "open": 0}
+    state = {"next": 0, "open": 0, "stop_at": math.inf}
     finished = threading.Event()
     client = grpc.InferenceServerClient(grpc_url)
 
     def submit() -> None:
         with lock:
-            if state["next"] >= len(jobs):
+            if state["next"] >= len(jobs) or time.perf_counter() >= state["stop_at"]:
                 if state["open"] == 0:
                     finished.set()
                 return
@@ -107,6 +110,8 @@ def drive(grpc_url: str, door: str, lengths: LengthDistribution, prompt_tokens: 
             else:
                 done.append((t1, float(result.as_numpy("total_ms")[0]), 1e3 * (t1 - t0),
                              len(result.as_numpy("tokens"))))
+                if measure_s is not None and len(done) == max(warmup, 1):
+                    state["stop_at"] = t1 + measure_s
         submit()
 
     try:
@@ -117,6 +122,8 @@ def drive(grpc_url: str, door: str, lengths: LengthDistribution, prompt_tokens: 
     finally:
         client.close()
     done.sort()
+    if measure_s is not None:
+        done = [d for d in done if d[0] <= state["stop_at"]]
     measured = done[warmup:] if len(done) > warmup + 1 else done
     t_start = done[warmup - 1][0] if 0 < warmup < len(done) else (done[0][0] if done else 0.0)
     seconds = max(measured[-1][0] - t_start, 1e-9) if measured else 0.0

@@ -91,12 +91,21 @@ def _quantile(values: list[float], q: float) -> float:
     return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))]
 
 
+def _bucket(x: int) -> int:
+    """Sizes above 16 share a bucket a quarter-octave wide (17-20, 21-24, ..., 64-79, ...), so that the live
+    batches of refilling schedules, which rarely repeat exactly, still reach ``min_points`` steps per size."""
+    if x <= 16:
+        return x
+    width = 1 << (x.bit_length() - 3)
+    return (x // width) * width
+
+
 def _median_points(samples, min_points: int, q: float = 0.5) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """Per size, the ``q`` quantile of the times (the median by default), for sizes with ``min_points`` steps;
     None unless two sizes qualify."""
     by: dict[int, list[float]] = {}
     for x, ms in samples:
-        by.setdefault(x, []).append(ms)
+        by.setdefault(_bucket(x), []).append(ms)
     xs = sorted(x for x, v in by.items() if len(v) >= min_points and x > 0)
     if len(xs) < 2:
         return None

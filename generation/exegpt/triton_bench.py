@@ -53,7 +53,9 @@ class ExegptBenchSettings:
     factors: tuple[float, ...] = (2.0, 3.0, 5.0, 8.0)  # bounds: x the static batch of one's p99-length latency
     calibration_batches: tuple[int, ...] = (16, 8, 4)
     calibration_phases: int = 3
-    phases: int = 6                                    # measured requests ~ phases x concurrency
+    phases: int = 6                                    # measured requests ~ phases x concurrency ...
+    measure_s: float = 60.0                            # ... or this many seconds after the warm-up, if sooner
+    unbounded: bool = True                             # also the row without a bound
     slack: float = 0.2
     max_active: int = 16                               # <m>_generate's (continuous batching)
     out: Path | None = None
@@ -63,8 +65,9 @@ class ExegptBenchSettings:
 
     @classmethod
     def quick_form(cls, **kw) -> "ExegptBenchSettings":
-        """A short run: two bounds, shorter runs."""
-        return cls(**{"factors": (3.0, 6.0), "phases": 3, "calibration_phases": 2, "quick": True, **kw})
+        """A short run: two bounds, no unbounded row, runs of at most 20 s measured."""
+        return cls(**{"factors": (3.0, 6.0), "phases": 3, "calibration_phases": 2, "measure_s": 20.0,
+                      "unbounded": False, "quick": True, **kw})
 
 
 def _lengths(s: ExegptBenchSettings) -> LengthDistribution:
@@ -99,12 +102,14 @@ def calibrate(http_url: str, grpc_url: str, door: str, lengths: LengthDistributi
 
 
 def measure(http_url: str, grpc_url: str, door: str, schedule: RraSchedule, predicted_decode_batch: float,
-            lengths: LengthDistribution, prompt_tokens: int, vocab: int, phases: int, seed: int = 0) -> Run:
+            lengths: LengthDistribution, prompt_tokens: int, vocab: int, phases: int, seed: int = 0,
+            measure_s: float | None = None) -> Run:
     """Pin ``schedule`` on the door and drive it in a closed loop kept full (see :func:`concurrency_for`):
-    about ``phases`` x the requests in flight, the first of them a warm-up."""
+    about ``phases`` x the requests in flight (or ``measure_s`` seconds), after as many as a warm-up."""
     control(http_url, door, {"schedule": [schedule.batch_size, schedule.decode_iters]})
     c = concurrency_for(schedule.batch_size, predicted_decode_batch)
-    return drive(grpc_url, door, lengths, prompt_tokens, (phases + 1) * c, c, vocab, warmup=c, seed=seed)
+    return drive(grpc_url, door, lengths, prompt_tokens, (phases + 1) * c, c, vocab, warmup=c, seed=seed,
+                 measure_s=measure_s)
 
 
 def run_exegpt_bench(settings: ExegptBenchSettings = ExegptBenchSettings(), echo=print) -> dict:
@@ -139,7 +144,7 @@ def run_exegpt_bench(settings: ExegptBenchSettings = ExegptBenchSettings(), echo
                                  s.calibration_phases)
         results["served_profile"], results["served_latency_profile"] = served.to_dict(), tail.to_dict()
         floor = predict(served, s.prompt_tokens, lengths, (1, lengths.lengths[-1]), tail).latency_ms
-        bounds = [round(f * floor) for f in s.factors] + [math.inf]
+        bounds = [round(f * floor) for f in s.factors] + ([math.inf] if s.unbounded else [])
         for bound in bounds:
             status = control(http, door, {"bound_ms": None if math.isinf(bound) else bound})
             chosen = RraSchedule(**status["schedule"])
@@ -147,7 +152,7 @@ def run_exegpt_bench(settings: ExegptBenchSettings = ExegptBenchSettings(), echo
             echo(f"bound {_b(bound)} ms: the door chose B_E={chosen.batch_size}, N_D={chosen.decode_iters} "
                  f"(profile: {status['profile']}); measuring ...")
             run_c = measure(http, grpc, door, chosen, p_chosen.detail["decode_batch"], lengths, s.prompt_tokens,
-                            vocab, s.phases)
+                            vocab, s.phases, measure_s=s.measure_s)
             row = {"bound_ms": None if math.isinf(bound) else bound, "feasible": status["feasible"],
                    "chosen": {"schedule": [chosen.batch_size, chosen.decode_iters],
                               "predicted_seq_s": p_chosen.throughput_seq_s,
@@ -158,23 +163,31 @@ def run_exegpt_bench(settings: ExegptBenchSettings = ExegptBenchSettings(), echo
                 st = RraSchedule(*p_static.config)
                 echo(f"  static batch B={st.batch_size}; measuring ...")
                 run_s = measure(http, grpc, door, st, p_static.detail["decode_batch"], lengths, s.prompt_tokens,
-                                vocab, s.phases)
+                                vocab, s.phases, measure_s=s.measure_s)
                 row["static"] = {"schedule": list(p_static.config), "predicted_seq_s": p_static.throughput_seq_s,
                                  "predicted_latency_ms": p_static.latency_ms, **run_s.to_dict()}
             results["rows"].append(row)
+            _save(s, results)   # a run cut short keeps the rows measured so far
         echo(f"continuous batching ({continuous}, max_active {s.max_active}, no bound); measuring ...")
         c = concurrency_for(s.max_active, s.max_active)
-        run = drive(grpc, continuous, lengths, s.prompt_tokens, (s.phases + 1) * c, c, vocab, warmup=c)
+        run = drive(grpc, continuous, lengths, s.prompt_tokens, (s.phases + 1) * c, c, vocab, warmup=c,
+                    measure_s=s.measure_s)
         results["continuous"] = {"max_active": s.max_active, **run.to_dict()}
         results["door_status"] = control(http, door, {})
-    results["date"] = time.strftime("%Y-%m-%d")
-    out = s.out or artifacts_dir() / "results" / "exegpt_triton.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    _save(s, results)
     echo(format_tables(results))
     if s.write_docs:
         write_results_section(s.docs or project_root() / "docs" / "RESULTS.md", results)
     return results
+
+
+def _save(s: ExegptBenchSettings, results: dict) -> None:
+    results["date"] = time.strftime("%Y-%m-%d")
+    out = s.out or artifacts_dir() / "results" / "exegpt_triton.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=1))
+    tmp.replace(out)
 
 
 def _offline_profile(repo: Path, spec) -> LayerProfile:
@@ -244,7 +257,8 @@ def write_results_section(path: Path, results: dict) -> None:
             f"{results['model']}, {results['date']})\n\nPrompts of {s['prompt_tokens']} tokens, output lengths "
             f"uniform {s['lengths'][0]}..{s['lengths'][-1]}, B_E 1..{s['batch_sizes'][-1]}, slack "
             f"{s['slack']:.0%}; bounds: {', '.join(str(f) for f in s['factors'])} x the predicted p99-length "
-            f"latency of a static batch of one, and none.\n")
+            f"latency of a static batch of one{', and none' if s.get('unbounded', True) else ''}; each run "
+            f"measured over at most {s['measure_s']:.0f} s after a warm-up as large as its concurrency.\n")
     body = f"{BEGIN}\n{head}\n{format_tables(results)}\n{END}"
     text = path.read_text() if path.exists() else ""
     if BEGIN in text and END in text:
