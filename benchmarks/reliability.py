@@ -1,13 +1,14 @@
 """`make reliability`: the long reliability runs, one line per item of the reliability issue with its figure.
 
 Runs the reliability tests with their long settings (E3_RELIABILITY=1, 2,500 fuzzed bodies, a soak of
-1,000,000 requests: about 20-25 minutes of the run on the 2-core machine), one pytest run at a time (each starts its own tritonserver), reads the figures the tests print, and prints:
+1,000,000 requests: about 20-25 minutes of the run on the 2-core machine), one pytest run at a time (each
+starts its own tritonserver), reads the figures the tests print, and prints:
 
     item 1  no request takes the server down     PASS  2500 bodies, 0 deaths, ...
     ...
 
 Items the project does not test yet are printed as NOT BUILT, never as passing. Exit status 1 if any
-item that runs fails. Usage: ``python benchmarks/reliability.py [--bodies N] [--soak-requests N]``.
+item that runs fails. Usage: ``python benchmarks/reliability.py [--bodies N] [--soak-requests N] [--items 8,9]``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ ITEMS = [
     (6, "kill -9 of a split's / the router's stub", ["tests/test_supervision.py"],
      [r"supervision: stub killed.*", r"supervision: router stub killed.*"]),
     (7, "a hung split", ["tests/test_hung_split.py", "tests/test_scheduler_watchdog.py"], [r"hung split: .*"]),
-    (8, "backpressure at 3x capacity", ["tests/test_reliability_backpressure.py"], [r"backpressure: .*"]),
+    (8, "backpressure at 3x capacity", ["tests/test_reliability_backpressure.py"],
+     [r"backpressure: .*", r"queue policy: .*"]),
     (9, "soak: 1M requests, 100 reload cycles", ["tests/test_reliability_soak.py"], [r"soak: .*", r"reloads: .*"]),
     (10, "security: restricted APIs, names, SIGTERM",
      ["tests/test_security.py", "tests/test_e2e.py::test_e3_serve_stops_cleanly_on_sigterm"], [r"security: .*"]),
@@ -55,14 +57,25 @@ def main() -> int:
     parser.add_argument("--bodies", type=int, default=2500, help="fuzzed request bodies for item 1 (default 2500)")
     parser.add_argument("--soak-requests", type=int, default=1_000_000,
                         help="requests of item 9's soak (default 1,000,000; fewer for a shorter run)")
+    parser.add_argument("--items", default="",
+                        help="comma-separated item numbers to run (default: all), e.g. --items 8,9")
     args = parser.parse_args()
     if args.bodies < 1 or args.soak_requests < 1:
         parser.error("--bodies and --soak-requests must be at least 1")
+    known = {item for item, *_ in ITEMS}
+    try:
+        chosen = {int(i) for i in args.items.split(",") if i.strip()} or known
+    except ValueError:
+        parser.error(f"--items takes item numbers separated by commas (1-{max(known)}), got {args.items!r}")
+    if chosen - known:
+        parser.error(f"--items: no item {', '.join(map(str, sorted(chosen - known)))} (items are 1-{max(known)})")
     env = {**os.environ, "E3_RELIABILITY": "1", "E3_FUZZ_BODIES": str(args.bodies),
            "E3_SOAK_REQUESTS": str(args.soak_requests)}
     cache: dict[tuple[str, ...], tuple[bool, str, float]] = {}
     failed = 0
     for item, title, paths, patterns in ITEMS:
+        if item not in chosen:
+            continue
         if paths is None:
             print(f"item {item:<2} {title:<42} NOT BUILT", flush=True)
             continue

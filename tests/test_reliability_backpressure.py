@@ -226,12 +226,13 @@ POLICIES = {   # dynamic_batching.default_queue_policy of MODEL, side by side
 @pytest.mark.skipif(not RELIABILITY, reason="about a minute: make reliability")
 def test_a_queue_policy_costs_goodput_on_triton_2_51(server, tiny_model):
     """What a bounded queue costs before anything is rejected, measured side by side on one server: an
-    open loop at ``MODEL``'s capacity for 4 s with each policy in ``POLICIES``, ``ROUNDS`` rounds interleaved,
-    answered requests per second and their median latency. Any queue policy with a timeout or a size turns off the dynamic
-    batcher's prefetching (``PriorityQueue`` in ``src/scheduler_utils.cc``); the batcher then waits for a
-    free instance in ``WaitForPayloadSlotAvailable`` with a 500 ms poll that the end of an execution does
-    not cut short (``src/dynamic_batch_scheduler.cc``), and only a new request that finds the instance
-    free wakes it. Prints the figures; asserts only that every request is answered."""
+    open loop at ``MODEL``'s capacity for 4 s with each policy in ``POLICIES``, ``ROUNDS`` rounds
+    interleaved, answered requests per second and their median latency. Any queue policy with a timeout or
+    a size turns off the dynamic batcher's prefetching (``PriorityQueue`` in ``src/scheduler_utils.cc``);
+    the batcher then waits for a free instance in ``WaitForPayloadSlotAvailable`` with a 500 ms poll that
+    the end of an execution does not cut short (``src/dynamic_batch_scheduler.cc``), and only a new request
+    that finds the instance free wakes it. Prints the figures; asserts only that every request is
+    answered."""
     call = _caller(server, tiny_model)
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in POLICIES}   # (req/s, p50 ms) per round
     with TritonControl(server.http_url) as control:
