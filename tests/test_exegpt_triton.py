@@ -44,7 +44,7 @@ def test_the_chosen_schedule_meets_the_bound_and_beats_the_best_static_batch(doo
     from e3.generation.exegpt.triton_bench import calibrate, measure
     server, name, lengths = door
     served, tail = calibrate(server.http_url, server.grpc_url, name, lengths, PROMPT, 64, batches=(16, 8, 4),
-                             phases=3)
+                             phases=2)
     # a bound loose enough that refilling the batch between decode steps can pay (tighter, the best RRA schedule
     # is the static batch itself and the two runs would measure one schedule twice)
     bound = 5 * predict(served, PROMPT, lengths, (1, 16), tail).latency_ms
@@ -63,7 +63,7 @@ def test_the_chosen_schedule_meets_the_bound_and_beats_the_best_static_batch(doo
     for _ in range(2):
         for key, sched, pred in (("chosen", chosen, p_chosen), ("static", static, p_static)):
             runs[key].append(measure(server.http_url, server.grpc_url, name, sched, pred.detail["decode_batch"],
-                                     lengths, PROMPT, 64, phases=3))
+                                     lengths, PROMPT, 64, phases=2))
     run_chosen, run_static = (max(runs[k], key=lambda r: r.seq_s) for k in ("chosen", "static"))
     report = (f"bound {bound:.0f} ms: chosen {chosen} {run_chosen}; predicted {p_chosen.throughput_seq_s:.1f} "
               f"seq/s, {p_chosen.latency_ms:.0f} ms | static {static} {run_static}; predicted "

@@ -237,6 +237,8 @@ def format_tables(r: dict) -> str:
         st_txt = "none meets it" if st is None else (f"B={st['schedule'][0]}: {st['seq_s']:.1f} "
                                                      f"({st['p99_ms']:,.0f})")
         ratio = "-" if st is None or not st["seq_s"] else f"{c['seq_s'] / st['seq_s']:.2f}"
+        if st is not None and st["schedule"] == c["schedule"]:
+            ratio += " (same schedule, measured twice)"
         meets = "-" if b is None else ("yes" if cont["p99_ms"] <= b else "no")
         out.append(f"| {_b(b)} | B_E={c['schedule'][0]}, N_D={c['schedule'][1]}: {c['seq_s']:.1f} "
                    f"({c['p99_ms']:,.0f}) | {st_txt} | {ratio} | {cont['seq_s']:.1f} ({cont['p99_ms']:,.0f}) | "
