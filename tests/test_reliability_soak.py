@@ -188,6 +188,16 @@ def soak(server, model: str, n_requests: int, body: bytes, headers: dict, expect
     return run
 
 
+def _steady_process_count(server) -> int:
+    """The number of processes in tritonserver's group once two counts 0.3 s apart agree (a stub an earlier
+    test's reload ended may still be exiting)."""
+    def steady():
+        first = len(server.group_pids())
+        time.sleep(0.3)
+        return first if len(server.group_pids()) == first else 0
+    return wait_until(steady, 30, "a steady number of processes in tritonserver's group")
+
+
 def _settled_rss(server, processes: int) -> int:
     """Summed RSS once the process group has ``processes`` processes (a removed instance's stub gone)."""
     wait_until(lambda: len(server.group_pids()) == processes, 30,
@@ -203,12 +213,13 @@ def test_soak_reloads_and_a_leaking_control(server, tiny_model):
         for model in MODELS:                                    # the session's server: as earlier tests left it
             if not control.is_ready(model):
                 control.load(model)
-        processes = len(server.group_pids())                    # tritonserver + one stub per instance
 
         expected = _answer(server, ROUTER, body, headers)
+        _steady_process_count(server)                          # an earlier test's replaced stub has exited
         run = soak(server, ROUTER, SOAK_REQUESTS, body, headers, expected)
 
         count = control.model_config(LAST)["instance_group"][0]["count"]
+        processes = _steady_process_count(server)             # tritonserver + one stub per instance
         before = _settled_rss(server, processes)
         began = time.monotonic()
         for i in range(RELOADS):
