@@ -44,7 +44,7 @@ def test_the_chosen_schedule_meets_the_bound_and_beats_the_best_static_batch(doo
     from e3.generation.exegpt.triton_bench import calibrate, measure
     server, name, lengths = door
     served, tail = calibrate(server.http_url, server.grpc_url, name, lengths, PROMPT, 64, batches=(16, 8, 4),
-                             phases=2)
+                             phases=3)
     # a bound loose enough that refilling the batch between decode steps can pay (tighter, the best RRA schedule
     # is the static batch itself and the two runs would measure one schedule twice)
     bound = 5 * predict(served, PROMPT, lengths, (1, 16), tail).latency_ms
