@@ -7,4 +7,9 @@ Pure modules (no torch, no Triton), in the order a plan is made (``docs/exegpt.m
 * ``simulator`` — predicted throughput and p99-length latency of RRA and WAA schedules;
 * ``search``    — the control variables, branch-and-bound over them and the exhaustive grid it is checked
   against.
+* ``scheduler`` — the decisions of the Triton front door ``<m>_generate_exegpt`` (``serving/exegpt_router.py``):
+  RRA's phases around the engine, the served profile from its timed steps, re-planning on a length shift.
+
+Beside them: ``door`` (the door's export), ``drive`` (client-side load and control), ``triton_bench``
+(``e3 bench exegpt``), ``profiler``, ``validate``, ``report``, ``cli``.
 """
