@@ -47,7 +47,7 @@ pytestmark = pytest.mark.e2e
 RELIABILITY = bool(os.environ.get("E3_RELIABILITY"))
 SOAK_REQUESTS = int(os.environ.get("E3_SOAK_REQUESTS", "1000000" if RELIABILITY else "1000"))
 RELOADS = int(os.environ.get("E3_SOAK_RELOADS", "100" if RELIABILITY else "2"))
-CONTROL_REQUESTS = 600
+CONTROL_REQUESTS = 500
 CLIENTS = 16
 SAMPLE_S = 0.1 if SOAK_REQUESTS <= 100_000 else 0.5
 MB = 1e6
@@ -188,18 +188,19 @@ def soak(server, model: str, n_requests: int, body: bytes, headers: dict, expect
     return run
 
 
-def _steady_process_count(server) -> int:
-    """The number of processes in tritonserver's group once two counts 0.3 s apart agree (a stub an earlier
-    test's reload ended may still be exiting)."""
-    def steady():
-        first = len(server.group_pids())
-        time.sleep(0.3)
-        return first if len(server.group_pids()) == first else 0
-    return wait_until(steady, 30, "a steady number of processes in tritonserver's group")
+def _expected_processes(control) -> int:
+    """tritonserver + one Python stub per instance of every READY Python-backend model."""
+    stubs = 0
+    for model, state in control.loaded().items():
+        config = control.model_config(model) if state == "READY" else {}
+        if config.get("backend") == "python":
+            stubs += sum(group.get("count", 1) for group in config.get("instance_group", []))
+    return 1 + stubs
 
 
 def _settled_rss(server, processes: int) -> int:
-    """Summed RSS once the process group has ``processes`` processes (a removed instance's stub gone)."""
+    """Summed RSS once the process group has ``processes`` processes (a replaced or removed instance's stub
+    gone)."""
     wait_until(lambda: len(server.group_pids()) == processes, 30,
                lambda: f"{processes} processes in tritonserver's group ({len(server.group_pids())})")
     time.sleep(0.2)
@@ -215,11 +216,11 @@ def test_soak_reloads_and_a_leaking_control(server, tiny_model):
                 control.load(model)
 
         expected = _answer(server, ROUTER, body, headers)
-        _steady_process_count(server)                          # an earlier test's replaced stub has exited
+        processes = _expected_processes(control)
+        _settled_rss(server, processes)                         # an earlier test's replaced stub has exited
         run = soak(server, ROUTER, SOAK_REQUESTS, body, headers, expected)
 
         count = control.model_config(LAST)["instance_group"][0]["count"]
-        processes = _steady_process_count(server)             # tritonserver + one stub per instance
         before = _settled_rss(server, processes)
         began = time.monotonic()
         for i in range(RELOADS):
