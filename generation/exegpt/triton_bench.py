@@ -247,9 +247,13 @@ def format_tables(r: dict) -> str:
     out += ["", f"Served profile (the door's own steps, fitted lines): decode {p['decode']['ms'][0]:.1f} ms at "
             f"{p['decode']['batch'][0]:g} rows .. {p['decode']['ms'][-1]:.1f} at {p['decode']['batch'][-1]:g}; "
             f"prefill {p['prefill']['ms'][0]:.1f} ms at {p['prefill']['tokens'][0]:g} tokens .. "
-            f"{p['prefill']['ms'][-1]:.1f} at {p['prefill']['tokens'][-1]:g}. Errors: "
-            f"{sum(row['chosen']['errors'] + (row.get('static') or {}).get('errors', 0) for row in r['rows']) + cont['errors']}."]
+            f"{p['prefill']['ms'][-1]:.1f} at {p['prefill']['tokens'][-1]:g}. Errors: {_errors(r)}."]
     return "\n".join(out)
+
+
+def _errors(r: dict) -> int:
+    rows = sum(row["chosen"]["errors"] + (row.get("static") or {}).get("errors", 0) for row in r["rows"])
+    return rows + r["continuous"]["errors"]
 
 
 def write_results_section(path: Path, results: dict) -> None:
