@@ -49,8 +49,8 @@ endef
 test: setup
 	$(call run_pytest,)
 
-# The long versions of the reliability tests (2,500 fuzzed bodies, destructive controls); `make test` runs
-# the short ones.
+# The long versions of the reliability tests (2,500 fuzzed bodies, destructive controls, a soak of 1,000,000
+# requests); `make test` runs the short ones. Options: benchmarks/reliability.py --help (--items, --soak-requests).
 reliability: setup
 	$(BIN)/python benchmarks/reliability.py
 
