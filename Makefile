@@ -50,9 +50,10 @@ test: setup
 	$(call run_pytest,)
 
 # The long versions of the reliability tests (2,500 fuzzed bodies, destructive controls, a soak of 1,000,000
-# requests); `make test` runs the short ones. Options: benchmarks/reliability.py --help (--items, --soak-requests).
+# requests); `make test` runs the short ones. Options (benchmarks/reliability.py --help) go in RELIABILITY_ARGS,
+# e.g. make reliability RELIABILITY_ARGS="--items 8,9 --soak-requests 50000".
 reliability: setup
-	$(BIN)/python benchmarks/reliability.py
+	$(BIN)/python benchmarks/reliability.py $(RELIABILITY_ARGS)
 
 clean:
 	@if [ -x $(BIN)/e3 ]; then $(BIN)/e3 clean; else rm -rf artifacts; fi
