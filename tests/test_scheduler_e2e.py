@@ -83,15 +83,17 @@ def _diff(after: dict[int, int], before: dict[int, int]) -> dict[int, int]:
 
 
 def test_a_forced_constant_plan_runs_the_plans_batch_at_every_split(sched_server, tiny_model):
-    # Two constant splits, batch 8: under a saturating load (32 clients x 3 inputs), survivors of many
+    # Two constant splits, batch 8: under a saturating load (32 clients x 4 inputs), survivors of many
     # requests are merged so that split 3-4, which sees only the inputs that did not exit, still runs 8.
+    # (x 3 inputs left split 1-2 at 85% full batches once on a machine loaded by other jobs: its queue ran
+    # dry while the clients' own threads waited for a core; saturation is the condition asserted under.)
     card = tiny_model.card
     plan = _plan(card, [(1, 2), (3, 4)], [CONSTANT, CONSTANT], batch_size=8, slo_ms=60_000, delay_us=200_000)
     _apply(sched_server, plan)
     ids, mask = (x.numpy() for x in tiny_model.example_inputs(512, seed=5))
     before = {s.model: _batch_sizes(sched_server, s.model) for s in plan.splits}
     result = closed_loop(sched_server.http_url, ROUTER, {"input_ids": ids, "attention_mask": mask},
-                         concurrency=32, batch=3, requests=600)
+                         concurrency=32, batch=4, requests=500)
     assert result.errors == 0, result.error_messages
     for s in plan.splits:
         sizes = _diff(_batch_sizes(sched_server, s.model), before[s.model])
