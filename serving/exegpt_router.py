@@ -167,6 +167,10 @@ class TritonPythonModel:
         except (ValueError, TypeError) as err:
             request.get_response_sender().send(error_response(str(err), client_error=True), flags=FINAL)
             return
+        except Exception as err:   # the engine thread must live on: every accepted request gets an answer
+            log.exception("ExeGPT door: request failed")
+            request.get_response_sender().send(error_response(f"ExeGPT door: {err}"), flags=FINAL)
+            return
         if req is not None:
             self.waiting.append(req)
 
@@ -177,7 +181,7 @@ class TritonPythonModel:
         while not self.stopping.is_set():
             block = self.engine.idle and not self.waiting
             if block and last is not None:
-                self.sched.stepped(last[0], last[1], 1e3 * (last[3] - last[2]))
+                self._safe(self.sched.stepped, last[0], last[1], 1e3 * (last[3] - last[2]))
                 last = None
             try:
                 while True:
@@ -194,7 +198,7 @@ class TritonPythonModel:
                 continue
             t0 = time.perf_counter()
             if last is not None:
-                self.sched.stepped(last[0], last[1], 1e3 * (t0 - last[2]))
+                self._safe(self.sched.stepped, last[0], last[1], 1e3 * (t0 - last[2]))
             fresh = [r for r, _ in self.engine.waiting]
             chunk = len(fresh) * max((len(r.prompt) for r in fresh), default=0)
             rows = len(self.engine.active)
@@ -202,10 +206,18 @@ class TritonPythonModel:
             for f in done:
                 self._answer(f)
                 if not f.error:
-                    self.sched.finished(len(f.tokens))
+                    self._safe(self.sched.finished, len(f.tokens))
             if done:
-                self._publish()
+                self._safe(self._publish)
             last = (chunk, rows, t0, time.perf_counter())
+
+    @staticmethod
+    def _safe(fn, *args) -> None:
+        """The scheduler's bookkeeping; a failure in it is logged and serving goes on with the schedule in force."""
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("ExeGPT scheduler failed in %s", getattr(fn, "__name__", fn))
 
     def _outputs(self, tokens, exits, ttft_s: float = 0.0, total_s: float = 0.0, text: str | None = None) -> dict:
         if text is None:
