@@ -60,14 +60,30 @@ def validation_table(rows: Sequence[Mapping], goodput_tol: float, p99_tol: float
 def replace_section(document: str, section: str, name: str = "e3 bench") -> str:
     """``document`` with the text between the begin and end :func:`markers` of ``name`` replaced by
     ``section`` (the markers appended at the end when absent). Raises on a lone or doubled marker."""
-    begin, end = markers(name)
+    return replace_between(document, *markers(name), section, name=name)
+
+
+def replace_between(document: str, begin: str, end: str, section: str, name: str = "") -> str:
+    """``document`` with the text between the lines ``begin`` and ``end`` replaced by ``section`` (the markers
+    appended at the end when absent). Raises on a lone or doubled marker."""
     begins, ends = document.count(begin), document.count(end)
     block = f"{begin}\n{section.strip()}\n{end}"
     if begins == ends == 0:
         return document.rstrip("\n") + "\n\n" + block + "\n"
     if begins != 1 or ends != 1 or document.index(begin) > document.index(end):
-        raise ValueError(f"docs/RESULTS.md holds a broken `{name}` section (one begin and one end marker "
+        raise ValueError(f"docs/RESULTS.md holds a broken `{name or begin}` section (one begin and one end marker "
                          "expected, in that order); fix the markers by hand")
     head, rest = document.split(begin, 1)
     _, tail = rest.split(end, 1)
     return head + block + tail
+
+
+def write_section(path, begin: str, end: str, section: str) -> None:
+    """Replace (or append) the section between ``begin`` and ``end`` in the file ``path``, atomically; the rest
+    of the file is kept."""
+    from pathlib import Path
+    path = Path(path)
+    text = replace_between(path.read_text() if path.exists() else "", begin, end, section)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

@@ -302,13 +302,5 @@ def _reading(results: dict) -> list[str]:
 
 def write_results_section(path: Path, results: dict) -> None:
     """Replace (or append) this benchmark's section of ``path``, between its markers; the rest is kept."""
-    body = f"{BEGIN}\n## Early-exit generation (issue 14)\n\n{format_tables(results)}\n{END}"
-    text = path.read_text() if path.exists() else ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + body + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + body + "\n"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    from e3.client.bench_report import write_section
+    write_section(path, BEGIN, END, f"## Early-exit generation (issue 14)\n\n{format_tables(results)}")

@@ -232,14 +232,7 @@ def _run_tables(run: dict) -> list[str]:
 
 
 def write_results_section(path: Path, results: dict) -> None:
-    """Replace (or append) this benchmark's section of ``path``, between its markers."""
-    body = f"{BEGIN}\n## HELIOS: candidates, partial loading, breach counter (issue 15)\n\n{format_tables(results)}\n{END}"
-    text = path.read_text() if path.exists() else ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + body + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + body + "\n"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """Replace (or append) this benchmark's section of ``path``, between its markers; the rest is kept."""
+    from e3.client.bench_report import write_section
+    write_section(path, BEGIN, END,
+                  f"## HELIOS: candidates, partial loading, breach counter (issue 15)\n\n{format_tables(results)}")

@@ -58,6 +58,27 @@ def _scalar(request, name: str, default):
     return v.decode("utf-8") if isinstance(v, bytes) else v.item()
 
 
+def prompt_of(request, tokenizer) -> list[int]:
+    """The request's prompt as token ids: its ``input_ids`` (INT64 [n]) or its ``text`` (BYTES [1], tokenized with
+    ``tokenizer``, no template added). ValueError naming the problem otherwise."""
+    ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
+    text = pb_utils.get_input_tensor_by_name(request, "text")
+    if (ids is None) == (text is None):
+        raise ValueError("give exactly one of input_ids (INT64 [n]) or text (BYTES [1])")
+    if ids is not None:
+        return [int(x) for x in ids.as_numpy().reshape(-1)]
+    if tokenizer is None:
+        raise ValueError("this model has no tokenizer: send input_ids")
+    raw = text.as_numpy().reshape(-1)
+    if raw.size != 1:
+        raise ValueError(f"text must hold one string, got {raw.size}")
+    try:
+        s = raw[0].decode("utf-8") if isinstance(raw[0], bytes) else str(raw[0])
+    except UnicodeDecodeError:
+        raise ValueError("text is not valid UTF-8") from None
+    return tokenizer.encode(s).ids
+
+
 class TritonPythonModel:
     def initialize(self, args):
         _, params = model_parameters(args)
@@ -86,23 +107,7 @@ class TritonPythonModel:
 
     # -- engine thread -------------------------------------------------------------------------------
     def _parse(self, request) -> GenRequest:
-        ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
-        text = pb_utils.get_input_tensor_by_name(request, "text")
-        if (ids is None) == (text is None):
-            raise ValueError("give exactly one of input_ids (INT64 [n]) or text (BYTES [1])")
-        if ids is not None:
-            prompt = [int(x) for x in ids.as_numpy().reshape(-1)]
-        else:
-            if self.tokenizer is None:
-                raise ValueError("this model has no tokenizer: send input_ids")
-            raw = text.as_numpy().reshape(-1)
-            if raw.size != 1:
-                raise ValueError(f"text must hold one string, got {raw.size}")
-            try:
-                s = raw[0].decode("utf-8") if isinstance(raw[0], bytes) else str(raw[0])
-            except UnicodeDecodeError:
-                raise ValueError("text is not valid UTF-8") from None
-            prompt = self.tokenizer.encode(s).ids
+        prompt = prompt_of(request, self.tokenizer)
         req = GenRequest(request_id=request, prompt=prompt,
                          max_new_tokens=int(_scalar(request, "max_new_tokens", 32)),
                          mode=str(_scalar(request, "mode", "calm")), tau=float(_scalar(request, "tau", 0.9)),

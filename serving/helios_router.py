@@ -48,7 +48,7 @@ import triton_python_backend_utils as pb_utils
 
 from e3.controller.helios import Candidate, HeliosController, HeliosSettings
 from e3.generation.engine import EngineSpec, GenerationEngine, GenRequest
-from e3.serving.generate_router import _runner, _scalar
+from e3.serving.generate_router import _runner, _scalar, prompt_of
 from e3.serving.triton_io import error_response, model_parameters, tensor_response
 
 log = logging.getLogger(__name__)
@@ -157,23 +157,7 @@ class TritonPythonModel:
             if pb_utils.get_input_tensor_by_name(request, name) is not None:
                 raise ValueError(f"input {name} is not accepted: HELIOS serves CALM at its own tau "
                                  f"({self.settings.tau})")
-        ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
-        text = pb_utils.get_input_tensor_by_name(request, "text")
-        if (ids is None) == (text is None):
-            raise ValueError("give exactly one of input_ids (INT64 [n]) or text (BYTES [1])")
-        if ids is not None:
-            prompt = [int(x) for x in ids.as_numpy().reshape(-1)]
-        else:
-            if self.tokenizer is None:
-                raise ValueError("these models have no tokenizer: send input_ids")
-            raw = text.as_numpy().reshape(-1)
-            if raw.size != 1:
-                raise ValueError(f"text must hold one string, got {raw.size}")
-            try:
-                s = raw[0].decode("utf-8") if isinstance(raw[0], bytes) else str(raw[0])
-            except UnicodeDecodeError:
-                raise ValueError("text is not valid UTF-8") from None
-            prompt = self.tokenizer.encode(s).ids
+        prompt = prompt_of(request, self.tokenizer)
         req = GenRequest(request_id=request, prompt=prompt, max_new_tokens=int(_scalar(request, "max_new_tokens", 32)),
                          mode="calm", tau=self.settings.tau)
         req.check(next(iter(self.specs.values())))
