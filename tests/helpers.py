@@ -76,3 +76,15 @@ def tau_in_widest_gap(entropies: np.ndarray, lo_q: float = 0.25, hi_q: float = 0
     lo, hi = int(lo_q * len(ent)), int(hi_q * len(ent))
     gap = lo + int(np.argmax(np.diff(ent[lo:hi])))
     return float((ent[gap] + ent[gap + 1]) / 2)
+
+
+def binary_request(ids: np.ndarray, mask: np.ndarray) -> tuple[bytes, dict]:
+    """One binary-protocol HTTP request body (JSON header + raw ``input_ids`` and ``attention_mask``) and the
+    header that says where the JSON ends."""
+    import json
+    header = json.dumps({"inputs": [
+        {"name": "input_ids", "shape": list(ids.shape), "datatype": "INT64",
+         "parameters": {"binary_data_size": ids.nbytes}},
+        {"name": "attention_mask", "shape": list(mask.shape), "datatype": "INT64",
+         "parameters": {"binary_data_size": mask.nbytes}}]}).encode()
+    return header + ids.tobytes() + mask.tobytes(), {"Inference-Header-Content-Length": str(len(header))}

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import copy
 import http.client
-import json
 import os
 import shutil
 import threading
@@ -45,6 +44,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+
+from helpers import binary_request
 
 from e3.controller.triton_api import TritonControl
 from e3.core.telemetry import metric_samples
@@ -79,20 +80,11 @@ ensemble_scheduling {{ step {{ model_name: "{model}" model_version: -1
 '''
 
 
-def _body(ids: np.ndarray, mask: np.ndarray) -> tuple[bytes, dict]:
-    header = json.dumps({"inputs": [
-        {"name": "input_ids", "shape": list(ids.shape), "datatype": "INT64",
-         "parameters": {"binary_data_size": ids.nbytes}},
-        {"name": "attention_mask", "shape": list(mask.shape), "datatype": "INT64",
-         "parameters": {"binary_data_size": mask.nbytes}}]}).encode()
-    return header + ids.tobytes() + mask.tobytes(), {"Inference-Header-Content-Length": str(len(header))}
-
-
 def _caller(server, tiny_model):
     """``call(model) -> (model, HTTP status, seconds, error text)``: one request of ``ROWS`` inputs in the
     binary protocol, on a connection of the calling thread's own."""
     ids, mask = (np.ascontiguousarray(x.numpy()) for x in tiny_model.example_inputs(ROWS, seed=3))
-    body, headers = _body(ids, mask)
+    body, headers = binary_request(ids, mask)
     local = threading.local()
 
     def call(model: str) -> tuple[str, int, float, str]:

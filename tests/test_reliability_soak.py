@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import http.client
 import itertools
-import json
 import os
 import threading
 import time
@@ -39,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from helpers import binary_request
 
 from e3.controller.triton_api import TritonControl
 from polling import wait_until
@@ -134,16 +135,6 @@ class SoakRun:
         return self.samples[0][1] / MB, self.samples[-1][1] / MB
 
 
-def _request(ids: np.ndarray, mask: np.ndarray) -> tuple[bytes, dict]:
-    """One binary-protocol request body (JSON header + raw tensors) and its headers."""
-    header = json.dumps({"inputs": [
-        {"name": "input_ids", "shape": list(ids.shape), "datatype": "INT64",
-         "parameters": {"binary_data_size": ids.nbytes}},
-        {"name": "attention_mask", "shape": list(mask.shape), "datatype": "INT64",
-         "parameters": {"binary_data_size": mask.nbytes}}]}).encode()
-    return header + ids.tobytes() + mask.tobytes(), {"Inference-Header-Content-Length": str(len(header))}
-
-
 def soak(server, model: str, n_requests: int, body: bytes, headers: dict, expected: bytes) -> SoakRun:
     """Send ``n_requests`` to ``model`` from ``CLIENTS`` threads in a closed loop while sampling the
     summed RSS of the server's process group every ``SAMPLE_S``; a request fails unless it is answered 200
@@ -209,7 +200,7 @@ def _settled_rss(server, processes: int) -> int:
 
 def test_soak_reloads_and_a_leaking_control(server, tiny_model):
     ids, mask = (np.ascontiguousarray(x.numpy()) for x in tiny_model.example_inputs(1, seed=5))
-    body, headers = _request(ids, mask)
+    body, headers = binary_request(ids, mask)
     with TritonControl(server.http_url) as control:
         for model in MODELS:                                    # the session's server: as earlier tests left it
             if not control.is_ready(model):
