@@ -19,7 +19,8 @@ in ``text_out`` (``e3 bench exegpt`` uses them). Custom metrics: ``e3_exegpt_bat
 ``e3_exegpt_decode_iters`` (gauges, the schedule in force), ``e3_exegpt_replans_total{reason}``.
 
 Bad requests (and bad control documents) get their own error naming the problem; a failed split call fails
-that step's sequences with an error naming it, as in ``<m>_generate``; the door keeps serving.
+that step's sequences with an error naming it, as in ``<m>_generate``; the door keeps serving. Requests still
+waiting or running when the door is unloaded are answered with an error.
 """
 
 from __future__ import annotations
@@ -188,6 +189,7 @@ class TritonPythonModel:
                     item = self.inbox.get(block=block)
                     block = False
                     if item is None:
+                        self._unloading()
                         return
                     self._take(item)
             except queue.Empty:
@@ -210,6 +212,18 @@ class TritonPythonModel:
             if done:
                 self._safe(self._publish)
             last = (chunk, rows, t0, time.perf_counter())
+
+    def _unloading(self) -> None:
+        """The model is being unloaded: every request still waiting or running gets an error, none vanishes."""
+        pending = list(self.waiting) + [r for r, _ in self.engine.waiting] + [q.req for q in self.engine.active]
+        for req in pending:
+            try:
+                req.request_id.get_response_sender().send(
+                    error_response(f"{self.spec.model}: the ExeGPT door was unloaded before this request finished"),
+                    flags=FINAL)
+            except Exception:
+                log.exception("answering a request at unload failed")
+        self.waiting.clear()
 
     @staticmethod
     def _safe(fn, *args) -> None:
