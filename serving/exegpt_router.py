@@ -40,7 +40,7 @@ import triton_python_backend_utils as pb_utils
 from e3.generation.engine import EngineSpec, GenerationEngine, GenRequest
 from e3.generation.exegpt.scheduler import ReplanPolicy, RraSchedule, RraScheduler
 from e3.generation.exegpt.workload import LayerProfile, LengthDistribution
-from e3.serving.generate_router import _runner, _scalar
+from e3.serving.generate_router import _runner, _scalar, prompt_of
 from e3.serving.triton_io import error_response, model_parameters, tensor_response
 
 log = logging.getLogger(__name__)
@@ -138,23 +138,7 @@ class TritonPythonModel:
         if control is not None:
             self._control(request, control)
             return None
-        ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
-        text = pb_utils.get_input_tensor_by_name(request, "text")
-        if (ids is None) == (text is None):
-            raise ValueError("give exactly one of input_ids (INT64 [n]) or text (BYTES [1]), or control")
-        if ids is not None:
-            prompt = [int(x) for x in ids.as_numpy().reshape(-1)]
-        else:
-            if self.tokenizer is None:
-                raise ValueError("this model has no tokenizer: send input_ids")
-            raw = text.as_numpy().reshape(-1)
-            if raw.size != 1:
-                raise ValueError(f"text must hold one string, got {raw.size}")
-            try:
-                s = raw[0].decode("utf-8") if isinstance(raw[0], bytes) else str(raw[0])
-            except UnicodeDecodeError:
-                raise ValueError("text is not valid UTF-8") from None
-            prompt = self.tokenizer.encode(s).ids
+        prompt = prompt_of(request, self.tokenizer)
         req = GenRequest(request_id=request, prompt=prompt,
                          max_new_tokens=int(_scalar(request, "max_new_tokens", 32)),
                          mode=str(_scalar(request, "mode", "full")), tau=float(_scalar(request, "tau", 0.9)),

@@ -265,13 +265,5 @@ def write_results_section(path: Path, results: dict) -> None:
             f"{s['slack']:.0%}; bounds: {', '.join(str(f) for f in s['factors'])} x the predicted p99-length "
             f"latency of a static batch of one{', and none' if s.get('unbounded', True) else ''}; each run "
             f"measured over at most {s['measure_s']:.0f} s after a warm-up as large as its concurrency.\n")
-    body = f"{BEGIN}\n{head}\n{format_tables(results)}\n{END}"
-    text = path.read_text() if path.exists() else ""
-    if BEGIN in text and END in text:
-        before, rest = text.split(BEGIN, 1)
-        text = before + body + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + body + "\n"
-    tmp = path.with_suffix(".exegpt.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    from e3.client.bench_report import write_section
+    write_section(path, BEGIN, END, f"{head}\n{format_tables(results)}")
