@@ -11,6 +11,7 @@
     e3 demo                       export + serve + side-by-side load + table
     e3 bench side-by-side         E3 vs <m>_stock and <m>_ee at equal cores, per mix and request size
     e3 bench simulator            the discrete-event simulator against the side-by-side's real runs
+    e3 bench gpu                  GPU clusters by simulation (MODELLED profiles): goodput vs batch, cost
     e3 bench admission            E²bird's elastic admission vs Triton's dynamic batcher under a QoS target
     e3 bench generate             early-exit generation (SmolLM2): speed and quality vs the full model
     e3 export-generate MODEL      write a generation model's splits and routers into the model repository
@@ -52,8 +53,8 @@ def _export(args) -> int:
     extra = all_ranges(resolve_model(args.model).card.num_blocks) if args.all_ranges else ()
     plan = export_repository(args.model, args.cuts, Path(args.repo), ExportSettings(
         target=args.target, batch_size=args.batch_size, split_instances=args.instances,
-        router_instances=args.router_instances, format=args.format, fp16=args.fp16), plan=plan,
-        extra_ranges=extra)
+        router_instances=args.router_instances, format=args.format, fp16=args.fp16,
+        split_queue_policy=args.split_queue_policy), plan=plan, extra_ranges=extra)
     if extra:
         print(f"pre-exported every block range ({len(extra)} split models) beside the plan's")
     print(f"exported {args.model} into {args.repo}:")
@@ -355,6 +356,13 @@ def _bench_simulator(args) -> int:
         Path(args.measured) if args.measured else None, Path(args.out) if args.out else None))
 
 
+def _bench_gpu(args) -> int:
+    from e3.gpu_bench import run_gpu_bench
+    return _refusing("e3 bench gpu", lambda: run_gpu_bench(quick=args.quick, model=args.model,
+                                                           out=Path(args.out) if args.out else None,
+                                                           docs=not args.no_docs))
+
+
 def _bench_admission(args) -> int:
     from e3.admission_bench import AdmissionBenchSettings, run_admission_bench
 
@@ -629,6 +637,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="split and stock model files: onnx (default), or tensorrt engines (model.plan, built "
                         "here with the optional `gpu` extra on an NVIDIA GPU; needs --target ngc)")
     e.add_argument("--fp16", action="store_true", help="with --format tensorrt: allow FP16 kernels")
+    e.add_argument("--split-queue-policy", action="store_true",
+                   help="give the splits Triton's queue policy that rejects calls whose deadline expired in their "
+                        "queue (off by default: it stops Triton's batcher prefetching; measured p99 4x worse)")
     e.set_defaults(func=_export)
 
     pr = sub.add_parser("profile", help="measure per-block latency (with/without ramp) and Tx; write a "
@@ -751,6 +762,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="side-by-side results to validate against (default artifacts/results/side_by_side.json)")
     sim.add_argument("--out", default=None, help="validation JSON (default artifacts/results/simulator_validation.json)")
     sim.set_defaults(func=_bench_simulator)
+    gpu = bsub.add_parser("gpu", help="GPU clusters by simulation with MODELLED GPU profiles: goodput against "
+                                      "inputs per request on 16 V100s for E3, stock and naive EE, heterogeneity at "
+                                      "fixed cost, cost at fixed goodput; writes artifacts/results/gpu_sim.json, "
+                                      "docs/figures/gpu_goodput_vs_batch.png and a section of docs/RESULTS.md")
+    gpu.add_argument("--model", default="bert-ee", help="zoo model with workload mixes (default bert-ee)")
+    gpu.add_argument("--quick", action="store_true", help="fewer saturation levels and baseline configurations, "
+                                                          "shorter simulations (a few minutes)")
+    gpu.add_argument("--out", default=None, help="results JSON (default artifacts/results/gpu_sim.json)")
+    gpu.add_argument("--no-docs", action="store_true", help="do not write the plot or docs/RESULTS.md")
+    gpu.set_defaults(func=_bench_gpu)
     adm = bsub.add_parser("admission", help="E²bird's elastic admission stage (N-Ebird, E-Ebird) against Triton's "
                                             "dynamic batcher (no delay, tuned delay, instances) under a QoS target: "
                                             "throughput at the target and latency through a load burst")

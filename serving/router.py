@@ -17,7 +17,8 @@ batch's delay or SLO comes due with nothing else happening. Each split has a
 pool of ``slots`` worker threads that run its batches:
 
 * a **constant** split (its own Triton model) by a BLS call with the batch's
-  remaining SLO as timeout; ``slots = instances + 1``, so that one batch waits
+  remaining SLO as timeout (Triton enforces it only where the split was exported
+  with ``--split-queue-policy``; otherwise the watchdog below answers late rows); ``slots = instances + 1``, so that one batch waits
   in Triton's queue while the router handles the last one and no instance
   idles (the split's batcher has the plan's preferred batch and no delay, so
   it runs the router's batches as they come, never merged);

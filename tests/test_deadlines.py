@@ -56,7 +56,9 @@ def test_a_split_queue_rejecting_an_expired_call_is_a_deadline_drop(tmp_path, ti
     # so their BLS call expires in split 3-4's queue, where Triton rejects it. The router must read that
     # rejection as a deadline drop (BlsTimeout), not a failing split; a batch that exits whole in split
     # 1-2 is answered.
-    export_repository("tiny-ee", "2", tmp_path, ExportSettings(slo_ms=200, queue_delay_us=0), progress=False)
+    # The splits' queue policy is opt-in (ExportSettings.split_queue_policy; off by default, see there).
+    export_repository("tiny-ee", "2", tmp_path, ExportSettings(slo_ms=200, queue_delay_us=0, split_queue_policy=True),
+                      progress=False)
     # Triton rejects the expired call only when its batcher wakes (0.4 s), after the router's watchdog
     # would have answered it at the deadline (+50 ms; tests/test_hung_split.py): the watchdog's grace is
     # lengthened here so that the rejection itself is what the router reads.
