@@ -29,6 +29,13 @@ goodput under an SLO, drops) plus the batch each split ran.
 * **Exits**: an input leaves at its reference exit ramp; where the plan
   disabled that ramp it leaves at the next enabled one (or the head). The
   exit rule's decision itself is not re-run.
+* **Call costs** (:class:`CallCosts`; the default is the CPU's model above):
+  for a GPU cluster (``e3 bench gpu``) a call carrying model inputs (a
+  baseline's execute, E3's first constant split) pays ``tx_in`` (the inputs'
+  bytes), not the cut's hop; a further request in one execute pays a fixed
+  ``request_ms`` (a native GPU backend, not a Python model); and a constant
+  split's hop runs on a copy engine of its own beside the instance's compute
+  (a pipeline stage per instance, as the planner prices it, E3 §3.2.2).
 * **Not modelled**: the client's own CPU on the same cores, the front door
   (HTTP) and Triton's queue before the router, OS scheduling noise. The
   validation table (``e3 bench``) says how far that leaves it.
@@ -46,7 +53,7 @@ from e3.core.plan import COMPACT, Plan
 from e3.core.profile import LatencyProfile
 from e3.serving.scheduler import Scheduler, make_queues
 
-__all__ = ["Arrivals", "Baseline", "SimResult", "simulate_plan", "simulate_baseline", "next_enabled_exit"]
+__all__ = ["Arrivals", "Baseline", "CallCosts", "SimResult", "simulate_plan", "simulate_baseline", "next_enabled_exit"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,8 @@ class Arrivals:
     seed: int = 0
     client_ms: float = 1.0              # mean of the client's and transport's time per request (exponential):
     #                                     it also keeps closed-loop clients from resending in lockstep
+    steady: bool = False                # rates over [first measured send, last send] only (the load's steady
+    #                                     part; the default spans until the last answer, as a real run's does)
 
     def __post_init__(self) -> None:
         if (self.clients is None) == (self.rate_rps is None):
@@ -78,6 +87,32 @@ class Baseline:
     max_batch: int = 64
     preferred: int = 8                  # rows that end a delayed wait early
     enabled_ramps: tuple[int, ...] | None = None   # ee: default every ramp of the profile
+
+
+@dataclass(frozen=True)
+class CallCosts:
+    """What a Triton call costs beside the blocks. The default is the model validated on this CPU (every
+    call is a Python-model request/response exchange costing the measured BLS hop ``tx``).
+
+    Decision for GPUs (the paper is silent; ``e3 bench gpu``): ``input_curve="tx_in"``,
+    ``request_ms`` a small constant and ``overlap_hop=True`` (see the module docstring)."""
+    input_curve: str = "tx"             # hop of a call carrying model inputs: "tx" (a cut's) or "tx_in" (the inputs')
+    request_ms: float | None = None     # per further request taken into one execute (ms); None: tx(1)
+    overlap_hop: bool = False           # a constant split's hop holds a copy engine per instance, not the instance
+
+    def __post_init__(self) -> None:
+        if self.input_curve not in ("tx", "tx_in"):
+            raise ValueError(f"input_curve must be 'tx' or 'tx_in', got {self.input_curve!r}")
+        if self.request_ms is not None and not self.request_ms >= 0:
+            raise ValueError(f"request_ms must be >= 0 (ms), got {self.request_ms}")
+
+    def input_hop(self, latency: LatencyProfile, device: str, rows: float) -> float:
+        """ms of a call carrying ``rows`` inputs' model inputs."""
+        return float(latency.tx_in(device, rows) if self.input_curve == "tx_in" else latency.tx(device, rows))
+
+    def per_request(self, latency: LatencyProfile, device: str) -> float:
+        """ms each further request in one execute adds."""
+        return float(latency.tx(device, 1)) if self.request_ms is None else self.request_ms
 
 
 @dataclass
@@ -117,6 +152,7 @@ class _Clock:
         self.total = arrivals.warmup + arrivals.requests
         self.next = 0
         self.records: list[tuple[float, float, int, bool]] = []   # (sent, done, inputs, ok) of measured ones
+        self.every: list[tuple[float, float, int, bool]] = []     # the same of every request (steady rates)
         self.all_done = env.event()
         self.finished = 0
         self.rng = np.random.default_rng(arrivals.seed + 1)
@@ -139,6 +175,8 @@ class _Clock:
         ok = yield self.send(self.rows(i))
         if i >= self.arrivals.warmup:
             self.records.append((sent, self.env.now, self.arrivals.batch, bool(ok)))
+        if self.arrivals.steady:
+            self.every.append((sent, self.env.now, self.arrivals.batch, bool(ok)))
         self.finished += 1
         if self.finished == self.total:
             self.all_done.succeed()
@@ -162,6 +200,19 @@ class _Clock:
         answered = int(rec[ok, 2].sum())
         good = int(rec[ok, 2][lat <= slo_ms].sum()) if slo_ms is not None else answered
         pct = (lambda q: float(np.percentile(lat, q)) if len(lat) else float("nan"))
+        if self.arrivals.steady and len(rec):
+            # a closed loop drains after its last send: count every answer (warm-up requests' too) between
+            # the first measured send and the last send
+            every = np.array(self.every, dtype=float).reshape(-1, 4)
+            start, end = rec[:, 0].min(), every[:, 0].max()
+            span = end - start
+            inside = (every[:, 3] > 0) & (every[:, 1] > start) & (every[:, 1] <= end)
+            answered_rate = int(every[inside, 2].sum())
+            good_rate = int(every[inside, 2][(every[inside, 1] - every[inside, 0]) * 1e3 <= slo_ms].sum()) \
+                if slo_ms is not None else answered_rate
+            return SimResult(inputs_per_s=answered_rate / span if span > 0 else 0.0, p50_ms=pct(50), p99_ms=pct(99),
+                             goodput_ips=good_rate / span if span > 0 else 0.0, dropped_inputs=int(rec[~ok, 2].sum()),
+                             answered_inputs=answered, batches=batches, duration_s=span)
         return SimResult(inputs_per_s=answered / span if span > 0 else 0.0, p50_ms=pct(50), p99_ms=pct(99),
                          goodput_ips=good / span if span > 0 else 0.0, dropped_inputs=int(rec[~ok, 2].sum()),
                          answered_inputs=answered, batches=batches, duration_s=span)
@@ -205,11 +256,15 @@ class _Router:
     """One router instance: its own scheduler and split workers, in simulated time."""
 
     def __init__(self, env: simpy.Environment, latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray,
-                 device: str, num_classes: int, batches: dict[int, list[int]]):
+                 device: str, num_classes: int, batches: dict[int, list[int]], costs: CallCosts = CallCosts()):
         self.env, self.latency, self.plan, self.device, self.C = env, latency, plan, device, num_classes
+        self.costs = costs
         splits, share = plan.splits, plan.router_instances
         inline = share > 1
-        slots = [s.instances // share if s.form == COMPACT else s.instances + 1 for s in splits]
+        # a constant split's batches in flight: one more than its instances (the router's); with an
+        # overlapping hop, one in the copy and one computing per instance
+        per_instance = 2 if costs.overlap_hop else 1
+        slots = [s.instances // share if s.form == COMPACT else per_instance * s.instances + 1 for s in splits]
         self.sched = Scheduler(make_queues([s.batch_size for s in splits], slots,
                                            [0 if inline and i == 0 else s.queue_delay_us
                                             for i, s in enumerate(splits)],
@@ -225,19 +280,35 @@ class _Router:
         else:
             self.workers = [simpy.Resource(env, capacity=s.instances if s.form != COMPACT else max(1, n))
                             for s, n in zip(splits, slots)]
+        # a copy engine per instance of a constant split (CallCosts.overlap_hop)
+        self.links = [simpy.Resource(env, capacity=s.instances) for s in splits]
         self.batches = batches
         self.waiting: dict[int, simpy.Event] = {}
         self.wake_at: float | None = None
 
+    def split_device(self, i: int) -> str:
+        """Split i's device configuration: the plan's where the profile has it (heterogeneous plans), else
+        the simulation's one device."""
+        dev = self.plan.splits[i].device
+        return dev if dev in self.latency.devices else self.device
+
+    def hop_ms(self, i: int, rows: int) -> float:
+        """The hop into constant split i carrying ``rows`` inputs (the first split's carries model inputs)."""
+        dev = self.split_device(i)
+        return self.costs.input_hop(self.latency, dev, rows) if i == 0 else float(self.latency.tx(dev, rows))
+
     def service_ms(self, i: int, pool_rows: np.ndarray) -> tuple[float, np.ndarray]:
-        """Time of split i on these inputs and the exit block of each (0: goes on)."""
-        s, lat, dev = self.plan.splits[i], self.latency, self.device
+        """Time of split i on these inputs and the exit block of each (0: goes on); a constant split's hop
+        is included unless it overlaps (:attr:`CallCosts.overlap_hop`)."""
+        s, lat, dev = self.plan.splits[i], self.latency, self.split_device(i)
         n0 = len(pool_rows)
         out = self.exits[i][pool_rows]
         leaves = np.where(out <= s.last_block, out, 0)
         ms = lat.router(dev, n0)
         if s.form == COMPACT:
             n = n0
+            if i == 0 and self.costs.input_curve == "tx_in":
+                ms += self.hop_ms(0, n0)   # the router's session copies the model inputs in, in its own call
             for k in range(s.first_block, s.last_block + 1):
                 ms += lat.block(k, dev, n, with_ramp=k in self.ramps[i])
                 if k in self.ramps[i]:
@@ -247,7 +318,9 @@ class _Router:
                     break
         else:
             ms += sum(lat.block(k, dev, n0, with_ramp=k in self.ramps[i])
-                      for k in range(s.first_block, s.last_block + 1)) + lat.tx(dev, n0)
+                      for k in range(s.first_block, s.last_block + 1))
+            if not self.costs.overlap_hop:
+                ms += lat.tx(dev, n0) if self.costs.input_curve == "tx" else self.hop_ms(i, n0)
         return ms, leaves
 
     def admit(self, pool_rows: np.ndarray) -> simpy.Event:
@@ -276,6 +349,10 @@ class _Router:
         self.pump()
 
     def _run(self, d) -> Iterator:
+        if self.costs.overlap_hop and self.plan.splits[d.split].form != COMPACT:
+            with self.links[d.split].request() as link:
+                yield link
+                yield self.env.timeout(self.hop_ms(d.split, len(d.rows)) / 1e3)
         with self.workers[d.split].request() as slot:
             yield slot
             feed, _ = Scheduler.stack(d.rows)
@@ -293,7 +370,7 @@ class _Router:
 
 def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, arrivals: Arrivals, *,
                   device: str = "cpu", num_classes: int = 2, slo_ms: float | None = None,
-                  max_batch: int = 64) -> SimResult:
+                  max_batch: int = 64, costs: CallCosts = CallCosts()) -> SimResult:
     """E3 serving ``plan`` (the router's scheduler, its splits and instances); ``exit_ramp``: [pool] the
     reference exit block of every input the load cycles through. ``slo_ms``: goodput's objective
     (default: the plan's SLO decides drops, goodput counts every answer).
@@ -302,10 +379,11 @@ def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, ar
     straight to the one scheduler. With several (compact plans, :attr:`Plan.router_instances`), each
     instance answers inline: Triton's batcher (delay :attr:`Plan.router_queue_delay_us`, at most
     ``max_batch`` rows) hands a free instance the queued requests, and the instance takes no more until
-    all of them are answered."""
+    all of them are answered. ``costs``: what calls cost beside the blocks (:class:`CallCosts`); a split
+    runs on its plan's device where the profile has that device, else on ``device``."""
     env = simpy.Environment()
     batches: dict[int, list[int]] = {i: [] for i in range(len(plan.splits))}
-    routers = [_Router(env, latency, plan, exit_ramp, device, num_classes, batches)
+    routers = [_Router(env, latency, plan, exit_ramp, device, num_classes, batches, costs)
                for _ in range(plan.router_instances)]
     if len(routers) == 1:
         router = routers[0]
@@ -324,7 +402,7 @@ def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, ar
                 if not take:
                     continue
                 # Triton hands the instance its requests; each costs one request/response exchange
-                yield env.timeout((len(take) - 1) * latency.tx(device, 1) / 1e3)
+                yield env.timeout((len(take) - 1) * costs.per_request(latency, routers[0].split_device(0)) / 1e3)
                 mine = [(router.admit(r), done) for _, r, done in take]
                 router.pump()
                 for answered, done in mine:
@@ -343,10 +421,11 @@ def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, ar
 
 def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.ndarray, arrivals: Arrivals, *,
                       device: str = "cpu", slo_ms: float | None = None, parallel_efficiency: float = 0.85,
-                      stock_ms: dict[int, float] | None = None) -> SimResult:
+                      stock_ms: dict[int, float] | None = None, costs: CallCosts = CallCosts()) -> SimResult:
     """``<m>_stock`` or ``<m>_ee`` behind Triton's dynamic batcher (see the module docstring).
     ``stock_ms``: batch -> ms of the stock model as the one graph it is served as (measured); without
-    it, the sum of its blocks (which counts a session call per block the fused graph does not make)."""
+    it, the sum of its blocks (which counts a session call per block the fused graph does not make).
+    ``costs``: what a call and each further request in it cost (:class:`CallCosts`)."""
     if base.kind not in ("stock", "ee"):
         raise ValueError(f"unknown baseline {base.kind!r}: 'stock' or 'ee'")
     env = simpy.Environment()
@@ -359,7 +438,7 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
 
     def service_ms(pool_rows: np.ndarray, requests: int) -> float:
         n = len(pool_rows)
-        ms = latency.tx(device, n) + (requests - 1) * latency.tx(device, 1)
+        ms = costs.input_hop(latency, device, n) + (requests - 1) * costs.per_request(latency, device)
         if base.kind == "stock":
             if stock_ms is not None:
                 return ms + float(np.interp(n, *zip(*sorted(stock_ms.items())))) / speed
@@ -375,19 +454,34 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
                 break
         return ms + compute / speed
 
-    def instance() -> Iterator:
+    def instance(device_free: simpy.Resource) -> Iterator:
         while True:
             take = yield from triton.take(base.delay_us / 1e6, base.preferred, base.max_batch)
             if not take:
                 continue
             pool_rows = np.concatenate([r for _, r, _ in take])
             batches[0].append(len(pool_rows))
-            yield env.timeout(service_ms(pool_rows, len(take)) / 1e3)
-            for _, _, done in take:
-                done.succeed(True)
+            ms = service_ms(pool_rows, len(take))
+            if not costs.overlap_hop:
+                yield env.timeout(ms / 1e3)
+                for _, _, done in take:
+                    done.succeed(True)
+                continue
+            # the input copy beside the previous batch's compute: copy, then wait for the device
+            copy_ms = costs.input_hop(latency, device, len(pool_rows))
+            yield env.timeout(copy_ms / 1e3)
+            slot = device_free.request()
+            yield slot
+            env.process(compute(device_free, slot, (ms - copy_ms) / 1e3, take))
 
-    for _ in range(base.instances):
-        env.process(instance())
+    def compute(device_free: simpy.Resource, slot, seconds: float, take) -> Iterator:
+        yield env.timeout(seconds)
+        device_free.release(slot)
+        for _, _, done in take:
+            done.succeed(True)
+
+    for _ in range(base.instances):   # one device each
+        env.process(instance(simpy.Resource(env, capacity=1)))
     clock = _Clock(env, arrivals, len(exit_ramp), triton.send)
     clock.start()
     env.run(until=clock.all_done)

@@ -1,0 +1,418 @@
+"""GPU clusters by simulation (`e3 bench gpu`): E3 against the stock and naive early-exit models on
+GPUs this project's machines lack, with latency profiles MODELLED from public figures.
+
+Nothing here is measured on a GPU: the profiles come from ``e3 profile --modelled`` (whole-model
+BERT-base curves per GPU, scaled to the model's blocks; :mod:`e3.export.modelled_profile`), every
+table says MODELLED, and the figures are the discrete-event simulator's (:mod:`e3.simulator.des`).
+Pure: a function of the profile, the batch profile and the inputs' exits; no files, no Triton.
+
+Decisions (the paper is silent on them):
+
+* **Saturation** is a closed loop whose clients keep ``inflight`` inputs outstanding
+  (``inflight / batch`` clients); it starts at ``inflight_start`` and doubles until goodput
+  rises by less than ``rise`` (or ``max_doublings``), and every level is kept (``sweep``), so a
+  table shows that goodput had stopped rising. An open loop above capacity is not used: the
+  baselines have no admission control, so their queue (and latency) would grow without bound
+  and their goodput under the SLO would fall towards 0, which says nothing about their capacity.
+  The best level is reported (a closed loop with too many clients only adds queueing).
+* **Goodput** counts inputs answered within ``slo_ms``; E3's scheduler drops rows that cannot
+  meet the same SLO (minus slack), the baselines answer everything.
+* **Call costs on a GPU** (:func:`gpu_call_costs`): an execute carrying model inputs pays the
+  inputs' hop (``tx_in``, token ids: small); a cut's hop (``tx``: hidden states at the modelled
+  link) runs on a copy engine beside the instance's compute, a pipeline stage of its own, as
+  the planner prices it; a further request merged into one execute costs ``request_ms``
+  (default 0: a native GPU backend gathers requests on the host while the GPU runs, the same
+  for every system). The router's own work (``router_ms``, measured on this host's CPU) is part
+  of each E3 split's time, as the planner counts it.
+* **Equal budgets**: every system gets the same GPUs, one Triton instance per GPU (the
+  simulator does not model two instances sharing one GPU, so more would create capacity that
+  does not exist). Each baseline keeps its best (max batch, queue delay) from a small grid
+  (:func:`baseline_grid`), chosen at a calibration load per request size; E3 runs the
+  planner's plan for the same GPUs (``best_plan``, no cost bound).
+* **Heterogeneity at fixed cost** (Fig. 13): clusters whose hourly price fits one budget
+  (prices of :data:`e3.export.modelled_profile.PRICES_PER_HOUR`); E3 plans every cluster, mixes
+  included (a split's replicas share one GPU type); the baselines run on the homogeneous ones
+  (one model on one GPU type).
+* **Cost at fixed goodput** (Figs. 14-15): E3's cheapest cluster is the planner's
+  :func:`cheapest_plan` over the GPU types (at most ``max_per_type`` of each), simulated to check
+  it reaches the target; a baseline's is, per GPU type, the fewest GPUs whose simulated
+  goodput reaches it (starting from its goodput on ``probe_gpus`` GPUs, scaled).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from e3.core.plan import Plan
+from e3.core.profile import BatchProfile, LatencyProfile
+from e3.simulator.des import Arrivals, Baseline, CallCosts, SimResult, simulate_baseline, simulate_plan
+
+__all__ = ["GpuSimSettings", "Cell", "gpu_call_costs", "baseline_grid", "saturate", "plan_for", "simulate_e3",
+           "best_baseline", "goodput_vs_batch", "clusters_at_budget", "heterogeneity", "cost_at_goodput",
+           "describe_plan", "with_link", "batch_table", "heterogeneity_table", "cost_table", "results_document", "plot_goodput", "MODELLED"]
+
+log = logging.getLogger(__name__)
+
+MODELLED = "MODELLED"
+
+
+@dataclass(frozen=True)
+class GpuSimSettings:
+    """What `e3 bench gpu` simulates (defaults: the full run; :meth:`quick` a shorter one)."""
+    device: str = "v100"                        # the homogeneous cluster's GPU type
+    gpus: int = 16                              # GPUs of the goodput-against-batch cluster
+    batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)   # inputs per request
+    slo_ms: float = 100.0                       # planner's objective and goodput's SLO (ms)
+    slack: float = 0.2
+    rate_rps: float = 1e6                       # planner's offered rate (inputs/s): above every capacity here
+    request_ms: float = 0.0                     # per further request merged into one execute (ms), all systems
+    inflight_start: int = 1024                  # inputs outstanding at the first saturation level
+    max_doublings: int = 4
+    rise: float = 0.03                          # goodput rising less than this share: saturated
+    min_requests: int = 1500                    # measured requests per simulation (at least 3 x clients)
+    max_batch_grid: tuple[int, ...] = (16, 32, 64)   # baselines' max batch choices
+    delay_grid_us: tuple[int, ...] = (0, 1000)       # baselines' queue delay choices
+    hetero_batch: int = 8                       # inputs per request of Figs. 13-15
+    budget_gpus: int = 8                        # Fig. 13's budget: the price of this many `device` GPUs
+    hetero_types: tuple[str, ...] = ("v100", "t4", "a100")
+    goodput_share: float = 0.5                  # Figs. 14-15's target: this share of E3's goodput on `gpus`
+    max_per_type: int = 64                      # GPUs of each type the cheapest-cluster search may use
+    seed: int = 0
+
+    @classmethod
+    def quick(cls, **kw) -> "GpuSimSettings":
+        """Fewer saturation levels, a smaller baseline grid, shorter simulations."""
+        base = dict(max_doublings=3, min_requests=800, max_batch_grid=(32, 64), delay_grid_us=(0,))
+        return cls(**{**base, **kw})
+
+
+@dataclass
+class Cell:
+    """One simulated system at one setting, at its saturating load."""
+    system: str                      # "e3" | "stock" | "ee"
+    batch: int                       # inputs per request
+    goodput_ips: float               # inputs/s answered within the SLO, best over the sweep
+    p99_ms: float
+    config: str                      # E3: the plan's splits; a baseline: its instances, max batch, delay
+    sweep: list[tuple[int, float]] = field(default_factory=list)   # (inputs in flight, goodput inputs/s)
+    cluster: str = ""                # e.g. "16 x v100"
+    cost_per_hour: float = float("nan")
+    predicted_ips: float = float("nan")   # E3: the planner's throughput
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def gpu_call_costs(request_ms: float = 0.0) -> CallCosts:
+    """The simulator's call costs on a GPU (module docstring)."""
+    return CallCosts(input_curve="tx_in", request_ms=request_ms, overlap_hop=True)
+
+
+def baseline_grid(settings: GpuSimSettings) -> list[tuple[int, int]]:
+    """(max batch, queue delay us) a baseline may choose; its preferred batch is its max batch."""
+    return [(b, d) for b in settings.max_batch_grid for d in settings.delay_grid_us]
+
+
+def _arrivals(batch: int, inflight: int, settings: GpuSimSettings) -> Arrivals:
+    clients = max(1, inflight // batch)
+    return Arrivals(batch=batch, requests=max(settings.min_requests, 3 * clients), clients=clients,
+                    warmup=clients, seed=settings.seed, steady=True)
+
+
+def saturate(run: Callable[[Arrivals], SimResult], batch: int, settings: GpuSimSettings
+             ) -> tuple[SimResult, list[tuple[int, float]]]:
+    """Run a closed loop at doubling loads until goodput stops rising (module docstring); the best
+    result and every level's (inputs in flight, goodput)."""
+    best, sweep, inflight = None, [], settings.inflight_start
+    for _ in range(settings.max_doublings + 1):
+        result = run(_arrivals(batch, inflight, settings))
+        sweep.append((inflight, result.goodput_ips))
+        previous = best.goodput_ips if best is not None else 0.0
+        if best is None or result.goodput_ips > best.goodput_ips:
+            best = result
+        if previous > 0 and result.goodput_ips < previous * (1 + settings.rise):
+            break
+        inflight *= 2
+    return best, sweep
+
+
+def plan_for(latency: LatencyProfile, batch_profile: BatchProfile, devices: Mapping[str, int],
+             settings: GpuSimSettings, *, exit_rule: Mapping | None = None,
+             ramp_blocks: Sequence[int] | None = None, forms: Sequence[str] | None = None) -> Plan:
+    """The planner's best plan for ``devices`` (no cost bound), served with the bench's SLO; ``forms``:
+    the split forms it may choose (None: both)."""
+    from e3.controller.planner import best_plan
+    from e3.core.plan import FORMS
+    result = best_plan(latency, batch_profile, dict(devices), slo_ms=settings.slo_ms, rate_rps=settings.rate_rps,
+                       slack=settings.slack, alpha=None, forms=tuple(forms or FORMS))
+    ramps = list(ramp_blocks) if ramp_blocks is not None else list(latency.ramp_blocks())
+    return result.to_plan(model=latency.model, num_blocks=latency.num_blocks,
+                          exit_rule=dict(exit_rule or {"kind": "entropy", "tau_nats": 0.0}), ramp_blocks=ramps,
+                          slo_ms=settings.slo_ms, slack=settings.slack)
+
+
+def with_link(latency: LatencyProfile, gbit_s: float, *, modelled_gbit_s: float = 25.0,
+              fixed_ms: float = 0.2) -> LatencyProfile:
+    """``latency`` with its hops (``tx_ms``, ``tx_in_ms``) re-priced for a link of ``gbit_s`` instead of the
+    modelled ``modelled_gbit_s`` (:mod:`e3.export.modelled_profile` step 5: ``fixed_ms`` + bytes / bandwidth,
+    so the bytes term scales by ``modelled_gbit_s / gbit_s``). Pure; for the hop sensitivity."""
+    import copy
+    scale = modelled_gbit_s / gbit_s
+
+    def rescale(curves: Mapping[str, list[float]]) -> dict[str, list[float]]:
+        return {d: [fixed_ms + (x - fixed_ms) * scale for x in ys] for d, ys in curves.items()}
+
+    out = copy.deepcopy(latency)
+    out.tx_ms = rescale(latency.tx_ms)
+    out.tx_in_ms = rescale(latency.tx_in_ms)
+    out.source = f"{latency.source}; hops re-priced at {gbit_s:g} Gbit/s"
+    return out
+
+
+def describe_plan(plan: Plan) -> str:
+    return " \\| ".join(f"{s.first_block}-{s.last_block} {s.form} {s.instances}x{s.device} b{s.batch_size}"
+                        for s in plan.splits)
+
+
+def _cluster(devices: Mapping[str, int]) -> str:
+    return " + ".join(f"{n} x {d}" for d, n in devices.items() if n)
+
+
+def _cost(latency: LatencyProfile, devices: Mapping[str, int]) -> float:
+    return float(sum(latency.devices[d].price * n for d, n in devices.items()))
+
+
+def simulate_e3(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, batch: int,
+                settings: GpuSimSettings) -> Cell:
+    """E3 serving ``plan`` at saturation."""
+    costs = gpu_call_costs(settings.request_ms)
+    device = plan.splits[0].device
+    best, sweep = saturate(lambda a: simulate_plan(latency, plan, exit_ramp, a, device=device,
+                                                   slo_ms=settings.slo_ms, costs=costs), batch, settings)
+    used: dict[str, int] = {}
+    for s in plan.splits:
+        used[s.device] = used.get(s.device, 0) + s.instances
+    return Cell("e3", batch, best.goodput_ips, best.p99_ms, describe_plan(plan), sweep, _cluster(used),
+                _cost(latency, used), plan.predicted.get("throughput_rps", float("nan")))
+
+
+def best_baseline(latency: LatencyProfile, kind: str, device: str, gpus: int, exit_ramp: np.ndarray, batch: int,
+                  settings: GpuSimSettings) -> Cell:
+    """``kind`` ("stock" | "ee") on ``gpus`` x ``device``, one instance per GPU, in the grid configuration
+    with the highest goodput at saturation (each configuration saturated on its own)."""
+    costs = gpu_call_costs(settings.request_ms)
+
+    def run(base: Baseline) -> Callable[[Arrivals], SimResult]:
+        return lambda a: simulate_baseline(latency, base, exit_ramp, a, device=device, slo_ms=settings.slo_ms,
+                                           costs=costs)
+
+    choices = [Baseline(kind, instances=gpus, max_batch=b, preferred=b, delay_us=d) for b, d in baseline_grid(settings)]
+    scored = [(saturate(run(base), batch, settings), -i, base) for i, base in enumerate(choices)]
+    (best, sweep), _, chosen = max(scored, key=lambda x: (x[0][0].goodput_ips, x[1]))
+    config = f"{gpus} inst, max batch {chosen.max_batch}, delay {chosen.delay_us} us"
+    return Cell(kind, batch, best.goodput_ips, best.p99_ms, config, sweep, f"{gpus} x {device}",
+                _cost(latency, {device: gpus}))
+
+
+def goodput_vs_batch(latency: LatencyProfile, batch_profile: BatchProfile, exit_ramp: np.ndarray,
+                     settings: GpuSimSettings, *, progress: Callable[[str], None] | None = None,
+                     plan_kw: Mapping | None = None) -> tuple[list[Cell], Plan]:
+    """(1): stock, naive EE and E3 on ``settings.gpus`` x ``settings.device`` per request size."""
+    plan = plan_for(latency, batch_profile, {settings.device: settings.gpus}, settings, **(plan_kw or {}))
+    cells = []
+    for batch in settings.batches:
+        for system in ("e3", "stock", "ee"):
+            if system == "e3":
+                cell = simulate_e3(latency, plan, exit_ramp, batch, settings)
+            else:
+                cell = best_baseline(latency, system, settings.device, settings.gpus, exit_ramp, batch, settings)
+            cells.append(cell)
+            if progress:
+                progress(f"batch {batch} {system}: {cell.goodput_ips:,.0f} inputs/s")
+    return cells, plan
+
+
+def clusters_at_budget(latency: LatencyProfile, budget_per_hour: float, types: Sequence[str],
+                       max_per_type: int = 64) -> list[dict[str, int]]:
+    """Fig. 13's clusters: each GPU type alone, as many as the budget buys, and every pair of types
+    splitting the budget in half (as many of each as its half buys, the rest of the budget spent on the
+    cheaper type). Clusters of fewer than 1 GPU of a type are left out."""
+    price = {t: latency.devices[t].price for t in types}
+    out: list[dict[str, int]] = []
+    for t in types:
+        n = min(max_per_type, int(budget_per_hour / price[t] + 1e-9))
+        if n:
+            out.append({t: n})
+    for i, a in enumerate(types):
+        for b in types[i + 1:]:
+            cheap, dear = (a, b) if price[a] <= price[b] else (b, a)
+            n_dear = int(budget_per_hour / 2 / price[dear] + 1e-9)
+            n_cheap = min(max_per_type, int((budget_per_hour - n_dear * price[dear]) / price[cheap] + 1e-9))
+            if n_dear and n_cheap:
+                out.append({dear: n_dear, cheap: n_cheap})
+    return out
+
+
+def heterogeneity(latency: LatencyProfile, batch_profile: BatchProfile, exit_ramp: np.ndarray,
+                  settings: GpuSimSettings, *, progress: Callable[[str], None] | None = None,
+                  plan_kw: Mapping | None = None) -> dict:
+    """(2a) Fig. 13: goodput of E3 (and the baselines on homogeneous clusters) at one hourly budget."""
+    budget = settings.budget_gpus * latency.devices[settings.device].price
+    rows = []
+    for devices in clusters_at_budget(latency, budget, settings.hetero_types, settings.max_per_type):
+        plan = plan_for(latency, batch_profile, devices, settings, **(plan_kw or {}))
+        cells = [simulate_e3(latency, plan, exit_ramp, settings.hetero_batch, settings)]
+        if len(devices) == 1:
+            (device, n), = devices.items()
+            cells += [best_baseline(latency, kind, device, n, exit_ramp, settings.hetero_batch, settings)
+                      for kind in ("stock", "ee")]
+        rows.append({"cluster": _cluster(devices), "cost_per_hour": _cost(latency, devices),
+                     "cells": [c.to_dict() for c in cells]})
+        if progress:
+            progress(f"{_cluster(devices)}: E3 {cells[0].goodput_ips:,.0f} inputs/s")
+    return {"budget_per_hour": budget, "batch": settings.hetero_batch, "rows": rows}
+
+
+def _fewest_gpus(latency: LatencyProfile, kind: str, device: str, exit_ramp: np.ndarray, target: float,
+                 settings: GpuSimSettings, probe_gpus: int = 4) -> Cell | None:
+    """The fewest ``device`` GPUs on which baseline ``kind`` reaches ``target`` goodput (None: not within
+    ``settings.max_per_type``)."""
+    probe = best_baseline(latency, kind, device, probe_gpus, exit_ramp, settings.hetero_batch, settings)
+    if probe.goodput_ips <= 0:
+        return None
+    n = max(1, math.ceil(target / (probe.goodput_ips / probe_gpus)))
+    tried: dict[int, Cell] = {}
+    while 1 <= n <= settings.max_per_type and n not in tried:
+        cell = tried[n] = best_baseline(latency, kind, device, n, exit_ramp, settings.hetero_batch, settings)
+        if cell.goodput_ips >= target:
+            if n - 1 in tried or n == 1:
+                return cell
+            n -= 1
+        else:
+            if n + 1 in tried:
+                return tried[n + 1]
+            n += 1
+    return min((c for c in tried.values() if c.goodput_ips >= target), key=lambda c: c.cost_per_hour, default=None)
+
+
+def cost_at_goodput(latency: LatencyProfile, batch_profile: BatchProfile, exit_ramp: np.ndarray, target_ips: float,
+                    settings: GpuSimSettings, *, progress: Callable[[str], None] | None = None,
+                    plan_kw: Mapping | None = None) -> dict:
+    """(2b) Figs. 14-15: the cheapest cluster reaching ``target_ips`` for E3 (the planner's
+    ``cheapest_plan`` over ``hetero_types``, then simulated) and for each baseline (per GPU type)."""
+    from e3.controller.planner import PlannerError, cheapest_plan
+    devices = {t: settings.max_per_type for t in settings.hetero_types}
+    rows: list[dict] = []
+    try:
+        result = cheapest_plan(latency, batch_profile, devices, slo_ms=settings.slo_ms, goodput_rps=target_ips,
+                               rate_rps=settings.rate_rps, slack=settings.slack)
+        kw = dict(plan_kw or {})
+        plan = result.to_plan(model=latency.model, num_blocks=latency.num_blocks,
+                              exit_rule=dict(kw.get("exit_rule") or {"kind": "entropy", "tau_nats": 0.0}),
+                              ramp_blocks=list(kw.get("ramp_blocks") or latency.ramp_blocks()),
+                              slo_ms=settings.slo_ms, slack=settings.slack)
+        cell = simulate_e3(latency, plan, exit_ramp, settings.hetero_batch, settings)
+        rows.append({"system": "e3", "gpu": "any", **cell.to_dict(), "reaches": bool(cell.goodput_ips >= target_ips)})
+    except PlannerError as err:
+        rows.append({"system": "e3", "gpu": "any", "cluster": "-", "error": str(err), "reaches": False})
+    if progress:
+        progress(f"E3 cheapest: {rows[-1].get('cluster')}")
+    for kind in ("stock", "ee"):
+        for t in settings.hetero_types:
+            cell = _fewest_gpus(latency, kind, t, exit_ramp, target_ips, settings)
+            rows.append({"system": kind, "gpu": t, **(cell.to_dict() if cell else {"cluster": "-"}),
+                         "reaches": cell is not None})
+            if progress:
+                progress(f"{kind} on {t}: {rows[-1]['cluster']}")
+    return {"target_ips": target_ips, "batch": settings.hetero_batch, "rows": rows}
+
+
+# -- tables, document, plot ---------------------------------------------------------------------------------
+
+def _f(x: float, spec: str = ",.0f") -> str:
+    return "-" if x is None or not math.isfinite(x) else format(x, spec)
+
+
+def _by(cells: Sequence[Mapping], system: str, batch: int) -> Mapping | None:
+    return next((c for c in cells if c["system"] == system and c["batch"] == batch), None)
+
+
+def _sweep(c: Mapping | None) -> str:
+    return "-" if not c else " → ".join(f"{g / 1e3:,.0f}k" for _, g in c["sweep"])
+
+
+def batch_table(cells: Sequence[Mapping], cluster: str) -> str:
+    """(1)'s table: goodput (inputs/s, MODELLED GPUs, simulated) per request size, ratios, the sweep that
+    shows saturation."""
+    out = ["| inputs/request | E3 | stock | naive EE | E3 / EE | E3 / stock | E3 sweep (inputs in flight doubling) "
+           "| stock sweep | EE sweep | stock config | EE config |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for batch in sorted({c["batch"] for c in cells}):
+        e3, st, ee = (_by(cells, s, batch) for s in ("e3", "stock", "ee"))
+        g = [c["goodput_ips"] if c else float("nan") for c in (e3, st, ee)]
+        out.append(f"| {batch} | {_f(g[0])} | {_f(g[1])} | {_f(g[2])} | "
+                   f"{_f(g[0] / g[2] if g[2] else math.nan, '.2f')}x | {_f(g[0] / g[1] if g[1] else math.nan, '.2f')}x | "
+                   f"{_sweep(e3)} | {_sweep(st)} | {_sweep(ee)} | {st['config'] if st else '-'} | "
+                   f"{ee['config'] if ee else '-'} |")
+    return "\n".join(out) + f"\n\n{MODELLED} GPU profiles ({cluster}), simulated; inputs/s within the SLO."
+
+
+def heterogeneity_table(doc: Mapping) -> str:
+    """(2a)'s table: one line per cluster at the budget."""
+    out = ["| cluster (MODELLED) | $/hour | E3 | stock | naive EE | E3 plan |", "| --- | --- | --- | --- | --- | --- |"]
+    for row in doc["rows"]:
+        c = {x["system"]: x for x in row["cells"]}
+        out.append(f"| {row['cluster']} | {row['cost_per_hour']:.2f} | {_f(c['e3']['goodput_ips'])} | "
+                   f"{_f(c['stock']['goodput_ips']) if 'stock' in c else 'n/a'} | "
+                   f"{_f(c['ee']['goodput_ips']) if 'ee' in c else 'n/a'} | {c['e3']['config']} |")
+    return "\n".join(out)
+
+
+def cost_table(doc: Mapping) -> str:
+    """(2b)'s table: the cheapest cluster per system (and GPU type for the baselines)."""
+    out = ["| system | GPU type | cheapest cluster (MODELLED) | $/hour | simulated goodput | reaches target |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for r in doc["rows"]:
+        out.append(f"| {r['system']} | {r['gpu']} | {r.get('cluster', '-')} | {_f(r.get('cost_per_hour', math.nan), '.2f')} | "
+                   f"{_f(r.get('goodput_ips', math.nan))} | {'yes' if r.get('reaches') else 'no'} |")
+    return "\n".join(out)
+
+
+def results_document(settings: GpuSimSettings, latency: LatencyProfile, cells: Sequence[Cell], plan: Plan,
+                     hetero: Mapping | None, cost: Mapping | None, **extra) -> dict:
+    """``artifacts/results/gpu_sim.json``: every figure, with MODELLED and the profile's source."""
+    ratios = {}
+    for batch in settings.batches:
+        e3, st, ee = (next((c for c in cells if c.system == s and c.batch == batch), None) for s in ("e3", "stock", "ee"))
+        if e3 and st and ee:
+            ratios[str(batch)] = {"e3_over_ee": e3.goodput_ips / ee.goodput_ips if ee.goodput_ips else None,
+                                  "e3_over_stock": e3.goodput_ips / st.goodput_ips if st.goodput_ips else None}
+    return {"label": MODELLED, "profile_source": latency.source, "model": latency.model,
+            "settings": asdict(settings), "plan": plan.to_dict(), "goodput_vs_batch": [c.to_dict() for c in cells],
+            "ratios": ratios, "heterogeneity": hetero, "cost_at_goodput": cost, **extra}
+
+
+def plot_goodput(cells: Sequence[Mapping], title: str, path) -> None:
+    """(1)'s PNG: goodput against inputs per request, one line per system, MODELLED in the title."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for system, label in (("e3", "E3"), ("stock", "stock"), ("ee", "naive EE")):
+        pts = sorted((c["batch"], c["goodput_ips"]) for c in cells if c["system"] == system)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] / 1e3 for p in pts], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("inputs per request")
+    ax.set_ylabel("goodput (thousand inputs/s)")
+    ax.set_title(f"{MODELLED}: {title}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
