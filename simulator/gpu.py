@@ -157,20 +157,22 @@ def plan_for(latency: LatencyProfile, batch_profile: BatchProfile, devices: Mapp
 
 
 def with_link(latency: LatencyProfile, gbit_s: float, *, modelled_gbit_s: float = 25.0,
-              fixed_ms: float = 0.2) -> LatencyProfile:
+              fixed_ms: float = 0.2, new_fixed_ms: float | None = None) -> LatencyProfile:
     """``latency`` with its hops (``tx_ms``, ``tx_in_ms``) re-priced for a link of ``gbit_s`` instead of the
     modelled ``modelled_gbit_s`` (:mod:`e3.export.modelled_profile` step 5: ``fixed_ms`` + bytes / bandwidth,
-    so the bytes term scales by ``modelled_gbit_s / gbit_s``). Pure; for the hop sensitivity."""
+    so the bytes term scales by ``modelled_gbit_s / gbit_s``) and, when given, a fixed part of
+    ``new_fixed_ms``. Pure; for the hop sensitivity."""
     import copy
     scale = modelled_gbit_s / gbit_s
+    fixed_out = fixed_ms if new_fixed_ms is None else new_fixed_ms
 
     def rescale(curves: Mapping[str, list[float]]) -> dict[str, list[float]]:
-        return {d: [fixed_ms + (x - fixed_ms) * scale for x in ys] for d, ys in curves.items()}
+        return {d: [fixed_out + (x - fixed_ms) * scale for x in ys] for d, ys in curves.items()}
 
     out = copy.deepcopy(latency)
     out.tx_ms = rescale(latency.tx_ms)
     out.tx_in_ms = rescale(latency.tx_in_ms)
-    out.source = f"{latency.source}; hops re-priced at {gbit_s:g} Gbit/s"
+    out.source = f"{latency.source}; hops re-priced at {fixed_out:g} ms + bytes at {gbit_s:g} Gbit/s"
     return out
 
 
