@@ -11,6 +11,7 @@ from e3.gpu_bench import BEGIN, replace_gpu_section
 from e3.simulator.des import Arrivals, CallCosts, SimResult, simulate_baseline
 from e3.simulator.des import Baseline
 from e3.simulator.gpu import (MODELLED, Cell, GpuSimSettings, batch_table, best_baseline, clusters_at_budget,
+                              cost_at_goodput,
                               cost_table, gpu_call_costs, heterogeneity_table, plan_for, plot_goodput,
                               results_document, saturate, simulate_e3, with_link)
 
@@ -31,34 +32,33 @@ def gpu_profile(block_ms: float = 1.0, router_ms: float = 0.0, tx_fixed_ms: floa
         devices={"g1": DeviceConfig("g1", 3.0, modelled=True), "g2": DeviceConfig("g2", 1.0, modelled=True)},
         block_ms={"g1": fast["block"], "g2": slow["block"]}, ramp_ms={"g1": fast["ramp"], "g2": slow["ramp"]},
         tx_ms={"g1": tx, "g2": tx}, spread_ms={}, source="synthetic (test)", tx_in_ms={"g1": tx, "g2": tx},
-        check_ms={"g1": [0.02] * len(BATCHES), "g2": [0.02] * len(BATCHES)},
+        check_ms={"g1": [0.2] * len(BATCHES), "g2": [0.2] * len(BATCHES)},
         router_ms={"g1": [router_ms] * len(BATCHES), "g2": [router_ms] * len(BATCHES)})
 
 
 def exits(n=512, seed=0) -> tuple[np.ndarray, BatchProfile]:
-    """Half of the inputs leave at ramp 1, a quarter at ramp 2, the rest at the head."""
+    """Exactly half of the inputs leave at ramp 1, a quarter at ramp 2, the rest at the head (shuffled)."""
     rng = np.random.default_rng(seed)
-    u = rng.random(n)
-    ex = np.where(u < 0.5, 1, np.where(u < 0.75, 2, L))
+    ex = rng.permutation(np.repeat([1, 2, L], [n // 2, n // 4, n - n // 2 - n // 4]))
     reach = [float(np.mean(ex >= k)) for k in range(1, L + 1)]
     return ex, BatchProfile(model="toy", batch_size=8, reach=reach)
 
 
-SMALL = GpuSimSettings(device="g1", gpus=4, batches=(8,), slo_ms=200.0, inflight_start=128, max_doublings=2,
+SMALL = GpuSimSettings(device="g1", gpus=8, batches=(8,), slo_ms=200.0, inflight_start=512, max_doublings=3,
                        min_requests=200, max_batch_grid=(64,), delay_grid_us=(0,))
 
 
 def test_where_batching_pays_e3_beats_naive_early_exit_and_stock_at_batch_8():
     lat = gpu_profile()
     ex, bp = exits()
-    plan = plan_for(lat, bp, {"g1": 4}, SMALL)
+    plan = plan_for(lat, bp, {"g1": 8}, SMALL)
     e3 = simulate_e3(lat, plan, ex, 8, SMALL)
-    ee = best_baseline(lat, "ee", "g1", 4, ex, 8, SMALL)
-    stock = best_baseline(lat, "stock", "g1", 4, ex, 8, SMALL)
+    ee = best_baseline(lat, "ee", "g1", 8, ex, 8, SMALL)
+    stock = best_baseline(lat, "stock", "g1", 8, ex, 8, SMALL)
     # the ideal here: stock runs 4 blocks per batch, E3 1 + 0.5 + 0.25 + 0.25 = 2 blocks per input batch
     assert e3.goodput_ips > 1.3 * ee.goodput_ips
     assert e3.goodput_ips > 1.3 * stock.goodput_ips
-    assert e3.cluster == "4 x g1" and e3.cost_per_hour == pytest.approx(12.0)
+    assert e3.cluster == "8 x g1" and e3.cost_per_hour == pytest.approx(24.0)
     # every level of the sweep is kept, and the best is the one reported
     assert len(e3.sweep) >= 2 and e3.goodput_ips == pytest.approx(max(g for _, g in e3.sweep))
 
@@ -66,9 +66,9 @@ def test_where_batching_pays_e3_beats_naive_early_exit_and_stock_at_batch_8():
 def test_a_router_slower_than_the_blocks_takes_that_advantage_away():
     lat = gpu_profile(router_ms=3.0)
     ex, bp = exits()
-    plan = plan_for(lat, bp, {"g1": 4}, SMALL)
+    plan = plan_for(lat, bp, {"g1": 8}, SMALL)
     e3 = simulate_e3(lat, plan, ex, 8, SMALL)
-    ee = best_baseline(lat, "ee", "g1", 4, ex, 8, SMALL)
+    ee = best_baseline(lat, "ee", "g1", 8, ex, 8, SMALL)
     assert e3.goodput_ips < ee.goodput_ips
 
 
@@ -130,16 +130,16 @@ def test_tables_and_document_say_modelled_and_carry_the_ratios():
     assert MODELLED in table
     lat = gpu_profile()
     ex, bp = exits()
-    plan = plan_for(lat, bp, {"g1": 4}, SMALL)
+    plan = plan_for(lat, bp, {"g1": 8}, SMALL)
     doc = results_document(SMALL, lat, cells, plan, None, None, commit="abc")
     assert doc["label"] == MODELLED and doc["ratios"]["8"] == {"e3_over_ee": 1.5, "e3_over_stock": 2.0}
     hetero = {"rows": [{"cluster": "4 x g1", "cost_per_hour": 12.0, "cells": [c.to_dict() for c in cells]},
                        {"cluster": "2 x g1 + 6 x g2", "cost_per_hour": 12.0, "cells": [cells[0].to_dict()]}]}
     text = heterogeneity_table(hetero)
-    assert "MODELLED" in text and "| 2 x g1 + 6 x g2 | 12.00 | 300 | n/a | n/a |" in text
+    assert "MODELLED" in text and "| 2 x g1 + 6 x g2 | 12.00 | 300* | n/a | n/a |" in text and "| 4 x g1 | 12.00 | 300* | 150* | 200* |" in text
     cost = cost_table({"rows": [{"system": "e3", "gpu": "any", **cells[0].to_dict(), "reaches": True},
                                 {"system": "stock", "gpu": "g2", "cluster": "-", "reaches": False}]})
-    assert "| e3 | any | 4 x g1 | 12.00 | 300 | yes |" in cost and "| stock | g2 | - | - | - | no |" in cost
+    assert "| e3 | any | 4 x g1 | 12.00 | 300 | yes | - |" in cost and "| stock | g2 | - | - | - | no | - |" in cost
 
 
 def test_the_section_is_replaced_between_its_markers_only(tmp_path):
@@ -152,3 +152,23 @@ def test_the_section_is_replaced_between_its_markers_only(tmp_path):
     png = tmp_path / "g.png"
     plot_goodput([c.to_dict() for c in _cells()], "toy", png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cost_at_goodput_finds_clusters_that_reach_the_target_and_e3_is_cheapest_where_batching_pays():
+    lat = gpu_profile()
+    ex, bp = exits()
+    settings = GpuSimSettings(**{**SMALL.__dict__, "hetero_types": ("g1", "g2"), "max_per_type": 16})
+    e3_on_8 = simulate_e3(lat, plan_for(lat, bp, {"g1": 8}, settings), ex, 8, settings)
+    target = 0.5 * e3_on_8.goodput_ips
+    doc = cost_at_goodput(lat, bp, ex, target, settings)
+    rows = {(r["system"], r["gpu"]): r for r in doc["rows"]}
+    reached = {k: r for k, r in rows.items() if r["reaches"]}
+    assert ("e3", "any") in reached and ("stock", "g1") in reached and ("stock", "g2") in reached
+    assert all(r["goodput_ips"] >= target for r in reached.values())
+    assert all(r["cluster"] == "-" for r in rows.values() if not r["reaches"])   # none within max_per_type
+    e3_cost = rows[("e3", "any")]["cost_per_hour"]
+    assert e3_cost < min(r["cost_per_hour"] for (system, _), r in reached.items() if system != "e3")
+    # a baseline's cluster is the fewest GPUs: one fewer does not reach the target
+    stock = rows[("stock", "g1")]
+    n = int(stock["cluster"].split(" x ")[0])
+    assert n == 1 or best_baseline(lat, "stock", "g1", n - 1, ex, 8, settings).goodput_ips < target
