@@ -40,7 +40,7 @@ import triton_python_backend_utils as pb_utils
 from e3.generation.engine import EngineSpec, GenerationEngine, GenRequest
 from e3.generation.exegpt.scheduler import ReplanPolicy, RraSchedule, RraScheduler
 from e3.generation.exegpt.workload import LayerProfile, LengthDistribution
-from e3.serving.generate_router import _runner, _scalar, prompt_of
+from e3.serving.generate_router import InboxFrontDoor, _runner, _scalar, prompt_of
 from e3.serving.triton_io import error_response, model_parameters, tensor_response
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def scheduler_from_doc(doc: dict) -> RraScheduler:
                         RraSchedule(*pinned) if pinned else None)
 
 
-class TritonPythonModel:
+class TritonPythonModel(InboxFrontDoor):
     def initialize(self, args):
         _, params = model_parameters(args)
         self.spec = EngineSpec.from_dict(json.loads(params["engine"]))
@@ -87,14 +87,7 @@ class TritonPythonModel:
         return self._families[-1]
 
     def finalize(self):
-        self.stopping.set()
-        self.inbox.put(None)
-        self.loop.join(timeout=10)
-
-    def execute(self, requests):
-        for request in requests:
-            self.inbox.put(request)
-        return None
+        self.stop_loop()
 
     # -- engine thread -------------------------------------------------------------------------------
     def _publish(self) -> None:

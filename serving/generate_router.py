@@ -58,6 +58,21 @@ def _scalar(request, name: str, default):
     return v.decode("utf-8") if isinstance(v, bytes) else v.item()
 
 
+class InboxFrontDoor:
+    """What the generation front doors share: ``execute`` only queues requests for the engine thread
+    (``self.inbox``, ``self.loop``, ``self.stopping`` are the subclass's) and returns; :meth:`stop_loop` ends it."""
+
+    def execute(self, requests):
+        for request in requests:
+            self.inbox.put(request)
+        return None
+
+    def stop_loop(self) -> None:
+        self.stopping.set()
+        self.inbox.put(None)
+        self.loop.join(timeout=10)
+
+
 def prompt_of(request, tokenizer) -> list[int]:
     """The request's prompt as token ids: its ``input_ids`` (INT64 [n]) or its ``text`` (BYTES [1], tokenized with
     ``tokenizer``, no template added). ValueError naming the problem otherwise."""
@@ -79,7 +94,7 @@ def prompt_of(request, tokenizer) -> list[int]:
     return tokenizer.encode(s).ids
 
 
-class TritonPythonModel:
+class TritonPythonModel(InboxFrontDoor):
     def initialize(self, args):
         _, params = model_parameters(args)
         self.spec = EngineSpec.from_dict(json.loads(params["engine"]))
@@ -96,14 +111,7 @@ class TritonPythonModel:
         self.loop.start()
 
     def finalize(self):
-        self.stopping.set()
-        self.inbox.put(None)
-        self.loop.join(timeout=10)
-
-    def execute(self, requests):
-        for request in requests:
-            self.inbox.put(request)
-        return None
+        self.stop_loop()
 
     # -- engine thread -------------------------------------------------------------------------------
     def _parse(self, request) -> GenRequest:

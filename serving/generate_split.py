@@ -20,7 +20,7 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
-from e3.generation.kv_store import STORE_INPUTS, KvStore
+from e3.generation.kv_store import KvStore
 from e3.serving.session import make_session
 from e3.serving.triton_io import error_response, io_specs, model_parameters, tensor_response
 

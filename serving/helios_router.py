@@ -48,7 +48,7 @@ import triton_python_backend_utils as pb_utils
 
 from e3.controller.helios import Candidate, HeliosController, HeliosSettings
 from e3.generation.engine import EngineSpec, GenerationEngine, GenRequest
-from e3.serving.generate_router import _runner, _scalar, prompt_of
+from e3.serving.generate_router import InboxFrontDoor, _runner, _scalar, prompt_of
 from e3.serving.triton_io import error_response, model_parameters, tensor_response
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def config_models(spec: EngineSpec) -> list[str]:
             + [kvfill_name(spec.model, b + 1, L) for _, b in spec.ranges[:-1]])
 
 
-class TritonPythonModel:
+class TritonPythonModel(InboxFrontDoor):
     def initialize(self, args):
         _, params = model_parameters(args)
         doc = json.loads(params["helios"])
@@ -114,9 +114,7 @@ class TritonPythonModel:
     def finalize(self):
         """Stop the engine thread, then answer whatever is still waiting or running with an error (an accepted
         request never goes unanswered)."""
-        self.stopping.set()
-        self.inbox.put(None)
-        self.loop.join(timeout=10)
+        self.stop_loop()
         if self.loop.is_alive():
             return                                      # the thread still owns the requests
         handles = [r.request_id for r in self.waiting]
@@ -135,11 +133,6 @@ class TritonPythonModel:
                                                   flags=FINAL)
             except Exception:
                 log.exception("could not answer a request at unload")
-
-    def execute(self, requests):
-        for request in requests:
-            self.inbox.put(request)
-        return None
 
     # -- parsing -------------------------------------------------------------------------------------
     def _parse(self, request) -> GenRequest | None:
