@@ -101,7 +101,7 @@ class LayerProfile:
         def line(xs, ys):
             if len(xs) < 2:
                 return ys
-            n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
             sxx = sum((x - mx) ** 2 for x in xs)
             b = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx, 0.0) if sxx else 0.0
             a = max(my - b * mx, 0.0)
