@@ -88,3 +88,22 @@ def binary_request(ids: np.ndarray, mask: np.ndarray) -> tuple[bytes, dict]:
         {"name": "attention_mask", "shape": list(mask.shape), "datatype": "INT64",
          "parameters": {"binary_data_size": mask.nbytes}}]}).encode()
     return header + ids.tobytes() + mask.tobytes(), {"Inference-Header-Content-Length": str(len(header))}
+
+
+def json_request(ids: np.ndarray, mask: np.ndarray) -> str:
+    """A JSON-protocol infer body for ``input_ids`` / ``attention_mask`` (INT64, batch-first)."""
+    import json
+    return json.dumps({"inputs": [
+        {"name": "input_ids", "shape": list(ids.shape), "datatype": "INT64", "data": ids.reshape(-1).tolist()},
+        {"name": "attention_mask", "shape": list(mask.shape), "datatype": "INT64", "data": mask.reshape(-1).tolist()}]})
+
+
+def post_until(port: int, model: str, body: str, stop, outcomes: list) -> None:
+    """Send ``body`` to ``model`` on one connection until ``stop`` (a threading.Event) is set, appending
+    ``(HTTP status, response text)`` per request to ``outcomes`` (a load thread's loop)."""
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    while not stop.is_set():
+        conn.request("POST", f"/v2/models/{model}/infer", body=body)
+        r = conn.getresponse()
+        outcomes.append((r.status, r.read().decode(errors="replace")))

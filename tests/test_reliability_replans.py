@@ -9,7 +9,6 @@ switches, and unloads old ones after; unloading is left out here to keep the run
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import threading
@@ -19,7 +18,7 @@ import pytest
 
 from e3.controller.triton_api import TritonControl
 from e3.core.plan import default_plan
-from helpers import serving_every_range
+from helpers import json_request, post_until, serving_every_range
 
 pytestmark = [pytest.mark.e2e, pytest.mark.reliability,
               pytest.mark.skipif(not os.environ.get("E3_RELIABILITY"), reason="a few minutes: make reliability")]
@@ -33,18 +32,12 @@ def test_one_hundred_replans_changing_cuts_under_load_fail_no_request(tmp_path_f
     plans = [default_plan("tiny_ee", card.num_blocks, layout, card.exit_rule, card.ramp_blocks, batch_size=4)
              for layout in LAYOUTS]
     ids, mask = (x.numpy() for x in tiny_model.example_inputs(3, seed=5))
-    body = json.dumps({"inputs": [
-        {"name": "input_ids", "shape": [3, 16], "datatype": "INT64", "data": ids.reshape(-1).tolist()},
-        {"name": "attention_mask", "shape": [3, 16], "datatype": "INT64", "data": mask.reshape(-1).tolist()}]})
+    body = json_request(ids, mask)
     outcomes: list[tuple[int, str]] = []
     stop = threading.Event()
 
     def client(port: int):
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        while not stop.is_set():
-            conn.request("POST", f"/v2/models/{ROUTER}/infer", body=body)
-            r = conn.getresponse()
-            outcomes.append((r.status, r.read().decode(errors="replace")))
+        post_until(port, ROUTER, body, stop, outcomes)
 
     with serving_every_range(tmp_path_factory, "replans") as server, TritonControl(server.http_url) as control:
         for plan in plans:

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from e3.controller.triton_api import TritonControl
-from helpers import serving
+from helpers import json_request, post_until, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.reliability,
               pytest.mark.skipif(not os.environ.get("E3_RELIABILITY"), reason="about a minute: make reliability")]
@@ -27,18 +27,12 @@ THREADS = 16
 
 def test_resizing_every_split_under_16_clients_fails_no_request(tiny_repo, tiny_model):
     ids, mask = (x.numpy() for x in tiny_model.example_inputs(4, seed=21))
-    body = json.dumps({"inputs": [
-        {"name": "input_ids", "shape": [4, 16], "datatype": "INT64", "data": ids.reshape(-1).tolist()},
-        {"name": "attention_mask", "shape": [4, 16], "datatype": "INT64", "data": mask.reshape(-1).tolist()}]})
+    body = json_request(ids, mask)
     outcomes: list[tuple[int, str]] = []
     stop = threading.Event()
 
     def client(port: int):
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        while not stop.is_set():
-            conn.request("POST", f"/v2/models/{ROUTER}/infer", body=body)
-            r = conn.getresponse()
-            outcomes.append((r.status, r.read().decode(errors="replace")))
+        post_until(port, ROUTER, body, stop, outcomes)
 
     with serving(tiny_repo, [*SPLITS, ROUTER], name="resize") as server, TritonControl(server.http_url) as control:
         expected = json.loads(_one(server.http_port, body))["outputs"]
