@@ -1,10 +1,15 @@
 """Write an elastic admission stage (E²bird) in front of a model already in the repository.
 
-``write_admission(repo, "bert_ee_stock", policy)`` adds ``bert_ee_stock_admission``:
-the fronted model's ONNX file (copied: the stage runs it in its own workers,
-one copy of the weights shared by all of them), its inputs and outputs, one
-instance, no Triton batcher (the stage forms its own batches), the policy in
-the ``policy`` parameter. Any model served from one ``model.onnx`` works: a
+``write_admission(repo, "bert_ee_stock", policy)`` adds ``bert_ee_stock_admission``
+(the stage: the fronted model's inputs and outputs, one instance, no Triton
+batcher, since the stage forms its own batches; the policy in the ``policy``
+parameter) and ``bert_ee_stock_admission_workers``: the fronted model's ONNX
+file (copied) served by ``worker_processes`` Triton instances of one intra-op
+thread each, no batcher, on which the stage runs its workers' batches (BLS).
+With ``worker_processes=None`` the stage holds the ONNX file and runs its
+workers as threads of its own process on one shared session (one copy of the
+weights, as the paper shares them; measured slower on 2 cores, see
+:mod:`e3.serving.elastic`). Any model served from one ``model.onnx`` works: a
 stock model, or split 1 of a plan (``<m>_split_1-<k>``).
 """
 
@@ -30,12 +35,17 @@ from e3.serving.admission import (PROFILED_TOTALS, best_worker_sets, engine_for,
                                   worker_sets)
 from e3.serving.session import make_session
 
-__all__ = ["admission_name", "write_admission", "profile_admission", "naive_engine"]
+__all__ = ["admission_name", "workers_name", "write_admission", "profile_admission", "naive_engine"]
 
 
 def admission_name(fronted: str) -> str:
     """``<fronted>_admission``: the stage in front of Triton model ``fronted``."""
     return f"{fronted}_admission"
+
+
+def workers_name(stage: str) -> str:
+    """``<stage>_workers``: the model whose instances run the stage's batches."""
+    return f"{stage}_workers"
 
 
 def _specs(tensors) -> tuple[TensorSpec, ...]:
@@ -45,14 +55,21 @@ def _specs(tensors) -> tuple[TensorSpec, ...]:
 
 
 def write_admission(repo: str | Path, fronted: str, policy: Mapping[str, Any], name: str | None = None,
-                    intra_op_threads: int = 1) -> str:
+                    intra_op_threads: int = 1, worker_processes: int | None = 2) -> str:
     """Add the admission stage in front of ``fronted`` (a model of ``repo`` with ``1/model.onnx``);
     ``policy``: ``{"kind": "n-ebird"|"e-ebird", "engine": [...], "max_inflight": n, "confs": {...}}``,
-    checked here. Returns the stage's name."""
+    checked here. ``worker_processes``: Triton instances (of ``intra_op_threads`` threads each) of
+    ``<name>_workers``, which run the workers' batches; the policy's ``slots`` (workers running at once)
+    is set to it. None: the workers are threads of the stage (no workers' model). Returns the stage's
+    name; serve it with :func:`workers_name` of it (the stage loads that itself if it is not loaded)."""
     repo = Path(repo)
     name = name or admission_name(fronted)
+    if worker_processes is not None:
+        if worker_processes < 1:
+            raise ValueError(f"worker_processes must be >= 1, got {worker_processes}")
+        policy = {**policy, "slots": worker_processes}
     make_policy(policy["kind"], engine=policy.get("engine"), max_inflight=policy.get("max_inflight"),
-                confs=policy.get("confs"))   # refuse a malformed policy before writing anything
+                confs=policy.get("confs"), slots=policy.get("slots"))   # refuse a malformed policy first
     src = repo / fronted
     onnx = src / "1" / "model.onnx"
     if not (src / "config.pbtxt").exists():
@@ -63,17 +80,31 @@ def write_admission(repo: str | Path, fronted: str, policy: Mapping[str, Any], n
     cfg = parse_config((src / "config.pbtxt").read_text())
     manifest = read_manifest(repo)
     _check_owned(repo, name, manifest)
+    workers = workers_name(name) if worker_processes is not None else None
+    params = {"policy": json.dumps(dict(policy), sort_keys=True), "intra_op_threads": str(intra_op_threads)}
+    if workers is not None:
+        _check_owned(repo, workers, manifest)
+        params["workers_model"] = workers
+        wdesc = ModelDescription(name=workers, kind="python", max_batch_size=cfg.max_batch_size,
+                                 inputs=_specs(cfg.input), outputs=_specs(cfg.output), instances=worker_processes,
+                                 dynamic_batching=None, parameters={"intra_op_threads": str(intra_op_threads)})
+        with _staging(repo, workers) as tmp:
+            (tmp / "1").mkdir(parents=True)
+            shutil.copyfile(onnx, tmp / "1" / "model.onnx")
+            _write_model_py(tmp, "e3.serving.split")
+            write_atomic(tmp / "config.pbtxt", render_config(wdesc, "embedded"))
+        manifest["models"][workers] = {"kind": "admission-workers", "model": fronted, "target": "embedded"}
     desc = ModelDescription(name=name, kind="python", max_batch_size=cfg.max_batch_size,
                             inputs=_specs(cfg.input), outputs=_specs(cfg.output), instances=1,
-                            dynamic_batching=None,
-                            parameters={"policy": json.dumps(dict(policy), sort_keys=True),
-                                        "intra_op_threads": str(intra_op_threads)})
+                            dynamic_batching=None, parameters=params)
     with _staging(repo, name) as tmp:
         (tmp / "1").mkdir(parents=True)
-        shutil.copyfile(onnx, tmp / "1" / "model.onnx")
+        if workers is None:
+            shutil.copyfile(onnx, tmp / "1" / "model.onnx")
         _write_model_py(tmp, "e3.serving.elastic")
         write_atomic(tmp / "config.pbtxt", render_config(desc, "embedded"))
-    manifest["models"][name] = {"kind": "admission", "model": fronted, "target": "embedded"}
+    manifest["models"][name] = {"kind": "admission", "model": fronted, "target": "embedded",
+                                **({"workers": workers} if workers else {})}
     write_manifest(repo, manifest)
     return name
 

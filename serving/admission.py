@@ -37,6 +37,14 @@ Decisions where the paper is silent or wrong, written down:
 * **Which inputs.** Workers take staged inputs in arrival order; one request's
   rows may go to several workers, and the request is answered when its last
   row is done.
+* **Slots.** A worker is a role (a batch granularity), not a process: the
+  stage runs every launched batch on one of ``slots`` worker processes (Triton
+  instances of one intra-op thread each, :mod:`e3.serving.elastic`). At most
+  ``slots`` workers run at once; the paper runs every worker of a set on its
+  own CUDA stream of one GPU, whose spare parallelism a CPU of ``slots`` cores
+  does not have: a launch beyond the slots would only wait in a queue, with
+  its batch size fixed while fewer inputs were staged. ``slots=None`` (the
+  paper) leaves concurrency to the engine.
 """
 
 from __future__ import annotations
@@ -58,12 +66,15 @@ class ElasticPolicy:
     """The pool of workers and what is in flight. ``launch`` is the scheduler's one step."""
     engine: tuple[int, ...]             # batch size of every worker (its granularity), index = worker id
     max_inflight: int                   # MaxInf: inputs in flight at most
+    slots: int | None = None            # workers running at once at most (processes); None: no cap
     busy: set[int] = field(default_factory=set)   # ids of workers running a batch
     inflight: int = 0                   # CurInf: inputs being computed
 
     def __post_init__(self) -> None:
         if not self.engine or any(b < 1 or b & (b - 1) for b in self.engine):
             raise ValueError(f"worker batch sizes must be powers of two >= 1, got {list(self.engine)}")
+        if self.slots is not None and self.slots < 1:
+            raise ValueError(f"slots must be >= 1 (worker processes), got {self.slots}")
         if self.max_inflight < min(self.engine):
             raise ValueError(f"max_inflight {self.max_inflight} is below the smallest worker's batch "
                              f"{min(self.engine)}: nothing could ever run")
@@ -80,7 +91,7 @@ class ElasticPolicy:
                       key=lambda w: (-self.engine[w], w))
         launched = []
         for w in idle:               # largest first; after a launch, the next that still fits
-            if room <= 0:
+            if room <= 0 or (self.slots is not None and len(self.busy) >= self.slots):
                 break
             size = self.engine[w]
             if size <= room:
@@ -138,18 +149,18 @@ POLICIES = ("n-ebird", "e-ebird")
 
 
 def make_policy(kind: str, *, engine: Sequence[int] | None = None, max_inflight: int | None = None,
-                confs: Mapping[int, Sequence[int]] | None = None) -> ElasticPolicy:
+                confs: Mapping[int, Sequence[int]] | None = None, slots: int | None = None) -> ElasticPolicy:
     """``n-ebird`` (engine default :data:`NAIVE_ENGINE`, MaxInf default twice its largest worker, the
     paper's 32) or ``e-ebird`` (``confs`` required; engine default :func:`engine_for` them, MaxInf
-    default their largest TotalBS)."""
+    default their largest TotalBS); ``slots``: workers running at once at most (None: no cap)."""
     if kind == "n-ebird":
         engine = tuple(engine or NAIVE_ENGINE)
-        return NEbird(engine, max_inflight or 2 * max(engine))
+        return NEbird(engine, max_inflight or 2 * max(engine), slots)
     if kind == "e-ebird":
         if not confs:
-            raise ValueError("e-ebird needs its offline configurations: run `e3 admission profile`")
+            raise ValueError("e-ebird needs its offline configurations: run `e3 admission` (it profiles them)")
         confs = {int(t): tuple(int(b) for b in w) for t, w in confs.items()}
-        return EEbird(tuple(engine or engine_for(confs)), max_inflight or max(confs), confs=confs)
+        return EEbird(tuple(engine or engine_for(confs)), max_inflight or max(confs), slots, confs=confs)
     raise ValueError(f"unknown admission policy {kind!r}: choose one of {', '.join(POLICIES)}")
 
 

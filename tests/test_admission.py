@@ -106,3 +106,16 @@ def test_max_batch_for_qos_leaves_room_for_one_batch_ahead():
     assert max_batch_for_qos(latency, 100.0) == 16
     with pytest.raises(ValueError, match="no batch meets the QoS target"):
         max_batch_for_qos(latency, 9.0)
+
+
+def test_slots_cap_the_workers_running_at_once_and_a_freed_slot_takes_what_is_staged_then():
+    policy = NEbird(NAIVE_ENGINE, 32, slots=2)
+    assert [s for _, s in policy.launch(31)] == [16, 8]             # two processes: two batches, the rest waits
+    assert policy.launch(31) == []                                  # both slots busy, room or not
+    policy.done(sorted(policy.busy)[0])                             # the worker of 8 finished
+    assert [s for _, s in policy.launch(7)] == [4]                  # one slot free: one batch, the 4 of 7
+    e = EEbird((8, 8, 4, 4, 2, 2, 1), 16, slots=2, confs={4: (2, 2), 8: (4, 4), 16: (8, 8)})
+    assert sorted(s for _, s in e.launch(16)) == [8, 8] and e.launch(16) == []
+    with pytest.raises(ValueError, match="slots must be >= 1"):
+        NEbird(NAIVE_ENGINE, 32, slots=0)
+    assert make_policy("n-ebird", slots=3).slots == 3

@@ -1,4 +1,5 @@
-"""The elastic admission stage (E²bird) on the real tritonserver, in front of tiny-ee's stock model: under
+"""The elastic admission stage (E²bird) on the real tritonserver, in front of tiny-ee's stock model, its
+workers' batches run on the instances of its workers' model: under
 concurrent requests of mixed sizes, N-Ebird and E-Ebird answer exactly the model's predictions (and
 its logits to float tolerance: a row's batch mates change ONNX Runtime's blocking, not its result beyond
 rounding), bad requests get their own error, and the stage keeps serving."""
@@ -12,7 +13,7 @@ import pytest
 
 from e3.client.sdk import ClientError, E3Client
 from e3.core.rows import request_slices
-from e3.export.admission import write_admission
+from e3.export.admission import workers_name, write_admission
 from e3.export.repository import ExportSettings, export_repository
 from e3.serving.session import make_session
 from helpers import mixed_sizes, serving
@@ -28,7 +29,8 @@ def admission_server(tmp_path_factory):
     export_repository("tiny-ee", None, repo, ExportSettings(), progress=False)
     names = {k: write_admission(repo, "tiny_ee_stock", p, name=f"tiny_ee_stock_admission_{k}")
              for k, p in POLICIES.items()}
-    with serving(repo, ["tiny_ee_stock", *names.values()], name="admission") as server:
+    # the stage of "n" loads its workers' model itself on its first batch; "e"'s is loaded up front
+    with serving(repo, ["tiny_ee_stock", *names.values(), workers_name(names["e"])], name="admission") as server:
         yield server, repo, names
 
 
@@ -54,6 +56,9 @@ def test_answers_through_the_admission_stage_equal_the_models(admission_server, 
     clear = np.abs(np.diff(np.sort(reference, axis=1)[:, -2:], axis=1))[:, 0] > 1e-4
     assert np.array_equal(label[clear], reference.argmax(axis=1)[clear])
     np.testing.assert_allclose(probs, expected, atol=1e-5)
+    # the batches ran in the workers' processes (Triton instances), none in the stage
+    stats = server.model_statistics(workers_name(names[kind]))["model_stats"][0]
+    assert stats["inference_count"] >= len(ids) and stats["execution_count"] < len(ids)
 
 
 def test_a_bad_request_gets_its_own_error_and_the_stage_keeps_serving(admission_server, tiny_model):
