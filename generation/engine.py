@@ -24,6 +24,13 @@ sequences, nothing to re-batch). With ``kv_in_splits`` the splits keep the cache
 (:mod:`e3.generation.kv_store`): calls carry sequence ids and lengths instead of cache slices, and kv fills
 travel to a split with the sequence's next call there.
 
+Two engines can share the work of one sequence (ExeGPT's WAA: an encode worker and a decode worker, each
+with its own split models): :meth:`GenerationEngine.encode` on the first (its splits stateless, the cache
+kept here) admits and prefills without decoding and hands the prefilled sequences out, caches included;
+:meth:`GenerationEngine.adopt` on the second makes them active there. When the second engine's splits keep
+the cache, the prompt's k/v travel as appends with each split's next call for the sequence (the same path as
+CALM's fills), so the hand-over is one copy of the prompt's k/v per split, and no split recomputes it.
+
 The KV cache of each sequence lives here, as ``[L, 2, kv_heads, capacity, head_dim]`` float32, grown by
 doubling; each split call gets its rows' cache slice, right-padded to the longest (``key_valid`` marks it).
 """
@@ -220,6 +227,50 @@ class GenerationEngine:
         self._release(gone)
         return done
 
+    def encode(self) -> tuple[list[_Seq], list[Finished]]:
+        """Admit the waiting requests (up to ``max_active``) and prefill them together, then hand them out: the
+        prefilled sequences (first token chosen, cache filled) leave this engine for another's :meth:`adopt`.
+        Returns (prefilled sequences, failures). The caller must not also :meth:`step` this engine while
+        sequences it should keep are active. Needs ``kv_in_splits`` False (the cache must travel with the
+        sequence)."""
+        if self.spec.kv_in_splits:
+            raise ValueError("encode() hands sequences over with their cache: it needs kv_in_splits False")
+        fresh = self._admit()
+        if not fresh:
+            return [], []
+        self.steps += 1
+        ids = {id(s) for s in fresh}
+        self.active = [s for s in self.active if id(s) not in ids]
+        try:
+            self._prefill(fresh)
+        except Exception as e:   # the batch fails, the engine lives on
+            log.exception("prefill for hand-over failed")
+            now = time.perf_counter()
+            return [], [Finished(s.req.request_id, s.tokens, s.exits, s.first_token_s, now - s.admitted,
+                                 error=f"generation failed: {e}", confidences=s.confs) for s in fresh]
+        return fresh, []
+
+    def adopt(self, seqs: list[_Seq]) -> None:
+        """Make ``seqs``, prefilled by another engine's :meth:`encode`, active here (past ``max_active``: the
+        caller decides admissions); the next :meth:`step` decodes them (or reports those already finished).
+        Each gets a sequence id of this engine. When this engine's splits keep the cache, the prompt's k/v are
+        queued as appends for each split (written at positions [0, prompt) on its next call); otherwise the
+        cache stays with the sequence, as handed over."""
+        L, kvh, d = self.spec.num_layers, self.spec.kv_heads, self.spec.head_dim
+        for s in seqs:
+            if s.kv.shape[3] < max(s.lengths):
+                raise ValueError("adopt() needs sequences whose cache travelled with them (encode() of an "
+                                 "engine whose splits do not keep the cache)")
+            self.next_sid += 1
+            s.sid = self.next_sid
+            s.pending = {}
+            if self.spec.kv_in_splits:
+                for j, (a, b) in enumerate(self.spec.ranges):
+                    if s.lengths[j]:
+                        s.pending[j] = [s.kv[a - 1:b, :, :, :s.lengths[j]].copy()]
+                s.kv = np.zeros((L, 2, kvh, 0, d), np.float32)
+            self.active.append(s)
+
     def _release(self, seqs: list[_Seq]) -> None:
         """Splits that keep caches drop those of finished sequences (best effort: a failure is logged)."""
         if not self.spec.kv_in_splits or not seqs:
@@ -383,14 +434,18 @@ class GenerationEngine:
                   "seq_id": np.array([s.sid for s in seqs], np.int64),
                   "past_len": np.array([s.lengths[j] for s in seqs], np.int64),
                   "new_count": np.array(new_counts, np.int64)}
-        width = max(len(s.pending.get(j, ())) for s in seqs)
+        # pending entries are [n, 2, kvh, c, d]: one position per CALM fill, a whole prompt per hand-over
+        counts = [sum(kv.shape[3] for kv in s.pending.get(j, ())) for s in seqs]
+        width = max(counts)
         if width:
             append = np.zeros((len(seqs), b - a + 1, 2, self.spec.kv_heads, width, self.spec.head_dim), np.float32)
             for i, s in enumerate(seqs):
-                for p, kv in enumerate(s.pending.get(j, ())):
-                    append[i, :, :, :, p] = kv[:, :, :, 0]
+                p = 0
+                for kv in s.pending.get(j, ()):
+                    append[i, :, :, :, p:p + kv.shape[3]] = kv
+                    p += kv.shape[3]
             inputs["append_kv"] = append
-            inputs["append_count"] = np.array([len(s.pending.get(j, ())) for s in seqs], np.int64)
+            inputs["append_count"] = np.array(counts, np.int64)
         t1 = time.perf_counter()
         out = self.run(self.spec.split(j), inputs)
         t2 = time.perf_counter()
