@@ -54,7 +54,8 @@ def _export(args) -> int:
     plan = export_repository(args.model, args.cuts, Path(args.repo), ExportSettings(
         target=args.target, batch_size=args.batch_size, split_instances=args.instances,
         router_instances=args.router_instances, format=args.format, fp16=args.fp16,
-        split_queue_policy=args.split_queue_policy), plan=plan, extra_ranges=extra)
+        split_queue_policy=args.split_queue_policy, max_queue_inputs=args.max_queue_inputs),
+        plan=plan, extra_ranges=extra)
     if extra:
         print(f"pre-exported every block range ({len(extra)} split models) beside the plan's")
     print(f"exported {args.model} into {args.repo}:")
@@ -640,6 +641,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--split-queue-policy", action="store_true",
                    help="give the splits Triton's queue policy that rejects calls whose deadline expired in their "
                         "queue (off by default: it stops Triton's batcher prefetching; measured p99 4x worse)")
+    e.add_argument("--max-queue-inputs", type=int, default=None, metavar="N",
+                   help="bound the router: refuse at once (HTTP 503, counted in e3_rejected_total) a request that "
+                        "would take the inputs it holds (admitted, not yet answered) past N (default: no bound)")
     e.set_defaults(func=_export)
 
     pr = sub.add_parser("profile", help="measure per-block latency (with/without ramp) and Tx; write a "

@@ -65,12 +65,19 @@ class ExportSettings:
     # 541 ms with it against 128, 122, 139 without, and 2,110 against 2,398 inputs/s. Late rows are still
     # dropped by the router's scheduler before dispatch and by its watchdog at the deadline (+50 ms).
     split_queue_policy: bool = False
+    # Most inputs the router holds at once (admitted, not yet answered); a request that would exceed it is
+    # refused at once with HTTP 503 and counted in e3_rejected_total. None: unbounded (the router admits
+    # every request). The router's config parameter max_queue_inputs; kept across plan switches.
+    max_queue_inputs: int | None = None
 
 
 FORMATS = ("onnx", "tensorrt")
 
 
 def _check_settings(settings: ExportSettings) -> None:
+    if settings.max_queue_inputs is not None and settings.max_queue_inputs < 1:
+        raise ExportError(f"max_queue_inputs must be at least 1 (inputs), got {settings.max_queue_inputs}; "
+                          "leave it out for no limit")
     if settings.format not in FORMATS:
         raise ExportError(f"unknown format {settings.format!r}; use one of {', '.join(FORMATS)}")
     if settings.format == "tensorrt":
@@ -213,7 +220,8 @@ def _write_router(model: EarlyExitModel, plan: Plan, name: str, out: Path, setti
         # One instance: its execute only admits requests to its scheduler and returns at once, no reason to
         # hold them; several (inline): requests gather in Triton's queue (Plan.router_queue_delay_us).
         dynamic_batching=DynamicBatching((first.batch_size,), plan.router_queue_delay_us),
-        parameters={"model_card": json.dumps(card.to_dict()), "plan": json.dumps(plan.to_dict(), sort_keys=True)}),
+        parameters={"model_card": json.dumps(card.to_dict()), "plan": json.dumps(plan.to_dict(), sort_keys=True),
+                    **({"max_queue_inputs": str(settings.max_queue_inputs)} if settings.max_queue_inputs else {})}),
         f"{SERVING}.router", settings)
 
 

@@ -46,6 +46,18 @@ dropped (each request has had its one response) and the slot serves again.
 Unloading waits at most ``UNLOAD_WAIT_S`` for stuck calls, then answers
 everything still in flight with an error.
 
+Bounded admission: the model config's string parameter ``max_queue_inputs``
+(``e3 export --max-queue-inputs``; unset: unbounded) caps the inputs of the
+requests admitted and not yet answered. ``execute`` refuses a request that
+would exceed it at once, with UNAVAILABLE (HTTP 503 / gRPC UNAVAILABLE, as
+Triton answers for a full queue) and a message naming the limit, and counts it
+in ``e3_rejected_total`` (requests) and ``e3_rejected_inputs_total``; the
+decision is the scheduler's (:meth:`~e3.serving.scheduler.Scheduler.refusal`).
+It survives plan switches (a switch keeps the config's other parameters).
+With several router instances (inline) each instance bounds its own
+requests, and requests waiting in Triton's queue in front of them are not
+counted.
+
 The plan arrives in the model config's ``plan`` parameter and is validated at
 load; a load with a malformed plan fails and Triton keeps serving the previous
 version. Telemetry: :class:`~e3.serving.router_metrics.RouterMetrics`.
@@ -69,7 +81,7 @@ from e3.core.spec import ModelCard
 from e3.serving.policy import DEADLINE, ERROR, BatchRoute, drop_for
 from e3.serving.remote import RemoteSplit
 from e3.serving.router_metrics import RouterMetrics
-from e3.serving.scheduler import WATCHDOG_GRACE_S, Dispatch, Job, Scheduler, make_queues
+from e3.serving.scheduler import MAX_QUEUE_INPUTS, WATCHDOG_GRACE_S, Dispatch, Job, Scheduler, make_queues, queue_limit
 from e3.serving.triton_io import (BlsTimeout, ResponseSender, bls, error_response, gather, model_parameters,
                                   tensor_response)
 
@@ -117,7 +129,8 @@ class TritonPythonModel:
                                             for i, s in enumerate(self.plan.splits)],
                                            [min(s.instances, n) for s, n in zip(self.plan.splits, slots)]),
                                self.plan.slo_ms / 1e3, self.plan.slack,
-                               float(params.get("watchdog_grace_ms") or WATCHDOG_GRACE_S * 1e3) / 1e3)
+                               float(params.get("watchdog_grace_ms") or WATCHDOG_GRACE_S * 1e3) / 1e3,
+                               queue_limit(params.get(MAX_QUEUE_INPUTS)))
         self.pools = [ThreadPoolExecutor(n, thread_name_prefix=f"e3-{s.model}") for s, n in zip(self.plan.splits, slots)]
         # Inline with one worker per split: the execute thread is that worker (no hand-over per batch).
         self.direct = self.inline and all(n == 1 for n in slots)
@@ -164,12 +177,27 @@ class TritonPythonModel:
                 if response is not None:  # malformed: answered now, the others go on
                     self.outbox.put(request, response)
         handles = {i: (_Inline() if self.inline else requests[i]) for i in got.valid}
+        refused = []   # (request index, inputs, Refusal): over max_queue_inputs, answered at once
         with self.lock:
             for i, rows in zip(got.valid, request_slices(got.sizes)):
                 n = rows.stop - rows.start
+                refusal = self.sched.refusal(n)
+                if refusal is not None:
+                    refused.append((i, n, refusal))
+                    continue
                 job = self.sched.job(handles[i], n, now, self.card.num_classes)
                 self.sched.admit(job, {k: v[rows] for k, v in got.arrays.items()}, self.rule.init_state(n), now)
             dropped = self._pump()
+        for i, n, refusal in refused:
+            # a full router is UNAVAILABLE (HTTP 503, as Triton's full queue); a request that can never fit is
+            # the client's error (400)
+            response = error_response(refusal.message, client_error=refusal.permanent, unavailable=True)
+            self.metrics.rejected(n)
+            if self.inline:
+                del handles[i]
+                got.responses[i] = response
+            else:
+                self.outbox.put(requests[i], response)
         self._answer_failed(dropped, "it would finish after its deadline")
         self.metrics.timing((time.thread_time() - cpu) * 1e6, 0.0)
         if not self.inline:

@@ -35,6 +35,10 @@ class RouterMetrics:
         self._reached = family(telemetry.RAMP_REACHED, "inputs not yet answered when they reached ramp k")
         self._exited = family(telemetry.RAMP_EXITED, "inputs answered at ramp k")
         self._dropped = family(telemetry.DROPPED, "inputs answered with an error")
+        self.rejected_requests = family(telemetry.REJECTED, "requests refused at admission (max_queue_inputs)"
+                                        ).Metric({"model": model})
+        self.rejected_inputs = family(telemetry.REJECTED_INPUTS, "inputs of requests refused at admission"
+                                      ).Metric({"model": model})
         self.overhead = family(telemetry.ROUTER_OVERHEAD_US, "router's own Python work (us)").Metric({"model": model})
         self.bls = family(telemetry.ROUTER_BLS_US, "router time waiting on splits (us)").Metric({"model": model})
         self._plan = family(telemetry.PLAN_INFO, "plan in force", pb_utils.MetricFamily.GAUGE)
@@ -98,6 +102,12 @@ class RouterMetrics:
         from that one thread only: several threads calling into Triton at once are not safe)."""
         self._add(self._labelled(self._dropped, reason=reason), n)
         self._soon.set()
+
+    def rejected(self, n: int) -> None:
+        """Count one request of ``n`` inputs refused at admission (flushed with the others, within
+        ``FLUSH_S``: a storm of refusals must not turn into a storm of calls into Triton)."""
+        self._add(self.rejected_requests, 1)
+        self._add(self.rejected_inputs, n)
 
     def timing(self, overhead_us: float, bls_us: float) -> None:
         self._add(self.overhead, overhead_us)

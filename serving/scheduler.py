@@ -74,6 +74,18 @@ decision is made here, on explicit clocks, so it is tested without a server.
     that; a hang's full length would make the split look slow for many
     batches after).
 
+* **Admission** (:meth:`Scheduler.refusal`): with ``max_queue_inputs`` set
+  (the router's config parameter of that name), a request is refused at once
+  when the inputs the router holds plus its own would exceed it. Held inputs
+  are those of the requests admitted and not yet answered or dropped: a
+  request counts until its one response is decided, as a request counts in
+  Triton's own ``max_queue_size`` until it leaves the queue; inputs, not
+  requests, because the router's work grows with rows. Rows of a request the
+  watchdog dropped stop counting when it is answered (their stuck call keeps
+  its slot, which bounds the work anyway). A request larger than the limit
+  itself could never be admitted: it is refused as the client's error, not
+  as a full queue. Unset (None): every request is admitted, as before.
+
 The deadline counts from the job's arrival at the router. The router's
 ``execute`` only hands rows to this scheduler and returns at once, so Triton's
 queue in front of it stays empty in practice: what is not charged is the
@@ -90,13 +102,14 @@ import numpy as np
 
 from e3.serving.policy import DEADLINE, BatchRoute
 
-__all__ = ["Job", "Row", "SplitQueue", "Dispatch", "Scheduler", "make_queues", "EWMA_ALPHA", "OUTLIER_X",
-           "WARM_BATCHES", "WATCHDOG_GRACE_S"]
+__all__ = ["Job", "Row", "SplitQueue", "Dispatch", "Refusal", "Scheduler", "make_queues", "queue_limit", "EWMA_ALPHA",
+           "OUTLIER_X", "WARM_BATCHES", "WATCHDOG_GRACE_S", "MAX_QUEUE_INPUTS"]
 
 EWMA_ALPHA = 0.1   # decay per batch of the older batches' weight in a split's expected time
 WARM_BATCHES = 5   # batches observed before an observation is clipped
 OUTLIER_X = 4.0    # an observation counts for at most this many times its expected duration
 WATCHDOG_GRACE_S = 0.05   # a running batch's job is dropped this long after its deadline (module docstring)
+MAX_QUEUE_INPUTS = "max_queue_inputs"   # the router's config parameter bounding the inputs it holds
 
 
 @dataclass(eq=False)
@@ -191,27 +204,69 @@ class Dispatch:
     abandoned_at: float | None = None   # when the watchdog first dropped a job of it (its call still running)
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Why a request is not admitted (:meth:`Scheduler.refusal`)."""
+    message: str      # the request's error: names the limit and the counts
+    permanent: bool   # the request alone exceeds the limit (the client's error); else the router is full now
+
+
+def queue_limit(text: str | None) -> int | None:
+    """The router's ``max_queue_inputs`` parameter (a config string) as a limit: None (unbounded) when
+    absent or empty, else a positive integer; anything else raises ValueError naming the parameter."""
+    if text is None or not str(text).strip():
+        return None
+    try:
+        limit = int(str(text).strip())
+    except ValueError:
+        raise ValueError(f"{MAX_QUEUE_INPUTS} must be a positive integer (inputs), got {text!r}") from None
+    if limit < 1:
+        raise ValueError(f"{MAX_QUEUE_INPUTS} must be a positive integer (inputs), got {text!r}; "
+                         f"leave it out for no limit")
+    return limit
+
+
 class Scheduler:
     """The per-split queues of one router (see the module docstring). Not thread-safe: the router
     holds one lock around every call."""
 
     def __init__(self, queues: list[SplitQueue], slo_s: float, slack: float,
-                 watchdog_grace_s: float = WATCHDOG_GRACE_S):
+                 watchdog_grace_s: float = WATCHDOG_GRACE_S, max_queue_inputs: int | None = None):
         if not queues:
             raise ValueError("a scheduler needs at least one split")
+        if max_queue_inputs is not None and max_queue_inputs < 1:
+            raise ValueError(f"max_queue_inputs must be at least 1 (or None: no limit), got {max_queue_inputs}")
         self.queues = queues
         self.slo_s = slo_s
         self.slack = slack
         self.grace_s = watchdog_grace_s   # seconds past a deadline before the watchdog drops a running batch's job
+        self.max_queue_inputs = max_queue_inputs   # most inputs held at once (None: no limit)
+        self.held_inputs = 0              # inputs of admitted jobs not yet answered or dropped
         self.running: dict[int, Dispatch] = {}   # id -> batches dispatched and not yet finished or abandoned
 
     # -- admission -----------------------------------------------------------------------------------
     def job(self, handle: Any, n: int, now: float, num_classes: int) -> Job:
         return Job(handle, n, now, now + self.slo_s, now + self.slo_s * (1 - self.slack), num_classes)
 
+    def refusal(self, n: int) -> Refusal | None:
+        """None when a request of ``n`` inputs may be admitted now; else why not (module docstring,
+        "Admission"). Decides only: :meth:`admit` takes the inputs."""
+        limit = self.max_queue_inputs
+        if limit is None:
+            return None
+        if n > limit:
+            return Refusal(f"request of {n} inputs refused: more than the router's {MAX_QUEUE_INPUTS} of {limit}; "
+                           f"send at most {limit} inputs per request", permanent=True)
+        if self.held_inputs + n > limit:
+            return Refusal(f"router queue full: {self.held_inputs} inputs held, {MAX_QUEUE_INPUTS} is {limit}, "
+                           f"this request's {n} would exceed it; retry later", permanent=False)
+        return None
+
     def admit(self, job: Job, inputs: dict[str, np.ndarray], rule_state: dict[str, np.ndarray], now: float) -> None:
         """Queue the job's rows for split 1 (``inputs``: name -> [n, ...]; ``rule_state``: the exit rule's
-        initial state for n rows)."""
+        initial state for n rows); its inputs count as held until it is answered or dropped. Admits
+        whatever :meth:`refusal` says: the caller asks first."""
+        self.held_inputs += job.n
         q = self.queues[0]
         for i in range(job.n):
             q.rows.append(Row(job, i, {k: v[i] for k, v in inputs.items()},
@@ -263,6 +318,7 @@ class Scheduler:
                 job = row.job
                 if job.live and job.deadline + self.grace_s <= now:
                     job.failed, job.stuck_in = DEADLINE, d.split
+                    self.held_inputs -= job.n
                     expired.append(job)
                     if d.abandoned_at is None:
                         d.abandoned_at = now
@@ -308,7 +364,8 @@ class Scheduler:
                           > q.rows[0].job.deadline):
             job = q.rows.popleft().job
             if job.live:
-                job.failed = "deadline"
+                job.failed = DEADLINE
+                self.held_inputs -= job.n
                 dropped.append(job)
             self._skip_dead(q)
         return dropped
@@ -344,6 +401,7 @@ class Scheduler:
             job.pending -= 1
             if job.pending == 0:
                 job.answered = True
+                self.held_inputs -= job.n
                 done.append(job)
         if route.active.size:
             if d.split + 1 >= len(self.queues):
@@ -364,6 +422,7 @@ class Scheduler:
         for row in d.rows:
             if row.job.live:
                 row.job.failed = reason
+                self.held_inputs -= row.job.n
                 failed.append(row.job)
         return failed
 
@@ -375,11 +434,13 @@ class Scheduler:
             for row in d.rows:
                 if row.job.live:
                     row.job.failed = reason
+                    self.held_inputs -= row.job.n
                     failed.append(row.job)
         for q in self.queues:
             for row in q.rows:
                 if row.job.live:
                     row.job.failed = reason
+                    self.held_inputs -= row.job.n
                     failed.append(row.job)
             q.rows.clear()
         return failed

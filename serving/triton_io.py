@@ -95,10 +95,12 @@ def gather(requests: list, specs: tuple[TensorSpec, ...]) -> Gathered:
     return Gathered(arrays, sizes, valid, responses)
 
 
-def error_response(message: str, client_error: bool = False):
+def error_response(message: str, client_error: bool = False, unavailable: bool = False):
     """A response carrying only an error; ``client_error``: the request was at fault (INVALID_ARG,
-    HTTP 400), else the server failed to serve it (INTERNAL, HTTP 500)."""
-    code = pb_utils.TritonError.INVALID_ARG if client_error else pb_utils.TritonError.INTERNAL
+    HTTP 400); ``unavailable``: refused for now, worth a retry (UNAVAILABLE, HTTP 503 / gRPC UNAVAILABLE,
+    what Triton answers for a full queue); else the server failed to serve it (INTERNAL, HTTP 500)."""
+    code = pb_utils.TritonError.INVALID_ARG if client_error else \
+        pb_utils.TritonError.UNAVAILABLE if unavailable else pb_utils.TritonError.INTERNAL
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))
 
 

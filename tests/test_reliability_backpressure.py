@@ -1,8 +1,15 @@
-"""Backpressure (reliability, item 8): offered 3x the capacity of ``<m>_ee`` with a bounded queue
-(``max_queue_size`` in its dynamic batcher's ``default_queue_policy``), every request gets exactly one
-answer, rejections come back at once (503 "Exceeds maximum queue size"), and their count is compared with
-what Triton counts. Half the requests go to the model directly, half through an ensemble over it (the
-front door of a model family with a preprocess step, e.g. ``bert_ee``; written by the test here).
+"""Backpressure (reliability, item 8), offered 3x capacity with a bounded queue: every request gets exactly
+one answer, rejections come back at once, and their count matches a metric on Triton's metrics endpoint.
+
+* **E3's router** with ``max_queue_inputs`` (its own bounded admission, decided by the pure scheduler:
+  tests/test_scheduler_queue_limit.py): a request that would take the inputs it holds past the limit is
+  refused at once with 503 (UNAVAILABLE) naming the limit, and counted in ``e3_rejected_total`` (requests)
+  and ``e3_rejected_inputs_total``; the clients' count of rejections equals the rise of
+  ``e3_rejected_total`` exactly.
+* **Triton's own** ``max_queue_size`` (in a dynamic batcher's ``default_queue_policy``), on ``<m>_ee``:
+  rejections come back at once (503 "Exceeds maximum queue size"), and their count is compared with what
+  Triton counts. Half the requests go to the model directly, half through an ensemble over it (the front
+  door of a model family with a preprocess step, e.g. ``bert_ee``; written by the test here).
 
 What Triton 2.51 counts (read in its core, branch r24.10, and checked here):
 
@@ -23,12 +30,12 @@ What Triton 2.51 counts (read in its core, branch r24.10, and checked here):
   rise by exactly 2 per rejection (reason OTHER also counts other failures: on a server with none, as
   here, rejections = that counter / 2).
 
-E3's router is not a place for this: it admits every request at once and drops late rows itself
-(counted by inputs in ``e3_dropped_total``, tests/test_deadlines.py), and it never has more calls in a
-split's queue than the split's instances + 1, so a split's bounded queue behind it does not fill.
+That is why E3's front door bounds itself: the router never has more calls in a split's queue than the
+split's instances + 1, so a split's bounded queue behind it does not fill, and without ``max_queue_inputs``
+it admits every request at once (dropping late rows itself, counted by inputs in ``e3_dropped_total``).
 
-Runs on the session's shared server (the model's config and the ensemble are put back as they were).
-``make test``: 1 s to measure capacity, 3 s of offered load; `make reliability`: 2 s and 20 s."""
+Runs on the session's shared server (the models' configs and the ensemble are put back as they were).
+``make test``: per test 1 s to measure capacity and 2 s of offered load; `make reliability`: 2 s and 20 s."""
 
 from __future__ import annotations
 
@@ -48,6 +55,7 @@ import pytest
 from helpers import binary_request
 
 from e3.controller.triton_api import TritonControl
+from e3.core import telemetry
 from e3.core.telemetry import metric_samples
 from polling import wait_until
 
@@ -58,8 +66,14 @@ FRONT = "reliability_front"     # test-only ensemble over MODEL
 QUEUE = 4
 ROWS = 48
 CAPACITY_S = 2.0 if RELIABILITY else 1.0
-OFFER_S = 20.0 if RELIABILITY else 3.0
+OFFER_S = 20.0 if RELIABILITY else 2.0
 REJECTED = "Exceeds maximum queue size"
+ROUTER = "tiny_ee_router"
+ROUTER_LIMIT = 4 * ROWS         # the router's max_queue_inputs: 4 requests held at most
+ROUTER_REFUSED = "router queue full"
+# as metric_samples names them (without the counter suffix _total)
+REJECTED_METRIC = telemetry.REJECTED.removesuffix("_total")
+REJECTED_INPUTS_METRIC = telemetry.REJECTED_INPUTS.removesuffix("_total")
 # A rejection's round trip (client included): median and 90th percentile bounds. An accepted request waits for
 # the QUEUE requests ahead of it (4 executions, ~25 ms); the tail is left to the client's 32 threads sharing 2
 # busy cores with the server (p99 measured 10-34 ms, once over 50 ms with the machine's load average at 3.5).
@@ -99,15 +113,16 @@ def _caller(server, tiny_model):
     return call
 
 
-def _capacity_rps(control, call) -> float:
-    """Requests per second ``MODEL`` answers in a closed loop of 2 clients (enough to keep its one
-    instance busy), over ``CAPACITY_S``."""
-    if not control.is_ready(MODEL):
-        control.load(MODEL)
-    with ThreadPoolExecutor(2) as pool:
+def _capacity_rps(control, call, model: str = MODEL, clients: int = 2) -> float:
+    """Requests per second ``model`` answers in a closed loop of ``clients`` clients (2 keep
+    ``MODEL``'s one instance busy; the router's pipeline of splits takes more), over ``CAPACITY_S``."""
+    if not control.is_ready(model):
+        control.load(model)
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(lambda _: call(model), range(2 * clients)))   # warm up: first batches pay one-time costs
         began, done = time.monotonic(), 0
         while time.monotonic() - began < CAPACITY_S:
-            done += sum(s == 200 for _, s, _, _ in pool.map(lambda _: call(MODEL), range(8)))
+            done += sum(s == 200 for _, s, _, _ in pool.map(lambda _: call(model), range(4 * clients)))
         return done / (time.monotonic() - began)
 
 
@@ -204,6 +219,68 @@ def test_three_times_capacity_is_rejected_at_once_and_counted(server, tiny_model
     # through an ensemble: its failure counter (reason OTHER) and its stats count each rejection twice
     assert delta[f"{FRONT}:failure:OTHER"] == delta[f"{FRONT}:stats_fail"] == 2 * rejected[FRONT]
     assert rejected[FRONT] > 0 and rejected[MODEL] > 0
+
+
+def _router_counts(server) -> Counter:
+    """The router's ``e3_rejected`` and ``e3_rejected_inputs``, and Triton's counters of ``ROUTER``
+    (``success``, ``failure:<reason>``) from the metrics page."""
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    found: Counter = Counter()
+    for name, labels, value in metric_samples(text):
+        if name in (REJECTED_METRIC, REJECTED_INPUTS_METRIC) and labels.get("model") == "tiny_ee":
+            found[name] += value
+        elif name == "nv_inference_request_failure" and labels.get("model") == ROUTER:
+            found[f"failure:{labels.get('reason', '')}"] += value
+        elif name == "nv_inference_request_success" and labels.get("model") == ROUTER:
+            found["success"] += value
+    return found
+
+
+def test_the_router_refuses_past_its_bound_at_once_and_counts_every_refusal(server, tiny_model):
+    """E3's own bounded admission at 3x the router's capacity: one answer per request, refusals at once
+    (503 naming the limit), and the clients' count of refusals == the rise of ``e3_rejected_total``."""
+    call = _caller(server, tiny_model)
+    with TritonControl(server.http_url) as control:
+        original = control.model_config(ROUTER)
+        capacity_rps = _capacity_rps(control, call, ROUTER, clients=8)
+        bounded = copy.deepcopy(original)
+        bounded.setdefault("parameters", {})["max_queue_inputs"] = {"string_value": str(ROUTER_LIMIT)}
+        try:
+            control.load(ROUTER, bounded)
+            before = _router_counts(server)
+            rate = 3 * capacity_rps
+            n = int(rate * OFFER_S)
+            results, took_s = _open_loop(lambda i: call(ROUTER), rate, n)
+            refused = sum(s != 200 and ROUTER_REFUSED in t for _, s, _, t in results)
+
+            def counted() -> Counter | None:   # the router flushes its counters every 0.2 s
+                now = _router_counts(server)
+                return now if now[REJECTED_METRIC] - before[REJECTED_METRIC] >= refused else None
+
+            # every refusal was counted before it was sent, so once the count reaches the clients' it is final
+            after = wait_until(counted, 10, "e3_rejected_total to count every refusal")
+        finally:
+            control.load(ROUTER, original)
+    delta = Counter({k: after[k] - before[k] for k in after})
+    statuses = Counter(s for _, s, _, _ in results)
+    refused_ms = np.array([d for _, s, d, t in results if s != 200 and ROUTER_REFUSED in t]) * 1e3
+    accepted_ms = np.array([d for _, s, d, _ in results if s == 200]) * 1e3
+    print(f"backpressure: {ROUTER} (max_queue_inputs {ROUTER_LIMIT}, {ROUTER_LIMIT // ROWS} requests of {ROWS} "
+          f"inputs), capacity {capacity_rps:.0f} req/s, offered {rate:.0f} req/s for {OFFER_S:.0f} s: "
+          f"{len(results)} requests, {statuses[200]} answered ({statuses[200] / took_s:.0f} req/s, p50 "
+          f"{np.median(accepted_ms):.0f} ms, p99 {np.percentile(accepted_ms, 99):.0f} ms), {refused} refused with "
+          f"503 (p50 {np.median(refused_ms):.1f} ms, p90 {np.percentile(refused_ms, 90):.1f} ms, p99 "
+          f"{np.percentile(refused_ms, 99):.1f} ms); e3_rejected_total +{delta[REJECTED_METRIC]:.0f}, "
+          f"e3_rejected_inputs_total +{delta[REJECTED_INPUTS_METRIC]:.0f}; Triton's counters of the router: "
+          f"success +{delta['success']:.0f}, failures "
+          f"{dict((k, v) for k, v in delta.items() if k.startswith('failure:') and v) or 'none'}")
+    assert len(results) == n                                    # every request got exactly one answer
+    assert set(statuses) <= {200, 503}, statuses
+    assert refused == statuses[503] and refused >= n // 3       # 3x capacity: ~2/3 refused, each by the bound
+    assert np.median(refused_ms) < IMMEDIATE_P50_MS             # refused at once, not after queueing
+    assert np.percentile(refused_ms, 90) < IMMEDIATE_P90_MS
+    assert delta[REJECTED_METRIC] == refused                    # the clients' count, exactly
+    assert delta[REJECTED_INPUTS_METRIC] == refused * ROWS
 
 
 ROUNDS = 3

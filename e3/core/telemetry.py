@@ -13,6 +13,8 @@ number k; the head is ramp L).
 | e3_ramp_reached_total | counter | inputs not yet answered when they reached ramp k (enabled ramps and the head) |
 | e3_ramp_exited_total | counter | inputs answered at ramp k |
 | e3_dropped_total | counter | inputs answered with an error (label ``reason``: ``deadline`` or ``error``) |
+| e3_rejected_total | counter | requests refused at admission by the router's ``max_queue_inputs`` (never admitted: not in e3_inputs_total) |
+| e3_rejected_inputs_total | counter | the inputs of those requests |
 | e3_router_overhead_us_total | counter | the router's own Python work (gathering, exit decisions, slicing, responses): CPU time of its thread outside BLS calls, microseconds |
 | e3_router_bls_us_total | counter | time the router spent waiting on BLS calls to splits (queueing + compute + Tx), microseconds |
 | e3_plan_info | gauge | 1 for the plan in force (label ``plan_id``) |
@@ -34,12 +36,14 @@ BATCHES = "e3_batches_total"
 RAMP_REACHED = "e3_ramp_reached_total"
 RAMP_EXITED = "e3_ramp_exited_total"
 DROPPED = "e3_dropped_total"
+REJECTED = "e3_rejected_total"
+REJECTED_INPUTS = "e3_rejected_inputs_total"
 ROUTER_OVERHEAD_US = "e3_router_overhead_us_total"
 ROUTER_BLS_US = "e3_router_bls_us_total"
 PLAN_INFO = "e3_plan_info"
 
-__all__ = ["metric_samples", "INPUTS", "BATCHES", "RAMP_REACHED", "RAMP_EXITED", "DROPPED", "ROUTER_OVERHEAD_US", "ROUTER_BLS_US",
-           "PLAN_INFO"]
+__all__ = ["metric_samples", "INPUTS", "BATCHES", "RAMP_REACHED", "RAMP_EXITED", "DROPPED", "REJECTED", "REJECTED_INPUTS",
+           "ROUTER_OVERHEAD_US", "ROUTER_BLS_US", "PLAN_INFO"]
 
 
 def metric_samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
