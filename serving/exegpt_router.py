@@ -1,4 +1,4 @@
-"""``<m>_generate_exegpt``: ExeGPT's RRA schedule enforced on Triton, one Python-backend instance.
+"""``<m>_generate_exegpt``: ExeGPT's RRA and WAA schedules enforced on Triton, one Python-backend instance.
 
 Requests are those of ``<m>_generate`` (:mod:`e3.serving.generate_router`: ``input_ids`` INT64 [n] or
 ``text`` BYTES [1], optional ``max_new_tokens``, ``mode``, ``tau``, ``draft_tokens``) and its outputs
@@ -8,15 +8,20 @@ admission, its phase start, to its last token). The answers are the same engine'
 ``execute`` only queues; one engine thread holds the waiting requests itself and hands them to the same
 :class:`~e3.generation.engine.GenerationEngine` (over the ``<m>_kv_split_*`` models, BLS) as the schedule says:
 ``batch_size`` (B_E) of them at a phase start, prefilled together in the phase's first step, then
-``decode_iters`` (N_D) steps before the next admissions. The decisions are
-:class:`e3.generation.exegpt.scheduler.RraScheduler`'s (phases, the served profile from timed steps,
-re-planning when the output lengths shift); this module applies them.
+``decode_iters`` (N_D) steps before the next admissions. Under WAA the same engine is the decode worker, and
+an encode worker (:class:`e3.generation.exegpt.waa.WaaPair`: a second engine over the stateless
+``<m>_enc_split_*`` models, in a thread of its own) prefills ``batch_size`` (B_E) waiting prompts while the
+decode worker runs an iteration; at the next iteration their sequences, caches included, join the decode
+batch. The decisions are :class:`e3.generation.exegpt.scheduler.ExegptScheduler`'s (RRA or WAA by
+branch-and-bound, phases, the served profiles from timed steps, re-planning when the output lengths shift);
+this module applies them.
 
 A request holding ``control`` BYTES [1], a JSON object, is not a generation: ``{}`` asks for the status,
 ``{"bound_ms": x}`` sets the latency bound and re-plans (``null``: no bound), ``{"schedule": [B_E, N_D]}``
-pins a schedule (no re-planning), ``{"replan": true}`` re-plans now; each is answered with the status JSON
-in ``text_out`` (``e3 bench exegpt`` uses them). Custom metrics: ``e3_exegpt_batch_size`` and
-``e3_exegpt_decode_iters`` (gauges, the schedule in force), ``e3_exegpt_replans_total{reason}``.
+(or ``["rra", B_E, N_D]``, ``["waa", B_E, B_m]``) pins a schedule (no re-planning), ``{"replan": true}``
+re-plans now; each is answered with the status JSON in ``text_out`` (``e3 bench exegpt`` uses them). Custom
+metrics: ``e3_exegpt_batch_size``, ``e3_exegpt_decode_iters`` (WAA: 1, new prompts join every iteration) and
+``e3_exegpt_waa`` (1 while WAA is in force) (gauges, the schedule in force), ``e3_exegpt_replans_total{reason}``.
 
 Bad requests (and bad control documents) get their own error naming the problem; a failed split call fails
 that step's sequences with an error naming it, as in ``<m>_generate``; the door keeps serving. Requests still
@@ -38,7 +43,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from e3.generation.engine import EngineSpec, GenerationEngine, GenRequest
-from e3.generation.exegpt.scheduler import ReplanPolicy, RraSchedule, RraScheduler
+from e3.generation.exegpt.scheduler import ExegptScheduler, ReplanPolicy, schedule_from_json
+from e3.generation.exegpt.waa import WaaPair
 from e3.generation.exegpt.workload import LayerProfile, LengthDistribution
 from e3.serving.generate_router import InboxFrontDoor, _runner, _scalar, prompt_of
 from e3.serving.triton_io import error_response, model_parameters, tensor_response
@@ -47,15 +53,16 @@ log = logging.getLogger(__name__)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-def scheduler_from_doc(doc: dict) -> RraScheduler:
+def scheduler_from_doc(doc: dict) -> ExegptScheduler:
     """The scheduler the ``exegpt`` config parameter describes (see ``generation/exegpt/door.py``)."""
     lengths = LengthDistribution(tuple(doc["lengths"]["lengths"]), tuple(doc["lengths"]["probs"]))
     bound = doc.get("bound_ms")
     pinned = doc.get("schedule")
-    return RraScheduler(LayerProfile.from_dict(doc["profile"]), lengths, doc["prompt_tokens"],
-                        tuple(doc["batch_sizes"]), math.inf if bound is None else float(bound),
-                        ReplanPolicy(**doc.get("policy", {})),
-                        RraSchedule(*pinned) if pinned else None)
+    return ExegptScheduler(LayerProfile.from_dict(doc["profile"]), lengths, doc["prompt_tokens"],
+                           tuple(doc["batch_sizes"]), math.inf if bound is None else float(bound),
+                           ReplanPolicy(**doc.get("policy", {})),
+                           schedule_from_json(pinned) if pinned else None,
+                           schedules=tuple(doc.get("schedules", ("rra",))))
 
 
 class TritonPythonModel(InboxFrontDoor):
@@ -68,13 +75,18 @@ class TritonPythonModel(InboxFrontDoor):
             from tokenizers import Tokenizer
             self.tokenizer = Tokenizer.from_file(os.path.join(args["model_repository"], params["tokenizer"]))
         self.engine = GenerationEngine(self.spec, _runner(self.spec.kv_in_splits))
+        # WAA's encode worker (idle under RRA); its engine calls the stateless <m>_enc_split_* models
+        encoder = EngineSpec.from_dict(json.loads(params["encoder"])) if params.get("encoder") else None
+        self.pair = None if encoder is None else WaaPair(GenerationEngine(encoder, _runner(False)))
         self.waiting: deque[GenRequest] = deque()
         self.inbox: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
         self._families = []
         fam = self._family
         self.m_batch = fam("e3_exegpt_batch_size", "RRA's B_E in force", pb_utils.MetricFamily.GAUGE).Metric({})
-        self.m_iters = fam("e3_exegpt_decode_iters", "RRA's N_D in force", pb_utils.MetricFamily.GAUGE).Metric({})
+        self.m_iters = fam("e3_exegpt_decode_iters", "decode iterations per admission in force (RRA's N_D; WAA: 1)",
+                           pb_utils.MetricFamily.GAUGE).Metric({})
+        self.m_waa = fam("e3_exegpt_waa", "1 while WAA is in force, 0 under RRA", pb_utils.MetricFamily.GAUGE).Metric({})
         self.m_replans = fam("e3_exegpt_replans_total", "re-plans, by reason", pb_utils.MetricFamily.COUNTER)
         self._seen_history = len(self.sched.history)
         self._publish()
@@ -88,11 +100,15 @@ class TritonPythonModel(InboxFrontDoor):
 
     def finalize(self):
         self.stop_loop()
+        if self.pair is not None:
+            self.pair.close()
 
     # -- engine thread -------------------------------------------------------------------------------
     def _publish(self) -> None:
-        self.m_batch.set(self.sched.schedule.batch_size)
-        self.m_iters.set(self.sched.schedule.decode_iters)
+        sched = self.sched.schedule
+        self.m_batch.set(sched.batch_size)
+        self.m_iters.set(sched.decode_iters if sched.kind == "rra" else 1)
+        self.m_waa.set(1 if sched.kind == "waa" else 0)
         for h in self.sched.history[self._seen_history:]:
             if h["reason"] not in ("start", "pinned"):
                 kind = "lengths" if h["reason"].startswith("lengths") else h["reason"]
@@ -116,10 +132,10 @@ class TritonPythonModel(InboxFrontDoor):
                 raise ValueError(f"bound_ms must be a number > 0 or null, got {b!r}")
             self.sched.set_bound(math.inf if b is None else float(b))
         if "schedule" in doc:
-            s = doc["schedule"]
-            if not (isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) for v in s)):
-                raise ValueError(f"schedule must be [batch_size, decode_iters], got {s!r}")
-            self.sched.pin(RraSchedule(*s))
+            sched = schedule_from_json(doc["schedule"])
+            if sched.kind == "waa" and self.pair is None:
+                raise ValueError("this door was exported without WAA's encode worker: pin an RRA schedule")
+            self.sched.pin(sched)
         if doc.get("replan"):
             self.sched.replan("asked")
         self._publish()
@@ -154,12 +170,14 @@ class TritonPythonModel(InboxFrontDoor):
 
     def _loop(self) -> None:
         # A step is timed from its start to the next step's start (answers sent, new requests taken: the
-        # scheduler's StepTimes says why); a step after which the door went idle ends when its answers are sent.
-        last = None    # (prefill tokens, decode rows, start, end of its answers) of the step before
+        # scheduler's StepTimes says why); a step after which the door went idle (or, under WAA, waited for the
+        # encode worker) ends when its answers are sent.
+        last = None    # (kind, prefill tokens, decode rows, start, end of its answers) of the step before
         while not self.stopping.is_set():
-            block = self.engine.idle and not self.waiting
+            busy = self.pair is not None and self.pair.busy()
+            block = self.engine.idle and not self.waiting and not busy
             if block and last is not None:
-                self._safe(self.sched.stepped, last[0], last[1], 1e3 * (last[3] - last[2]))
+                self._record(last, last[4])
                 last = None
             try:
                 while True:
@@ -171,31 +189,74 @@ class TritonPythonModel(InboxFrontDoor):
                     self._take(item)
             except queue.Empty:
                 pass
+            if self.sched.schedule.kind == "waa" or busy:
+                last = self._waa_iteration(last)
+                continue
             for _ in range(self.sched.admissions(len(self.waiting), len(self.engine.active))):
                 self.engine.submit(self.waiting.popleft())
             if self.engine.idle:
                 continue
             t0 = time.perf_counter()
             if last is not None:
-                self._safe(self.sched.stepped, last[0], last[1], 1e3 * (t0 - last[2]))
+                self._record(last, t0)
             fresh = [r for r, _ in self.engine.waiting]
             chunk = len(fresh) * max((len(r.prompt) for r in fresh), default=0)
             rows = len(self.engine.active)
-            done = self.engine.step()
-            for f in done:
+            self._step()
+            last = ("rra", chunk, rows, t0, time.perf_counter())
+
+    def _waa_iteration(self, last):
+        """One WAA decode iteration: adopt the encode worker's finished hand-over, hand it the next B_E waiting
+        prompts (it prefills them while this thread decodes), decode one token for every live row. Also used to
+        collect a hand-over still in flight after a switch to RRA. Returns the iteration's timing record."""
+        waited = not self.engine.active and self.pair.busy()    # nothing to decode until the hand-over
+        got = self.pair.collect(wait=waited)
+        if got is not None:
+            for f in got.failed:
                 self._answer(f)
-                if not f.error:
-                    self._safe(self.sched.finished, len(f.tokens))
-            if done:
-                self._safe(self._publish)
-            last = (chunk, rows, t0, time.perf_counter())
+            self.engine.adopt(got.seqs)
+            if not got.first and not got.failed:
+                self._safe(self.sched.encoded, got.tokens, got.ms)
+        n = 0 if self.pair.busy() else self.sched.handover(len(self.waiting))
+        if n:
+            self.pair.hand([self.waiting.popleft() for _ in range(n)])
+        if not self.engine.active:
+            if last is not None:   # waited for the encode worker: the iteration before ended with its answers
+                self._record(last, last[4])
+            return None
+        t0 = time.perf_counter()
+        if last is not None:
+            self._record(last, last[4] if waited or last[0] != "waa" else t0)
+        rows = len(self.engine.active)
+        self._step()
+        return ("waa", 0, rows, t0, time.perf_counter())
+
+    def _record(self, last, end: float) -> None:
+        kind, chunk, rows, start, _ = last
+        ms = 1e3 * (end - start)
+        if kind == "waa":
+            self._safe(self.sched.decoded, rows, ms)
+        else:
+            self._safe(self.sched.stepped, chunk, rows, ms)
+
+    def _step(self) -> None:
+        """One engine step; answer what finished and tell the scheduler their lengths."""
+        done = self.engine.step()
+        for f in done:
+            self._answer(f)
+            if not f.error:
+                self._safe(self.sched.finished, len(f.tokens))
+        if done:
+            self._safe(self._publish)
 
     def _unloading(self) -> None:
         """The model is being unloaded: every request still waiting or running gets an error, none vanishes."""
-        pending = list(self.waiting) + [r for r, _ in self.engine.waiting] + [q.req for q in self.engine.active]
-        for req in pending:
+        pending = ([r.request_id for r in self.waiting] + [r.request_id for r, _ in self.engine.waiting]
+                   + [q.req.request_id for q in self.engine.active]
+                   + (self.pair.pending() if self.pair is not None else []))
+        for request in pending:
             try:
-                req.request_id.get_response_sender().send(
+                request.get_response_sender().send(
                     error_response(f"{self.spec.model}: the ExeGPT door was unloaded before this request finished"),
                     flags=FINAL)
             except Exception:

@@ -1,7 +1,11 @@
 """Export ExeGPT's front door ``<m>_generate_exegpt`` (``serving/exegpt_router.py``) beside a repository that
 ``e3 export-generate`` wrote: the same ``<m>_kv_split_*`` and kv-fill models, one more Python-backend model
-whose config parameters carry the engine spec and the scheduler's settings (profile, planned output lengths,
-prompt length, batch sizes, latency bound, re-plan policy, an optional pinned schedule).
+whose config parameters carry the engine specs and the scheduler's settings (profile, planned output lengths,
+prompt length, batch sizes, latency bound, re-plan policy, the schedule kinds it may choose, an optional
+pinned schedule), and WAA's encode worker: ``<m>_enc_split_<a>-<b>``, one more set of the model's splits
+(stateless, sharing the ``<m>_split_<a>-<b>`` ONNX files, one instance x one intra-op thread each), which
+prefill the prompts and return their k/v for the hand-over to the decode worker (the ``<m>_kv_split_*``
+models, which RRA also runs on).
 """
 
 from __future__ import annotations
@@ -14,11 +18,11 @@ from pathlib import Path
 
 from e3.core.spec import TensorSpec
 from e3.export.triton_config import ModelDescription
-from e3.generation.engine import EngineSpec
-from e3.generation.exegpt.scheduler import ReplanPolicy, RraSchedule
+from e3.generation.engine import EngineSpec, split_name
+from e3.generation.exegpt.scheduler import ReplanPolicy, RraSchedule, WaaSchedule
 from e3.generation.exegpt.workload import LayerProfile, LengthDistribution
 
-__all__ = ["exegpt_name", "export_exegpt_door", "door_models"]
+__all__ = ["exegpt_name", "encoder_name", "export_exegpt_door", "door_models"]
 
 INPUTS = (TensorSpec("input_ids", "INT64", (-1,)), TensorSpec("text", "BYTES", (1,)),
           TensorSpec("max_new_tokens", "INT32", (1,)), TensorSpec("mode", "BYTES", (1,)),
@@ -34,20 +38,48 @@ def exegpt_name(model: str) -> str:
     return f"{model.replace('-', '_')}_generate_exegpt"
 
 
+def encoder_name(model: str) -> str:
+    """Name prefix of WAA's encode-worker splits: ``smollm2-ee`` -> ``smollm2_ee_enc`` (so its splits are
+    ``smollm2_ee_enc_split_<a>-<b>``, DESIGN §2's form)."""
+    return f"{model.replace('-', '_')}_enc"
+
+
 def door_models(repo: Path, model: str) -> list[str]:
-    """The Triton models the door needs loaded: the kv splits, the kv-fill models and the door itself."""
+    """The Triton models the door needs loaded: the kv splits, the kv-fill models, WAA's encode-worker splits
+    and the door itself."""
     from e3.generation.engine import kvfill_name
     spec = EngineSpec.from_dict(json.loads((repo / f"{model.replace('-', '_')}_generation.json").read_text()))
     m = spec.model
     L = spec.num_layers
     return ([f"{m}_kv_split_{a}-{b}" for a, b in spec.ranges] + [kvfill_name(m, b + 1, L) for _, b in spec.ranges[:-1]]
-            + [exegpt_name(model)])
+            + [split_name(encoder_name(model), a, b) for a, b in spec.ranges] + [exegpt_name(model)])
+
+
+def _export_encoder(repo: Path, model: str, spec: EngineSpec) -> None:
+    """``<m>_enc_split_<a>-<b>``: the stateless splits again, as Triton models of their own (WAA's encode worker)."""
+    from e3.generation.repository import _write
+    m = model.replace("-", "_")
+    for a, b in spec.ranges:
+        name = split_name(encoder_name(model), a, b)
+        out = repo / name
+        shutil.rmtree(out, ignore_errors=True)
+        first = TensorSpec("input_ids", "INT64", (-1, -1)) if a == 1 else TensorSpec("hidden", "FP32", (-1, -1, -1))
+        inputs = (first, TensorSpec("positions", "INT64", (-1, -1)), TensorSpec("past_kv", "FP32", (-1,) * 6),
+                  TensorSpec("key_valid", "BOOL", (-1, -1)), TensorSpec("head_index", "INT64", (-1, -1)))
+        outputs = (TensorSpec("hidden_out", "FP32", (-1, -1, -1)), TensorSpec("new_kv", "FP32", (-1,) * 6),
+                   TensorSpec("token", "INT64", (-1, -1)), TensorSpec("confidence", "FP32", (-1, -1)))
+        _write(out, ModelDescription(name=name, kind="onnx", max_batch_size=0, inputs=inputs, outputs=outputs,
+                                     dynamic_batching=None, parameters={
+                                         "intra_op_threads": "1",
+                                         "onnx_file": f"../../{split_name(m, a, b)}/1/model.onnx"}),
+               "e3.serving.generate_split")
 
 
 def export_exegpt_door(repo: Path, model: str, profile: LayerProfile, lengths: LengthDistribution,
                        prompt_tokens: float, batch_sizes: tuple[int, ...], bound_ms: float = math.inf,
-                       policy: ReplanPolicy = ReplanPolicy(), schedule: RraSchedule | None = None,
-                       stop_at_eos: bool = True, name: str | None = None) -> str:
+                       policy: ReplanPolicy = ReplanPolicy(), schedule: RraSchedule | WaaSchedule | None = None,
+                       stop_at_eos: bool = True, name: str | None = None,
+                       schedules: tuple[str, ...] = ("rra", "waa")) -> str:
     """Write ``<m>_generate_exegpt`` (or ``name``) into ``repo``, which must hold ``model`` exported by
     ``e3 export-generate``; returns the door's name.
 
@@ -55,7 +87,8 @@ def export_exegpt_door(repo: Path, model: str, profile: LayerProfile, lengths: L
     :class:`LayerProfile`); ``lengths``: the output lengths planned for at start (tokens); ``bound_ms``: the
     latency bound (inf: none; ``control`` requests change it); ``schedule``: pinned instead of planned;
     ``stop_at_eos`` False: every sequence runs to its ``max_new_tokens`` (benchmarks that draw output lengths
-    from a distribution, as ``--validate`` does)."""
+    from a distribution, as ``--validate`` does); ``schedules``: the kinds the planner may choose ("rra",
+    "waa"; WAA runs on the encode worker ``<m>_enc_split_*`` this also writes, and the decode worker)."""
     from e3.generation.repository import _mark_optional, _write   # the same writers as the other routers
     m = model.replace("-", "_")
     spec_file = repo / f"{m}_generation.json"
@@ -68,11 +101,17 @@ def export_exegpt_door(repo: Path, model: str, profile: LayerProfile, lengths: L
     doc = {"profile": profile.to_dict(), "lengths": {"lengths": list(lengths.lengths), "probs": list(lengths.probs)},
            "prompt_tokens": float(prompt_tokens), "batch_sizes": sorted(set(int(b) for b in batch_sizes)),
            "bound_ms": None if math.isinf(bound_ms) else float(bound_ms), "policy": asdict(policy),
-           "schedule": None if schedule is None else [schedule.batch_size, schedule.decode_iters]}
+           "schedule": None if schedule is None else schedule.as_list(), "schedules": list(schedules)}
+    unknown = set(schedules) - {"rra", "waa"}
+    if unknown or not schedules:
+        raise ValueError(f"schedules must name some of rra, waa; got {list(schedules)}")
+    encoder = EngineSpec(**{**base.__dict__, "max_active": 1 << 20, "kv_in_splits": False,
+                            "split_model": encoder_name(model), "eos_id": spec.eos_id})
+    _export_encoder(repo, model, base)
     name = name or exegpt_name(model)
     out = repo / name
     shutil.rmtree(out, ignore_errors=True)
-    params = {"engine": json.dumps(spec.to_dict()), "exegpt": json.dumps(doc)}
+    params = {"engine": json.dumps(spec.to_dict()), "encoder": json.dumps(encoder.to_dict()), "exegpt": json.dumps(doc)}
     router = repo / f"{m}_generate" / "tokenizer.json"
     if router.exists():
         params["tokenizer"] = "tokenizer.json"

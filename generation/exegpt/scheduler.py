@@ -1,11 +1,13 @@
 """The decisions of ExeGPT's front door on Triton (``<m>_generate_exegpt``, ``serving/exegpt_router.py``).
 Pure Python: the door only feeds it observations and applies its answers.
 
-:class:`RraScheduler` holds, for one served generation model:
+:class:`ExegptScheduler` (``RraScheduler``, its first name) holds, for one served generation model:
 
-* **the schedule in force**, RRA's (``batch_size`` B_E, ``decode_iters`` N_D), and enforces it around the
-  generation engine: :meth:`RraScheduler.admissions` says how many waiting requests join before the next engine
-  step (B_E at a phase start, none inside a phase), as ``generation/exegpt/validate.py`` does in process;
+* **the schedule in force**: RRA's (``batch_size`` B_E, ``decode_iters`` N_D), which it enforces around the
+  generation engine: :meth:`ExegptScheduler.admissions` says how many waiting requests join before the next
+  engine step (B_E at a phase start, none inside a phase), as ``generation/exegpt/validate.py`` does in process;
+  or WAA's (``batch_size`` B_E handed from the encode worker per decode iteration, ``micro_batches`` B_m), which
+  the door runs over two workers (:mod:`e3.generation.exegpt.waa`);
 * **the served profile**: the door's own engine steps, timed (pure prefill steps by prompt tokens, pure decode
   steps by rows), fitted to lines (:class:`StepTimes`). The simulator then reasons about the model as served,
   BLS hops and Python included, not only about the ONNX layers the offline profiler measures;
@@ -30,6 +32,15 @@ Decisions (where the paper is silent):
 * **Which profile.** The served profile once both of its curves have two distinct sizes observed
   (``min_points`` steps each), else the profile given at export (the offline profiler's, which leaves out BLS
   and the engine's Python: it under-predicts the served step).
+* **RRA or WAA.** Each re-plan runs the branch-and-bound over both spaces and keeps the faster feasible answer
+  (ExeGPT §5.1). RRA is run by one engine thread calling the splits one after another: one worker. WAA runs on
+  two (an encode worker and a decode worker, each with its own split models; this machine's two cores), so
+  ``simulate_waa`` gets ``workers`` = 2 (one encoder, one decoder, B_m = 1). WAA is predicted from its own
+  served profile (encode passes by prompt tokens, decode iterations by rows, timed while WAA ran: the two
+  workers' contention for the cores and the door's Python is in it) once both curves have two sizes, and
+  until then from RRA's profile (the single-worker steps: a pure prefill step for an encode pass, a pure
+  decode step for an iteration), which leaves that contention out. A switch between RRA and WAA takes effect
+  at once: the decode worker is RRA's engine, so live sequences stay where they are.
 * **A p99 bound from an expected-value model.** The simulator adds up expected step times, while the bound is
   on the 99th percentile of measured latency, and on this shared 2-core machine step times have a long tail.
   With the served profile, throughput is predicted from the step times' medians and latency from their
@@ -44,12 +55,16 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, replace
 
-from e3.generation.exegpt.search import branch_and_bound, grid_search, rra_space
-from e3.generation.exegpt.simulator import Prediction, Workload, simulate_rra
+from e3.generation.exegpt.search import branch_and_bound, grid_search, rra_space, waa_space
+from e3.generation.exegpt.simulator import Prediction, Workload, simulate_rra, simulate_waa
 from e3.generation.exegpt.workload import LayerProfile, LengthDistribution
 
-__all__ = ["RraSchedule", "ReplanPolicy", "StepTimes", "LengthWatch", "RraScheduler", "choose_rra",
-           "best_static", "predict"]
+__all__ = ["RraSchedule", "WaaSchedule", "ReplanPolicy", "StepTimes", "LengthWatch", "ExegptScheduler",
+           "RraScheduler", "choose_rra", "choose_waa", "best_static", "predict", "predict_waa", "schedule_from_json",
+           "WAA_WORKERS", "SCHEDULE_KINDS"]
+
+WAA_WORKERS = 2            # WAA on Triton: one encode worker and one decode worker (the machine's two cores)
+SCHEDULE_KINDS = ("rra", "waa")
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,51 @@ class RraSchedule:
         if self.batch_size < 1 or self.decode_iters < 1:
             raise ValueError(f"an RRA schedule needs batch_size >= 1 and decode_iters >= 1, got "
                              f"{self.batch_size}, {self.decode_iters}")
+
+
+    @property
+    def kind(self) -> str:
+        return "rra"
+
+    def as_list(self) -> list:
+        """``["rra", B_E, N_D]`` (what a ``schedule`` control document holds)."""
+        return ["rra", self.batch_size, self.decode_iters]
+
+
+@dataclass(frozen=True)
+class WaaSchedule:
+    """WAA's control variables (WAA-C) on one encode worker and one decode worker."""
+
+    batch_size: int           # B_E: prompts the encode worker prefills and hands over per decode iteration
+    micro_batches: int = 1    # B_m: decode micro-batches (at most the decode workers: 1 here)
+
+    def __post_init__(self):
+        if self.batch_size < 1 or self.micro_batches < 1:
+            raise ValueError(f"a WAA schedule needs batch_size >= 1 and micro_batches >= 1, got "
+                             f"{self.batch_size}, {self.micro_batches}")
+        if self.micro_batches > WAA_WORKERS - 1:
+            raise ValueError(f"a WAA schedule here has {WAA_WORKERS - 1} decode worker, so micro_batches must be "
+                             f"<= {WAA_WORKERS - 1} (more only lose in the simulator), got {self.micro_batches}")
+
+    @property
+    def kind(self) -> str:
+        return "waa"
+
+    def as_list(self) -> list:
+        """``["waa", B_E, B_m]``."""
+        return ["waa", self.batch_size, self.micro_batches]
+
+
+def schedule_from_json(value) -> RraSchedule | WaaSchedule:
+    """A schedule from a control document: ``[B_E, N_D]`` (RRA), ``["rra", B_E, N_D]`` or ``["waa", B_E, B_m]``;
+    ValueError naming what is wrong."""
+    if isinstance(value, list) and len(value) == 2:
+        value = ["rra", *value]
+    if not (isinstance(value, list) and len(value) == 3 and value[0] in SCHEDULE_KINDS
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value[1:])):
+        raise ValueError(f"schedule must be [batch_size, decode_iters], [\"rra\", batch_size, decode_iters] or "
+                         f"[\"waa\", batch_size, micro_batches], got {value!r}")
+    return RraSchedule(*value[1:]) if value[0] == "rra" else WaaSchedule(*value[1:])
 
 
 @dataclass(frozen=True)
@@ -211,6 +271,28 @@ def predict(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistribu
     return replace(p, latency_ms=tail.latency_ms)
 
 
+def predict_waa(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistribution, schedule: tuple[int, int],
+                latency_profile: LayerProfile | None = None) -> Prediction:
+    """WAA's prediction on :data:`WAA_WORKERS` workers (``schedule`` = (B_E, B_m)); ``latency_profile`` as in
+    :func:`predict`."""
+    w = replace(_workload(profile, prompt_tokens, lengths), workers=WAA_WORKERS)
+    p = simulate_waa(w, *schedule)
+    if latency_profile is None:
+        return p
+    tail = simulate_waa(replace(w, profile=latency_profile), *schedule)
+    return replace(p, latency_ms=tail.latency_ms)
+
+
+def choose_waa(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistribution, bound_ms: float,
+               batch_sizes: tuple[int, ...], tolerance: float = 0.05,
+               latency_profile: LayerProfile | None = None) -> Prediction | None:
+    """WAA's best schedule under ``bound_ms`` (already net of slack) by branch-and-bound over B_E and B_m
+    (1..decode workers). None if nothing meets the bound."""
+    space = waa_space(batch_sizes, WAA_WORKERS - 1)
+    return branch_and_bound(_workload(profile, prompt_tokens, lengths), space, bound_ms, tolerance, tolerance,
+                            evaluate=lambda c: predict_waa(profile, prompt_tokens, lengths, c, latency_profile)).best
+
+
 def choose_rra(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistribution, bound_ms: float,
                batch_sizes: tuple[int, ...], tolerance: float = 0.05,
                latency_profile: LayerProfile | None = None) -> Prediction | None:
@@ -230,20 +312,26 @@ def best_static(profile: LayerProfile, prompt_tokens: float, lengths: LengthDist
                        evaluate=lambda c: predict(profile, prompt_tokens, lengths, c, latency_profile)).best
 
 
-class RraScheduler:
-    """See the module docstring. Not thread-safe: the door's engine thread alone calls it."""
+class ExegptScheduler:
+    """See the module docstring. Not thread-safe: the door's engine thread alone calls it.
+
+    ``schedules``: the kinds the planner may choose ("rra", "waa"); a pinned schedule may be of either."""
 
     def __init__(self, profile: LayerProfile, lengths: LengthDistribution, prompt_tokens: float,
                  batch_sizes: tuple[int, ...], bound_ms: float = math.inf,
-                 policy: ReplanPolicy = ReplanPolicy(), schedule: RraSchedule | None = None,
-                 clock=time.time):
+                 policy: ReplanPolicy = ReplanPolicy(), schedule: RraSchedule | WaaSchedule | None = None,
+                 clock=time.time, schedules: tuple[str, ...] = ("rra",)):
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError("batch_sizes must hold sizes >= 1")
         if not bound_ms > 0:
             raise ValueError(f"bound_ms must be > 0 (inf: no bound), got {bound_ms}")
+        if not schedules or set(schedules) - set(SCHEDULE_KINDS):
+            raise ValueError(f"schedules must name some of {SCHEDULE_KINDS}, got {schedules!r}")
         self.offline, self.prompt_tokens = profile, float(prompt_tokens)
         self.batch_sizes, self.bound_ms, self.policy = tuple(sorted(set(batch_sizes))), float(bound_ms), policy
-        self.steps = StepTimes(min_points=policy.min_points)
+        self.schedules = tuple(k for k in SCHEDULE_KINDS if k in schedules)
+        self.steps = StepTimes(min_points=policy.min_points)       # RRA: the single worker's engine steps
+        self.waa_steps = StepTimes(min_points=policy.min_points)   # WAA: encode passes and decode iterations
         self.watch = LengthWatch(policy, lengths)
         self.clock = clock
         self.history: list[dict] = []
@@ -251,13 +339,13 @@ class RraScheduler:
         self.prediction: Prediction | None = None
         self.feasible = True
         self.step_in_phase = 0
-        self.schedule = schedule or RraSchedule(self.batch_sizes[0], lengths.lengths[-1])
+        self.schedule: RraSchedule | WaaSchedule = schedule or RraSchedule(self.batch_sizes[0], lengths.lengths[-1])
         if not self.pinned:
             self.replan("start")
 
     # -- the schedule --------------------------------------------------------------------------------
     def profile(self) -> tuple[LayerProfile, str]:
-        """The profile plans are made from, and which one it is ("served" or "offline")."""
+        """The profile RRA's plans are made from, and which one it is ("served" or "offline")."""
         served = self.steps.profile()
         return (served, "served") if served is not None else (self.offline, "offline")
 
@@ -265,44 +353,81 @@ class RraScheduler:
         """The served step times at the policy's latency quantile (None before the served profile exists)."""
         return self.steps.profile(self.policy.latency_quantile)
 
-    def replan(self, reason: str, lengths: LengthDistribution | None = None) -> RraSchedule:
-        """Plan again (for ``lengths``, default those planned for last) under the bound net of slack; the new
-        schedule takes effect at the next phase start. Unpins."""
+    def waa_profiles(self) -> tuple[LayerProfile, LayerProfile | None, str]:
+        """WAA's profile, its latency-quantile profile and which ("served-waa": WAA's own timed encode passes and
+        decode iterations; else RRA's, see the module docstring)."""
+        served = self.waa_steps.profile()
+        if served is not None:
+            return served, self.waa_steps.profile(self.policy.latency_quantile), "served-waa"
+        profile, source = self.profile()
+        return profile, (self.latency_profile() if source == "served" else None), source
+
+    def predict(self, schedule: RraSchedule | WaaSchedule, lengths: LengthDistribution | None = None) -> Prediction:
+        """The simulator's prediction for ``schedule`` with the profiles plans use now."""
+        lengths = lengths or self.watch.planned
+        if schedule.kind == "waa":
+            profile, tail, _ = self.waa_profiles()
+            return predict_waa(profile, self.prompt_tokens, lengths, (schedule.batch_size, schedule.micro_batches),
+                               tail)
+        profile, source = self.profile()
+        return predict(profile, self.prompt_tokens, lengths, (schedule.batch_size, schedule.decode_iters),
+                       self.latency_profile() if source == "served" else None)
+
+    def replan(self, reason: str, lengths: LengthDistribution | None = None) -> RraSchedule | WaaSchedule:
+        """Plan again (for ``lengths``, default those planned for last) under the bound net of slack, over every
+        kind in ``schedules``; the faster feasible answer is put in force. Unpins."""
         lengths = lengths or self.watch.planned
         profile, source = self.profile()
         net = self.bound_ms * (1.0 - self.policy.slack)
         tail = self.latency_profile() if source == "served" else None
-        best = choose_rra(profile, self.prompt_tokens, lengths, net, self.batch_sizes, latency_profile=tail)
+        found, w_source = {}, source
+        if "rra" in self.schedules:
+            found["rra"] = choose_rra(profile, self.prompt_tokens, lengths, net, self.batch_sizes,
+                                      latency_profile=tail)
+        if "waa" in self.schedules:
+            w_profile, w_tail, w_source = self.waa_profiles()
+            found["waa"] = choose_waa(w_profile, self.prompt_tokens, lengths, net, self.batch_sizes,
+                                      latency_profile=w_tail)
+        feasible = [p for p in found.values() if p is not None]
+        best = max(feasible, key=lambda p: p.throughput_seq_s) if feasible else None
         self.feasible = best is not None
         if best is None:    # the lowest-latency schedule: a static batch of the smallest size
             best = predict(profile, self.prompt_tokens, lengths, (self.batch_sizes[0], lengths.lengths[-1]), tail)
         self.pinned = False
         self.prediction = best
-        self.schedule = RraSchedule(*best.config)
+        self.schedule = RraSchedule(*best.config) if best.schedule == "rra" else WaaSchedule(*best.config)
         self.watch.rebase(lengths)
-        self.history.append({"at_s": self.clock(), "reason": reason, "schedule": asdict(self.schedule),
-                             "profile": source, "feasible": self.feasible,
+        self.history.append({"at_s": self.clock(), "reason": reason, "kind": self.schedule.kind,
+                             "schedule": asdict(self.schedule),
+                             "profile": source if best.schedule == "rra" else w_source, "feasible": self.feasible,
                              "predicted_seq_s": best.throughput_seq_s, "predicted_latency_ms": best.latency_ms,
+                             "candidates": {k: None if p is None else {"schedule": list(p.config),
+                                                                       "predicted_seq_s": p.throughput_seq_s,
+                                                                       "predicted_latency_ms": p.latency_ms}
+                                            for k, p in found.items()},
                              "mean_length": lengths.mean(), "p99_length": lengths.quantile(0.99)})
         return self.schedule
 
-    def set_bound(self, bound_ms: float) -> RraSchedule:
+    def set_bound(self, bound_ms: float) -> RraSchedule | WaaSchedule:
         """A new latency bound (ms; inf: none): re-plan under it."""
         if not bound_ms > 0:
             raise ValueError(f"bound_ms must be > 0 (inf: no bound), got {bound_ms}")
         self.bound_ms = float(bound_ms)
         return self.replan("bound")
 
-    def pin(self, schedule: RraSchedule) -> None:
-        """Hold ``schedule`` (from the next phase start): no re-planning until :meth:`replan` or
-        :meth:`set_bound`."""
+    def pin(self, schedule: RraSchedule | WaaSchedule) -> None:
+        """Hold ``schedule`` (RRA: from the next phase start; WAA, or a change of kind: at once): no re-planning
+        until :meth:`replan` or :meth:`set_bound`."""
         self.schedule, self.pinned, self.prediction = schedule, True, None
-        self.history.append({"at_s": self.clock(), "reason": "pinned", "schedule": asdict(schedule)})
+        self.history.append({"at_s": self.clock(), "reason": "pinned", "kind": schedule.kind,
+                             "schedule": asdict(schedule)})
 
     # -- what the door reports -----------------------------------------------------------------------
     def admissions(self, waiting: int, active: int) -> int:
-        """How many waiting requests to admit before the next engine step (call once per step, then
-        :meth:`stepped`)."""
+        """RRA: how many waiting requests to admit before the next engine step (call once per step, then
+        :meth:`stepped`). Under WAA the encode worker takes them (:meth:`handover`), so none."""
+        if self.schedule.kind != "rra":
+            return 0
         if active == 0 or self.step_in_phase >= self.schedule.decode_iters:
             if active == 0 and waiting == 0:
                 return 0
@@ -310,10 +435,22 @@ class RraScheduler:
             return min(self.schedule.batch_size, waiting)
         return 0
 
+    def handover(self, waiting: int) -> int:
+        """WAA: how many waiting requests to hand the (free) encode worker now: min(B_E, waiting); 0 under RRA."""
+        return min(self.schedule.batch_size, waiting) if self.schedule.kind == "waa" else 0
+
     def stepped(self, prefill_tokens: int, decode_rows: int, ms: float) -> None:
-        """An engine step ran (see :meth:`StepTimes.record`)."""
+        """An RRA engine step ran (see :meth:`StepTimes.record`)."""
         self.step_in_phase += 1
         self.steps.record(prefill_tokens, decode_rows, ms)
+
+    def encoded(self, prefill_tokens: int, ms: float) -> None:
+        """WAA: an encode pass of ``prefill_tokens`` (rows x padded length) took ``ms``, hand-over to hand-over."""
+        self.waa_steps.record(prefill_tokens, 0, ms)
+
+    def decoded(self, rows: int, ms: float) -> None:
+        """WAA: a decode iteration over ``rows`` took ``ms`` (start to next start)."""
+        self.waa_steps.record(0, rows, ms)
 
     def finished(self, length: int) -> bool:
         """A sequence finished with ``length`` tokens; True if that made the scheduler re-plan."""
@@ -327,19 +464,29 @@ class RraScheduler:
         return True
 
     def status(self) -> dict:
-        """The schedule in force and why (JSON-ready)."""
+        """The schedule in force and why (JSON-ready). ``schedule`` holds the kind's fields (RRA: batch_size,
+        decode_iters; WAA: batch_size, micro_batches), ``kind`` which it is."""
         obs = self.watch.observed()
         p = self.prediction
-        return {"schedule": asdict(self.schedule), "pinned": self.pinned,
+        waa = self.waa_steps.profile()
+        waa_tail = self.waa_steps.profile(self.policy.latency_quantile)
+        return {"kind": self.schedule.kind, "schedule": asdict(self.schedule), "pinned": self.pinned,
+                "schedules": list(self.schedules),
                 "bound_ms": None if math.isinf(self.bound_ms) else self.bound_ms, "slack": self.policy.slack,
-                "feasible": self.feasible, "profile": self.profile()[1],
+                "feasible": self.feasible, "profile": self.profile()[1], "waa_profile": self.waa_profiles()[2],
                 "served_profile": None if self.steps.profile() is None else self.steps.profile().to_dict(),
                 "served_latency_profile": (None if self.latency_profile() is None
                                            else self.latency_profile().to_dict()),
                 "served_points": self.steps.points(),
+                "waa_served_profile": None if waa is None else waa.to_dict(),
+                "waa_served_latency_profile": None if waa_tail is None else waa_tail.to_dict(),
+                "waa_served_points": self.waa_steps.points(),
                 "predicted": None if p is None else {"seq_s": p.throughput_seq_s, "latency_ms": p.latency_ms},
                 "planned_lengths": {"mean": self.watch.planned.mean(), "p99": self.watch.planned.quantile(0.99)},
                 "observed_lengths": None if obs is None else {"n": len(self.watch.seen), "mean": obs.mean(),
                                                               "p99": obs.quantile(0.99)},
                 "replans": sum(h["reason"] not in ("start", "pinned") for h in self.history),
                 "history": self.history[-10:]}
+
+
+RraScheduler = ExegptScheduler   # its name while it planned RRA alone

@@ -1,17 +1,23 @@
 """``e3 bench exegpt``: ExeGPT's schedules executed on Triton, measured (the paper's Table 6 and Fig. 6 analogues).
 
 One embedded tritonserver serves the model's ``<m>_kv_split_*`` and kv-fill models (one instance each, one
-intra-op thread), ExeGPT's front door ``<m>_generate_exegpt`` and the continuous-batching router
-``<m>_generate``. Every system calls the same split models, one at a time, so every system has the same cores.
+intra-op thread), WAA's encode-worker splits ``<m>_enc_split_*`` (the same), ExeGPT's front door
+``<m>_generate_exegpt`` and the continuous-batching router ``<m>_generate``. The machine's 2 cores are every
+system's budget: RRA and the baselines call the split models one at a time (one worker, all they can use
+without pipelining, which is not built); WAA runs an encode worker beside the decode worker (two).
 
-1. **Calibration**: the door is pinned to static batches (``calibration_batches``) and driven; it times its own
-   steps, which gives the served profile (:class:`e3.generation.exegpt.scheduler.StepTimes`) the plans use.
+1. **Calibration**: the door is pinned to static batches (``calibration_batches``), RRA and WAA schedules and
+   driven; it times its own steps, which gives the served profiles
+   (:class:`e3.generation.exegpt.scheduler.StepTimes`: RRA's steps, WAA's encode passes and decode iterations)
+   the plans use.
 2. **Per latency bound** (multiples of the p99-length latency of a static batch of one, predicted on the
-   served profiles, and no bound): the bound is sent to the door, which plans (branch-and-bound under the bound
-   net of slack) and reports its schedule (Table 6 analogue); that schedule is then measured, and so is the
-   best static batch under the same bound (admit B, decode until all finished: RRA with N_D = the longest
-   output, as ``e3 plan-generate --validate`` defines it), each in a closed loop that keeps enough requests in
-   flight for the schedule's queue to be full at each phase start.
+   served profiles, and no bound): the bound is sent to the door, which plans (branch-and-bound over RRA and
+   WAA under the bound net of slack) and reports its schedule (Table 6 analogue); that schedule is then
+   measured, so is the best schedule of the other kind under the same bound (RRA against WAA), and the best
+   static batch (admit B, decode until all finished: RRA with N_D = the longest output, as
+   ``e3 plan-generate --validate`` defines it), each in a closed loop that keeps enough requests in flight for
+   the schedule's queue to be full at each phase start. Each run's prediction beside its measurement is the
+   simulator's validation on Triton.
 3. **Continuous batching without a bound**: ``<m>_generate`` (admits whenever a slot is free, up to its
    ``max_active``) under the same load.
 
@@ -27,21 +33,24 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from e3.generation.exegpt.drive import Run, concurrency_for, control, drive
-from e3.generation.exegpt.scheduler import RraSchedule, best_static, predict
+from e3.generation.exegpt.scheduler import (RraSchedule, WaaSchedule, best_static, predict, predict_waa,
+                                            schedule_from_json)
 from e3.generation.exegpt.workload import LayerProfile, LengthDistribution
 from e3.paths import artifacts_dir, project_root
 
-__all__ = ["ExegptBenchSettings", "calibrate", "measure", "run_exegpt_bench", "format_tables",
+__all__ = ["ExegptBenchSettings", "Calibration", "calibrate", "measure", "chosen_of", "run_exegpt_bench", "format_tables",
            "write_results_section", "BEGIN", "END"]
 
 log = logging.getLogger(__name__)
 BEGIN, END = "<!-- exegpt-triton:begin -->", "<!-- exegpt-triton:end -->"
 BUDGET = ("every split and kv-fill model 1 instance x 1 intra-op thread; one engine thread per front door; "
-          "one system at a time")
+          "RRA: one worker (the engine calls the <m>_kv_split_* models one after another); WAA: two workers, the "
+          "encode worker's <m>_enc_split_* (1 instance x 1 thread each, its own thread in the door) and the decode "
+          "worker's <m>_kv_split_* (the door's engine thread): 2 cores; one system at a time")
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,7 @@ class ExegptBenchSettings:
     factors: tuple[float, ...] = (2.0, 3.0, 5.0, 8.0)  # bounds: x the static batch of one's p99-length latency
     calibration_batches: tuple[int, ...] = (16, 8, 4)
     calibration_phases: int = 3
+    calibration_waa_batches: tuple[int, ...] = (16, 4)  # WAA's B_E pinned while calibrating
     phases: int = 6                                    # measured requests ~ phases x concurrency ...
     measure_s: float = 60.0                            # ... or this many seconds after the warm-up, if sooner
     unbounded: bool = True                             # also the row without a bound
@@ -74,42 +84,83 @@ def _lengths(s: ExegptBenchSettings) -> LengthDistribution:
     return LengthDistribution.from_samples(list(s.lengths))
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """The served profiles the door fitted during :func:`calibrate`: RRA's single-worker steps (medians and the
+    latency quantile) and WAA's encode passes and decode iterations (None if WAA was not calibrated)."""
+
+    rra: LayerProfile
+    rra_tail: LayerProfile
+    waa: LayerProfile | None = None
+    waa_tail: LayerProfile | None = None
+
+    def predict(self, schedule: RraSchedule | WaaSchedule, prompt_tokens: float, lengths: LengthDistribution):
+        """The simulator's prediction for ``schedule`` on these profiles (WAA on RRA's before WAA has run)."""
+        if schedule.kind == "waa":
+            return predict_waa(self.waa or self.rra, prompt_tokens, lengths,
+                               (schedule.batch_size, schedule.micro_batches), self.waa_tail or self.rra_tail)
+        return predict(self.rra, prompt_tokens, lengths, (schedule.batch_size, schedule.decode_iters), self.rra_tail)
+
+
 def calibrate(http_url: str, grpc_url: str, door: str, lengths: LengthDistribution, prompt_tokens: int, vocab: int,
               batches: tuple[int, ...] = (16, 8, 4), phases: int = 3,
-              rra_iters: tuple[int, ...] = (2,)) -> tuple[LayerProfile, LayerProfile]:
+              rra_iters: tuple[int, ...] = (2,), waa_batches: tuple[int, ...] = (16, 4)) -> Calibration:
     """Pin static batches of ``batches`` and drive ``phases`` phases of each, so that the door times pure prefill
     steps at several sizes and decode steps up to the largest batch; then RRA with the largest batch and each
     N_D of ``rra_iters``, whose live batch (B_E x E[ceil(S / N_D)] rows) reaches the decode sizes refilling
-    schedules run (a line fitted to small batches alone under-predicted them by 30% on tiny-gen). Returns the
-    served profiles the door fitted: (step-time medians, the latency quantile's)."""
+    schedules run (a line fitted to small batches alone under-predicted them by 30% on tiny-gen); then WAA with
+    each B_E of ``waa_batches`` (encode passes at two sizes, decode iterations up to B_E x the mean length).
+    Returns the served profiles the door fitted."""
     s_max = lengths.lengths[-1]
-    runs = [(b, s_max, (phases + 1) * b, 2 * b) for b in batches]   # the first phase may start part-full
+    runs = [(["rra", b, s_max], (phases + 1) * b, 2 * b) for b in batches]   # the first phase may start part-full
     big = max(batches)
     for nd in rra_iters:
         rows = big * sum(p * math.ceil(n / nd) for n, p in zip(lengths.lengths, lengths.probs))
         c = concurrency_for(big, rows)
-        runs.append((big, nd, phases * c, c))
-    for b, nd, requests, concurrency in runs:
-        control(http_url, door, {"schedule": [b, nd]})
-        run = drive(grpc_url, door, lengths, prompt_tokens, requests, concurrency, vocab, seed=b * 100 + nd)
+        runs.append((["rra", big, nd], phases * c, c))
+    for b in waa_batches:
+        c = concurrency_for(b, b * lengths.mean())
+        runs.append((["waa", b, 1], phases * c, c))
+    for sched, requests, concurrency in runs:
+        control(http_url, door, {"schedule": sched})
+        run = drive(grpc_url, door, lengths, prompt_tokens, requests, concurrency, vocab,
+                    seed=sched[1] * 100 + sched[2] + (50 if sched[0] == "waa" else 0))
         if run.errors:
             raise RuntimeError(f"calibration failed: {run.first_error}")
     status = control(http_url, door, {})
     if status["served_profile"] is None:
         raise RuntimeError(f"calibration left too few steps to fit a profile: {status['served_points']}")
-    return (LayerProfile.from_dict(status["served_profile"]),
-            LayerProfile.from_dict(status["served_latency_profile"]))
+    if waa_batches and status["waa_served_profile"] is None:
+        raise RuntimeError(f"calibration left too few WAA steps to fit a profile: {status['waa_served_points']}")
+    waa = status["waa_served_profile"]
+    return Calibration(LayerProfile.from_dict(status["served_profile"]),
+                       LayerProfile.from_dict(status["served_latency_profile"]),
+                       None if waa is None else LayerProfile.from_dict(waa),
+                       None if waa is None else LayerProfile.from_dict(status["waa_served_latency_profile"]))
 
 
-def measure(http_url: str, grpc_url: str, door: str, schedule: RraSchedule, predicted_decode_batch: float,
-            lengths: LengthDistribution, prompt_tokens: int, vocab: int, phases: int, seed: int = 0,
-            measure_s: float | None = None) -> Run:
-    """Pin ``schedule`` on the door and drive it in a closed loop kept full (see :func:`concurrency_for`):
-    about ``phases`` x the requests in flight (or ``measure_s`` seconds), after as many as a warm-up."""
-    control(http_url, door, {"schedule": [schedule.batch_size, schedule.decode_iters]})
+def measure(http_url: str, grpc_url: str, door: str, schedule: RraSchedule | WaaSchedule,
+            predicted_decode_batch: float, lengths: LengthDistribution, prompt_tokens: int, vocab: int, phases: int,
+            seed: int = 0, measure_s: float | None = None) -> Run:
+    """Pin ``schedule`` (RRA or WAA) on the door and drive it in a closed loop kept full (see
+    :func:`concurrency_for`): about ``phases`` x the requests in flight (or ``measure_s`` seconds), after as many
+    as a warm-up."""
+    control(http_url, door, {"schedule": schedule.as_list()})
     c = concurrency_for(schedule.batch_size, predicted_decode_batch)
     return drive(grpc_url, door, lengths, prompt_tokens, (phases + 1) * c, c, vocab, warmup=c, seed=seed,
                  measure_s=measure_s)
+
+
+def chosen_of(status: dict) -> RraSchedule | WaaSchedule:
+    """The schedule in force, from the door's status."""
+    d = status["schedule"]
+    return (WaaSchedule(d["batch_size"], d["micro_batches"]) if status.get("kind") == "waa"
+            else RraSchedule(d["batch_size"], d["decode_iters"]))
+
+
+def _measured(schedule, predicted, run: Run) -> dict:
+    return {"kind": schedule.kind, "schedule": schedule.as_list()[1:], "predicted_seq_s": predicted.throughput_seq_s,
+            "predicted_latency_ms": predicted.latency_ms, **run.to_dict()}
 
 
 def run_exegpt_bench(settings: ExegptBenchSettings = ExegptBenchSettings(), echo=print) -> dict:
@@ -139,24 +190,38 @@ def run_exegpt_bench(settings: ExegptBenchSettings = ExegptBenchSettings(), echo
     with TritonServer.on_free_ports(repo, door_models(repo, s.model) + [continuous], log_file=log_file,
                                     exit_timeout_s=10) as server:
         http, grpc = server.http_url, server.grpc_url
-        echo("calibrating: the door times its own steps under pinned static batches ...")
-        served, tail = calibrate(http, grpc, door, lengths, s.prompt_tokens, vocab, s.calibration_batches,
-                                 s.calibration_phases)
+        echo("calibrating: the door times its own steps under pinned static batches, RRA and WAA ...")
+        cal = calibrate(http, grpc, door, lengths, s.prompt_tokens, vocab, s.calibration_batches,
+                        s.calibration_phases, waa_batches=s.calibration_waa_batches)
+        served, tail = cal.rra, cal.rra_tail
         results["served_profile"], results["served_latency_profile"] = served.to_dict(), tail.to_dict()
+        if cal.waa is not None:
+            results["waa_served_profile"] = cal.waa.to_dict()
         floor = predict(served, s.prompt_tokens, lengths, (1, lengths.lengths[-1]), tail).latency_ms
         bounds = [round(f * floor) for f in s.factors] + ([math.inf] if s.unbounded else [])
         for bound in bounds:
             status = control(http, door, {"bound_ms": None if math.isinf(bound) else bound})
-            chosen = RraSchedule(**status["schedule"])
-            p_chosen = predict(served, s.prompt_tokens, lengths, (chosen.batch_size, chosen.decode_iters), tail)
-            echo(f"bound {_b(bound)} ms: the door chose B_E={chosen.batch_size}, N_D={chosen.decode_iters} "
-                 f"(profile: {status['profile']}); measuring ...")
+            chosen = chosen_of(status)
+            # the door's own predictions (the profiles it planned with); the other kind's best beside it
+            plan = status["history"][-1]
+            p_chosen = replace(cal.predict(chosen, s.prompt_tokens, lengths),
+                               throughput_seq_s=plan["predicted_seq_s"], latency_ms=plan["predicted_latency_ms"])
+            echo(f"bound {_b(bound)} ms: the door chose {_sched(chosen)} (profiles: RRA {status['profile']}, WAA "
+                 f"{status['waa_profile']}); measuring ...")
             run_c = measure(http, grpc, door, chosen, p_chosen.detail["decode_batch"], lengths, s.prompt_tokens,
                             vocab, s.phases, measure_s=s.measure_s)
             row = {"bound_ms": None if math.isinf(bound) else bound, "feasible": status["feasible"],
-                   "chosen": {"schedule": [chosen.batch_size, chosen.decode_iters],
-                              "predicted_seq_s": p_chosen.throughput_seq_s,
-                              "predicted_latency_ms": p_chosen.latency_ms, **run_c.to_dict()}}
+                   "chosen": _measured(chosen, p_chosen, run_c)}
+            other = "waa" if chosen.kind == "rra" else "rra"
+            cand = (plan.get("candidates") or {}).get(other)
+            if cand is not None:
+                alt = schedule_from_json([other, *cand["schedule"]])
+                p_alt = replace(cal.predict(alt, s.prompt_tokens, lengths), throughput_seq_s=cand["predicted_seq_s"],
+                                latency_ms=cand["predicted_latency_ms"])
+                echo(f"  the best {other.upper()} under the bound, {_sched(alt)}; measuring ...")
+                run_a = measure(http, grpc, door, alt, p_alt.detail["decode_batch"], lengths, s.prompt_tokens,
+                                vocab, s.phases, measure_s=s.measure_s)
+                row["other"] = _measured(alt, p_alt, run_a)
             net = bound * (1 - s.slack)
             p_static = best_static(served, s.prompt_tokens, lengths, net, s.batch_sizes, latency_profile=tail)
             if p_static is not None:
@@ -164,8 +229,7 @@ def run_exegpt_bench(settings: ExegptBenchSettings = ExegptBenchSettings(), echo
                 echo(f"  static batch B={st.batch_size}; measuring ...")
                 run_s = measure(http, grpc, door, st, p_static.detail["decode_batch"], lengths, s.prompt_tokens,
                                 vocab, s.phases, measure_s=s.measure_s)
-                row["static"] = {"schedule": list(p_static.config), "predicted_seq_s": p_static.throughput_seq_s,
-                                 "predicted_latency_ms": p_static.latency_ms, **run_s.to_dict()}
+                row["static"] = _measured(st, p_static, run_s)
             results["rows"].append(row)
             _save(s, results)   # a run cut short keeps the rows measured so far
         echo(f"continuous batching ({continuous}, max_active {s.max_active}, no bound); measuring ...")
@@ -212,47 +276,98 @@ def _b(bound) -> str:
     return "none" if bound is None or (isinstance(bound, float) and math.isinf(bound)) else f"{bound:,.0f}"
 
 
+def _sched(schedule) -> str:
+    """``RRA B_E=16, N_D=3`` / ``WAA B_E=8, B_m=1``."""
+    if schedule.kind == "waa":
+        return f"WAA B_E={schedule.batch_size}, B_m={schedule.micro_batches}"
+    return f"RRA B_E={schedule.batch_size}, N_D={schedule.decode_iters}"
+
+
+def _cell_sched(c: dict) -> str:
+    kind = c.get("kind", "rra")
+    return _sched(schedule_from_json([kind, *c["schedule"]]))
+
+
+def _err(pred: float, meas: float) -> str:
+    return "-" if not meas else f"{pred / meas - 1:+.0%}"
+
+
 def format_tables(r: dict) -> str:
-    """Markdown: the Table 6 analogue (schedule chosen per bound, measured) and the Fig. 6 analogue."""
+    """Markdown: the Table 6 analogue (schedule chosen per bound, measured), RRA against WAA per bound, the
+    simulator against the measured runs, and the Fig. 6 analogue."""
     out = [f"Budget: {r['budget']}.", "",
            "Schedule chosen per latency bound, measured on Triton (Table 6 analogue; latency = the server's p99, "
            "admission to last token):", "",
-           "| bound (ms) | B_E | N_D | predicted seq/s | measured seq/s | tokens/s | predicted p99-length ms | "
+           "| bound (ms) | schedule | predicted seq/s | measured seq/s | tokens/s | predicted p99-length ms | "
            "measured p99 ms | meets | client p99 ms |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|:-:|---:|"]
+           "|---:|---|---:|---:|---:|---:|---:|:-:|---:|"]
     for row in r["rows"]:
         c, b = row["chosen"], row["bound_ms"]
         meets = "-" if b is None else ("yes" if c["p99_ms"] <= b else "NO")
-        out.append(f"| {_b(b)} | {c['schedule'][0]} | {c['schedule'][1]} | {c['predicted_seq_s']:.1f} | "
+        out.append(f"| {_b(b)} | {_cell_sched(c)} | {c['predicted_seq_s']:.1f} | "
                    f"{c['seq_s']:.1f} | {c['tok_s']:.0f} | {c['predicted_latency_ms']:,.0f} | {c['p99_ms']:,.0f} | "
                    f"{meets} | {c['p99_client_ms']:,.0f} |")
+    if any("other" in row for row in r["rows"]):
+        out += ["", "RRA (one worker) against WAA (an encode and a decode worker) per bound, each the best of its kind "
+                "under the bound as the door planned it, both measured (seq/s, server p99 ms in brackets):", "",
+                "| bound (ms) | RRA | WAA | WAA / RRA | chosen |", "|---:|---|---|---:|---|"]
+        for row in r["rows"]:
+            if "other" not in row:
+                continue
+            by = {row["chosen"].get("kind", "rra"): row["chosen"], row["other"]["kind"]: row["other"]}
+            ra, wa = by["rra"], by["waa"]
+            out.append(f"| {_b(row['bound_ms'])} | {_cell_sched(ra)}: {ra['seq_s']:.1f} ({ra['p99_ms']:,.0f}) | "
+                       f"{_cell_sched(wa)}: {wa['seq_s']:.1f} ({wa['p99_ms']:,.0f}) | "
+                       f"{wa['seq_s'] / ra['seq_s']:.2f} | {row['chosen'].get('kind', 'rra').upper()} |")
+    out += ["", "The simulator against the measured runs (every schedule measured above; error = predicted / measured "
+            "- 1; the p99-length latency against the measured p99):", "",
+            "| bound (ms) | run | schedule | predicted seq/s | measured seq/s | error | predicted p99 ms | "
+            "measured p99 ms | error | sequences |",
+            "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in r["rows"]:
+        for key in ("chosen", "other", "static"):
+            c = row.get(key)
+            if c is None:
+                continue
+            out.append(f"| {_b(row['bound_ms'])} | {key} | {_cell_sched(c)} | {c['predicted_seq_s']:.1f} | "
+                       f"{c['seq_s']:.1f} | {_err(c['predicted_seq_s'], c['seq_s'])} | "
+                       f"{c['predicted_latency_ms']:,.0f} | {c['p99_ms']:,.0f} | "
+                       f"{_err(c['predicted_latency_ms'], c['p99_ms'])} | {c['sequences']} |")
     cont = r["continuous"]
     out += ["", "Against the best static batch under the same bound and continuous batching without a bound "
             "(Fig. 6 analogue; seq/s measured, server p99 ms in brackets):", "",
-            "| bound (ms) | ExeGPT RRA | static batch | RRA / static | continuous batching (no bound) | "
-            "RRA / continuous | continuous meets the bound |",
+            "| bound (ms) | ExeGPT (chosen) | static batch | chosen / static | continuous batching (no bound) | "
+            "chosen / continuous | continuous meets the bound |",
             "|---:|---|---|---:|---|---:|:-:|"]
     for row in r["rows"]:
         c, st, b = row["chosen"], row.get("static"), row["bound_ms"]
         st_txt = "none meets it" if st is None else (f"B={st['schedule'][0]}: {st['seq_s']:.1f} "
                                                      f"({st['p99_ms']:,.0f})")
         ratio = "-" if st is None or not st["seq_s"] else f"{c['seq_s'] / st['seq_s']:.2f}"
-        if st is not None and st["schedule"] == c["schedule"]:
+        if st is not None and st["schedule"] == c["schedule"] and c.get("kind", "rra") == "rra":
             ratio += " (same schedule, measured twice)"
         meets = "-" if b is None else ("yes" if cont["p99_ms"] <= b else "no")
-        out.append(f"| {_b(b)} | B_E={c['schedule'][0]}, N_D={c['schedule'][1]}: {c['seq_s']:.1f} "
+        out.append(f"| {_b(b)} | {_cell_sched(c)}: {c['seq_s']:.1f} "
                    f"({c['p99_ms']:,.0f}) | {st_txt} | {ratio} | {cont['seq_s']:.1f} ({cont['p99_ms']:,.0f}) | "
                    f"{c['seq_s'] / cont['seq_s']:.2f} | {meets} |")
     p = r["served_profile"]
-    out += ["", f"Served profile (the door's own steps, fitted lines): decode {p['decode']['ms'][0]:.1f} ms at "
+    out += ["", f"Served profile (the door's own steps, fitted lines): RRA decode {p['decode']['ms'][0]:.1f} ms at "
             f"{p['decode']['batch'][0]:g} rows .. {p['decode']['ms'][-1]:.1f} at {p['decode']['batch'][-1]:g}; "
             f"prefill {p['prefill']['ms'][0]:.1f} ms at {p['prefill']['tokens'][0]:g} tokens .. "
-            f"{p['prefill']['ms'][-1]:.1f} at {p['prefill']['tokens'][-1]:g}. Errors: {_errors(r)}."]
+            f"{p['prefill']['ms'][-1]:.1f} at {p['prefill']['tokens'][-1]:g}."]
+    w = r.get("waa_served_profile")
+    if w:
+        out[-1] += (f" WAA decode iteration {w['decode']['ms'][0]:.1f} ms at {w['decode']['batch'][0]:g} rows .. "
+                    f"{w['decode']['ms'][-1]:.1f} at {w['decode']['batch'][-1]:g}; encode pass "
+                    f"{w['prefill']['ms'][0]:.1f} ms at {w['prefill']['tokens'][0]:g} tokens .. "
+                    f"{w['prefill']['ms'][-1]:.1f} at {w['prefill']['tokens'][-1]:g}.")
+    out[-1] += f" Errors: {_errors(r)}."
     return "\n".join(out)
 
 
 def _errors(r: dict) -> int:
-    rows = sum(row["chosen"]["errors"] + (row.get("static") or {}).get("errors", 0) for row in r["rows"])
+    rows = sum(row["chosen"]["errors"] + (row.get("static") or {}).get("errors", 0)
+               + (row.get("other") or {}).get("errors", 0) for row in r["rows"])
     return rows + r["continuous"]["errors"]
 
 

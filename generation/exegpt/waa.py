@@ -44,10 +44,12 @@ log = logging.getLogger(__name__)
 
 class Encoded:
     """One finished encode pass: the prefilled sequences (for ``adopt``), the failed requests, and its size
-    and time (prompt tokens as the prefill chunk holds them: rows x padded length; wall ms)."""
+    and time (prompt tokens as the prefill chunk holds them: rows x padded length; wall ms). ``first``: the
+    worker's first pass, whose time includes ONNX Runtime's warm-up of every split (200-300 ms on tiny-gen
+    against ~11 ms after), so it is not a sample of the encode cost."""
 
-    def __init__(self, seqs: list, failed: list[Finished], tokens: int, ms: float):
-        self.seqs, self.failed, self.tokens, self.ms = seqs, failed, tokens, ms
+    def __init__(self, seqs: list, failed: list[Finished], tokens: int, ms: float, first: bool = False):
+        self.seqs, self.failed, self.tokens, self.ms, self.first = seqs, failed, tokens, ms, first
 
 
 class WaaPair:
@@ -63,6 +65,7 @@ class WaaPair:
         self._todo: list[GenRequest] | None = None
         self._done: Encoded | None = None
         self._closed = False
+        self.passes = 0            # encode passes run (the worker thread's count)
         self._thread = threading.Thread(target=self._run, name="e3-waa-encoder", daemon=True)
         self._thread.start()
 
@@ -125,7 +128,8 @@ class WaaPair:
                 self.encoder.waiting.clear()
                 seqs, failed = [], [Finished(r.request_id, [], [], 0.0, 0.0, error=f"generation failed: {e}")
                                     for r in todo]
-            done = Encoded(seqs, failed, tokens, 1e3 * (time.perf_counter() - t0))
+            done = Encoded(seqs, failed, tokens, 1e3 * (time.perf_counter() - t0), first=self.passes == 0)
+            self.passes += 1
             with self._cv:
                 self._todo, self._done = None, done
                 self._cv.notify_all()
