@@ -1,4 +1,4 @@
-"""ExeGPT's front-door decisions (generation/exegpt/scheduler.py), pure: RRA's phases around the engine, the
+"""ExeGPT's front-door decisions (generation/exegpt/scheduler.py), pure: RRA's phases around the engine, RRA or WAA by the same branch-and-bound, the
 served profile from timed steps, and re-planning when the output lengths shift. No server; about a second."""
 
 from __future__ import annotations
@@ -138,3 +138,80 @@ def test_bad_settings_are_named():
         ReplanPolicy(window=10, min_samples=20)
     with pytest.raises(ValueError, match="bound_ms"):
         RraScheduler(served_like(), LENGTHS, 8, BATCHES, bound_ms=0)
+
+
+# -- WAA beside RRA (the door's choice between them) ---------------------------------------------------------
+def _waa_steps(s, decode_base_ms: float, per_row_ms: float, encode_ms: float) -> None:
+    """Feed the scheduler WAA's timed encode passes and decode iterations (3 of each size)."""
+    for _ in range(3):
+        for tokens in (32, 128):
+            s.encoded(tokens, encode_ms)
+        for rows in (10, 40, 160):
+            s.decoded(rows, decode_base_ms + per_row_ms * rows)
+
+
+def make_both(bound_ms: float = math.inf, **policy):
+    from e3.generation.exegpt.scheduler import ExegptScheduler
+    return ExegptScheduler(served_like(), LENGTHS, 8, BATCHES, bound_ms, ReplanPolicy(**policy), clock=lambda: 0.0,
+                           schedules=("rra", "waa"))
+
+
+def test_the_planner_chooses_rra_or_waa_by_the_same_branch_and_bound():
+    from e3.generation.exegpt.scheduler import WaaSchedule, choose_waa, predict_waa
+    from e3.generation.exegpt.search import grid_search, waa_space
+    floor = simulate_rra(Workload(served_like(), LengthDistribution.fixed(8), LENGTHS), 1, 16).latency_ms
+    s = make_both(bound_ms=8 * floor)
+    # before WAA has run, it is predicted from RRA's profile (a decode iteration = a decode step), where two
+    # workers beat one: the encode pass leaves the decode worker's path
+    assert s.waa_profiles()[2] == "offline"
+    cands = s.history[-1]["candidates"]
+    assert s.schedule.kind == "waa" and cands["waa"]["predicted_seq_s"] > cands["rra"]["predicted_seq_s"]
+    # WAA's own served profile, slow (contention: its decode iterations cost 3x RRA's steps): RRA wins
+    _waa_steps(s, decode_base_ms=18.0, per_row_ms=0.45, encode_ms=20.0)
+    assert s.waa_profiles()[2] == "served-waa"
+    assert s.replan("asked").kind == "rra" and s.status()["kind"] == "rra"
+    # the WAA candidate is B&B's answer, the grid's optimum over the same space
+    waa = s.waa_steps.profile()
+    tail = s.waa_steps.profile(s.policy.latency_quantile)
+    net = 0.8 * 8 * floor
+    best = choose_waa(waa, 8, LENGTHS, net, BATCHES, latency_profile=tail)
+    grid = grid_search(None, waa_space(BATCHES, 1), net,
+                       evaluate=lambda c: predict_waa(waa, 8, LENGTHS, c, tail)).best
+    assert s.history[-1]["candidates"]["waa"]["schedule"] == list(best.config)
+    assert best.throughput_seq_s >= 0.95 * grid.throughput_seq_s
+    # fast WAA iterations: WAA again, and admissions go to the encode worker, B_E per decode iteration
+    s2 = make_both(bound_ms=8 * floor)
+    _waa_steps(s2, decode_base_ms=5.0, per_row_ms=0.1, encode_ms=6.0)
+    assert s2.replan("asked").kind == "waa"
+    sched = s2.schedule
+    assert isinstance(sched, WaaSchedule) and s2.predict(sched).latency_ms <= net * 1.05
+    assert s2.admissions(waiting=50, active=0) == 0 and s2.handover(50) == sched.batch_size
+    assert s2.handover(1) == 1
+    s2.pin(RraSchedule(4, 2))
+    assert s2.handover(50) == 0 and s2.admissions(50, 0) == 4
+
+
+def test_waa_re_plans_on_a_length_shift_too():
+    s = make_both(bound_ms=math.inf, window=40, min_samples=20, threshold=0.25)
+    _waa_steps(s, decode_base_ms=5.0, per_row_ms=0.1, encode_ms=6.0)
+    s.replan("asked")
+    assert s.schedule.kind == "waa"
+    for _ in range(20):
+        s.finished(40)
+    h = s.history[-1]
+    assert h["reason"].startswith("lengths shifted") and h["p99_length"] == 40 and set(h["candidates"]) == {"rra",
+                                                                                                           "waa"}
+
+
+def test_schedules_from_control_documents():
+    from e3.generation.exegpt.scheduler import WaaSchedule, schedule_from_json
+    assert schedule_from_json([4, 2]) == RraSchedule(4, 2) == schedule_from_json(["rra", 4, 2])
+    assert schedule_from_json(["waa", 8, 1]) == WaaSchedule(8, 1)
+    assert WaaSchedule(8).as_list() == ["waa", 8, 1] and RraSchedule(4, 2).as_list() == ["rra", 4, 2]
+    for bad in (["waa", 8], ["xyz", 1, 1], [1.5, 2], ["waa", True, 1], "rra"):
+        with pytest.raises(ValueError, match="schedule must be"):
+            schedule_from_json(bad)
+    with pytest.raises(ValueError, match="micro_batches must be <= 1"):
+        schedule_from_json(["waa", 8, 2])
+    with pytest.raises(ValueError, match="schedules must name"):
+        RraScheduler(served_like(), LENGTHS, 8, BATCHES, schedules=("xyz",))
