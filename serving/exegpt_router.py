@@ -86,7 +86,8 @@ class TritonPythonModel(InboxFrontDoor):
         self.m_batch = fam("e3_exegpt_batch_size", "RRA's B_E in force", pb_utils.MetricFamily.GAUGE).Metric({})
         self.m_iters = fam("e3_exegpt_decode_iters", "decode iterations per admission in force (RRA's N_D; WAA: 1)",
                            pb_utils.MetricFamily.GAUGE).Metric({})
-        self.m_waa = fam("e3_exegpt_waa", "1 while WAA is in force, 0 under RRA", pb_utils.MetricFamily.GAUGE).Metric({})
+        self.m_waa = fam("e3_exegpt_waa", "1 while WAA is in force, 0 under RRA",
+                         pb_utils.MetricFamily.GAUGE).Metric({})
         self.m_replans = fam("e3_exegpt_replans_total", "re-plans, by reason", pb_utils.MetricFamily.COUNTER)
         self._seen_history = len(self.sched.history)
         self._publish()

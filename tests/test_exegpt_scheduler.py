@@ -1,5 +1,6 @@
-"""ExeGPT's front-door decisions (generation/exegpt/scheduler.py), pure: RRA's phases around the engine, RRA or WAA by the same branch-and-bound, the
-served profile from timed steps, and re-planning when the output lengths shift. No server; about a second."""
+"""ExeGPT's front-door decisions (generation/exegpt/scheduler.py), pure: RRA's phases around the engine, RRA or
+WAA by the same branch-and-bound, the served profiles from timed steps, and re-planning when the output lengths
+shift. No server; about a second."""
 
 from __future__ import annotations
 

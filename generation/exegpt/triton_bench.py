@@ -42,8 +42,8 @@ from e3.generation.exegpt.scheduler import (RraSchedule, WaaSchedule, best_stati
 from e3.generation.exegpt.workload import LayerProfile, LengthDistribution
 from e3.paths import artifacts_dir, project_root
 
-__all__ = ["ExegptBenchSettings", "Calibration", "calibrate", "measure", "chosen_of", "run_exegpt_bench", "format_tables",
-           "write_results_section", "BEGIN", "END"]
+__all__ = ["ExegptBenchSettings", "Calibration", "calibrate", "measure", "chosen_of", "run_exegpt_bench",
+           "format_tables", "write_results_section", "BEGIN", "END"]
 
 log = logging.getLogger(__name__)
 BEGIN, END = "<!-- exegpt-triton:begin -->", "<!-- exegpt-triton:end -->"
