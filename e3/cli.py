@@ -18,7 +18,7 @@
     e3 export-helios MODELS...    HELIOS over early-exit LLM candidates: their splits and helios_generate
     e3 bench helios               HELIOS against each candidate alone, under one memory budget
     e3 plan-generate [MODEL]      ExeGPT: profile the decoder, schedule under latency bounds (B&B vs grid)
-    e3 bench exegpt               ExeGPT's RRA on Triton: the schedule per latency bound, vs static and continuous
+    e3 bench exegpt               ExeGPT's RRA/WAA on Triton: the schedule per latency bound, vs static and continuous
     e3 admission MODEL --qos-ms Q add an elastic admission stage (N-Ebird / E-Ebird) in front of MODEL
     e3 load SERVED_MODEL          closed/open-loop load or a workload replay; goodput under an SLO
     e3 control --model M ...      every window: telemetry -> forecast -> plan -> apply to a running Triton
@@ -818,9 +818,11 @@ def build_parser() -> argparse.ArgumentParser:
     hel.add_argument("--out", default=None, help="results JSON (default artifacts/results/helios.json)")
     hel.add_argument("--no-docs", action="store_true", help="do not update docs/RESULTS.md")
     hel.set_defaults(func=_bench_helios)
-    exg = bsub.add_parser("exegpt", help="ExeGPT on Triton: the RRA schedule <m>_generate_exegpt chooses per latency "
-                                          "bound, measured, against the best static batch and continuous batching "
-                                          "(Table 6 / Fig. 6 analogues); writes artifacts/results/exegpt_triton.json "
+    exg = bsub.add_parser("exegpt", help="ExeGPT on Triton: the schedule (RRA on one worker or WAA on an encode and "
+                                          "a decode worker) <m>_generate_exegpt chooses per latency bound, measured "
+                                          "with the best of the other kind, against the best static batch and "
+                                          "continuous batching, predicted vs measured (Table 6 / Fig. 6 analogues, "
+                                          "the simulator's validation); writes artifacts/results/exegpt_triton.json "
                                           "and a section of docs/RESULTS.md")
     exg.add_argument("--model", default="smollm2-ee", help="generation model (default smollm2-ee; tiny-gen for a "
                                                           "pipeline check in seconds)")
