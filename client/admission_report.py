@@ -124,14 +124,18 @@ def admission_markdown(doc: dict, command: str) -> str:
         out += ["", f"### {name} ({m['stock']}): QoS target p99 <= {qos:.0f} ms, MaxBS {m['offline']['max_bs']}", "",
                 f"Budget: {m['budget']}. Offline: one worker's latency per batch (ms) {m['offline']['latency_ms']}; "
                 f"E-Ebird's best worker set per TotalBS {m['offline']['confs']}. NO_Wait's closed-loop capacity "
-                f"{m['capacity_ips']:.1f} inputs/s; the sweep's rates are fractions of it.", "",
-                "Throughput at the QoS target (Fig. 14 analogue):", "",
+                f"{m['capacity_ips']:.1f} inputs/s; the sweep's rates are fractions of it."
+                + (f" Load average (1 min) of the machine at the start / end: {m['load_avg'][0]:.1f} / "
+                   f"{m['load_avg'][1]:.1f}." if m.get("load_avg") else ""), "",
+                "Throughput at the QoS target (Fig. 14 analogue; the systems take turns at every rate):", "",
                 "| system | inputs/s at the target | vs OPT_Wait | configuration |", "| --- | --- | --- | --- |"]
         opt = next((r["throughput_rps"] for r in m["throughput"] if r["system"].startswith("OPT_Wait")), None)
         for r in m["throughput"]:
             ratio = f"{r['throughput_rps'] / opt:.2f}x" if opt else "-"
             out.append(f"| {r['system']} | {r['throughput_rps']:.1f} | {ratio} | {r['config']} |")
-        out += ["", "Latency through a low -> high -> low burst (Fig. 13 analogue):", "",
+        rounds = m.get("burst_rounds", 1)
+        out += ["", "Latency through a low -> high -> low burst (Fig. 13 analogue"
+                + (f"; {rounds} rounds, the systems in turn, pooled per phase" if rounds > 1 else "") + "):", "",
                 "| system | phase | offered/s | requests | p50 ms | p99 ms | within the target |",
                 "| --- | --- | --- | --- | --- | --- | --- |"]
         for r in m["burst"]:

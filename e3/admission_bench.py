@@ -14,16 +14,25 @@ For each model (its stock form, ``<m>_stock``, one input per request):
    - ``OPT_Wait``: the same with the delay that gave the most throughput at the QoS target in a
      sweep (``delays_us``);
    - ``instances``: ``cores`` instances x 1 thread, no delay;
-   - ``N-Ebird`` and ``E-Ebird``: the admission stage, workers of 1 thread each on the same cores,
-     at most MaxBS inputs in flight.
+   - ``N-Ebird`` and ``E-Ebird``: the admission stage (one Python process: staging and scheduling, no
+     compute) whose workers' batches run on ``cores`` Triton instances x 1 thread of its workers' model
+     (processes), at most ``cores`` batches at once and MaxBS inputs in flight; E-Ebird's worker sets
+     are profiled with at most ``cores`` workers;
+   - ``E-Ebird (threads)``: the same E-Ebird stage with its workers as threads of the stage's own
+     process on one shared session (the paper's one copy of the weights), the earlier design, measured
+     beside it.
 
-   Every Triton baseline's batch is capped at MaxBS (its ``max_batch_size``), as the stage's is.
+   Every Triton baseline's batch is capped at MaxBS (its ``max_batch_size``), as the stage's is. Each
+   baseline is its own copy of the stock model and all systems are loaded at once, so that they take
+   turns (the machine may be shared: interleaving spreads a neighbour's load over all systems alike; the
+   load average at the start and end is recorded beside the figures).
 3. **Fig. 14 analogue**: open-loop Poisson runs at rising rates (fractions of NO_Wait's
-   closed-loop capacity); throughput at the QoS target per system
-   (:func:`e3.client.admission_report.throughput_at_qos`).
+   closed-loop capacity), every system in turn at each rate, a miss confirmed by a second run;
+   throughput at the QoS target per system (:func:`e3.client.admission_report.throughput_at_qos`).
 4. **Fig. 13 analogue**: a low -> high -> low burst (``burst_fractions`` of that capacity: the high
-   phase offers what NO_Wait sustains in a closed loop, which Poisson arrivals turn into a queue); p50 /
-   p99 per phase per system, and a plot of latency over time.
+   phase offers what NO_Wait sustains in a closed loop, which Poisson arrivals turn into a queue),
+   ``burst_rounds`` times per system, the systems in turn; p50 / p99 per phase per system over the rounds
+   pooled, and a plot of latency over time (the first round).
 
 **What a CPU cannot show, and is not emulated.** E²bird's memory pool overlaps the host-to-GPU copy of
 each input with compute. Here inputs land in host memory that ONNX Runtime reads directly: a bert
@@ -40,7 +49,9 @@ Glue only: the policies live in :mod:`e3.serving.admission`, the figures in
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +83,7 @@ class AdmissionBenchSettings:
     run_s: float = 6.0                   # one rate of the sweep
     phase_s: float = 8.0                 # one phase of the burst
     delays_us: tuple[int, ...] = (1000, 4000, 16000)   # OPT_Wait's sweep
+    burst_rounds: int = 2                # bursts per system, interleaved; per-phase figures pool them
     workers: int = 96                    # client threads (open loop)
     shm: bool = True                     # inputs through system shared memory, for every system alike
     out: Path | None = None              # default artifacts/results/admission.json
@@ -80,9 +92,8 @@ class AdmissionBenchSettings:
 
     def shortened(self) -> "AdmissionBenchSettings":
         """``--quick``: fewer rates, shorter runs, one OPT_Wait delay."""
-        return AdmissionBenchSettings(self.models, self.cores, self.qos_ms, self.qos_factor, self.qos_floor_ms,
-                                      (0.5, 0.85, 1.0, 1.2, 1.4), self.burst_fractions, 3.0, 4.0, (4000,),
-                                      self.workers, self.shm, self.out, True, self.results_md)
+        return dataclasses.replace(self, rate_fractions=(0.5, 0.85, 1.0, 1.2, 1.4), run_s=3.0, phase_s=4.0,
+                                   delays_us=(4000,), quick=True)
 
 
 def run_admission_bench(settings: AdmissionBenchSettings = AdmissionBenchSettings(), echo=print) -> dict:
@@ -110,7 +121,7 @@ def run_admission_bench(settings: AdmissionBenchSettings = AdmissionBenchSetting
 def _bench_model(name: str, settings: AdmissionBenchSettings, echo) -> dict:
     from e3.controller.triton_api import TritonControl
     from e3.deploy.server import TritonServer
-    from e3.export.admission import naive_engine, profile_admission, write_admission
+    from e3.export.admission import naive_engine, profile_admission, workers_name, write_admission
     from e3.export.recipes import missing_checkpoints, train
     from e3.export.repository import ExportSettings, export_repository
     from e3.export.zoo import resolve_model
@@ -130,78 +141,83 @@ def _bench_model(name: str, settings: AdmissionBenchSettings, echo) -> dict:
         alone = profile_admission(onnx, pool, 1e9, batches=(16,), totals=(), repeats=3, progress=False)
         qos_ms = max(settings.qos_floor_ms, round(settings.qos_factor * alone["latency_ms"]["16"], -1))
     echo(f"[offline] {stock}: profiling workers for a QoS target of {qos_ms:.0f} ms (p99)")
-    profile = profile_admission(onnx, pool, qos_ms)
+    # sets of at most `cores` workers: the stage runs at most `cores` batches at once (one per process)
+    profile = profile_admission(onnx, pool, qos_ms, max_workers=settings.cores)
     max_bs = profile["max_bs"]
     echo(f"[offline] latency of one worker (ms): {profile['latency_ms']}; MaxBS {max_bs}; "
          f"E-Ebird sets per TotalBS: {profile['confs']}")
+    eebird = {"kind": "e-ebird", "confs": profile["confs"], "max_inflight": max_bs}
     stages = {"N-Ebird": write_admission(repo, stock, {"kind": "n-ebird", "engine": naive_engine(max_bs),
-                                                       "max_inflight": max_bs}, name=f"{stock}_nebird"),
-              "E-Ebird": write_admission(repo, stock, {"kind": "e-ebird", "confs": profile["confs"],
-                                                       "max_inflight": max_bs}, name=f"{stock}_eebird")}
-    budget = (f"{settings.cores} cores: Triton baselines instances x threads = {settings.cores}; "
-              f"E²bird workers of 1 thread each on the same cores, <= {max_bs} inputs in flight")
+                                                       "max_inflight": max_bs}, name=f"{stock}_nebird",
+                                         worker_processes=settings.cores),
+              "E-Ebird": write_admission(repo, stock, eebird, name=f"{stock}_eebird", worker_processes=settings.cores),
+              "E-Ebird (threads)": write_admission(repo, stock, eebird, name=f"{stock}_eebird_threads",
+                                                   worker_processes=None)}
+    workers = [workers_name(stages["N-Ebird"]), workers_name(stages["E-Ebird"])]
+    budget = (f"{settings.cores} cores: Triton baselines instances x threads = {settings.cores}; E²bird's "
+              f"batches on {settings.cores} instances x 1 thread of its workers' model (at most {settings.cores} "
+              f"at once, <= {max_bs} inputs in flight) plus the stage's process (staging, scheduling, no compute); "
+              f"E-Ebird (threads): its workers as threads of 1 intra-op thread each in the stage's process")
     log_file = artifacts_dir() / "logs" / "bench-admission-tritonserver.log"
     result = {"stock": stock, "qos_ms": qos_ms, "offline": profile, "budget": budget}
-    with TritonServer.on_free_ports(repo, [stock, *stages.values()], log_file=log_file) as server, \
+    load_start = os.getloadavg()[0]   # the machine may be shared: the figures come with its load
+    # Every Triton baseline is its own copy of the stock model, all loaded at once, so that the systems
+    # take turns at every rate (interleaved: a neighbour's load on the machine falls on all of them alike).
+    cores = settings.cores
+    baselines = {"NO_Wait": (1, cores, 0), f"instances ({cores}x1)": (cores, 1, 0),
+                 **{f"wait {d} us": (1, cores, d) for d in settings.delays_us}}
+    copies = {label: _copy_model(repo, stock, f"{stock}_bench_{i}") for i, label in enumerate(baselines)}
+    with TritonServer.on_free_ports(repo, [*stages.values(), *workers], log_file=log_file) as server, \
             TritonControl(server.http_url) as control:
         url = server.http_url
+        control.load(stock)
         base = copy.deepcopy(control.model_config(stock))
-
-        def configure(instances: int, threads: int, delay_us: int) -> str:
+        control.unload(stock)
+        configs = {}
+        for label, (instances, threads, delay_us) in baselines.items():
             config = copy.deepcopy(base)
+            config["name"] = copies[label]
             config["max_batch_size"] = max_bs
             config["instance_group"] = [{"count": instances, "kind": "KIND_CPU"}]
             config.setdefault("parameters", {})["intra_op_threads"] = {"string_value": str(threads)}
             config["dynamic_batching"] = {"max_queue_delay_microseconds": delay_us}
-            control.load(stock, config)
-            return f"{instances} inst x {threads} thr, delay {delay_us} us, max batch {max_bs}"
-
+            control.load(copies[label], config)
+            configs[label] = f"{instances} inst x {threads} thr, delay {delay_us} us, max batch {max_bs}"
+        systems = {label: copies[label] for label in baselines}
+        systems.update(stages)
+        configs.update({k: f"workers {_engine_of(profile, k, max_bs)} x 1 thr, {_worker_note(k, cores)}"
+                        for k in stages})
         from e3.client.loadgen import closed_loop
-        configure(1, settings.cores, 0)
-        capacity = closed_loop(url, stock, pool, concurrency=2 * max_bs, batch=1, requests=40 * max_bs,
+        for model in systems.values():      # warm-up: first runs allocate, stages' workers connect
+            closed_loop(url, model, pool, concurrency=4, batch=1, requests=4 * max_bs, warmup=1, shm=settings.shm)
+        capacity = closed_loop(url, systems["NO_Wait"], pool, concurrency=2 * max_bs, batch=1, requests=40 * max_bs,
                                warmup=1, shm=settings.shm).throughput_ips
         echo(f"[capacity] NO_Wait closed loop: {capacity:.1f} inputs/s; rates are fractions of it")
         rates = [round(f * capacity, 1) for f in settings.rate_fractions]
 
-        systems = [("NO_Wait", stock, lambda: configure(1, settings.cores, 0)),
-                   (f"instances ({settings.cores}x1)", stock, lambda: configure(settings.cores, 1, 0))]
-        systems += [(f"wait {d} us", stock, (lambda d=d: configure(1, settings.cores, d))) for d in settings.delays_us]
-        systems += [(k, model, (lambda k=k: f"workers {_engine_of(profile, k, max_bs)} x 1 thr"))
-                    for k, model in stages.items()]
-        sweep = {}
-        for label, model, setup in systems:
-            config = setup()
-            points = _sweep(url, model, pool, rates, qos_ms, settings, echo, label)
-            sweep[label] = {"config": config, "points": [p.__dict__ for p in points],
-                            "throughput_rps": throughput_at_qos(points, qos_ms)}
+        points = _sweep(url, systems, pool, rates, qos_ms, settings, echo)
+        sweep = {label: {"config": configs[label], "points": [p.__dict__ for p in points[label]],
+                         "throughput_rps": throughput_at_qos(points[label], qos_ms)} for label in systems}
         # OPT_Wait: the delay (0 included: NO_Wait's run) with the most throughput at the target
         delays = {0: "NO_Wait", **{d: f"wait {d} us" for d in settings.delays_us}}
         opt_delay = max(delays, key=lambda d: sweep[delays[d]]["throughput_rps"])
+        opt = delays[opt_delay]
         table = [{"system": "NO_Wait", **_pick(sweep["NO_Wait"])},
-                 {"system": f"OPT_Wait ({opt_delay} us)", **_pick(sweep[delays[opt_delay]])},
-                 {"system": f"instances ({settings.cores}x1)", **_pick(sweep[f"instances ({settings.cores}x1)"])},
-                 {"system": "N-Ebird", **_pick(sweep["N-Ebird"])}, {"system": "E-Ebird", **_pick(sweep["E-Ebird"])}]
+                 {"system": f"OPT_Wait ({opt_delay} us)", **_pick(sweep[opt])},
+                 {"system": f"instances ({cores}x1)", **_pick(sweep[f"instances ({cores}x1)"])}]
+        table += [{"system": k, **_pick(sweep[k])} for k in stages]
         echo(format_throughput(table, qos_ms, budget))
 
         low, high = (round(f * capacity, 1) for f in settings.burst_fractions)
         phases = [Phase("low", low, settings.phase_s), Phase("high", high, settings.phase_s),
                   Phase("low", low, settings.phase_s)]
-        schedule, which = burst_schedule(phases, seed=1)
-        burst, traces = [], {}
-        burst_systems = [("NO_Wait", stock, lambda: configure(1, settings.cores, 0)),
-                         (f"OPT_Wait ({opt_delay} us)", stock, lambda: configure(1, settings.cores, opt_delay)),
-                         (f"instances ({settings.cores}x1)", stock, lambda: configure(settings.cores, 1, 0)),
-                         ("N-Ebird", stages["N-Ebird"], lambda: ""), ("E-Ebird", stages["E-Ebird"], lambda: "")]
-        for label, model, setup in burst_systems:
-            setup()
-            lat, failed, at = _burst(url, model, pool, schedule, settings)
-            for row in phase_latencies(lat, which, failed, phases, qos_ms):
-                burst.append({"system": label, **row})
-            traces[label] = (at.tolist(), lat.tolist())
+        burst_systems = {"NO_Wait": systems["NO_Wait"], f"OPT_Wait ({opt_delay} us)": systems[opt],
+                         f"instances ({cores}x1)": systems[f"instances ({cores}x1)"], **stages}
+        burst, traces = _bursts(url, burst_systems, pool, phases, qos_ms, settings, echo)
         echo(format_burst(burst, qos_ms, budget))
         plot = _plot_burst(traces, phases, qos_ms, m)
     result.update(capacity_ips=capacity, rates=rates, sweep=sweep, throughput=table, burst=burst,
-                  burst_figure=f"figures/{plot.name}" if plot else None)
+                  burst_rounds=settings.burst_rounds, load_avg=[load_start, os.getloadavg()[0]], burst_figure=f"figures/{plot.name}" if plot else None)
     return result
 
 
@@ -210,40 +226,97 @@ def _engine_of(profile: dict, kind: str, max_bs: int) -> list[int]:
     return naive_engine(max_bs) if kind == "N-Ebird" else profile["engine"]
 
 
+def _worker_note(kind: str, cores: int) -> str:
+    """Where a stage's workers run, for its configuration column."""
+    return "threads of the stage" if "threads" in kind else f"on {cores} processes"
+
+
 def _pick(entry: dict) -> dict:
     return {"throughput_rps": entry["throughput_rps"], "config": entry["config"]}
 
 
-def _sweep(url, model, pool, rates, qos_ms, settings, echo, label) -> list[RatePoint]:
-    """Rising rates until the first that misses the target (that one is kept: it bounds the figure); past
-    the listed rates, 15% more each step (up to 4x the last listed), so no system's figure is capped by
-    the ladder."""
+def _copy_model(repo: Path, stock: str, name: str) -> str:
+    """``name``: a copy of model ``stock`` in ``repo`` (its ONNX file hard-linked where the filesystem allows),
+    so that each Triton baseline is loaded with its own configuration beside the others."""
+    import shutil
+    dest = repo / name
+    if dest.exists():
+        shutil.rmtree(dest)
+
+    def link(src, dst):
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+    shutil.copytree(repo / stock, dest, copy_function=link, ignore=shutil.ignore_patterns("__pycache__"))
+    config = dest / "config.pbtxt"
+    config.unlink()   # a hard link: write a new file, not through the link into the stock model's config
+    config.write_text((repo / stock / "config.pbtxt").read_text().replace(f'name: "{stock}"', f'name: "{name}"', 1))
+    return name
+
+
+def _sweep(url, systems: dict[str, str], pool, rates, qos_ms, settings, echo) -> dict[str, list[RatePoint]]:
+    """Rising rates, every system in turn at each rate (the order rotates from one rate to the next), until
+    each system's first rate that misses the target (that one is kept: it bounds the figure). A miss is
+    run again at once and the better run kept, so one run disturbed by a neighbour's load on the machine
+    does not end a system's sweep. Past the listed rates, 15% more each step (up to 4x the last listed),
+    so no system's figure is capped by the ladder."""
     from e3.client.loadgen import open_loop
-    points = []
     ladder = list(rates)
     while ladder[-1] < 4 * rates[-1]:
         ladder.append(round(ladder[-1] * 1.15, 1))
     run_s = max(settings.run_s, 4 * qos_ms / 1e3)   # long enough for a falling-behind queue to show in p99
-    for rate in ladder:
+
+    def run(model: str, rate: float) -> RatePoint:
         r = open_loop(url, model, pool, rate_rps=rate, duration_s=run_s, batch=1,
                       workers=settings.workers, seed=int(rate), shm=settings.shm)
-        point = RatePoint(rate, (r.requests - r.errors) / run_s, r.percentile_ms(99), r.errors)
-        points.append(point)
-        echo(f"[sweep] {label:<20} offered {rate:7.1f}/s answered {point.answered_rps:7.1f}/s "
-             f"p99 {point.p99_ms:8.1f} ms {'ok' if meets(point, qos_ms) else 'MISSED'}")
-        if not meets(point, qos_ms):
+        return RatePoint(rate, (r.requests - r.errors) / run_s, r.percentile_ms(99), r.errors)
+
+    points: dict[str, list[RatePoint]] = {label: [] for label in systems}
+    active = list(systems)
+    for i, rate in enumerate(ladder):
+        if not active:
             break
+        k = i % len(active)
+        for label in active[k:] + active[:k]:
+            point = run(systems[label], rate)
+            if not meets(point, qos_ms):
+                again = run(systems[label], rate)
+                point = again if meets(again, qos_ms) or again.p99_ms < point.p99_ms else point
+            points[label].append(point)
+            echo(f"[sweep] {label:<20} offered {rate:7.1f}/s answered {point.answered_rps:7.1f}/s "
+                 f"p99 {point.p99_ms:8.1f} ms {'ok' if meets(point, qos_ms) else 'MISSED'}")
+            if not meets(point, qos_ms):
+                active.remove(label)
     return points
 
 
-def _burst(url, model, pool, schedule, settings):
+def _bursts(url, systems: dict[str, str], pool, phases, qos_ms, settings, echo):
+    """The burst ``settings.burst_rounds`` times for every system, the systems in turn (the order rotates
+    each round; each round its own Poisson arrivals, the same for every system); per phase, p50 and p99
+    over the rounds pooled. Returns (rows, {label: (arrival s, latency ms) of the first round})."""
     from e3.client.loadgen import scheduled_records
-    records, _ = scheduled_records(url, model, pool, schedule, batch=1, workers=settings.workers, shm=settings.shm)
-    records.sort(key=lambda r: r.index)
-    lat = np.array([r.latency_ms for r in records])
-    failed = np.array([r.error is not None for r in records])
-    at = np.array([r.scheduled_s for r in records])
-    return lat, failed, at
+    pooled: dict[str, list] = {label: [] for label in systems}
+    traces = {}
+    labels = list(systems)
+    for r in range(settings.burst_rounds):
+        schedule, which = burst_schedule(phases, seed=1 + r)
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            records, _ = scheduled_records(url, systems[label], pool, schedule, batch=1, workers=settings.workers,
+                                           shm=settings.shm)
+            records.sort(key=lambda rec: rec.index)
+            lat = np.array([rec.latency_ms for rec in records])
+            failed = np.array([rec.error is not None for rec in records])
+            pooled[label].append((lat, failed, which))
+            if r == 0:
+                traces[label] = (np.array([rec.scheduled_s for rec in records]).tolist(), lat.tolist())
+            high = which == 1
+            echo(f"[burst] round {r + 1} {label:<20} high phase p99 {np.percentile(lat[high], 99):8.1f} ms")
+    rows = []
+    for label in systems:
+        lat, failed, which = (np.concatenate(x) for x in zip(*pooled[label]))
+        rows += [{"system": label, **row} for row in phase_latencies(lat, which, failed, phases, qos_ms)]
+    return rows, traces
 
 
 def _plot_burst(traces: dict, phases, qos_ms: float, m: str) -> Path | None:
