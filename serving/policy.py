@@ -116,6 +116,32 @@ class BatchRoute:
             return None
         return {name: outputs[state_output(name)][keep] for name in state_names}
 
+    def settle(self, label: np.ndarray, exit_ramp: np.ndarray, probs: np.ndarray, ramps: tuple[int, ...],
+               survivors: np.ndarray | None) -> None:
+        """Record what a split that applied the exit rule itself decided (a fused compact split,
+        :mod:`e3.serving.fused_split`), for the rows that entered it.
+
+        label [m] int64, exit_ramp [m] int32 (0: still running), probs [m, C]: one row per entered row;
+        ``ramps``: the ramps the split applied, ascending (the batch profile counts rows reaching and leaving
+        at each, as :meth:`observe` does ramp by ramp); ``survivors``: the entered rows still running, ascending
+        (None after the head: every row is answered). Raises ``ValueError`` where the two disagree."""
+        entered = self.active
+        if not (label.shape[0] == exit_ramp.shape[0] == probs.shape[0] == entered.size):
+            raise ValueError(f"a split answered {label.shape[0]} rows, {entered.size} entered it")
+        running = exit_ramp == 0
+        if not np.array_equal(np.flatnonzero(running), np.arange(0) if survivors is None else survivors):
+            raise ValueError("the split's survivors are not the rows it left undecided")
+        for block in ramps:
+            reached = int(np.count_nonzero(running | (exit_ramp >= block)))
+            if reached == 0:
+                break
+            self.counts.add(block, reached, int(np.count_nonzero(exit_ramp == block)))
+        decided = entered[~running]
+        self.label[decided] = label[~running]
+        self.exit_ramp[decided] = exit_ramp[~running]
+        self.probs[decided] = probs[~running]
+        self.active = entered[running]
+
     def follow(self, feed: dict[str, np.ndarray],
                steps: Iterable[tuple[tuple[int, ...], Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]]],
                state_names: list[str]) -> dict[str, np.ndarray] | None:
