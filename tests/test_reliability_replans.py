@@ -5,7 +5,8 @@ load, when splits still had a queue policy; see the assertion).
 
 Every block range is exported and its split loaded first (a controller loads a plan's new splits before it
 switches, and unloads old ones after; unloading is left out here to keep the run short). Runs in
-`make reliability` only (E3_RELIABILITY=1): a few minutes."""
+`make reliability` only (E3_RELIABILITY=1): a few minutes. The short version (`make test`: 4 re-plans while
+the splits are resized) is tests/test_reliability_reconfigure.py."""
 
 from __future__ import annotations
 

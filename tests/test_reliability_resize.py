@@ -2,7 +2,8 @@
 (Triton's model-repository API, as the controller does it) while 16 client threads send requests to the
 router; no request fails and every answer equals the answer before the resizing.
 
-Runs in `make reliability` only (E3_RELIABILITY=1): about a minute."""
+Runs in `make reliability` only (E3_RELIABILITY=1): about a minute. The short version (`make test`), both
+splits at once while the router is re-planned, is tests/test_reliability_reconfigure.py."""
 
 from __future__ import annotations
 
