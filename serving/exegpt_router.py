@@ -207,10 +207,11 @@ class TritonPythonModel(InboxFrontDoor):
             last = ("rra", chunk, rows, t0, time.perf_counter())
 
     def _waa_iteration(self, last):
-        """One WAA decode iteration: adopt the encode worker's finished hand-over, hand it the next B_E waiting
-        prompts (it prefills them while this thread decodes), decode one token for every live row. Also used to
-        collect a hand-over still in flight after a switch to RRA. Returns the iteration's timing record."""
-        waited = not self.engine.active and self.pair.busy()    # nothing to decode until the hand-over
+        """One WAA decode iteration (lock-step, ``generation/exegpt/waa.py``): wait for and adopt the encode
+        worker's hand-over, hand it the next B_E waiting prompts (it prefills them while this thread decodes),
+        decode one token for every live row. Also used to collect a hand-over still in flight after a switch to
+        RRA. Returns the iteration's timing record."""
+        waited = self.pair.busy()
         got = self.pair.collect(wait=waited)
         if got is not None:
             for f in got.failed:
@@ -227,6 +228,7 @@ class TritonPythonModel(InboxFrontDoor):
             return None
         t0 = time.perf_counter()
         if last is not None:
+            # a decode iteration runs from its start to the next one's, less any wait for the encode worker
             self._record(last, last[4] if waited or last[0] != "waa" else t0)
         rows = len(self.engine.active)
         self._step()

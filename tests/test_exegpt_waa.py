@@ -49,7 +49,7 @@ def test_waa_over_two_engines_answers_as_the_reference(engines):
     done, adopted_per_iter, b_e = {}, [], 4
     try:
         while waiting or pair.busy() or dec.active:
-            got = pair.collect(wait=not dec.active)
+            got = pair.collect(wait=True)    # lock-step: each iteration takes the hand-over begun at the last
             if got is not None:
                 assert not got.failed
                 dec.adopt(got.seqs)

@@ -5,9 +5,9 @@ The encode worker is a :class:`~e3.generation.engine.GenerationEngine` over its 
 over the split models that keep the cache, driven by the caller's thread (the front door's engine thread,
 ``serving/exegpt_router.py``, or a test in process). One decode iteration of the caller's loop:
 
-1. :meth:`WaaPair.collect`: the batch the encode worker has finished prefilling (if any) is taken and the
-   decode engine :meth:`~e3.generation.engine.GenerationEngine.adopt` s it (its prompt k/v travel with each
-   split's next call);
+1. :meth:`WaaPair.collect`: the batch the encode worker is prefilling is waited for and taken, and the decode
+   engine :meth:`~e3.generation.engine.GenerationEngine.adopt` s it (its prompt k/v travel with each split's
+   next call);
 2. :meth:`WaaPair.hand`: if the encode worker is free, the next ``B_E`` waiting prompts are handed to it; it
    prefills them *while* the decode worker runs step 3;
 3. the decode engine's ``step()``: one token for every live row.
@@ -15,15 +15,18 @@ over the split models that keep the cache, driven by the caller's thread (the fr
 So B_E prompts join the decode batch per decode iteration, as ``simulate_waa`` assumes. Decisions where the
 paper (§4.1) leaves the mapping open:
 
-* **No lock-step.** The decode worker never waits for the encoder while it has rows to decode: when the
-  encode pass is the slower (the simulator's period is then the encode stage), the decoder runs more, smaller
-  iterations instead of idling; when it has nothing to decode it waits for the encoder's hand-over. Throughput
-  is the same as lock-step; latency can only be lower.
+* **Lock-step, as WAA-C.** While prompts are being encoded, every decode iteration starts with the hand-over
+  of the B_E prompts the encode worker took at the previous one's start, waiting for it if the encode pass is
+  the slower: the period is max(encode pass, decode iteration), as ``simulate_waa`` has it. (Tried first: a
+  decode worker that never waits while it has rows. When encoding was the slower, as on SmolLM2 here, it ran
+  many small iterations between hand-overs, so neither its batch nor its latency was WAA-C's and the simulator
+  could not predict it.) With nothing waiting to be encoded, the decode worker runs on alone.
 * **Micro-batches.** With one decode worker the simulator's ``B_m`` is 1 (``simulate_waa`` clamps it to the
   decode workers), so the decode worker decodes its whole live batch per iteration. More decode workers would
   each hold a pipeline stage; this machine's two cores give one encoder and one decoder.
 * **Timing.** An encode pass is timed from the hand-over of its prompts to the end of their prefill (the
-  simulator's ``enc_pass``); the caller times its decode iterations.
+  simulator's ``enc_pass``); the caller times its decode iterations without the wait for the hand-over (the
+  simulator's decode iteration; the period is the slower of the two).
 
 No Triton here: the engines' ``run`` functions decide where the splits are (BLS in the door, ONNX Runtime in
 tests).
