@@ -134,6 +134,12 @@ def admission_markdown(doc: dict, command: str) -> str:
             ratio = f"{r['throughput_rps'] / opt:.2f}x" if opt else "-"
             out.append(f"| {r['system']} | {r['throughput_rps']:.1f} | {ratio} | {r['config']} |")
         rounds = m.get("burst_rounds", 1)
+        if m.get("closed_loop"):
+            out += ["", "Closed loop (2 x MaxBS clients; median of runs, the systems in turn): inputs/s, and the "
+                    "server's CPU per input (tritonserver and every stub), which a neighbour's load disturbs "
+                    "least; `cores x 1000 / CPU ms` bounds a system's inputs/s at the budget:", "",
+                    "| system | inputs/s | server CPU ms per input |", "| --- | --- | --- |"]
+            out += [f"| {k} | {v['inputs_per_s']:.1f} | {v['cpu_ms_per_input']:.2f} |" for k, v in m["closed_loop"].items()]
         out += ["", "Latency through a low -> high -> low burst (Fig. 13 analogue"
                 + (f"; {rounds} rounds, the systems in turn, pooled per phase" if rounds > 1 else "") + "):", "",
                 "| system | phase | offered/s | requests | p50 ms | p99 ms | within the target |",

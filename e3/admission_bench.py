@@ -84,6 +84,7 @@ class AdmissionBenchSettings:
     phase_s: float = 8.0                 # one phase of the burst
     delays_us: tuple[int, ...] = (1000, 4000, 16000)   # OPT_Wait's sweep
     burst_rounds: int = 2                # bursts per system, interleaved; per-phase figures pool them
+    closed_rounds: int = 3               # closed-loop runs per system (capacity, CPU per input), interleaved
     workers: int = 96                    # client threads (open loop)
     shm: bool = True                     # inputs through system shared memory, for every system alike
     out: Path | None = None              # default artifacts/results/admission.json
@@ -93,7 +94,7 @@ class AdmissionBenchSettings:
     def shortened(self) -> "AdmissionBenchSettings":
         """``--quick``: fewer rates, shorter runs, one OPT_Wait delay."""
         return dataclasses.replace(self, rate_fractions=(0.5, 0.85, 1.0, 1.2, 1.4), run_s=3.0, phase_s=4.0,
-                                   delays_us=(4000,), quick=True)
+                                   delays_us=(4000,), closed_rounds=2, quick=True)
 
 
 def run_admission_bench(settings: AdmissionBenchSettings = AdmissionBenchSettings(), echo=print) -> dict:
@@ -190,8 +191,8 @@ def _bench_model(name: str, settings: AdmissionBenchSettings, echo) -> dict:
         from e3.client.loadgen import closed_loop
         for model in systems.values():      # warm-up: first runs allocate, stages' workers connect
             closed_loop(url, model, pool, concurrency=4, batch=1, requests=4 * max_bs, warmup=1, shm=settings.shm)
-        capacity = closed_loop(url, systems["NO_Wait"], pool, concurrency=2 * max_bs, batch=1, requests=40 * max_bs,
-                               warmup=1, shm=settings.shm).throughput_ips
+        closed = _closed_loops(server, systems, pool, max_bs, settings, echo)
+        capacity = closed["NO_Wait"]["inputs_per_s"]
         echo(f"[capacity] NO_Wait closed loop: {capacity:.1f} inputs/s; rates are fractions of it")
         rates = [round(f * capacity, 1) for f in settings.rate_fractions]
 
@@ -216,7 +217,7 @@ def _bench_model(name: str, settings: AdmissionBenchSettings, echo) -> dict:
         burst, traces = _bursts(url, burst_systems, pool, phases, qos_ms, settings, echo)
         echo(format_burst(burst, qos_ms, budget))
         plot = _plot_burst(traces, phases, qos_ms, m)
-    result.update(capacity_ips=capacity, rates=rates, sweep=sweep, throughput=table, burst=burst,
+    result.update(capacity_ips=capacity, closed_loop=closed, rates=rates, sweep=sweep, throughput=table, burst=burst,
                   burst_rounds=settings.burst_rounds, load_avg=[load_start, os.getloadavg()[0]], burst_figure=f"figures/{plot.name}" if plot else None)
     return result
 
@@ -253,6 +254,41 @@ def _copy_model(repo: Path, stock: str, name: str) -> str:
     config.unlink()   # a hard link: write a new file, not through the link into the stock model's config
     config.write_text((repo / stock / "config.pbtxt").read_text().replace(f'name: "{stock}"', f'name: "{name}"', 1))
     return name
+
+
+def _server_cpu_s(server) -> float:
+    """CPU seconds (user + system) used so far by tritonserver and its Python-backend stubs."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in server.group_pids():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:     # a stub that just exited
+            continue
+        total += int(fields[11]) + int(fields[12])    # utime, stime (clock ticks)
+    return total / tick
+
+
+def _closed_loops(server, systems: dict[str, str], pool, max_bs: int, settings, echo) -> dict[str, dict]:
+    """Per system, the median over ``settings.closed_rounds`` closed-loop runs (2 x MaxBS clients, the systems
+    in turn) of its inputs/s and of the server's CPU milliseconds per input (tritonserver and every stub;
+    only the system under load works meanwhile). CPU per input is what a neighbour's load on a shared
+    machine disturbs least: at a budget of ``cores``, ``cores x 1000 / (CPU ms per input)`` bounds the
+    inputs/s a system can reach."""
+    from e3.client.loadgen import closed_loop
+    runs: dict[str, list[tuple[float, float]]] = {label: [] for label in systems}
+    labels = list(systems)
+    requests = 40 * max_bs
+    for r in range(settings.closed_rounds):
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            before = _server_cpu_s(server)
+            got = closed_loop(server.http_url, systems[label], pool, concurrency=2 * max_bs, batch=1,
+                              requests=requests, warmup=1, shm=settings.shm)
+            runs[label].append((got.throughput_ips, (_server_cpu_s(server) - before) * 1e3 / requests))
+            echo(f"[closed loop] round {r + 1} {label:<20} {got.throughput_ips:7.1f} inputs/s, "
+                 f"server CPU {runs[label][-1][1]:.2f} ms per input")
+    return {label: {"inputs_per_s": float(np.median([x for x, _ in v])),
+                    "cpu_ms_per_input": float(np.median([c for _, c in v]))} for label, v in runs.items()}
 
 
 def _sweep(url, systems: dict[str, str], pool, rates, qos_ms, settings, echo) -> dict[str, list[RatePoint]]:

@@ -60,7 +60,9 @@ def test_the_results_section_has_both_analogues_per_model():
                             {"system": "E-Ebird", "throughput_rps": 45.0, "config": "b"}],
              "burst": [{"system": "NO_Wait", "phase": "high", "rate_rps": 50.0, "requests": 400, "p50_ms": 900.0,
                         "p99_ms": 2000.0, "meets_qos": False, "failed": 0}],
-             "burst_figure": "figures/admission_burst_bert_ee.png"}
+             "burst_figure": "figures/admission_burst_bert_ee.png", "load_avg": [1.5, 2.25],
+             "closed_loop": {"E-Ebird": {"inputs_per_s": 120.0, "cpu_ms_per_input": 16.5}}, "burst_rounds": 2}
     text = admission_markdown({"commit": "abc", "models": {"bert-ee": model}}, "e3 bench admission")
     assert "| E-Ebird | 45.0 | 1.50x | b |" in text and "| NO_Wait | high | 50.0 | 400 | 900.0 | 2000.0 | **no** |" in text
     assert "QoS target p99 <= 700 ms, MaxBS 16" in text and "(figures/admission_burst_bert_ee.png)" in text
+    assert "| E-Ebird | 120.0 | 16.50 |" in text and "start / end: 1.5 / 2.2" in text and "2 rounds" in text
