@@ -302,15 +302,17 @@ def _bench_side_by_side(args) -> int:
 
 def _admission(args) -> int:
     import numpy as np
-    from e3.export.admission import naive_engine, profile_admission, write_admission
+    from e3.export.admission import naive_engine, profile_admission, workers_name, write_admission
     from e3.export.repository import ExportError
     from e3.export.triton_config import parse_config
     from e3.core.spec import NUMPY_DTYPES, dtype_from_config
     from tritonclient.grpc import model_config_pb2 as mc
     repo = Path(args.repo)
     try:
-        if args.qos_ms <= 0 or args.max_workers < 1:
-            raise ValueError("--qos-ms must be > 0 and --max-workers >= 1")
+        if args.max_workers is None:     # more workers than processes would only queue for one
+            args.max_workers = args.worker_processes or 4
+        if args.qos_ms <= 0 or args.max_workers < 1 or args.worker_processes < 0:
+            raise ValueError("--qos-ms must be > 0, --max-workers >= 1 and --worker-processes >= 0")
         config_file = repo / args.model / "config.pbtxt"
         if not config_file.exists():
             raise ExportError(f"{config_file} does not exist: name a model of {repo} (e3 export writes them)")
@@ -327,12 +329,14 @@ def _admission(args) -> int:
         else:
             print(f"E-Ebird's best worker set per TotalBS: {profile['confs']}")
             policy = {"kind": "e-ebird", "confs": profile["confs"], "max_inflight": max_bs}
-        name = write_admission(repo, args.model, policy, name=args.name)
+        name = write_admission(repo, args.model, policy, name=args.name,
+                               worker_processes=args.worker_processes or None)
     except (ValueError, ExportError) as err:
         print(f"e3 admission: error: {err}", file=sys.stderr)
         return 2
+    models = f"{name},{workers_name(name)}" if args.worker_processes else name
     print(f"wrote {repo / name} ({policy['kind']}, workers {policy.get('engine') or profile['engine']}); "
-          f"load it with `e3 serve --models {name}` or Triton's load API, and send requests to {name}")
+          f"load it with `e3 serve --models {models}` or Triton's load API, and send requests to {name}")
     return 0
 
 
@@ -734,7 +738,12 @@ def build_parser() -> argparse.ArgumentParser:
     ad.add_argument("--policy", choices=["n-ebird", "e-ebird"], default="e-ebird",
                     help="N-Ebird (fixed engine) or E-Ebird (profiled worker sets per load; default)")
     ad.add_argument("--qos-ms", type=float, required=True, help="p99 latency target (ms); sets MaxBS")
-    ad.add_argument("--max-workers", type=int, default=4, help="largest worker set profiled per TotalBS (default 4)")
+    ad.add_argument("--max-workers", type=int, default=None,
+                    help="largest worker set profiled per TotalBS (default: --worker-processes, or 4 without them)")
+    ad.add_argument("--worker-processes", type=int, default=2,
+                    help="Triton instances (processes, 1 intra-op thread each) of <name>_workers that run the "
+                         "workers' batches, at most that many at once (default 2, the cores); 0: the workers are "
+                         "threads of the stage's own process on one shared session")
     ad.add_argument("--name", default=None, help="the stage's Triton name (default <model>_admission)")
     ad.set_defaults(func=_admission)
 
