@@ -11,9 +11,11 @@ session's shared server while 16 client threads send 3-input requests to the rou
 
 No request may fail, and every request gets the same label and exit (probabilities may differ in their
 last bits between a compact and a constant split). The two run together because each is mostly waiting on
-Triton (measured: taking a split from 8 instances to 1 took 8.6 s with no load, about 1.2 s per removed
-instance one after the other, the same for a Python model that does nothing; a router reload 2-3 s), which
-keeps the pair within the suite's budget; a controller does both to a live server too. The long versions
+Triton, and a controller does both to a live server too. Measured: taking a split from 8 instances to 1
+took 8.6 s with no load, the same for a Python model that does nothing: Triton's Python backend sleeps 1 s
+for every instance it removes (``StubLauncher::UpdateHealth``, called as an instance is torn down,
+``src/stub_launcher.cc``), one instance after the other, so the 18 removals here cost at least 18 s; a
+router reload takes 2-3 s. The long versions
 (tests/test_reliability_resize.py, tests/test_reliability_replans.py: 100 re-plans) run in
 `make reliability`, which skips this file's test."""
 
