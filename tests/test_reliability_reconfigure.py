@@ -71,7 +71,8 @@ def test_resizing_every_split_and_replanning_the_cuts_under_16_clients_fails_no_
     stop = threading.Event()
     took: dict[str, float] = {}
     with TritonControl(server.http_url) as control:
-        counts = {s: control.model_config(s)["instance_group"][0]["count"] for s in SPLITS}
+        configs = {m: control.model_config(m) for m in (*SPLITS, ROUTER)}   # put back if the test fails midway
+        counts = {s: configs[s]["instance_group"][0]["count"] for s in SPLITS}
         assert counts == dict.fromkeys(SPLITS, 1), counts   # the steps start and end at 1
         original = control.current_plan(ROUTER)
     plans = _plans(tiny_model.card, original)
@@ -113,6 +114,10 @@ def test_resizing_every_split_and_replanning_the_cuts_under_16_clients_fails_no_
         stop.set()
         for t in threads:
             t.join(timeout=150)
+        with TritonControl(server.http_url) as control:   # the tests after this one share the server
+            for model, config in configs.items():
+                if control.model_config(model) != config:
+                    control.load(model, config)
     failed = [text for status, text in outcomes if status != 200]
     answers = {json.dumps(sorted((o["name"], o["data"]) for o in json.loads(text)["outputs"] if o["name"] != "probs"))
                for status, text in outcomes if status == 200}
