@@ -213,15 +213,23 @@ def run_exegpt_bench(settings: ExegptBenchSettings = ExegptBenchSettings(), echo
             row = {"bound_ms": None if math.isinf(bound) else bound, "feasible": status["feasible"],
                    "chosen": _measured(chosen, p_chosen, run_c)}
             other = "waa" if chosen.kind == "rra" else "rra"
-            cand = (plan.get("candidates") or {}).get(other)
-            if cand is not None:
-                alt = schedule_from_json([other, *cand["schedule"]])
-                p_alt = replace(cal.predict(alt, s.prompt_tokens, lengths), throughput_seq_s=cand["predicted_seq_s"],
-                                latency_ms=cand["predicted_latency_ms"])
-                echo(f"  the best {other.upper()} under the bound, {_sched(alt)}; measuring ...")
+            cands = plan.get("candidates") or {}
+            if other in cands:
+                cand = cands[other]
+                if cand is not None:
+                    alt = schedule_from_json([other, *cand["schedule"]])
+                    p_alt = replace(cal.predict(alt, s.prompt_tokens, lengths),
+                                    throughput_seq_s=cand["predicted_seq_s"], latency_ms=cand["predicted_latency_ms"])
+                    echo(f"  the best {other.upper()} under the bound, {_sched(alt)}; measuring ...")
+                else:   # none predicted to meet the bound: measure its lowest-latency schedule, to check that
+                    alt = (WaaSchedule(min(s.batch_sizes)) if other == "waa"
+                           else RraSchedule(min(s.batch_sizes), lengths.lengths[-1]))
+                    p_alt = cal.predict(alt, s.prompt_tokens, lengths)
+                    echo(f"  no {other.upper()} schedule is predicted to meet the bound; its lowest-latency one, "
+                         f"{_sched(alt)}; measuring ...")
                 run_a = measure(http, grpc, door, alt, p_alt.detail["decode_batch"], lengths, s.prompt_tokens,
                                 vocab, s.phases, measure_s=s.measure_s)
-                row["other"] = _measured(alt, p_alt, run_a)
+                row["other"] = {**_measured(alt, p_alt, run_a), "predicted_feasible": cand is not None}
             net = bound * (1 - s.slack)
             p_static = best_static(served, s.prompt_tokens, lengths, net, s.batch_sizes, latency_profile=tail)
             if p_static is not None:
@@ -311,14 +319,20 @@ def format_tables(r: dict) -> str:
         out += ["", "RRA (one worker) against WAA (an encode and a decode worker) per bound, each the best of its kind "
                 "under the bound as the door planned it, both measured (seq/s, server p99 ms in brackets):", "",
                 "| bound (ms) | RRA | WAA | WAA / RRA | chosen |", "|---:|---|---|---:|---|"]
+        infeasible = False
         for row in r["rows"]:
             if "other" not in row:
                 continue
             by = {row["chosen"].get("kind", "rra"): row["chosen"], row["other"]["kind"]: row["other"]}
             ra, wa = by["rra"], by["waa"]
-            out.append(f"| {_b(row['bound_ms'])} | {_cell_sched(ra)}: {ra['seq_s']:.1f} ({ra['p99_ms']:,.0f}) | "
-                       f"{_cell_sched(wa)}: {wa['seq_s']:.1f} ({wa['p99_ms']:,.0f}) | "
+            star = "" if row["other"].get("predicted_feasible", True) else "*"
+            infeasible = infeasible or bool(star)
+            cells = {k: f"{_cell_sched(c)}{star if c is row['other'] else ''}: {c['seq_s']:.1f} ({c['p99_ms']:,.0f})"
+                     for k, c in by.items()}
+            out.append(f"| {_b(row['bound_ms'])} | {cells['rra']} | {cells['waa']} | "
                        f"{wa['seq_s'] / ra['seq_s']:.2f} | {row['chosen'].get('kind', 'rra').upper()} |")
+        if infeasible:
+            out += ["", "\\* none of its kind was predicted to meet the bound; its lowest-latency schedule, measured."]
     out += ["", "The simulator against the measured runs (every schedule measured above; error = predicted / measured "
             "- 1; the p99-length latency against the measured p99):", "",
             "| bound (ms) | run | schedule | predicted seq/s | measured seq/s | error | predicted p99 ms | "
