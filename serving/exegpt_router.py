@@ -100,6 +100,8 @@ class TritonPythonModel(InboxFrontDoor):
         return self._families[-1]
 
     def finalize(self):
+        if self.pair is not None:
+            self.pair.close(timeout_s=0)    # wakes the engine thread if it waits for a hand-over
         self.stop_loop()
         if self.pair is not None:
             self.pair.close()

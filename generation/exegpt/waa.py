@@ -108,6 +108,8 @@ class WaaPair:
             return out
 
     def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the encode worker: a :meth:`collect` waiting returns at once; an encode pass in progress ends
+        first (joined for up to ``timeout_s``; 0: do not wait)."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()
