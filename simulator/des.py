@@ -36,6 +36,17 @@ goodput under an SLO, drops) plus the batch each split ran.
   ``request_ms`` (a native GPU backend, not a Python model); and a constant
   split's hop runs on a copy engine of its own beside the instance's compute
   (a pipeline stage per instance, as the planner prices it, E3 §3.2.2).
+  Two more GPU-only choices: ``router_cores`` > 0 puts a constant split's
+  router work (``router(B)``) on a pool of that many host cores beside the
+  devices instead of inside the instance's time (the real router's worker
+  thread does it on the host CPU while the split's Triton instance, a
+  separate model, already runs the next batch), at most one batch per
+  instance at a time (a pipeline stage per instance); ``out_copy`` charges a
+  constant split's output state (every row of its batch, the next split's
+  input) a device-to-host copy on an engine of its own per instance (the
+  BLS answer goes through the router's host memory). A compact split runs
+  its blocks from the router's own thread, so its router work stays inside
+  its time on every device.
 * **Not modelled**: the client's own CPU on the same cores, the front door
   (HTTP) and Triton's queue before the router, OS scheduling noise. The
   validation table (``e3 bench``) says how far that leaves it.
@@ -99,12 +110,29 @@ class CallCosts:
     input_curve: str = "tx"             # hop of a call carrying model inputs: "tx" (a cut's) or "tx_in" (the inputs')
     request_ms: float | None = None     # per further request taken into one execute (ms); None: tx(1)
     overlap_hop: bool = False           # a constant split's hop holds a copy engine per instance, not the instance
+    router_cores: int = 0               # > 0: a constant split's router work holds one of this many host cores
+    #                                     (shared by all splits), not the split's instance; 0: inside its time
+    out_copy: bool = False              # a constant split (not the last) copies its output state to the host on
+    #                                     an engine of its own per instance: the bytes part of tx(rows)
+    slots_per_instance: int | None = None   # a constant split's batches in flight per instance (the router's
+    #                                     slots); None: one per pipeline stage (copy in, compute, copy out, host)
 
     def __post_init__(self) -> None:
         if self.input_curve not in ("tx", "tx_in"):
             raise ValueError(f"input_curve must be 'tx' or 'tx_in', got {self.input_curve!r}")
         if self.request_ms is not None and not self.request_ms >= 0:
             raise ValueError(f"request_ms must be >= 0 (ms), got {self.request_ms}")
+        if self.router_cores < 0:
+            raise ValueError(f"router_cores must be >= 0, got {self.router_cores}")
+        if self.slots_per_instance is not None and self.slots_per_instance < 1:
+            raise ValueError(f"slots_per_instance must be >= 1, got {self.slots_per_instance}")
+
+    def stages_per_instance(self) -> int:
+        """Batches of a constant split in flight per instance: one per pipeline stage that runs beside the
+        instance's compute (its hop in, its output copy, the router's host work), plus the compute."""
+        if self.slots_per_instance is not None:
+            return self.slots_per_instance
+        return 1 + int(self.overlap_hop) + int(self.out_copy) + int(self.router_cores > 0)
 
     def input_hop(self, latency: LatencyProfile, device: str, rows: float) -> float:
         """ms of a call carrying ``rows`` inputs' model inputs."""
@@ -261,9 +289,9 @@ class _Router:
         self.costs = costs
         splits, share = plan.splits, plan.router_instances
         inline = share > 1
-        # a constant split's batches in flight: one more than its instances (the router's); with an
-        # overlapping hop, one in the copy and one computing per instance
-        per_instance = 2 if costs.overlap_hop else 1
+        # a constant split's batches in flight: one more than its instances (the router's); with stages
+        # beside the compute (a copy in or out, the router's host work), one per stage per instance
+        per_instance = costs.stages_per_instance()
         slots = [s.instances // share if s.form == COMPACT else per_instance * s.instances + 1 for s in splits]
         self.sched = Scheduler(make_queues([s.batch_size for s in splits], slots,
                                            [0 if inline and i == 0 else s.queue_delay_us
@@ -280,8 +308,14 @@ class _Router:
         else:
             self.workers = [simpy.Resource(env, capacity=s.instances if s.form != COMPACT else max(1, n))
                             for s, n in zip(splits, slots)]
-        # a copy engine per instance of a constant split (CallCosts.overlap_hop)
+        # a copy engine per instance of a constant split (CallCosts.overlap_hop), one more for its output
+        # copy (CallCosts.out_copy), and the host cores of the router's work (CallCosts.router_cores)
         self.links = [simpy.Resource(env, capacity=s.instances) for s in splits]
+        self.links_out = [simpy.Resource(env, capacity=s.instances) for s in splits]
+        self.host = simpy.Resource(env, capacity=costs.router_cores) if costs.router_cores else None
+        # ... of which one per instance: a split's router work is one pipeline stage per instance, as the
+        # planner prices it (gpu.beside_profile), not as many at once as batches are in flight
+        self.host_lanes = [simpy.Resource(env, capacity=s.instances) for s in splits]
         self.batches = batches
         self.waiting: dict[int, simpy.Event] = {}
         self.wake_at: float | None = None
@@ -297,14 +331,29 @@ class _Router:
         dev = self.split_device(i)
         return self.costs.input_hop(self.latency, dev, rows) if i == 0 else float(self.latency.tx(dev, rows))
 
+    def router_beside(self, i: int) -> bool:
+        """Whether split i's router work runs on the host cores beside its instances
+        (:attr:`CallCosts.router_cores`; constant splits only)."""
+        return self.host is not None and self.plan.splits[i].form != COMPACT
+
+    def out_copy_ms(self, i: int, rows: int) -> float:
+        """Split i's output copy to the host (:attr:`CallCosts.out_copy`): the bytes part of the hop curve at
+        ``rows`` (tx(rows) - tx(1) + the per-row step, exact for a fixed + bytes hop); 0 for the last split."""
+        if not self.costs.out_copy or i == len(self.plan.splits) - 1 or self.plan.splits[i].form == COMPACT:
+            return 0.0
+        dev = self.split_device(i)
+        one, two = float(self.latency.tx(dev, 1)), float(self.latency.tx(dev, 2))
+        return max(0.0, float(self.latency.tx(dev, rows)) - one + (two - one))
+
     def service_ms(self, i: int, pool_rows: np.ndarray) -> tuple[float, np.ndarray]:
         """Time of split i on these inputs and the exit block of each (0: goes on); a constant split's hop
-        is included unless it overlaps (:attr:`CallCosts.overlap_hop`)."""
+        is included unless it overlaps (:attr:`CallCosts.overlap_hop`), its router work unless it runs
+        beside it (:meth:`router_beside`)."""
         s, lat, dev = self.plan.splits[i], self.latency, self.split_device(i)
         n0 = len(pool_rows)
         out = self.exits[i][pool_rows]
         leaves = np.where(out <= s.last_block, out, 0)
-        ms = lat.router(dev, n0)
+        ms = 0.0 if self.router_beside(i) else lat.router(dev, n0)
         if s.form == COMPACT:
             n = n0
             if i == 0 and self.costs.input_curve == "tx_in":
@@ -361,6 +410,16 @@ class _Router:
             self.batches[d.split].append(len(pool_rows))
             yield self.env.timeout(ms / 1e3)
         n = len(pool_rows)
+        copy_ms = self.out_copy_ms(d.split, n)
+        if copy_ms > 0:
+            with self.links_out[d.split].request() as link:
+                yield link
+                yield self.env.timeout(copy_ms / 1e3)
+        if self.router_beside(d.split):
+            with self.host_lanes[d.split].request() as lane, self.host.request() as core:
+                yield lane
+                yield core
+                yield self.env.timeout(float(self.latency.router(self.split_device(d.split), n)) / 1e3)
         route = _SimRoute(exit_ramp=leaves.astype(np.int32), label=np.zeros(n, np.int64),
                           probs=np.zeros((n, self.C), np.float32), active=np.flatnonzero(leaves == 0))
         for job in self.sched.finish(d, route, {"x": pool_rows[route.active]}, ms, self.env.now):

@@ -20,10 +20,42 @@ Decisions (the paper is silent on them):
 * **Call costs on a GPU** (:func:`gpu_call_costs`): an execute carrying model inputs pays the
   inputs' hop (``tx_in``, token ids: small); a cut's hop (``tx``: hidden states at the modelled
   link) runs on a copy engine beside the instance's compute, a pipeline stage of its own, as
-  the planner prices it; a further request merged into one execute costs ``request_ms``
+  the planner prices it (E3 §3.2.2: "overlapping computation and communication across
+  batches"); a further request merged into one execute costs ``request_ms``
   (default 0: a native GPU backend gathers requests on the host while the GPU runs, the same
-  for every system). The router's own work (``router_ms``, measured on this host's CPU) is part
-  of each E3 split's time, as the planner counts it.
+  for every system).
+* **The hop's link** (``link_gbit_s``, ``link_fixed_ms``): our router moves a cut's state
+  through its host memory (BLS: the split's output comes back to the router, the survivors go
+  to the next split), so a hop between GPUs of one machine is a device-to-host and a
+  host-to-device copy over PCIe, not a network transfer. Default: PCIe 3.0 x16 (the V100
+  hosts of the price model, AWS p3: ~12 GB/s effective, 96 Gbit/s) with the modelled profile's
+  fixed 0.2 ms per hop (the BLS exchange); the cluster is taken as machines of 8 GPUs, each
+  with a router of its own, so no hop crosses the network (the paper: "GPUs on same server are
+  connected via a shared PCIe interconnect"). Hops across machines (25 Gbit/s, the profile's
+  old assumption; the paper's 10 Gbit/s Ethernet) are rows of the sensitivity table. The copy
+  out of a constant split (every row of its batch, ``out_copy``) runs on an engine of its own
+  per instance (a V100 copies both ways at once).
+* **The router's work** (``router_ms``, measured on this host's CPU: stacking rows, the exit
+  rule, answers) runs on the host, beside the GPUs: the real router's worker thread does it
+  after the split's BLS call returned, while the split's Triton instance (another model) runs
+  the next batch. So for a constant split it is a pipeline stage of its own on a pool of host
+  cores, ``router_cores_per_gpu`` per GPU of the plan (default 4: the hosts of the price model,
+  AWS p3, have 8 vCPUs per V100; the paper's servers a 12-core CPU for 1-2 GPUs), not time
+  the GPU waits; a compact split runs its blocks from the router's thread, so its router work
+  stays in its time. One router process's Python holds one GIL, so the row "router work on 1
+  host core" shows what a single router process doing all of it would reach; the router keeps
+  one batch per pipeline stage per instance in flight (``router_slots``; today's
+  ``serving/router.py`` gives a constant split instances + 1, another row).
+  The planner counts the router's work inside every split's stage (right on a CPU, where it
+  takes the same cores, and for compact splits): :func:`plan_for` also asks it for constant
+  plans priced with the stages beside the compute (:func:`beside_profile`) and keeps the plan
+  it predicts faster.
+* **Latency curves** (why naive EE beats stock here): the modelled V100 layer of this model
+  (hidden 384, 48 tokens) is flat only up to batch ~10 (the equivalent BERT-base batch r*B <=
+  1) and grows after it: at batch 64 (3,072 tokens) it is 0.237 ms, ~11 GFLOP at ~47 TFLOPS,
+  the FP16 rate the public BERT-base figures show from batch 8 at 128 tokens (1,024 tokens:
+  ~51 TFLOPS); the public 6-layer distilled BERT on V100 (S4) grows likewise (2.0 -> 7.5 ms
+  from batch 1 to 8). So a shrinking batch saves time here too, and the curve is kept.
 * **Equal budgets**: every system gets the same GPUs, one Triton instance per GPU (the
   simulator does not model two instances sharing one GPU, so more would create capacity that
   does not exist). Each baseline keeps its best (max batch, queue delay) from a small grid
@@ -52,7 +84,7 @@ from e3.core.plan import Plan
 from e3.core.profile import BatchProfile, LatencyProfile
 from e3.simulator.des import Arrivals, Baseline, CallCosts, SimResult, simulate_baseline, simulate_plan
 
-__all__ = ["GpuSimSettings", "Cell", "gpu_call_costs", "baseline_grid", "saturate", "plan_for", "simulate_e3",
+__all__ = ["GpuSimSettings", "Cell", "gpu_call_costs", "beside_profile", "baseline_grid", "saturate", "plan_for", "simulate_e3",
            "best_baseline", "goodput_vs_batch", "clusters_at_budget", "heterogeneity", "cost_at_goodput",
            "describe_plan", "saturated", "start_inflight", "with_link", "batch_table", "heterogeneity_table", "cost_table", "results_document", "plot_goodput", "MODELLED"]
 
@@ -84,6 +116,20 @@ class GpuSimSettings:
     goodput_share: float = 0.5                  # Figs. 14-15's target: this share of E3's goodput on `gpus`
     max_per_type: int = 64                      # GPUs of each type the cheapest-cluster search may use
     seed: int = 0
+    link_gbit_s: float = 96.0                   # a cut's hop: PCIe 3.0 x16 (~12 GB/s) through the router's host
+    link_fixed_ms: float = 0.2                  # a hop's fixed part (the modelled profile's)
+    out_copy: bool = True                       # a constant split's output copy on an engine of its own
+    router_cores_per_gpu: float = 4.0           # host cores for the router's work per GPU of the plan; 0: the
+    #                                             router's work inside every split's time (the planner's model)
+    router_cores: int | None = None             # the router's host cores, whatever the GPUs (overrides the above)
+    router_slots: int | None = None             # a constant split's batches in flight per instance; None: one
+    #                                             per pipeline stage (today's router: 1, plus one per split)
+
+    def host_cores(self, gpus: int) -> int:
+        """Host cores the router's work may use on a cluster of ``gpus`` GPUs (0: inside the splits' time)."""
+        if self.router_cores is not None:
+            return self.router_cores
+        return int(round(self.router_cores_per_gpu * gpus))
 
     @classmethod
     def quick(cls, **kw) -> "GpuSimSettings":
@@ -109,9 +155,35 @@ class Cell:
         return asdict(self)
 
 
-def gpu_call_costs(request_ms: float = 0.0) -> CallCosts:
-    """The simulator's call costs on a GPU (module docstring)."""
-    return CallCosts(input_curve="tx_in", request_ms=request_ms, overlap_hop=True)
+def gpu_call_costs(request_ms: float = 0.0, *, router_cores: int = 0, out_copy: bool = False,
+                   slots_per_instance: int | None = None) -> CallCosts:
+    """The simulator's call costs on a GPU (module docstring); ``router_cores``: host cores of the router's
+    work beside the GPUs (0: inside each split's time)."""
+    return CallCosts(input_curve="tx_in", request_ms=request_ms, overlap_hop=True, router_cores=router_cores,
+                     out_copy=out_copy, slots_per_instance=slots_per_instance)
+
+
+def beside_profile(latency: LatencyProfile) -> LatencyProfile:
+    """The profile the planner prices constant plans with when the router's work and the copies run beside
+    the GPU (module docstring). The planner's cycle takes, per split, the larger of its stage and its hop,
+    ``max(T, Tx)``; here the stage is the blocks alone and the hop's term carries the largest stage beside
+    them at the same per-instance batch: ``max(Tx, R)`` into a cut, and for the first split ``max(Tx_in, R,
+    out)`` with ``out`` its output copy (the bytes part of ``Tx``; a later split's copy out is no longer
+    than the hop into it). Worst-case latency then counts ``max`` where the stages add up, under by at most
+    the smaller of them per split (under 1 ms here, against a 100 ms SLO). Pure."""
+    import copy
+    out = copy.deepcopy(latency)
+    for d in latency.devices:
+        r = list(latency.router_ms.get(d) or [0.0] * len(latency.batch_sizes))
+        tx = list(latency.tx_ms[d])
+        step = (latency.tx(d, 2) - latency.tx(d, 1)) if len(tx) else 0.0
+        out_copy = [max(0.0, t - float(latency.tx(d, 1)) + float(step)) for t in tx]
+        out.tx_ms[d] = [max(t, x) for t, x in zip(tx, r)]
+        first = latency.tx_in_ms.get(d) or tx
+        out.tx_in_ms[d] = [max(t, x, c) for t, x, c in zip(first, r, out_copy)]
+    out.router_ms = {}
+    out.source = f"{latency.source}; planned with the router's work and copies beside the GPU"
+    return out
 
 
 def baseline_grid(settings: GpuSimSettings) -> list[tuple[int, int]]:
@@ -158,11 +230,22 @@ def plan_for(latency: LatencyProfile, batch_profile: BatchProfile, devices: Mapp
              settings: GpuSimSettings, *, exit_rule: Mapping | None = None,
              ramp_blocks: Sequence[int] | None = None, forms: Sequence[str] | None = None) -> Plan:
     """The planner's best plan for ``devices`` (no cost bound), served with the bench's SLO; ``forms``:
-    the split forms it may choose (None: both)."""
-    from e3.controller.planner import best_plan
-    from e3.core.plan import FORMS
-    result = best_plan(latency, batch_profile, dict(devices), slo_ms=settings.slo_ms, rate_rps=settings.rate_rps,
-                       slack=settings.slack, alpha=None, forms=tuple(forms or FORMS))
+    the split forms it may choose (None: both). With the router's work beside the GPUs
+    (``settings.router_cores_per_gpu`` or ``router_cores``), also the best constant plan priced by
+    :func:`beside_profile`; the one the planner predicts faster is kept (ties: the first)."""
+    from e3.controller.planner import PlannerError, best_plan
+    from e3.core.plan import CONSTANT, FORMS
+    allowed = tuple(forms or FORMS)
+    kw = dict(slo_ms=settings.slo_ms, rate_rps=settings.rate_rps, slack=settings.slack, alpha=None)
+    result = best_plan(latency, batch_profile, dict(devices), forms=allowed, **kw)
+    if settings.host_cores(sum(devices.values())) > 0 and CONSTANT in allowed:
+        try:
+            beside = best_plan(beside_profile(latency), batch_profile, dict(devices), forms=(CONSTANT,), **kw)
+        except PlannerError as err:
+            log.info("no constant plan with the router beside the GPUs: %s", err)
+        else:
+            if beside.throughput_rps > result.throughput_rps * (1 + 1e-9):
+                result = beside
     ramps = list(ramp_blocks) if ramp_blocks is not None else list(latency.ramp_blocks())
     return result.to_plan(model=latency.model, num_blocks=latency.num_blocks,
                           exit_rule=dict(exit_rule or {"kind": "entropy", "tau_nats": 0.0}), ramp_blocks=ramps,
@@ -204,12 +287,13 @@ def _cost(latency: LatencyProfile, devices: Mapping[str, int]) -> float:
 
 def simulate_e3(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, batch: int,
                 settings: GpuSimSettings) -> Cell:
-    """E3 serving ``plan`` at saturation."""
-    costs = gpu_call_costs(settings.request_ms)
+    """E3 serving ``plan`` at saturation; the router's work on ``settings.host_cores`` of the plan's GPUs."""
     device = plan.splits[0].device
     used: dict[str, int] = {}
     for s in plan.splits:
         used[s.device] = used.get(s.device, 0) + s.instances
+    costs = gpu_call_costs(settings.request_ms, router_cores=settings.host_cores(sum(used.values())),
+                           out_copy=settings.out_copy, slots_per_instance=settings.router_slots)
     best, sweep = saturate(lambda a: simulate_plan(latency, plan, exit_ramp, a, device=device,
                                                    slo_ms=settings.slo_ms, costs=costs), batch, settings,
                            start_inflight(settings, sum(used.values())))
@@ -317,6 +401,27 @@ def _fewest_gpus(latency: LatencyProfile, kind: str, device: str, exit_ramp: np.
     return min((c for c in tried.values() if c.goodput_ips >= target), key=lambda c: c.cost_per_hour, default=None)
 
 
+def _cheapest(latency: LatencyProfile, batch_profile: BatchProfile, devices: Mapping[str, int], goodput_ips: float,
+              settings: GpuSimSettings):
+    """The planner's cheapest plan reaching ``goodput_ips``; with the router's work beside the GPUs, also the
+    cheapest constant plan priced by :func:`beside_profile`, and the cheaper of the two (ties: the faster).
+    Raises PlannerError when neither exists."""
+    from e3.controller.planner import PlannerError, cheapest_plan
+    from e3.core.plan import CONSTANT
+    kw = dict(slo_ms=settings.slo_ms, goodput_rps=goodput_ips, rate_rps=settings.rate_rps, slack=settings.slack)
+    found, errors = [], []
+    for profile, forms in ((latency, None), (beside_profile(latency), (CONSTANT,))):
+        if forms is not None and settings.host_cores(1) <= 0:
+            continue
+        try:
+            found.append(cheapest_plan(profile, batch_profile, devices, **kw, **({"forms": forms} if forms else {})))
+        except PlannerError as err:
+            errors.append(str(err))
+    if not found:
+        raise PlannerError("; ".join(errors))
+    return min(found, key=lambda r: (r.cost, -r.throughput_rps))
+
+
 def cost_at_goodput(latency: LatencyProfile, batch_profile: BatchProfile, exit_ramp: np.ndarray, target_ips: float,
                     settings: GpuSimSettings, *, progress: Callable[[str], None] | None = None,
                     plan_kw: Mapping | None = None) -> dict:
@@ -326,15 +431,14 @@ def cost_at_goodput(latency: LatencyProfile, batch_profile: BatchProfile, exit_r
     Where the planner's cheapest plan falls short in the simulator (its model of a compact split leaves
     out the inputs' copy the simulator charges), the planner is asked again for ``E3_ASK_MORE`` times
     the target, and so on, until the simulated plan reaches the target; every attempt is kept."""
-    from e3.controller.planner import PlannerError, cheapest_plan
+    from e3.controller.planner import PlannerError
     devices = {t: settings.max_per_type for t in settings.hetero_types}
     rows: list[dict] = []
     attempts: list[dict] = []
     kw = dict(plan_kw or {})
     for factor in E3_ASK_MORE:
         try:
-            result = cheapest_plan(latency, batch_profile, devices, slo_ms=settings.slo_ms,
-                                   goodput_rps=target_ips * factor, rate_rps=settings.rate_rps, slack=settings.slack)
+            result = _cheapest(latency, batch_profile, devices, target_ips * factor, settings)
         except PlannerError as err:
             attempts.append({"asked_ips": target_ips * factor, "error": str(err)})
             break

@@ -3,14 +3,18 @@ profile (flat in the batch, as a GPU's is below its knee), the real planner and 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from e3.core.plan import Plan, SplitPlan
 from e3.core.profile import BatchProfile, DeviceConfig, LatencyProfile
 from e3.gpu_bench import BEGIN, replace_gpu_section
-from e3.simulator.des import Arrivals, CallCosts, SimResult, simulate_baseline
+from e3.simulator.des import Arrivals, CallCosts, SimResult, simulate_baseline, simulate_plan
 from e3.simulator.des import Baseline
-from e3.simulator.gpu import (MODELLED, Cell, GpuSimSettings, batch_table, best_baseline, clusters_at_budget,
+from e3.simulator.gpu import (MODELLED, Cell, GpuSimSettings, batch_table, beside_profile, best_baseline,
+                              clusters_at_budget,
                               cost_at_goodput,
                               cost_table, gpu_call_costs, heterogeneity_table, plan_for, plot_goodput,
                               results_document, saturate, simulate_e3, with_link)
@@ -63,13 +67,60 @@ def test_where_batching_pays_e3_beats_naive_early_exit_and_stock_at_batch_8():
     assert len(e3.sweep) >= 2 and e3.goodput_ips == pytest.approx(max(g for _, g in e3.sweep))
 
 
-def test_a_router_slower_than_the_blocks_takes_that_advantage_away():
+def test_a_router_slower_than_the_blocks_costs_e3_its_advantage_only_where_it_waits_on_the_router():
+    """Router work of 3 ms per batch against blocks of 1 ms: inside every split's time (the CPU's model) E3
+    loses to naive early exit; beside the GPUs on 4 host cores per GPU it overlaps the compute and E3 wins
+    again; on one host core it caps E3 at 64 rows per 3 ms, whatever the GPUs."""
     lat = gpu_profile(router_ms=3.0)
     ex, bp = exits()
-    plan = plan_for(lat, bp, {"g1": 8}, SMALL)
-    e3 = simulate_e3(lat, plan, ex, 8, SMALL)
     ee = best_baseline(lat, "ee", "g1", 8, ex, 8, SMALL)
-    assert e3.goodput_ips < ee.goodput_ips
+
+    def e3(**changes):
+        settings = dataclasses.replace(SMALL, **changes)
+        return simulate_e3(lat, plan_for(lat, bp, {"g1": 8}, settings), ex, 8, settings)
+
+    assert e3(router_cores_per_gpu=0.0).goodput_ips < ee.goodput_ips
+    beside = e3()
+    assert beside.goodput_ips > 1.2 * ee.goodput_ips and "constant" in beside.config
+    assert e3(router_cores=1).goodput_ips <= 64 / 3.0e-3 * 1.02
+
+
+def _one_split(batch: int = 64) -> Plan:
+    return Plan(model="toy", num_blocks=L, exit_rule={"kind": "entropy", "tau_nats": 0.0}, slo_ms=1e4,
+                splits=(SplitPlan("toy_split_1-2", 1, 2, batch, 1, "g1", 0, (1,)),
+                        SplitPlan("toy_split_3-4", 3, 4, batch, 1, "g1", 0, (2,))))
+
+
+def test_a_constant_splits_stages_beside_the_gpu_overlap_its_compute_with_a_batch_in_flight_per_stage():
+    """One instance per split, every input to the end (exit ramp L); copy in 2.06 ms, compute 2.21 ms, router
+    work 2 ms per batch of 64: with a batch in flight per stage the compute sets the rate; with two (today's
+    router: instances + 1 slots) the stages' sum over two; with the router's work inside the instance's time
+    (the CPU's model) compute + router."""
+    lat = gpu_profile(router_ms=2.0, tx_fixed_ms=2.0)
+    ex = np.full(512, L)
+    arrivals = Arrivals(batch=64, requests=300, clients=8, warmup=8, client_ms=0.0, steady=True)
+    compute_ms = lat.block(1, "g1", 64, with_ramp=True) + lat.block(2, "g1", 64, with_ramp=False)
+    copy_in, copy_out = lat.tx_in("g1", 64), 0.001 * 64
+
+    def rate(**kw) -> float:
+        return simulate_plan(lat, _one_split(), ex, arrivals, device="g1", costs=gpu_call_costs(**kw)).inputs_per_s
+
+    assert rate(router_cores=4, out_copy=True) == pytest.approx(64e3 / compute_ms, rel=0.05)
+    assert rate(router_cores=4, out_copy=True, slots_per_instance=1) == pytest.approx(
+        2 * 64e3 / (copy_in + compute_ms + copy_out + 2.0), rel=0.08)
+    assert rate() == pytest.approx(64e3 / (compute_ms + 2.0), rel=0.05)
+
+
+def test_the_beside_profile_puts_the_router_and_the_copies_in_the_hops_pipeline_term():
+    lat = gpu_profile(router_ms=0.3, tx_fixed_ms=0.05)
+    out = beside_profile(lat)
+    assert out.router_ms == {} and lat.router("g1", 64) == pytest.approx(0.3)     # the original is left alone
+    assert out.tx("g1", 1) == pytest.approx(0.3) and out.tx("g1", 64) == pytest.approx(0.3)   # max(tx, R)
+    lat2 = gpu_profile(router_ms=0.01, tx_fixed_ms=0.05)
+    assert beside_profile(lat2).tx("g1", 64) == pytest.approx(0.05 + 0.064)
+    # the first split's term also carries its copy out: the bytes part of a cut's hop
+    assert beside_profile(lat2).tx_in("g1", 64) == pytest.approx(0.05 + 0.064)
+    assert beside_profile(lat2).tx_in("g1", 1) == pytest.approx(0.05 + 0.001)
 
 
 def test_overlapped_input_copies_raise_a_baselines_throughput_by_the_copy_time():
