@@ -120,6 +120,9 @@ def admission_markdown(doc: dict, command: str) -> str:
            "arrivals of single-input requests. The offline phase, the systems and what a CPU cannot show: "
            "`docs/admission.md`. JSON: `artifacts/results/admission.json`."]
     for name, m in doc["models"].items():
+        if "error" in m:
+            out += ["", f"### {name}: not measured", "", f"The benchmark's server failed: {m['error']}"]
+            continue
         qos = m["qos_ms"]
         out += ["", f"### {name} ({m['stock']}): QoS target p99 <= {qos:.0f} ms, MaxBS {m['offline']['max_bs']}", "",
                 f"Budget: {m['budget']}. Offline: one worker's latency per batch (ms) {m['offline']['latency_ms']}; "

@@ -85,6 +85,7 @@ class AdmissionBenchSettings:
     delays_us: tuple[int, ...] = (1000, 4000, 16000)   # OPT_Wait's sweep
     burst_rounds: int = 2                # bursts per system, interleaved; per-phase figures pool them
     closed_rounds: int = 3               # closed-loop runs per system (capacity, CPU per input), interleaved
+    closed_requests_per_bs: int = 40     # requests of one closed-loop run, per input of MaxBS
     workers: int = 96                    # client threads (open loop)
     shm: bool = True                     # inputs through system shared memory, for every system alike
     out: Path | None = None              # default artifacts/results/admission.json
@@ -94,7 +95,7 @@ class AdmissionBenchSettings:
     def shortened(self) -> "AdmissionBenchSettings":
         """``--quick``: fewer rates, shorter runs, one OPT_Wait delay."""
         return dataclasses.replace(self, rate_fractions=(0.5, 0.85, 1.0, 1.2, 1.4), run_s=3.0, phase_s=4.0,
-                                   delays_us=(4000,), closed_rounds=2, quick=True)
+                                   delays_us=(4000,), closed_rounds=2, closed_requests_per_bs=20, quick=True)
 
 
 def run_admission_bench(settings: AdmissionBenchSettings = AdmissionBenchSettings(), echo=print) -> dict:
@@ -106,8 +107,14 @@ def run_admission_bench(settings: AdmissionBenchSettings = AdmissionBenchSetting
     from e3.core.files import write_atomic
     out = settings.out or artifacts_dir() / "results" / "admission.json"
     doc = {"cores": settings.cores, "commit": _commit(), "quick": settings.quick, "models": {}}
+    from e3.client.sdk import ClientError
     for name in settings.models:
-        doc["models"][name] = _bench_model(name, settings, echo)
+        try:
+            doc["models"][name] = _bench_model(name, settings, echo)
+        except ClientError as err:   # the server stopped answering (seen once: a crash under a load average of 9)
+            log.error("%s: the benchmark's server failed: %s; the other models go on", name, err)
+            echo(f"[failed] {name}: {err} (server log: artifacts/logs/bench-admission-tritonserver.log)")
+            doc["models"][name] = {"error": str(err)}
         write_json_atomic(out, doc, indent=1)
     echo(f"[done] results: {out}")
     if settings.results_md is not None:
@@ -278,7 +285,7 @@ def _closed_loops(server, systems: dict[str, str], pool, max_bs: int, settings, 
     from e3.client.loadgen import closed_loop
     runs: dict[str, list[tuple[float, float]]] = {label: [] for label in systems}
     labels = list(systems)
-    requests = 40 * max_bs
+    requests = settings.closed_requests_per_bs * max_bs
     for r in range(settings.closed_rounds):
         for label in labels[r % len(labels):] + labels[:r % len(labels)]:
             before = _server_cpu_s(server)

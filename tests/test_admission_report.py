@@ -66,3 +66,9 @@ def test_the_results_section_has_both_analogues_per_model():
     assert "| E-Ebird | 45.0 | 1.50x | b |" in text and "| NO_Wait | high | 50.0 | 400 | 900.0 | 2000.0 | **no** |" in text
     assert "QoS target p99 <= 700 ms, MaxBS 16" in text and "(figures/admission_burst_bert_ee.png)" in text
     assert "| E-Ebird | 120.0 | 16.50 |" in text and "start / end: 1.5 / 2.2" in text and "2 rounds" in text
+
+
+def test_a_model_whose_server_failed_is_named_not_measured():
+    from e3.client.admission_report import admission_markdown
+    text = admission_markdown({"commit": "abc", "models": {"resnet-ee": {"error": "cannot reach 127.0.0.1:1"}}}, "x")
+    assert "### resnet-ee: not measured" in text and "cannot reach 127.0.0.1:1" in text
