@@ -112,6 +112,23 @@ def format_throughput(rows: Sequence[dict], qos_ms: float, budget: str) -> str:
     return "\n".join(lines)
 
 
+def _verdict(m: dict) -> str:
+    """The issue's two claims, read off the figures: E-Ebird within the target in every burst phase while
+    NO_Wait misses it in the high phase, and E-Ebird's throughput at the target against OPT_Wait's."""
+    def phases(system: str) -> list[dict]:
+        return [r for r in m["burst"] if r["system"] == system]
+    ee_ok = bool(phases("E-Ebird")) and all(r["meets_qos"] for r in phases("E-Ebird"))
+    no_high = [r for r in phases("NO_Wait") if r["phase"] == "high"]
+    no_misses = bool(no_high) and not all(r["meets_qos"] for r in no_high)
+    tput = {r["system"]: r["throughput_rps"] for r in m["throughput"]}
+    opt = next((v for k, v in tput.items() if k.startswith("OPT_Wait")), None)
+    ee = tput.get("E-Ebird")
+    ratio = f"{ee / opt:.2f}x" if ee is not None and opt else "-"
+    return (f"Claims: E-Ebird's p99 within the target in every burst phase: **{'yes' if ee_ok else 'no'}**; "
+            f"NO_Wait's p99 over it in the high phase: **{'yes' if no_misses else 'no'}**; E-Ebird's throughput "
+            f"at the target {ratio} OPT_Wait's (**{'>=' if ee is not None and opt is not None and ee >= opt else '<'}**).")
+
+
 def admission_markdown(doc: dict, command: str) -> str:
     """docs/RESULTS.md's section for `e3 bench admission`: per model, the Fig. 14 analogue (throughput at
     the QoS target) and the Fig. 13 analogue (p50 / p99 per burst phase)."""
@@ -151,6 +168,7 @@ def admission_markdown(doc: dict, command: str) -> str:
             ok = "yes" if r["meets_qos"] else "**no**" + (f" ({r['failed']} failed)" if r["failed"] else "")
             out.append(f"| {r['system']} | {r['phase']} | {r['rate_rps']:.1f} | {r['requests']} | {r['p50_ms']:.1f} | "
                        f"{r['p99_ms']:.1f} | {ok} |")
+        out += ["", _verdict(m)]
         if m.get("burst_figure"):
             out += ["", f"![{name}: latency through the burst]({m['burst_figure']})"]
     return "\n".join(out)

@@ -65,6 +65,8 @@ def test_the_results_section_has_both_analogues_per_model():
     text = admission_markdown({"commit": "abc", "models": {"bert-ee": model}}, "e3 bench admission")
     assert "| E-Ebird | 45.0 | 1.50x | b |" in text and "| NO_Wait | high | 50.0 | 400 | 900.0 | 2000.0 | **no** |" in text
     assert "QoS target p99 <= 700 ms, MaxBS 16" in text and "(figures/admission_burst_bert_ee.png)" in text
+    assert "E-Ebird's throughput at the target 1.50x OPT_Wait's (**>=**)" in text
+    assert "in every burst phase: **no**; NO_Wait's p99 over it in the high phase: **yes**" in text
     assert "| E-Ebird | 120.0 | 16.50 |" in text and "start / end: 1.5 / 2.2" in text and "2 rounds" in text
 
 
