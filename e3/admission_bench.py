@@ -84,6 +84,8 @@ class AdmissionBenchSettings:
     phase_s: float = 8.0                 # one phase of the burst
     delays_us: tuple[int, ...] = (1000, 4000, 16000)   # OPT_Wait's sweep
     burst_rounds: int = 2                # bursts per system, interleaved; per-phase figures pool them
+    profile_clock: str = "cpu"           # the offline phase by thread CPU time: a shared machine's load does
+    #                                      not move the QoS target, MaxBS or E-Ebird's sets (export.admission)
     closed_rounds: int = 3               # closed-loop runs per system (capacity, CPU per input), interleaved
     closed_requests_per_bs: int = 40     # requests of one closed-loop run, per input of MaxBS
     workers: int = 96                    # client threads (open loop)
@@ -146,11 +148,12 @@ def _bench_model(name: str, settings: AdmissionBenchSettings, echo) -> dict:
     onnx = repo / stock / "1" / "model.onnx"
     qos_ms = settings.qos_ms
     if qos_ms is None:
-        alone = profile_admission(onnx, pool, 1e9, batches=(16,), totals=(), repeats=3, progress=False)
+        alone = profile_admission(onnx, pool, 1e9, batches=(16,), totals=(), repeats=3, progress=False,
+                                  clock=settings.profile_clock)
         qos_ms = max(settings.qos_floor_ms, round(settings.qos_factor * alone["latency_ms"]["16"], -1))
     echo(f"[offline] {stock}: profiling workers for a QoS target of {qos_ms:.0f} ms (p99)")
     # sets of at most `cores` workers: the stage runs at most `cores` batches at once (one per process)
-    profile = profile_admission(onnx, pool, qos_ms, max_workers=settings.cores)
+    profile = profile_admission(onnx, pool, qos_ms, max_workers=settings.cores, clock=settings.profile_clock)
     max_bs = profile["max_bs"]
     echo(f"[offline] latency of one worker (ms): {profile['latency_ms']}; MaxBS {max_bs}; "
          f"E-Ebird sets per TotalBS: {profile['confs']}")
