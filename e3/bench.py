@@ -38,7 +38,7 @@ from e3.core.plan import Plan
 from e3.paths import artifacts_dir
 
 __all__ = ["BenchSettings", "run_side_by_side", "default_results_path", "machine_plan", "run_simulator_validation",
-           "run_evaluation"]
+           "run_evaluation", "PerfSettings", "run_perf_check"]
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,10 @@ def default_results_path() -> Path:
     return artifacts_dir() / "results" / "side_by_side.json"
 
 
-def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print) -> dict:
-    """Run the benchmark; returns the results document (also written to ``settings.out``)."""
+def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, after=None) -> dict:
+    """Run the benchmark; returns the results document (also written to ``settings.out``). ``after(url,
+    plans, workloads)``: called on the same server once the side-by-side is measured (`e3 bench`'s
+    perf_analyzer check), its return value kept as the document's ``after``."""
     from e3.export.recipes import missing_checkpoints, train
     from e3.export.zoo import resolve_model
     name = settings.model
@@ -117,6 +119,7 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print) -> d
                         predicted = plans[mix].predicted.get("throughput_rps", float("nan")) if system == "e3" \
                             else float("nan")
                         rows.append(_row(mix_label(mix), batch, system, runs[system], config, predicted))
+        extra = after(server.http_url, plans, workloads) if after is not None else None
     table = format_rows(rows, settings.cores, ideal)
     echo("")
     echo(table)
@@ -128,6 +131,8 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print) -> d
                                      "batches": list(settings.batches), "repeats": settings.repeats})
     out = write_results(settings.out or default_results_path(), doc)
     echo(f"\nwrote {out}")
+    if extra is not None:
+        doc["after"] = extra
     return doc
 
 
@@ -289,6 +294,109 @@ def run_simulator_validation(measured: Path | None = None, out: Path | None = No
     return result
 
 
+@dataclass(frozen=True)
+class PerfSettings:
+    """`e3 bench perf`: perf_analyzer against the load generator on E3's front door (:mod:`e3.perf_check`)."""
+    model: str = "bert-ee"
+    mix: tuple[int, int] = (80, 20)
+    batch: int = 8                 # inputs per request
+    concurrency: int = 16          # requests in flight, both tools
+    inputs: int = 1600             # inputs per load-generator run
+    window_requests: int = 50      # perf_analyzer: requests per measurement window
+    windows: int = 3               # perf_analyzer: measurement windows (their mean is its figure)
+    repeats: int = 3               # runs of each tool, alternating; medians compared
+    cores: int = 2                 # the plan's cores (as the side-by-side)
+
+
+def _perf_measure(url: str, plan: Plan, wl: dict, data: Path, settings: PerfSettings, echo):
+    """On a running server: switch ``plan`` in, then alternate the load generator and perf_analyzer (reading
+    ``data``) against ``<m>_router``; returns the :class:`e3.perf_check.PerfCheck`."""
+    import subprocess
+    import tempfile
+
+    from e3.controller.triton_api import TritonControl
+    from e3.deploy.tools import perf_analyzer_binary, tool_env
+    from e3.client.loadgen import closed_loop_records
+    from e3.perf_check import PerfCheck, perf_arguments, read_perf_csv, steady_ips
+    check = PerfCheck(router_name(plan.model), settings.batch, settings.concurrency)
+    check.command = "e3 perf -- " + " ".join(perf_arguments(
+        "localhost:8000", check.model, settings.batch, settings.concurrency, data,
+        window_requests=settings.window_requests, windows=settings.windows))
+    with TritonControl(url) as control:
+        _switch(control, plan)
+    requests = max(settings.concurrency, settings.inputs // settings.batch)
+    with tempfile.TemporaryDirectory(prefix="e3-perf-") as tmp:
+        for r in range(settings.repeats):
+            records, wall = closed_loop_records(url, check.model, wl["inputs"], concurrency=settings.concurrency,
+                                                batch=settings.batch, requests=requests, warmup=2)
+            failed = [rec.error for rec in records if rec.error is not None]
+            if failed:
+                raise RuntimeError(f"{check.model}: {len(failed)} requests failed in the load generator's run, "
+                                   f"e.g. {failed[0]}")
+            check.loadgen_ips.append(steady_ips(records))
+            check.loadgen_whole_ips.append(sum(rec.inputs for rec in records) / wall)
+            report = Path(tmp) / f"perf-{r}.csv"
+            args = perf_arguments(url, check.model, settings.batch, settings.concurrency, data, csv_path=report,
+                                  window_requests=settings.window_requests, windows=settings.windows)
+            done = subprocess.run([perf_analyzer_binary(), *args], env=tool_env(), capture_output=True, text=True,
+                                  timeout=600)
+            if done.returncode != 0:
+                raise RuntimeError(f"perf_analyzer failed (exit {done.returncode}): "
+                                   f"{(done.stdout + done.stderr)[-1500:]}")
+            check.perf_ips.append(read_perf_csv(report))
+            echo(f"[perf] run {r + 1}/{settings.repeats}: load generator {check.loadgen_ips[-1]:.1f} inputs/s "
+                 f"(whole run {check.loadgen_whole_ips[-1]:.1f}), perf_analyzer {check.perf_ips[-1]:.1f} inputs/s")
+    return check
+
+
+def _perf_document(plan: Plan, settings: PerfSettings, check, echo) -> dict:
+    """Print the check's table, write ``artifacts/results/perf_check.json``; returns the document."""
+    from e3.core.files import write_json_atomic
+    from e3.perf_check import format_check
+    echo("")
+    echo(format_check([check]))
+    doc = {"commit": _commit(), "mix": mix_label(settings.mix), "plan": plan.to_dict(), "check": check.to_dict(),
+           "settings": {"inputs_per_run": settings.inputs, "window_requests": settings.window_requests,
+                        "windows": settings.windows, "repeats": settings.repeats, "cores": settings.cores}}
+    out = artifacts_dir() / "results" / "perf_check.json"
+    write_json_atomic(out, doc, indent=1)
+    echo(f"\nwrote {out}")
+    return doc
+
+
+def _perf_inputs(settings: PerfSettings, echo) -> tuple[dict, Path]:
+    """The mix's workload and perf_analyzer's input file written from it."""
+    from e3.perf_check import write_input_data
+    wl = _workloads(settings.model, [settings.mix], echo)[settings.mix]
+    data = write_input_data(wl["inputs"], artifacts_dir() / "results" / f"perf_input_{served_name(settings.model)}.json")
+    echo(f"[perf] perf_analyzer's input data: {data} ({mix_label(settings.mix)} workload, one step per input)")
+    return wl, data
+
+
+def run_perf_check(settings: PerfSettings = PerfSettings(), echo=print) -> dict:
+    """perf_analyzer and the load generator against ``<m>_router`` serving the machine's plan for the mix, at
+    the same concurrency, inputs per request and inputs, alternating (:mod:`e3.perf_check`); writes
+    ``artifacts/results/perf_check.json`` and the input file perf_analyzer reads, and returns the document."""
+    from e3.deploy.server import TritonServer
+    from e3.export.zoo import resolve_model
+    name = settings.model
+    m = served_name(name)
+    wl, data = _perf_inputs(settings, echo)
+    bench = BenchSettings(model=name, mixes=(settings.mix,), cores=settings.cores, concurrency=settings.concurrency)
+    plan = _plan(_latency_profile(name, echo), wl["batch_profile"], resolve_model(name).card, bench)
+    repo = artifacts_dir() / "bench-repo"
+    needed = [router_name(m), *(s.model for s in plan.triton_splits)]
+    if all((repo / model / "config.pbtxt").is_file() for model in needed):   # the side-by-side's export
+        log_file = artifacts_dir() / "logs" / "bench-tritonserver.log"
+        echo(f"[setup] starting tritonserver on {repo} (logs: {log_file})")
+        server = TritonServer.on_free_ports(repo, needed, log_file=log_file)
+    else:
+        server = _serve(name, {settings.mix: plan}, repo, bench, echo)
+    with server:
+        check = _perf_measure(server.http_url, plan, wl, data, settings, echo)
+    return _perf_document(plan, settings, check, echo)
+
+
 def run_evaluation(quick: bool = False, model: str = "bert-ee", results_md: Path | None = None, echo=print) -> dict:
     """`e3 bench`: goodput against inputs per request for E3, stock and naive EE on one server at equal
     cores (the side-by-side, its JSON in ``artifacts/results/bench_side_by_side.json``), the simulator
@@ -303,7 +411,19 @@ def run_evaluation(quick: bool = False, model: str = "bert-ee", results_md: Path
                                  inputs_per_run=800, calibration_inputs=200, out=out)
     else:
         settings = BenchSettings(model=model, batches=(1, 2, 4, 8, 16), out=out)
-    doc = run_side_by_side(settings, echo)
+    from e3.perf_check import format_check
+    perf_settings = PerfSettings(model=model, mix=settings.mixes[0], concurrency=settings.concurrency,
+                                 inputs=settings.inputs_per_run, repeats=2 if quick else 3, cores=settings.cores)
+
+    def perf_check(url: str, plans: dict, workloads: dict):
+        """Deliver 4 on the side-by-side's server: perf_analyzer against the load generator."""
+        _, data = _perf_inputs(perf_settings, echo)
+        plan = plans[perf_settings.mix]
+        return plan, _perf_measure(url, plan, workloads[perf_settings.mix], data, perf_settings, echo)
+
+    doc = run_side_by_side(settings, echo, after=perf_check)
+    perf_plan, check = doc.pop("after")
+    perf = _perf_document(perf_plan, perf_settings, check, echo)
     validation = run_simulator_validation(out, echo=echo)
     within = sum(abs(r["goodput_error"]) <= GOODPUT_TOLERANCE and abs(r["p99_error"]) <= P99_TOLERANCE
                  for r in validation["rows"])
@@ -326,10 +446,18 @@ def run_evaluation(quick: bool = False, model: str = "bert-ee", results_md: Path
         f"{len(validation['rows'])} settings within both.",
         "",
         validation_table(validation["rows"], GOODPUT_TOLERANCE, P99_TOLERANCE),
+        "",
+        f"perf_analyzer against the load generator on E3's front door ({perf['mix']} mix, the same inputs, "
+        f"alternating runs, medians; `e3 bench perf`, `artifacts/results/perf_check.json`): "
+        + ("within" if check.agrees else "**outside**") + f" the {check.tolerance:.0%} bar.",
+        "",
+        format_check([check]),
+        "",
+        f"The perf_analyzer command (served on localhost:8000): `{check.command}`",
     ])
     path = results_md or Path(__file__).resolve().parent.parent / "docs" / "RESULTS.md"
     text = path.read_text() if path.exists() else "# Measured results\n"
     from e3.core.files import write_atomic
     write_atomic(path, replace_section(text, section))
     echo(f"wrote the generated section of {path}")
-    return {"side_by_side": doc, "validation": validation}
+    return {"side_by_side": doc, "validation": validation, "perf_check": perf}

@@ -361,6 +361,20 @@ def _bench_simulator(args) -> int:
         Path(args.measured) if args.measured else None, Path(args.out) if args.out else None))
 
 
+def _bench_perf(args) -> int:
+    from e3.bench import PerfSettings, run_perf_check
+
+    def run():
+        if min(args.batch, args.concurrency, args.inputs, args.repeats) < 1:
+            raise ValueError("--batch, --concurrency, --inputs and --repeats must be >= 1")
+        easy, _, hard = args.mix.partition("-")
+        if not (easy.isdigit() and hard.isdigit()):
+            raise ValueError(f"--mix takes EASY-HARD, e.g. 80-20; got {args.mix!r}")
+        run_perf_check(PerfSettings(model=args.model, mix=(int(easy), int(hard)), batch=args.batch,
+                                    concurrency=args.concurrency, inputs=args.inputs, repeats=args.repeats))
+    return _refusing("e3 bench perf", run)
+
+
 def _bench_gpu(args) -> int:
     from e3.gpu_bench import run_gpu_bench
     return _refusing("e3 bench gpu", lambda: run_gpu_bench(quick=args.quick, model=args.model,
@@ -775,6 +789,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="side-by-side results to validate against (default artifacts/results/side_by_side.json)")
     sim.add_argument("--out", default=None, help="validation JSON (default artifacts/results/simulator_validation.json)")
     sim.set_defaults(func=_bench_simulator)
+    prf = bsub.add_parser("perf", help="perf_analyzer against the load generator on E3's front door (<m>_router), "
+                                       "same concurrency, inputs per request and inputs, alternating runs: agree "
+                                       "within 10%%; writes artifacts/results/perf_check.json and perf_analyzer's "
+                                       "input data artifacts/results/perf_input_<m>.json")
+    prf.add_argument("--model", default="bert-ee", help="zoo model with workload mixes (default bert-ee)")
+    prf.add_argument("--mix", default="80-20", help="easy-hard workload mix (default 80-20)")
+    prf.add_argument("--batch", type=int, default=8, help="inputs per request (default 8)")
+    prf.add_argument("--concurrency", type=int, default=16, help="requests in flight, both tools (default 16)")
+    prf.add_argument("--inputs", type=int, default=1600, help="inputs per load-generator run (default 1600)")
+    prf.add_argument("--repeats", type=int, default=3, help="runs of each tool, alternating (default 3)")
+    prf.set_defaults(func=_bench_perf)
     gpu = bsub.add_parser("gpu", help="GPU clusters by simulation with MODELLED GPU profiles: goodput against "
                                       "inputs per request on 16 V100s for E3, stock and naive EE, heterogeneity at "
                                       "fixed cost, cost at fixed goodput; writes artifacts/results/gpu_sim.json, "

@@ -133,8 +133,8 @@ class GpuSimSettings:
 
     @classmethod
     def quick(cls, **kw) -> "GpuSimSettings":
-        """Fewer saturation levels, a smaller baseline grid, shorter simulations."""
-        base = dict(max_doublings=3, min_requests=800, max_batch_grid=(32, 64), delay_grid_us=(0,))
+        """A smaller baseline grid, shorter simulations, request sizes 1, 8 and 32."""
+        base = dict(max_doublings=4, min_requests=800, max_batch_grid=(32, 64), delay_grid_us=(0,), batches=(1, 8, 32))
         return cls(**{**base, **kw})
 
 
