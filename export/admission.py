@@ -1,8 +1,9 @@
 """Write an elastic admission stage (E²bird) in front of a model already in the repository.
 
 ``write_admission(repo, "bert_ee_stock", policy)`` adds ``bert_ee_stock_admission``
-(the stage: the fronted model's inputs and outputs, one instance, no Triton
-batcher, since the stage forms its own batches; the policy in the ``policy``
+(the stage: the fronted model's inputs and outputs, one instance, Triton's
+batcher with no delay, so requests queued while the stage was busy arrive in
+one call, the stage forming its own batches; the policy in the ``policy``
 parameter) and ``bert_ee_stock_admission_workers``: the fronted model's ONNX
 file (copied) served by ``worker_processes`` Triton instances of one intra-op
 thread each, no batcher, on which the stage runs its workers' batches (BLS).
@@ -30,7 +31,7 @@ from e3.core.files import write_atomic
 from e3.core.manifest import read_manifest, write_manifest
 from e3.core.spec import TensorSpec, dtype_from_config
 from e3.export.repository import ExportError, _check_owned, _staging, _write_model_py
-from e3.export.triton_config import ModelDescription, parse_config, render_config
+from e3.export.triton_config import DynamicBatching, ModelDescription, parse_config, render_config
 from e3.serving.admission import (PROFILED_TOTALS, best_worker_sets, engine_for, make_policy, max_batch_for_qos,
                                   worker_sets)
 from e3.serving.session import make_session
@@ -94,9 +95,11 @@ def write_admission(repo: str | Path, fronted: str, policy: Mapping[str, Any], n
             _write_model_py(tmp, "e3.serving.split")
             write_atomic(tmp / "config.pbtxt", render_config(wdesc, "embedded"))
         manifest["models"][workers] = {"kind": "admission-workers", "model": fronted, "target": "embedded"}
+    # Triton's batcher with no delay in front of the stage: nothing waits, and requests that arrived while
+    # the stage was busy reach it in one execute call (one round trip to its process, not one per request)
     desc = ModelDescription(name=name, kind="python", max_batch_size=cfg.max_batch_size,
                             inputs=_specs(cfg.input), outputs=_specs(cfg.output), instances=1,
-                            dynamic_batching=None, parameters=params)
+                            dynamic_batching=DynamicBatching((), 0), parameters=params)
     with _staging(repo, name) as tmp:
         (tmp / "1").mkdir(parents=True)
         if workers is None:
