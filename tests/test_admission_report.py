@@ -74,3 +74,17 @@ def test_a_model_whose_server_failed_is_named_not_measured():
     from e3.client.admission_report import admission_markdown
     text = admission_markdown({"commit": "abc", "models": {"resnet-ee": {"error": "cannot reach 127.0.0.1:1"}}}, "x")
     assert "### resnet-ee: not measured" in text and "cannot reach 127.0.0.1:1" in text
+
+
+def test_a_baselines_copy_of_the_stock_model_has_its_own_config_and_leaves_the_stocks_alone(tmp_path):
+    from e3.admission_bench import _copy_model
+    stock = tmp_path / "m_stock"
+    (stock / "1").mkdir(parents=True)
+    (stock / "1" / "model.onnx").write_bytes(b"weights")
+    (stock / "config.pbtxt").write_text('name: "m_stock"\nmax_batch_size: 8\n')
+    assert _copy_model(tmp_path, "m_stock", "m_stock_bench_0") == "m_stock_bench_0"
+    assert (tmp_path / "m_stock_bench_0" / "config.pbtxt").read_text().startswith('name: "m_stock_bench_0"')
+    assert (stock / "config.pbtxt").read_text().startswith('name: "m_stock"')        # not written through a link
+    assert (tmp_path / "m_stock_bench_0" / "1" / "model.onnx").read_bytes() == b"weights"
+    _copy_model(tmp_path, "m_stock", "m_stock_bench_0")                                 # again: replaced, not nested
+    assert not (tmp_path / "m_stock_bench_0" / "m_stock").exists()
