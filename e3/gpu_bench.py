@@ -57,10 +57,11 @@ SENSITIVITY = (  # (label, hop link Gbit/s or None: the settings', settings chan
     ("router work on 1 host core (one router process: one GIL)", None, {"router_cores": 1}, None),
     ("router slots as today's router (instances + 1 per split)", None, {"router_slots": 1}, None),
     ("router work x 0.1 (compiled router code, assumed)", None, {"router_scale": 0.1}, None),
+    ("a hop's fixed 0.2 ms holds the copy engine", None, {"hop_fixed_latency": False}, None),
     ("hops across machines at 25 Gbit/s", 25.0, {}, None),
     ("hops at the paper's 10 Gbit/s Ethernet", 10.0, {}, None),
     ("the earlier model: 25 Gbit/s, router work inside, no output copy", 25.0,
-     {"router_cores_per_gpu": 0.0, "out_copy": False}, None))
+     {"router_cores_per_gpu": 0.0, "out_copy": False, "hop_fixed_latency": False}, None))
 
 
 def _sensitivity(modelled, batch_profile, exit_ramp, settings, plan_kw, echo) -> list[dict]:
@@ -88,7 +89,7 @@ def _sensitivity(modelled, batch_profile, exit_ramp, settings, plan_kw, echo) ->
                                for k in ("stock", "ee")]
         stock, ee = baselines[gbit]
         rows.append({"variant": label, "plan": describe_plan(plan), "predicted_ips": e3.predicted_ips,
-                     "e3": e3.goodput_ips, "e3_saturated": saturated(e3.sweep, st.rise),
+                     "e3": e3.goodput_ips, "e3_saturated": bool(saturated(e3.sweep, st.rise)),
                      "stock": stock.goodput_ips, "ee": ee.goodput_ips})
         echo(f"[sensitivity] {label}: E3 {e3.goodput_ips:,.0f}, stock {stock.goodput_ips:,.0f}, "
              f"EE {ee.goodput_ips:,.0f}")
@@ -206,7 +207,9 @@ def run_gpu_bench(quick: bool = False, model: str = "bert-ee", mix: tuple[int, i
         "the V100 hosts of the price model), the cluster taken as machines of 8 GPUs with a router each (the "
         "paper: GPUs of a server share PCIe); the copy in and the copy out"
         + (" (every row of a constant split's batch)" if settings.out_copy else "") +
-        " each run on a copy engine beside the compute (E3 §3.2.2's pipelining); an execute carrying model "
+        " each run on a copy engine beside the compute (E3 §3.2.2's pipelining)"
+        + (", the engine busy for the bytes only (a hop's fixed part is the BLS handshake between host threads: "
+           "latency)" if settings.hop_fixed_latency else "") + "; an execute carrying model "
         "inputs pays `tx_in` the same way (all systems). Hops across machines (25 Gbit/s; the paper's 10 Gbit/s "
         "Ethernet) are rows of the table below. *Router*: its per-batch work (`router_ms`, Python, measured on "
         "this host's CPU) runs on the host beside the GPUs, as the real router's worker threads do it while the "

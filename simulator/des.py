@@ -44,7 +44,9 @@ goodput under an SLO, drops) plus the batch each split ran.
   instance at a time (a pipeline stage per instance); ``out_copy`` charges a
   constant split's output state (every row of its batch, the next split's
   input) a device-to-host copy on an engine of its own per instance (the
-  BLS answer goes through the router's host memory). A compact split runs
+  BLS answer goes through the router's host memory); ``hop_fixed_latency``
+  holds a copy engine for a hop's bytes only, its fixed part (the BLS
+  exchange's handshake, host threads) being latency. A compact split runs
   its blocks from the router's own thread, so its router work stays inside
   its time on every device.
 * **Not modelled**: the client's own CPU on the same cores, the front door
@@ -114,6 +116,8 @@ class CallCosts:
     #                                     (shared by all splits), not the split's instance; 0: inside its time
     out_copy: bool = False              # a constant split (not the last) copies its output state to the host on
     #                                     an engine of its own per instance: the bytes part of tx(rows)
+    hop_fixed_latency: bool = False     # with overlap_hop: a hop's fixed part (the BLS exchange, host threads) is
+    #                                     latency that holds nothing; the copy engine is held for the bytes only
     slots_per_instance: int | None = None   # a constant split's batches in flight per instance (the router's
     #                                     slots); None: one per pipeline stage (copy in, compute, copy out, host)
 
@@ -132,7 +136,8 @@ class CallCosts:
         instance's compute (its hop in, its output copy, the router's host work), plus the compute."""
         if self.slots_per_instance is not None:
             return self.slots_per_instance
-        return 1 + int(self.overlap_hop) + int(self.out_copy) + int(self.router_cores > 0)
+        return (1 + int(self.overlap_hop) + int(self.overlap_hop and self.hop_fixed_latency) + int(self.out_copy)
+                + int(self.router_cores > 0))
 
     def input_hop(self, latency: LatencyProfile, device: str, rows: float) -> float:
         """ms of a call carrying ``rows`` inputs' model inputs."""
@@ -397,11 +402,25 @@ class _Router:
             self.wake_at = None
         self.pump()
 
+    def hop_parts_ms(self, i: int, rows: int) -> tuple[float, float]:
+        """The hop into split i as (fixed part, bytes part) in ms: the curve's value at 1 row less its per-row
+        step, and the rest (exact for a fixed + bytes hop); (0, all of it) unless
+        :attr:`CallCosts.hop_fixed_latency`."""
+        total = self.hop_ms(i, rows)
+        if not self.costs.hop_fixed_latency:
+            return 0.0, total
+        one, two = self.hop_ms(i, 1), self.hop_ms(i, 2)
+        fixed = min(total, max(0.0, one - (two - one)))
+        return fixed, total - fixed
+
     def _run(self, d) -> Iterator:
         if self.costs.overlap_hop and self.plan.splits[d.split].form != COMPACT:
+            fixed_ms, bytes_ms = self.hop_parts_ms(d.split, len(d.rows))
+            if fixed_ms > 0:
+                yield self.env.timeout(fixed_ms / 1e3)
             with self.links[d.split].request() as link:
                 yield link
-                yield self.env.timeout(self.hop_ms(d.split, len(d.rows)) / 1e3)
+                yield self.env.timeout(bytes_ms / 1e3)
         with self.workers[d.split].request() as slot:
             yield slot
             feed, _ = Scheduler.stack(d.rows)

@@ -34,7 +34,10 @@ Decisions (the paper is silent on them):
   connected via a shared PCIe interconnect"). Hops across machines (25 Gbit/s, the profile's
   old assumption; the paper's 10 Gbit/s Ethernet) are rows of the sensitivity table. The copy
   out of a constant split (every row of its batch, ``out_copy``) runs on an engine of its own
-  per instance (a V100 copies both ways at once).
+  per instance (a V100 copies both ways at once). A copy engine is busy while bytes move; a
+  hop's fixed 0.2 ms is the BLS exchange's handshake between host threads (the router's stub
+  and Triton), latency that holds no engine (``hop_fixed_latency``; holding one is a row of
+  the sensitivity table).
 * **The router's work** (``router_ms``, measured on this host's CPU: stacking rows, the exit
   rule, answers) runs on the host, beside the GPUs: the real router's worker thread does it
   after the split's BLS call returned, while the split's Triton instance (another model) runs
@@ -119,6 +122,7 @@ class GpuSimSettings:
     link_gbit_s: float = 96.0                   # a cut's hop: PCIe 3.0 x16 (~12 GB/s) through the router's host
     link_fixed_ms: float = 0.2                  # a hop's fixed part (the modelled profile's)
     out_copy: bool = True                       # a constant split's output copy on an engine of its own
+    hop_fixed_latency: bool = True              # a hop's fixed part is host latency; the engine moves bytes only
     router_cores_per_gpu: float = 4.0           # host cores for the router's work per GPU of the plan; 0: the
     #                                             router's work inside every split's time (the planner's model)
     router_cores: int | None = None             # the router's host cores, whatever the GPUs (overrides the above)
@@ -156,30 +160,44 @@ class Cell:
 
 
 def gpu_call_costs(request_ms: float = 0.0, *, router_cores: int = 0, out_copy: bool = False,
-                   slots_per_instance: int | None = None) -> CallCosts:
+                   slots_per_instance: int | None = None, hop_fixed_latency: bool = False) -> CallCosts:
     """The simulator's call costs on a GPU (module docstring); ``router_cores``: host cores of the router's
     work beside the GPUs (0: inside each split's time)."""
     return CallCosts(input_curve="tx_in", request_ms=request_ms, overlap_hop=True, router_cores=router_cores,
-                     out_copy=out_copy, slots_per_instance=slots_per_instance)
+                     out_copy=out_copy, slots_per_instance=slots_per_instance, hop_fixed_latency=hop_fixed_latency)
 
 
-def beside_profile(latency: LatencyProfile) -> LatencyProfile:
+def _bytes_part(curve: Sequence[float], batch_sizes: Sequence[int]) -> list[float]:
+    """A fixed + bytes hop curve less its fixed part (the value at batch 1 less the per-row step, from its
+    first two points)."""
+    if len(curve) < 2:
+        return list(curve)
+    step = (curve[1] - curve[0]) / (batch_sizes[1] - batch_sizes[0])
+    fixed = max(0.0, curve[0] - step * batch_sizes[0])
+    return [max(0.0, x - fixed) for x in curve]
+
+
+def beside_profile(latency: LatencyProfile, hop_fixed_latency: bool = False) -> LatencyProfile:
     """The profile the planner prices constant plans with when the router's work and the copies run beside
     the GPU (module docstring). The planner's cycle takes, per split, the larger of its stage and its hop,
     ``max(T, Tx)``; here the stage is the blocks alone and the hop's term carries the largest stage beside
     them at the same per-instance batch: ``max(Tx, R)`` into a cut, and for the first split ``max(Tx_in, R,
     out)`` with ``out`` its output copy (the bytes part of ``Tx``; a later split's copy out is no longer
-    than the hop into it). Worst-case latency then counts ``max`` where the stages add up, under by at most
-    the smaller of them per split (under 1 ms here, against a 100 ms SLO). Pure."""
+    than the hop into it). ``hop_fixed_latency``: a hop's term is its bytes part only (its fixed part is
+    latency that holds no engine). Worst-case latency then counts ``max`` where the stages add up, under
+    by at most the smaller of them per split, and the hops' fixed parts (under 1 ms per split here, against
+    a 100 ms SLO). Pure."""
     import copy
     out = copy.deepcopy(latency)
+    b = latency.batch_sizes
     for d in latency.devices:
-        r = list(latency.router_ms.get(d) or [0.0] * len(latency.batch_sizes))
+        r = list(latency.router_ms.get(d) or [0.0] * len(b))
         tx = list(latency.tx_ms[d])
-        step = (latency.tx(d, 2) - latency.tx(d, 1)) if len(tx) else 0.0
-        out_copy = [max(0.0, t - float(latency.tx(d, 1)) + float(step)) for t in tx]
+        out_copy = _bytes_part(tx, b)
+        first = list(latency.tx_in_ms.get(d) or tx)
+        if hop_fixed_latency:
+            tx, first = out_copy, _bytes_part(first, b)
         out.tx_ms[d] = [max(t, x) for t, x in zip(tx, r)]
-        first = latency.tx_in_ms.get(d) or tx
         out.tx_in_ms[d] = [max(t, x, c) for t, x, c in zip(first, r, out_copy)]
     out.router_ms = {}
     out.source = f"{latency.source}; planned with the router's work and copies beside the GPU"
@@ -240,7 +258,8 @@ def plan_for(latency: LatencyProfile, batch_profile: BatchProfile, devices: Mapp
     result = best_plan(latency, batch_profile, dict(devices), forms=allowed, **kw)
     if settings.host_cores(sum(devices.values())) > 0 and CONSTANT in allowed:
         try:
-            beside = best_plan(beside_profile(latency), batch_profile, dict(devices), forms=(CONSTANT,), **kw)
+            beside = best_plan(beside_profile(latency, settings.hop_fixed_latency), batch_profile, dict(devices),
+                               forms=(CONSTANT,), **kw)
         except PlannerError as err:
             log.info("no constant plan with the router beside the GPUs: %s", err)
         else:
@@ -293,7 +312,8 @@ def simulate_e3(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, batc
     for s in plan.splits:
         used[s.device] = used.get(s.device, 0) + s.instances
     costs = gpu_call_costs(settings.request_ms, router_cores=settings.host_cores(sum(used.values())),
-                           out_copy=settings.out_copy, slots_per_instance=settings.router_slots)
+                           out_copy=settings.out_copy, slots_per_instance=settings.router_slots,
+                           hop_fixed_latency=settings.hop_fixed_latency)
     best, sweep = saturate(lambda a: simulate_plan(latency, plan, exit_ramp, a, device=device,
                                                    slo_ms=settings.slo_ms, costs=costs), batch, settings,
                            start_inflight(settings, sum(used.values())))
@@ -410,7 +430,7 @@ def _cheapest(latency: LatencyProfile, batch_profile: BatchProfile, devices: Map
     from e3.core.plan import CONSTANT
     kw = dict(slo_ms=settings.slo_ms, goodput_rps=goodput_ips, rate_rps=settings.rate_rps, slack=settings.slack)
     found, errors = [], []
-    for profile, forms in ((latency, None), (beside_profile(latency), (CONSTANT,))):
+    for profile, forms in ((latency, None), (beside_profile(latency, settings.hop_fixed_latency), (CONSTANT,))):
         if forms is not None and settings.host_cores(1) <= 0:
             continue
         try:

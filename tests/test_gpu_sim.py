@@ -109,6 +109,10 @@ def test_a_constant_splits_stages_beside_the_gpu_overlap_its_compute_with_a_batc
     assert rate(router_cores=4, out_copy=True, slots_per_instance=1) == pytest.approx(
         2 * 64e3 / (copy_in + compute_ms + copy_out + 2.0), rel=0.08)
     assert rate() == pytest.approx(64e3 / (compute_ms + 2.0), rel=0.05)
+    # a copy in of 2 ms fixed + bytes holding its engine for the bytes only: still the compute's rate, with
+    # the fixed part as one more stage in flight even when the router's work is inside the instance's time
+    lat.router_ms = {d: [0.0] * len(BATCHES) for d in lat.router_ms}
+    assert rate(hop_fixed_latency=True) == pytest.approx(64e3 / compute_ms, rel=0.05)
 
 
 def test_the_beside_profile_puts_the_router_and_the_copies_in_the_hops_pipeline_term():
@@ -118,6 +122,9 @@ def test_the_beside_profile_puts_the_router_and_the_copies_in_the_hops_pipeline_
     assert out.tx("g1", 1) == pytest.approx(0.3) and out.tx("g1", 64) == pytest.approx(0.3)   # max(tx, R)
     lat2 = gpu_profile(router_ms=0.01, tx_fixed_ms=0.05)
     assert beside_profile(lat2).tx("g1", 64) == pytest.approx(0.05 + 0.064)
+    # a hop's fixed part as latency: the pipeline term holds the bytes only
+    assert beside_profile(lat2, hop_fixed_latency=True).tx("g1", 64) == pytest.approx(0.064)
+    assert beside_profile(lat, hop_fixed_latency=True).tx("g1", 64) == pytest.approx(0.3)
     # the first split's term also carries its copy out: the bytes part of a cut's hop
     assert beside_profile(lat2).tx_in("g1", 64) == pytest.approx(0.05 + 0.064)
     assert beside_profile(lat2).tx_in("g1", 1) == pytest.approx(0.05 + 0.001)
@@ -208,7 +215,10 @@ def test_the_section_is_replaced_between_its_markers_only(tmp_path):
 def test_cost_at_goodput_finds_clusters_that_reach_the_target_and_e3_is_cheapest_where_batching_pays():
     lat = gpu_profile()
     ex, bp = exits()
-    settings = GpuSimSettings(**{**SMALL.__dict__, "hetero_types": ("g1", "g2"), "max_per_type": 16})
+    # the router's work inside each split's time: the lighter simulation (the router beside the GPUs is
+    # tested above); the search is what this test is about
+    settings = GpuSimSettings(**{**SMALL.__dict__, "hetero_types": ("g1", "g2"), "max_per_type": 16,
+                                 "router_cores_per_gpu": 0.0})
     e3_on_8 = simulate_e3(lat, plan_for(lat, bp, {"g1": 8}, settings), ex, 8, settings)
     target = 0.5 * e3_on_8.goodput_ips
     doc = cost_at_goodput(lat, bp, ex, target, settings)
