@@ -768,7 +768,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_bench_all)
     bsub = b.add_subparsers(dest="bench", required=False, metavar="BENCHMARK",
                             help="one benchmark; none: goodput against batch for E3, stock and naive EE and the "
-                                 "simulator's validation, written into docs/RESULTS.md")
+                                 "simulator's validation and the perf_analyzer check, written into docs/RESULTS.md")
     sbs = bsub.add_parser("side-by-side", help="E3, <m>_stock and <m>_ee on one server at one core budget, per mix "
                                                "and request size; writes artifacts/results/side_by_side.json")
     sbs.add_argument("--model", default="bert-ee", help="zoo model with workload mixes (default bert-ee; trained "
