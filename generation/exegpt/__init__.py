@@ -8,8 +8,10 @@ Pure modules (no torch, no Triton), in the order a plan is made (``docs/exegpt.m
 * ``search``    — the control variables, branch-and-bound over them and the exhaustive grid it is checked
   against.
 * ``scheduler`` — the decisions of the Triton front door ``<m>_generate_exegpt`` (``serving/exegpt_router.py``):
-  RRA's phases around the engine, the served profile from its timed steps, re-planning on a length shift.
+  RRA or WAA by branch-and-bound, RRA's phases around the engine, WAA's hand-overs, the served profiles from
+  its timed steps, re-planning on a length shift.
 
-Beside them: ``door`` (the door's export), ``drive`` (client-side load and control), ``triton_bench``
+Beside them: ``waa`` (WAA's encode worker beside a decode engine), ``door`` (the door's export), ``drive``
+(client-side load and control), ``triton_bench``
 (``e3 bench exegpt``), ``profiler``, ``validate``, ``report``, ``cli``.
 """
