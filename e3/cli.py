@@ -863,7 +863,7 @@ def build_parser() -> argparse.ArgumentParser:
     exg.add_argument("--factors", default=None, help="latency bounds as multiples of a static batch of one's "
                                                      "(default 2,3,5,8; --quick 3,6)")
     exg.add_argument("--quick", action="store_true",
-                     help="two bounds, no unbounded row, runs of at most 20 s (about 10 minutes on smollm2-ee on the "
+                     help="two bounds, no unbounded row, runs of at most 20 s (12-35 minutes on smollm2-ee on the "
                           "shared 2-core machine; the full form takes about half an hour)")
     exg.add_argument("--out", default=None, help="results JSON (default artifacts/results/exegpt_triton.json)")
     exg.add_argument("--no-docs", action="store_true", help="do not update docs/RESULTS.md")
