@@ -41,6 +41,7 @@ Pure ``onnx``: testable without Triton; :mod:`e3.serving.router` uses it for its
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,9 +49,9 @@ import onnx
 from onnx import TensorProto, compose, helper, numpy_helper
 
 from e3.core.exits import EntropyRule, ExitRule
-from e3.core.names import ramp_output, state_output
+from e3.core.names import block_file, ramp_output, state_output
 
-__all__ = ["can_fuse", "fuse_blocks", "FUSED_OUTPUTS", "SURVIVORS"]
+__all__ = ["can_fuse", "fuse_blocks", "compose_split", "ComposedSplit", "FUSED_OUTPUTS", "SURVIVORS"]
 
 FUSED_OUTPUTS = ("label", "exit_ramp", "probs")
 SURVIVORS = "survivors"
@@ -59,6 +60,38 @@ SURVIVORS = "survivors"
 def can_fuse(rule: ExitRule) -> bool:
     """True when ``rule`` decides at a ramp from that ramp's logits alone, so the graph can hold it."""
     return isinstance(rule, EntropyRule)
+
+
+@dataclass(frozen=True)
+class ComposedSplit:
+    """A compact split composed into one graph: what the router runs and how it reads the answers."""
+    graph: bytes                     # the serialised ONNX model (for ONNX Runtime)
+    outputs: tuple[str, ...]         # FUSED_OUTPUTS, then (below the head) SURVIVORS and the state's outputs
+    ramps: tuple[int, ...]           # the ramps it applies, ascending (the head is ramp L)
+    state_names: tuple[str, ...]
+
+    def advance(self, route, out: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """Record one run's answers (``out``: output name -> array) in ``route`` (a
+        :class:`~e3.serving.policy.BatchRoute`); returns the survivors' state for the next split, None when
+        every row is answered."""
+        route.settle(out["label"], out["exit_ramp"], out["probs"], self.ramps, out.get(SURVIVORS))
+        return None if route.done else {s: out[state_output(s)] for s in self.state_names}
+
+
+def compose_split(folder: str | os.PathLike, card, first: int, last: int, enabled_ramps: tuple[int, ...],
+                  tau_nats: float) -> ComposedSplit:
+    """Blocks ``first..last`` of the model ``card`` describes, from the block files in ``folder`` (the
+    router's version folder: ``block_<k>[_ramp].onnx``), with the ramps in ``enabled_ramps``, composed for an
+    entropy rule of ``tau_nats``. Raises ``ValueError`` where the files do not compose."""
+    L = card.num_blocks
+    enabled = set(enabled_ramps)
+    ramps = card.split_ramps(first, last, tuple(enabled_ramps))
+    state_names = tuple(t.name for t in card.state)
+    graph = fuse_blocks([(k, onnx.load(os.path.join(folder, block_file(k, ramp=k in enabled))))
+                         for k in range(first, last + 1)], L, card.num_classes, ramps, tau_nats,
+                        [t.name for t in (card.inputs if first == 1 else card.state)], list(state_names))
+    outputs = (*FUSED_OUTPUTS, *((SURVIVORS, *map(state_output, state_names)) if last < L else ()))
+    return ComposedSplit(graph.SerializeToString(), outputs, tuple(ramps), state_names)
 
 
 class _Graph:

@@ -12,8 +12,8 @@ import onnx
 import pytest
 
 from e3.core.exits import EntropyRule, PatienceRule
-from e3.core.names import block_file, state_output
-from e3.serving.fused_split import FUSED_OUTPUTS, SURVIVORS, can_fuse, fuse_blocks
+from e3.core.names import block_file
+from e3.serving.fused_split import can_fuse, compose_split, fuse_blocks
 from e3.serving.policy import BatchRoute
 from e3.serving.session import make_session
 
@@ -51,18 +51,12 @@ def _block_by_block(folder, card, rule, first, last, enabled, feed):
 
 
 def _fused(folder, card, rule, first, last, enabled, feed):
-    L = card.num_blocks
-    ramps = card.split_ramps(first, last, tuple(sorted(enabled)))
-    state_names = [t.name for t in card.state]
-    graph = fuse_blocks([(k, onnx.load(str(folder / block_file(k, ramp=k in enabled))))
-                         for k in range(first, last + 1)], L, card.num_classes, ramps, rule.tau_nats,
-                        list(feed), state_names)
-    names = [*FUSED_OUTPUTS, *((SURVIVORS, *map(state_output, state_names)) if last < L else ())]
-    out = dict(zip(names, make_session(graph.SerializeToString()).run(names, feed)))
-    route = BatchRoute(ROWS, card.num_classes, L, rule)
-    route.settle(out["label"], out["exit_ramp"], out["probs"], ramps, out.get(SURVIVORS))
-    rest = None if route.done else {s: out[state_output(s)] for s in state_names}
-    return route, rest
+    """The router's composed form: compose_split and ComposedSplit.advance, as serving/router.py calls them."""
+    composed = compose_split(folder, card, first, last, tuple(sorted(enabled)), rule.tau_nats)
+    names = list(composed.outputs)
+    out = dict(zip(names, make_session(composed.graph).run(names, feed)))
+    route = BatchRoute(ROWS, card.num_classes, card.num_blocks, rule)
+    return route, composed.advance(route, out)
 
 
 @pytest.mark.parametrize("first,last", [(1, 4), (1, 2), (3, 4), (2, 3), (4, 4)])
