@@ -44,16 +44,23 @@ def goodput_table(rows: Sequence[Mapping], ideal: Mapping[str, float]) -> str:
 
 def validation_table(rows: Sequence[Mapping], goodput_tol: float, p99_tol: float) -> str:
     """The simulator's validation: predicted vs measured goodput and p99 with the error of each (rows as
-    ``simulator_validation.json`` holds them); misses in bold."""
-    out = ["| setting | goodput simulated | measured | error | p99 simulated (ms) | measured | error |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+    ``simulator_validation.json`` holds them), misses in bold; the p50s beside them where the rows have
+    them (no bar: they show whether a p99 miss is the centre or the tail), and the host's share."""
+    with_p50 = all("predicted_p50_ms" in r and "measured_p50_ms" in r for r in rows)
+    out = ["| setting | goodput simulated | measured | error | p99 simulated (ms) | measured | error |"
+           + (" p50 simulated / measured (ms) | host share |" if with_p50 else ""),
+           "| --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if with_p50 else "")]
     for r in rows:
         g = r["predicted_goodput"] / r["measured_goodput"] - 1 if r["measured_goodput"] else float("nan")
         p = r["predicted_p99_ms"] / r["measured_p99_ms"] - 1 if r["measured_p99_ms"] else float("nan")
         gs = f"{g:+.1%}" if abs(g) <= goodput_tol else f"**{g:+.1%}**"
         ps = f"{p:+.1%}" if abs(p) <= p99_tol else f"**{p:+.1%}**"
-        out.append(f"| {r['setting']} | {r['predicted_goodput']:.1f} | {r['measured_goodput']:.1f} | {gs} | "
-                   f"{r['predicted_p99_ms']:.1f} | {r['measured_p99_ms']:.1f} | {ps} |")
+        line = (f"| {r['setting']} | {r['predicted_goodput']:.1f} | {r['measured_goodput']:.1f} | {gs} | "
+                f"{r['predicted_p99_ms']:.1f} | {r['measured_p99_ms']:.1f} | {ps} |")
+        if with_p50:
+            line += (f" {r['predicted_p50_ms']:.1f} / {r['measured_p50_ms']:.1f} | "
+                     f"{r.get('host_share', 0.0):.0%} |")
+        out.append(line)
     return "\n".join(out)
 
 

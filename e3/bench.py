@@ -168,14 +168,15 @@ def _workloads(name: str, mixes, echo) -> dict:
 
 def _latency_profile(name: str, echo):
     """The measured CPU profile (``e3 profile``), measured now when missing or made before the router's
-    own costs were part of it."""
+    own costs, the stock graph and the host's CPU per request were part of it (the simulator reads them)."""
     from e3.core.profile import LatencyProfile
     from e3.export.profiler import ProfileSettings, default_profile_path, profile_model
     path = default_profile_path(name, ["cpu"])
     if path.exists():
         profile = LatencyProfile.load(path)
-        if profile.router_ms:
+        if profile.router_ms and profile.stock_ms and profile.request_ms:
             return profile
+        echo(f"[setup] {path} was made by an older e3 (no stock graph or request CPU): measuring it again")
     echo(f"[setup] measuring the latency profile of {name} on this machine (e3 profile) -> {path}")
     profile = profile_model(name, ProfileSettings(batch_sizes=(1, 2, 4, 8, 16, 32), repeats=10))
     profile.save(path)

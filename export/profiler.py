@@ -31,6 +31,20 @@ What is measured (device configuration ``cpu``: one core, one instance, one thre
   the rows of many requests), the exit rule at the split's end (``observe`` on
   one ramp) and building B answers (one request per row, the worst case).
   In-process, no Triton.
+* **stock graph** (``stock_ms``, ``stock_2t_ms``) -- the whole model without
+  ramps (blocks 1..L, the graph ``<m>_stock`` serves) on 1 and on 2 intra-op
+  threads, timed like a block (the 2-thread curve only where the host has 2
+  CPUs). The simulator prices the stock baseline with it, and a 2-thread
+  instance with the measured gain of the second thread.
+* **request** (``request_ms``) -- host CPU per request that no instance's time
+  holds: the real load generator (16 clients, B inputs per request) against a
+  Python model that answers the front door's tensors at once
+  (:mod:`e3.serving.tx_probe`'s ``front`` role, no compute); the CPU of this
+  process (the clients) and of tritonserver's own process (HTTP, queues, the
+  hand-over to the model) over the run, per request; ``client_ms`` is the load
+  generator's part (one Python process: its clients share one GIL). The
+  Python model's own handling is left out: the hop (Tx) prices it. Skipped
+  with ``--no-tx``, as Tx is.
 
 The measuring code is thin; aggregation (:func:`summarize`,
 :func:`assemble_profile`), merging (:func:`merge_profiles`) and the table
@@ -39,6 +53,7 @@ The measuring code is thin; aggregation (:func:`summarize`,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -51,7 +66,7 @@ import numpy as np
 
 from e3.core.files import write_atomic
 from e3.core.names import served_name, state_output
-from e3.core.profile import DeviceConfig, LatencyProfile, ProfileError
+from e3.core.profile import OPTIONAL_CURVES, DeviceConfig, LatencyProfile, ProfileError
 from e3.core.spec import ModelCard, TensorSpec
 from e3.paths import artifacts_dir
 
@@ -60,11 +75,13 @@ if TYPE_CHECKING:
 
 __all__ = ["ProfileSettings", "Stats", "summarize", "default_batch_sizes", "parse_batch_sizes",
            "assemble_profile", "merge_profiles", "format_table", "default_profile_path",
-           "measure_blocks", "measure_tx", "measure_check", "measure_router", "profile_model"]
+           "measure_blocks", "measure_stock", "probe_server", "measure_tx", "measure_request", "measure_check", "measure_router",
+           "profile_model"]
 
 log = logging.getLogger(__name__)
 CPU_DEVICE = "cpu"
-TX_ECHO, TX_CALLER = "e3_tx_echo", "e3_tx_caller"
+TX_ECHO, TX_CALLER, TX_FRONT = "e3_tx_echo", "e3_tx_caller", "e3_tx_front"
+REQUEST_CLIENTS = 16            # the load generator's clients while request_ms is measured (as `e3 bench`)
 
 
 @dataclass(frozen=True)
@@ -125,14 +142,21 @@ def assemble_profile(model: str, batch_sizes: Sequence[int], without_ramp: Seque
                      with_ramp: Sequence[Sequence[Sequence[float]] | None], tx: Sequence[Sequence[float]],
                      device: str = CPU_DEVICE, price: float = 1.0, source: str = "",
                      check: Sequence[Sequence[float]] | None = None,
-                     router: Sequence[Sequence[float]] | None = None) -> LatencyProfile:
+                     router: Sequence[Sequence[float]] | None = None,
+                     stock: Sequence[Sequence[float]] | None = None,
+                     stock_2t: Sequence[Sequence[float]] | None = None,
+                     request: Sequence[float] | None = None,
+                     client: Sequence[float] | None = None) -> LatencyProfile:
     """A one-device :class:`LatencyProfile` from raw timings (ms).
 
     without_ramp[k-1][i]: repeats of block k alone at batch_sizes[i];
     with_ramp[k-1][i]: the same with ramp k, or ``with_ramp[k-1] is None`` when
     block k has no separately measured ramp; tx[i]: repeats of one hop;
     check[i] / router[i]: repeats of one exit check / of the router's work on one
-    batch (None: not measured, the profile has no such curve). Medians throughout.
+    batch; stock[i] / stock_2t[i]: repeats of the stock graph on 1 / 2 threads;
+    request[i] / client[i]: host CPU ms per request, and the load generator's part
+    of it (one figure per batch size). None: not
+    measured, the profile has no such curve. Medians throughout.
     """
     L = len(without_ramp)
     if len(with_ramp) != L:
@@ -150,7 +174,11 @@ def assemble_profile(model: str, batch_sizes: Sequence[int], without_ramp: Seque
         spread_ms={device: [[s.iqr_ms for s in row] for row in block]},
         source=source,
         check_ms={} if check is None else {device: [summarize(s).median_ms for s in check]},
-        router_ms={} if router is None else {device: [summarize(s).median_ms for s in router]})
+        router_ms={} if router is None else {device: [summarize(s).median_ms for s in router]},
+        stock_ms={} if stock is None else {device: [summarize(s).median_ms for s in stock]},
+        stock_2t_ms={} if stock_2t is None else {device: [summarize(s).median_ms for s in stock_2t]},
+        request_ms={} if request is None else {device: [float(v) for v in request]},
+        client_ms={} if client is None else {device: [float(v) for v in client]})
     profile.validate()
     return profile
 
@@ -187,10 +215,9 @@ def merge_profiles(profiles: Sequence[LatencyProfile]) -> LatencyProfile:
             merged.block_ms[dev] = [list(r) for r in p.block_ms[dev]]
             merged.ramp_ms[dev] = [list(r) for r in p.ramp_ms[dev]]
             merged.tx_ms[dev] = list(p.tx_ms[dev])
-            for curves, into in ((p.tx_in_ms, merged.tx_in_ms), (p.check_ms, merged.check_ms),
-                                 (p.router_ms, merged.router_ms)):
-                if dev in curves:
-                    into[dev] = list(curves[dev])
+            for name in OPTIONAL_CURVES:
+                if dev in getattr(p, name):
+                    getattr(merged, name)[dev] = list(getattr(p, name)[dev])
             if dev in p.spread_ms:
                 merged.spread_ms[dev] = [list(r) for r in p.spread_ms[dev]]
     merged.validate()
@@ -223,7 +250,9 @@ def format_table(profile: LatencyProfile, device: str | None = None) -> str:
                 rows.append([f"  ramp {k}"] + [f"{v:.3f}" for v in profile.ramp_ms[dev][k - 1]])
         rows.append(["Tx (hop)"] + [f"{v:.3f}" for v in profile.tx_ms[dev]])
         for name, curves in (("Tx in (inputs)", profile.tx_in_ms), ("check (per ramp)", profile.check_ms),
-                             ("router (per batch)", profile.router_ms)):
+                             ("router (per batch)", profile.router_ms), ("stock graph", profile.stock_ms),
+                             ("stock, 2 threads", profile.stock_2t_ms), ("request (host CPU)", profile.request_ms),
+                             ("  of it the client", profile.client_ms)):
             if dev in curves:
                 rows.append([name] + [f"{v:.3f}" for v in curves[dev]])
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
@@ -294,6 +323,36 @@ def measure_blocks(model: "EarlyExitModel", batch_sizes: Sequence[int], settings
     return without, with_
 
 
+def measure_stock(model: "EarlyExitModel", batch_sizes: Sequence[int], settings: ProfileSettings, workdir: Path,
+                  threads: Sequence[int] = (1, 2), bar=None) -> dict[int, list[np.ndarray]]:
+    """Timings (ms) of the stock graph (blocks 1..L, no ramp) at each batch size, per intra-op thread count:
+    {threads: [i] repeats}. The thread counts alternate call by call, as the block variants do."""
+    from e3.export.model_api import SplitModule
+    from e3.export.onnx_export import export_onnx, split_inputs
+    from e3.serving.session import make_session
+
+    card = model.card
+    module = SplitModule(model, 1, card.num_blocks, ())
+    path = workdir / "stock.onnx"
+    export_onnx(module, path, max_batch_size=card.max_batch_size, seed=settings.seed)
+    sessions = {t: make_session(str(path), intra_op_threads=t) for t in threads}
+    names = [t.name for t in module.input_specs]
+    out: dict[int, list[np.ndarray]] = {t: [] for t in threads}
+    for batch in batch_sizes:
+        feeds = {n: t.numpy() for n, t in zip(names, split_inputs(module, batch, settings.seed))}
+        for s in sessions.values():
+            _time_calls(lambda s=s: s.run(None, feeds), 0, settings.warmup)
+        samples = {t: np.empty(settings.repeats) for t in threads}
+        for r in range(settings.repeats):
+            for t, s in sessions.items():
+                samples[t][r] = _time_calls(lambda s=s: s.run(None, feeds), 1, 0)[0]
+        for t in threads:
+            out[t].append(samples[t])
+        if bar is not None:
+            bar.update(1)
+    return out
+
+
 def cut_state(card: ModelCard) -> tuple[TensorSpec, ...]:
     """The tensors of the heaviest cut (most bytes per input). A profile has one Tx curve per device;
     where the state shrinks with depth (CNNs) this is the conservative choice."""
@@ -303,11 +362,15 @@ def cut_state(card: ModelCard) -> tuple[TensorSpec, ...]:
     return max(cuts, key=lambda specs: sum(int(np.prod(t.shape)) * np.dtype(t.numpy_dtype).itemsize for t in specs))
 
 
-def _tx_repository(repo: Path, state: Sequence[TensorSpec], max_batch: int, warmup: int) -> None:
+def _tx_repository(repo: Path, card: ModelCard, max_batch: int, warmup: int) -> None:
+    """The probes' repository: the hop's caller and echo (the heaviest cut's tensors) and the front door
+    without compute (the model's inputs, the answer tensors)."""
     import json
+    from e3.export.repository import answer_specs
     from e3.export.triton_config import ModelDescription, render_config
 
     module = "e3.serving.tx_probe"
+    state = cut_state(card)
     outputs = tuple(TensorSpec(state_output(t.name), t.dtype, t.shape) for t in state)
     models = {
         TX_ECHO: ModelDescription(name=TX_ECHO, kind="python", max_batch_size=max_batch, inputs=tuple(state),
@@ -318,46 +381,94 @@ def _tx_repository(repo: Path, state: Sequence[TensorSpec], max_batch: int, warm
             outputs=(TensorSpec("times_ms", "FP32", (-1,)),), dynamic_batching=None,
             parameters={"role": "caller", "callee": TX_ECHO, "warmup": str(warmup),
                         "callee_outputs": json.dumps([t.name for t in outputs])}),
+        TX_FRONT: ModelDescription(name=TX_FRONT, kind="python", max_batch_size=card.max_batch_size,
+                                   inputs=tuple(card.inputs), outputs=answer_specs(card), parameters={"role": "front"}),
     }
     for name, desc in models.items():
         write_atomic(repo / name / "1" / "model.py", f"from {module} import TritonPythonModel  # noqa: F401\n")
         write_atomic(repo / name / "config.pbtxt", render_config(desc, "embedded"))
 
 
-def measure_tx(card: ModelCard, batch_sizes: Sequence[int], repeats: int, warmup: int = 3,
-               bar=None, tritonserver: str | None = None) -> list[np.ndarray]:
-    """Timings (ms) of one BLS hop carrying the heaviest cut's tensors (:func:`cut_state`) at each
-    batch size, on a real tritonserver."""
-    import tritonclient.http as httpclient
-
+@contextlib.contextmanager
+def probe_server(card: ModelCard, max_batch: int, warmup: int = 3, tritonserver: str | None = None):
+    """A real tritonserver serving the probes (:func:`measure_tx`, :func:`measure_request`) for ``card``."""
     from e3.deploy.server import TritonServer
 
     with tempfile.TemporaryDirectory(prefix="e3-tx-") as tmp:
         repo = Path(tmp)
-        state = cut_state(card)
-        _tx_repository(repo, state, max(batch_sizes), warmup)
+        _tx_repository(repo, card, max_batch, warmup)
         log_file = artifacts_dir() / "logs" / f"profile-tx-tritonserver-{os.getpid()}.log"
-        with TritonServer.on_free_ports(repo, [TX_ECHO, TX_CALLER], tritonserver=tritonserver,
+        with TritonServer.on_free_ports(repo, [TX_ECHO, TX_CALLER, TX_FRONT], tritonserver=tritonserver,
                                         log_file=log_file) as server:
-            client = httpclient.InferenceServerClient(server.http_url, network_timeout=300)
-            try:
-                result = []
-                for batch in batch_sizes:
-                    inputs = []
-                    for t in state:
-                        x = httpclient.InferInput(t.name, [batch, *t.shape], t.dtype)
-                        x.set_data_from_numpy(np.zeros((batch, *t.shape), dtype=t.numpy_dtype))
-                        inputs.append(x)
-                    r = httpclient.InferInput("repeats", [1], "INT32")
-                    r.set_data_from_numpy(np.array([repeats], dtype=np.int32))
-                    inputs.append(r)
-                    answer = client.infer(TX_CALLER, inputs)
-                    result.append(answer.as_numpy("times_ms").astype(float))
-                    if bar is not None:
-                        bar.update(1)
-            finally:
-                client.close()
+            yield server
+
+
+def measure_tx(card: ModelCard, batch_sizes: Sequence[int], repeats: int, warmup: int = 3,
+               bar=None, tritonserver: str | None = None, server=None) -> list[np.ndarray]:
+    """Timings (ms) of one BLS hop carrying the heaviest cut's tensors (:func:`cut_state`) at each
+    batch size, on a real tritonserver (``server``: a running :func:`probe_server`, else one of its own)."""
+    import tritonclient.http as httpclient
+
+    if server is None:
+        with probe_server(card, max(batch_sizes), warmup, tritonserver) as server:
+            return measure_tx(card, batch_sizes, repeats, warmup, bar, server=server)
+    state = cut_state(card)
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=300)
+    try:
+        result = []
+        for batch in batch_sizes:
+            inputs = []
+            for t in state:
+                x = httpclient.InferInput(t.name, [batch, *t.shape], t.dtype)
+                x.set_data_from_numpy(np.zeros((batch, *t.shape), dtype=t.numpy_dtype))
+                inputs.append(x)
+            r = httpclient.InferInput("repeats", [1], "INT32")
+            r.set_data_from_numpy(np.array([repeats], dtype=np.int32))
+            inputs.append(r)
+            answer = client.infer(TX_CALLER, inputs)
+            result.append(answer.as_numpy("times_ms").astype(float))
+            if bar is not None:
+                bar.update(1)
+    finally:
+        client.close()
     return result
+
+
+def measure_request(card: ModelCard, batch_sizes: Sequence[int], requests: int = 800, bar=None,
+                    tritonserver: str | None = None, server=None) -> list[tuple[float, float]]:
+    """Host CPU (ms) per request of B inputs outside every instance, at each batch size: the real load
+    generator (:data:`REQUEST_CLIENTS` clients, a closed loop) against the ``front`` probe on a real
+    tritonserver (``server``: a running :func:`probe_server`, else one of its own); this process's CPU
+    (the clients) plus tritonserver's own process's, over the run, per request. The probe's stub is left
+    out (its handling of a request is what Tx prices). Returns (host CPU, of which the load generator's)
+    per batch size."""
+    from e3.client.loadgen import closed_loop_records
+
+    if server is None:
+        with probe_server(card, max(batch_sizes), tritonserver=tritonserver) as server:
+            return measure_request(card, batch_sizes, requests, bar, server=server)
+    rng = np.random.default_rng(0)
+    pool = {t.name: (rng.integers(int((t.bounds or (0, 1))[0]), int((t.bounds or (0, 1))[1]) + 1,
+                                  size=(256, *t.shape)) if t.dtype.startswith("INT")
+                     else rng.normal(size=(256, *t.shape))).astype(t.numpy_dtype) for t in card.inputs}
+    out = []
+    for batch in batch_sizes:
+        n = max(REQUEST_CLIENTS * 4, requests // max(1, batch // 4))   # 800 of one input each: CPU ticks are 10 ms
+        closed_loop_records(server.http_url, TX_FRONT, pool, concurrency=REQUEST_CLIENTS, batch=batch,
+                            requests=REQUEST_CLIENTS * 2)                                      # warm up
+        cpu0, server0 = time.process_time(), _process_cpu_s(server.process.pid)
+        closed_loop_records(server.http_url, TX_FRONT, pool, concurrency=REQUEST_CLIENTS, batch=batch, requests=n)
+        client = time.process_time() - cpu0
+        out.append(((client + _process_cpu_s(server.process.pid) - server0) * 1e3 / n, client * 1e3 / n))
+        if bar is not None:
+            bar.update(1)
+    return out
+
+
+def _process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) one process (all its threads, not its children) has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _check_inputs(card: ModelCard, batch: int, rng: np.random.Generator) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -441,14 +552,19 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
         raise ValueError(f"batch sizes must be ascending within 1..{card.max_batch_size}, got {batches}")
     tx_repeats = settings.tx_repeats or settings.repeats
     router_repeats = max(settings.repeats, 50)   # microseconds each: more repeats cost nothing
-    total = card.num_blocks * len(batches) + (len(batches) if settings.tx else 0)
+    threads = (1, 2) if (os.cpu_count() or 1) >= 2 else (1,)
+    total = (card.num_blocks + 1) * len(batches) + (2 * len(batches) if settings.tx else 0)
     with tqdm(total=total, desc=f"profile {served_name(model_name)}", unit="step", disable=not progress) as bar, \
             tempfile.TemporaryDirectory(prefix="e3-profile-") as tmp:
         without, with_ = measure_blocks(model, batches, settings, Path(tmp), bar)
+        stock = measure_stock(model, batches, settings, Path(tmp), threads, bar)
+        request = None
         if settings.tx:
-            tx = measure_tx(card, batches, tx_repeats, settings.warmup, bar, tritonserver)
+            with probe_server(card, max(batches), settings.warmup, tritonserver) as server:
+                tx = measure_tx(card, batches, tx_repeats, settings.warmup, bar, server=server)
+                request = measure_request(card, batches, bar=bar, server=server)
         else:
-            log.warning("Tx not measured (tx=False): the profile records a hop as 0 ms")
+            log.warning("Tx not measured (tx=False): the profile records a hop as 0 ms (and no request CPU)")
             tx = [[0.0] for _ in batches]
         check = measure_check(card, batches, router_repeats, settings.warmup, settings.seed)
         router = measure_router(card, batches, router_repeats, settings.warmup, settings.seed)
@@ -456,6 +572,11 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
               f"{settings.repeats} repeats after {settings.warmup} warmup calls, medians, spread = IQR; "
               f"Tx: {'one BLS hop between two Python-backend models on tritonserver, timed in the caller, ' + str(tx_repeats) + ' repeats' if settings.tx else 'not measured (0)'}; "
               f"check and router: in-process numpy (BatchRoute.observe, compaction; stacking rows, answers), "
-              f"{router_repeats} repeats; {os.cpu_count()} CPUs on the host")
+              f"{router_repeats} repeats; stock graph on {' and '.join(map(str, threads))} thread(s); "
+              + (f"request: host CPU per request, {REQUEST_CLIENTS} load-generator clients against a front door "
+                 "without compute (clients + tritonserver's process); " if request else "")
+              + f"{os.cpu_count()} CPUs on the host")
     return assemble_profile(served_name(model_name), batches, without, with_, tx, settings.device, settings.price,
-                            source, check=check, router=router)
+                            source, check=check, router=router, stock=stock[1],
+                            stock_2t=stock.get(2), request=None if request is None else [r[0] for r in request],
+                            client=None if request is None else [r[1] for r in request])

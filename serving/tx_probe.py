@@ -1,8 +1,11 @@
 """Python-backend models that measure ``Tx``, the cost of one BLS hop (``e3 profile``).
 
-Two roles, chosen by the config parameter ``role``:
+Three roles, chosen by the config parameter ``role``:
 
 * ``echo``   returns its inputs as ``<name>_out`` (no compute): the far end of a hop;
+* ``front``  takes a model's inputs and answers the front door's tensors (label,
+  exit ramp, probabilities: zeros) at once: a front door without compute, for
+  the host CPU a request costs outside the model (``request_ms``);
 * ``caller`` receives one cut's tensors (at the batch size being measured) and an
   INT32 ``repeats`` tensor, calls the echo model by BLS ``warmup + repeats`` times
   and answers ``times_ms`` (FP32 [repeats]): the wall time of each call, timed
@@ -22,10 +25,20 @@ import time
 import numpy as np
 
 from e3.core.names import state_output
-from e3.serving.triton_io import bls, error_response, gather, io_specs, model_parameters, split_responses, tensor_response
+from e3.serving.triton_io import (answer_responses, bls, error_response, gather, io_specs, model_parameters,
+                                  split_responses, tensor_response)
 
 REPEATS = "repeats"
 TIMES = "times_ms"
+
+
+class _Zeros:
+    """The front door's answers for ``rows`` inputs, all zero (what :func:`answer_responses` reads)."""
+
+    def __init__(self, rows: int, num_classes: int):
+        self.label = np.zeros(rows, np.int64)
+        self.exit_ramp = np.zeros(rows, np.int32)
+        self.probs = np.zeros((rows, num_classes), np.float32)
 
 
 class TritonPythonModel:
@@ -33,6 +46,8 @@ class TritonPythonModel:
         config, params = model_parameters(args)
         self.role = params.get("role", "echo")
         self.inputs = io_specs(config, "input")
+        if self.role == "front":
+            self.num_classes = int(next(t.shape[0] for t in io_specs(config, "output") if t.name == "probs"))
         if self.role == "caller":
             self.callee = params["callee"]
             self.warmup = int(params.get("warmup", "3"))
@@ -43,6 +58,9 @@ class TritonPythonModel:
         if self.role == "echo":
             got = gather(requests, self.inputs)
             return split_responses(got, {state_output(name): a for name, a in got.arrays.items()})
+        if self.role == "front":
+            got = gather(requests, self.inputs)
+            return answer_responses(got, _Zeros(got.rows, self.num_classes))
         return [self._time_hops(r) for r in requests]
 
     def _time_hops(self, request):

@@ -15,17 +15,27 @@ goodput under an SLO, drops) plus the batch each split ran.
   the router's workers for its blocks with the batch shrinking at every
   enabled ramp, plus ``check(B)`` per ramp and ``router(B)``.
 * **stock** and **naive EE** run through a model of Triton's dynamic batcher:
-  a free instance takes whole queued requests up to ``max_batch`` rows, at
-  once when the delay is 0, else when ``preferred`` rows wait or the oldest has
-  waited the delay. One execute costs one Python-model call (``Tx(B)``, the
+  a free instance takes whole queued requests in order: exactly the
+  preferred batch's rows where a prefix of the queue makes them (Triton sends
+  "the largest possible preferred size"; `e3 export` writes one), else as many
+  as fit in ``max_batch`` rows; at once when the delay is 0, else when such a
+  batch waits or the oldest request has waited the delay. One execute costs one Python-model call (``Tx(B)``, the
   same measured hop) plus ``Tx(1)`` for every further request in it (each is
   a request/response exchange of its own), plus the blocks (stock: its
   measured whole-graph curve when given, else every block at B without ramps;
   EE: shrinking at every ramp, with the exit check). A router instance
   answering inline pays the same ``Tx(1)`` per further request it takes.
 * **Threads**: the profile is measured on 1 intra-op thread; an instance with
-  ``t`` threads runs ``t x parallel_efficiency`` times faster (documented
-  assumption; the side-by-side's best baselines use 1 thread).
+  2 threads runs as much faster as the stock graph measured on 2 threads does
+  at that batch (``stock_2t_ms``: 1.7x at batch 1 to 1.9x at batch 32 for
+  bert-ee on this host); where that is not profiled, ``t x parallel_efficiency`` (assumed).
+* **Host CPU** (``request_ms``): each request costs the host CPU that no
+  instance's time holds (the client and tritonserver's front door). On a CPU
+  the instances share those cores: :func:`with_host_share` runs a simulation
+  with every compute time stretched by ``1 / (1 - share)``, where ``share`` is
+  the request rate times that CPU over the cores, until the share it assumed
+  and the one its result implies agree (a processor-sharing approximation: the
+  OS time-slices the front door's threads with the instances).
 * **Exits**: an input leaves at its reference exit ramp; where the plan
   disabled that ramp it leaves at the next enabled one (or the head). The
   exit rule's decision itself is not re-run.
@@ -49,15 +59,16 @@ goodput under an SLO, drops) plus the batch each split ran.
   exchange's handshake, host threads) being latency. A compact split runs
   its blocks from the router's own thread, so its router work stays inside
   its time on every device.
-* **Not modelled**: the client's own CPU on the same cores, the front door
-  (HTTP) and Triton's queue before the router, OS scheduling noise. The
-  validation table (``e3 bench``) says how far that leaves it.
+* **Not modelled**: OS scheduling noise (time slices of a few ms between the
+  instances and the front door's threads, which widen the real tails), the
+  Python GIL inside the router. The validation table (``e3 bench``) says how
+  far that leaves it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import simpy
@@ -66,7 +77,8 @@ from e3.core.plan import COMPACT, Plan
 from e3.core.profile import LatencyProfile
 from e3.serving.scheduler import Scheduler, make_queues
 
-__all__ = ["Arrivals", "Baseline", "CallCosts", "SimResult", "simulate_plan", "simulate_baseline", "next_enabled_exit"]
+__all__ = ["Arrivals", "Baseline", "CallCosts", "SimResult", "simulate_plan", "simulate_baseline", "next_enabled_exit",
+           "with_host_share", "HostShare"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,9 @@ class Arrivals:
     seed: int = 0
     client_ms: float = 1.0              # mean of the client's and transport's time per request (exponential):
     #                                     it also keeps closed-loop clients from resending in lockstep
+    client_cpu_ms: float = 0.0          # the load generator's CPU per request, run one request at a time (its
+    #                                     clients are threads of one Python process, one GIL): half before the
+    #                                     send, half after the answer, both inside the request's latency
     steady: bool = False                # rates over [first measured send, last send] only (the load's steady
     #                                     part; the default spans until the last answer, as a real run's does)
 
@@ -98,7 +113,7 @@ class Baseline:
     threads: int = 1
     delay_us: int = 0
     max_batch: int = 64
-    preferred: int = 8                  # rows that end a delayed wait early
+    preferred: int = 8                  # the batcher's preferred batch size (rows; as `e3 export` writes it)
     enabled_ramps: tuple[int, ...] | None = None   # ee: default every ramp of the profile
 
 
@@ -189,6 +204,7 @@ class _Clock:
         self.all_done = env.event()
         self.finished = 0
         self.rng = np.random.default_rng(arrivals.seed + 1)
+        self.gil = simpy.Resource(env, capacity=1)      # the load generator's one GIL (client_cpu_ms)
 
     def rows(self, i: int) -> np.ndarray:
         b = self.arrivals.batch
@@ -205,7 +221,9 @@ class _Clock:
         sent = self.env.now
         if self.arrivals.client_ms > 0:
             yield self.env.timeout(self.rng.exponential(self.arrivals.client_ms) / 1e3)
+        yield from self._client_cpu()
         ok = yield self.send(self.rows(i))
+        yield from self._client_cpu()
         if i >= self.arrivals.warmup:
             self.records.append((sent, self.env.now, self.arrivals.batch, bool(ok)))
         if self.arrivals.steady:
@@ -213,6 +231,13 @@ class _Clock:
         self.finished += 1
         if self.finished == self.total:
             self.all_done.succeed()
+
+    def _client_cpu(self) -> Iterator:
+        """Half the load generator's CPU of one request, holding its one GIL."""
+        if self.arrivals.client_cpu_ms > 0:
+            with self.gil.request() as held:
+                yield held
+                yield self.env.timeout(self.arrivals.client_cpu_ms / 2 / 1e3)
 
     def _client(self) -> Iterator:
         while self.next < self.total:
@@ -267,22 +292,42 @@ class _TritonQueue:
         event.succeed()
         return done
 
-    def take(self, delay_s: float, enough_rows: int, max_batch: int) -> Iterator:
-        """For a free instance (``yield from``): wait for requests; with a delay, until ``enough_rows``
-        wait or the oldest has waited it; then take the queued requests up to ``max_batch`` rows (at
-        least one: a larger request runs alone here, where Triton would refuse it). Returns them ([] when
-        another instance took them meanwhile)."""
+    def take(self, delay_s: float, preferred: int, max_batch: int) -> Iterator:
+        """For a free instance (``yield from``): wait for requests, then take a batch as Triton's dynamic
+        batcher forms it with one preferred batch size: the queued requests in order, as many as make
+        exactly ``preferred`` rows where some prefix of the queue does (Triton sends "the largest possible
+        preferred size"), else as many as fit in ``max_batch`` rows (at least one: a larger request runs
+        alone here, where Triton would refuse it). With a delay, it first waits until such a preferred
+        batch or ``max_batch`` rows wait, or the oldest has waited the delay. Returns the requests taken
+        ([] when another instance took them meanwhile)."""
         while not self.items:
             yield self._arrived
         if delay_s > 0:
             deadline = self.items[0][0] + delay_s
-            while sum(len(r) for _, r, _ in self.items) < enough_rows and self.env.now < deadline:
+            while self._preferred_prefix(preferred) is None and self._rows() < max_batch and self.env.now < deadline:
                 yield self._arrived | self.env.timeout(deadline - self.env.now)
-        take, rows = [], 0
-        while self.items and (not take or rows + len(self.items[0][1]) <= max_batch):
-            take.append(self.items.pop(0))
-            rows += len(take[-1][1])
+        count = self._preferred_prefix(preferred)
+        if count is None:
+            count, rows = 0, 0
+            while count < len(self.items) and (count == 0 or rows + len(self.items[count][1]) <= max_batch):
+                rows += len(self.items[count][1])
+                count += 1
+        take, self.items = self.items[:count], self.items[count:]
         return take
+
+    def _rows(self) -> int:
+        return sum(len(r) for _, r, _ in self.items)
+
+    def _preferred_prefix(self, preferred: int) -> int | None:
+        """How many queued requests (in order) make exactly ``preferred`` rows; None if no prefix does."""
+        rows = 0
+        for i, (_, r, _) in enumerate(self.items):
+            rows += len(r)
+            if rows == preferred:
+                return i + 1
+            if rows > preferred:
+                return None
+        return None
 
 
 class _Router:
@@ -476,7 +521,7 @@ def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, ar
 
         def instance(router: _Router) -> Iterator:
             while True:
-                take = yield from triton.take(delay_s, max_batch, max_batch)
+                take = yield from triton.take(delay_s, plan.splits[0].batch_size, max_batch)
                 if not take:
                     continue
                 # Triton hands the instance its requests; each costs one request/response exchange
@@ -501,8 +546,10 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
                       device: str = "cpu", slo_ms: float | None = None, parallel_efficiency: float = 0.85,
                       stock_ms: dict[int, float] | None = None, costs: CallCosts = CallCosts()) -> SimResult:
     """``<m>_stock`` or ``<m>_ee`` behind Triton's dynamic batcher (see the module docstring).
-    ``stock_ms``: batch -> ms of the stock model as the one graph it is served as (measured); without
-    it, the sum of its blocks (which counts a session call per block the fused graph does not make).
+    ``stock_ms``: batch -> ms of the stock model as the one graph it is served as; without it, the
+    profile's ``stock_ms`` curve where measured, else the sum of its blocks (which counts a session call
+    per block the one graph does not make). An instance of 2 threads runs the profile's measured gain of
+    the second thread (``stock_2t_ms``) at its batch; elsewhere ``threads x parallel_efficiency``.
     ``costs``: what a call and each further request in it cost (:class:`CallCosts`)."""
     if base.kind not in ("stock", "ee"):
         raise ValueError(f"unknown baseline {base.kind!r}: 'stock' or 'ee'")
@@ -510,17 +557,25 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
     L = latency.num_blocks
     ramps = set(latency.ramp_blocks() if base.enabled_ramps is None else base.enabled_ramps)
     exits = next_enabled_exit(exit_ramp, ramps, L)
-    speed = 1.0 if base.threads == 1 else base.threads * parallel_efficiency
     triton = _TritonQueue(env)
     batches: dict[int, list[int]] = {0: []}
+
+    def speed(n: int) -> float:
+        """How many times faster than one thread the instance's ``base.threads`` threads run a batch of n."""
+        measured = latency.thread_speedup(device, n, base.threads)
+        return measured if measured is not None else base.threads * parallel_efficiency if base.threads > 1 else 1.0
 
     def service_ms(pool_rows: np.ndarray, requests: int) -> float:
         n = len(pool_rows)
         ms = costs.input_hop(latency, device, n) + (requests - 1) * costs.per_request(latency, device)
         if base.kind == "stock":
             if stock_ms is not None:
-                return ms + float(np.interp(n, *zip(*sorted(stock_ms.items())))) / speed
-            return ms + sum(latency.block(k, device, n, with_ramp=False) for k in range(1, L + 1)) / speed
+                return ms + float(np.interp(n, *zip(*sorted(stock_ms.items())))) / speed(n)
+            whole = latency.stock(device, n)
+            if whole is not None:
+                return ms + whole / speed(n)
+            return ms + sum(latency.block(k, device, n, with_ramp=False) for k in range(1, L + 1)) / speed(n)
+        first = n
         out = exits[pool_rows]
         compute = 0.0
         for k in range(1, L + 1):
@@ -530,7 +585,7 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
                 n = int(np.sum(out > k))
             if n == 0:
                 break
-        return ms + compute / speed
+        return ms + compute / speed(first)
 
     def instance(device_free: simpy.Resource) -> Iterator:
         while True:
@@ -564,3 +619,37 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
     clock.start()
     env.run(until=clock.all_done)
     return clock.result(slo_ms, batches)
+
+
+@dataclass(frozen=True)
+class HostShare:
+    """What :func:`with_host_share` settled on."""
+    share: float            # of the cores' time the host's per-request work took (0..max_share)
+    iterations: int         # simulations run
+    converged: bool         # the assumed and implied shares agreed within the tolerance
+
+
+def with_host_share(simulate: Callable[[LatencyProfile], SimResult], latency: LatencyProfile, *, batch: int,
+                    cores: int, device: str = "cpu", max_share: float = 0.9, tolerance: float = 0.005,
+                    max_iterations: int = 8) -> tuple[SimResult, HostShare]:
+    """Run ``simulate`` on ``latency`` slowed by the host's per-request CPU (``request_ms`` at ``batch``
+    inputs per request) shared with ``cores`` cores: the compute curves x ``1 / (1 - share)``, where
+    ``share = requests/s x request_ms / cores`` of the result. A fixed point, found by iterating (the
+    share falls as compute slows, so plain iteration from 0 oscillates towards it; each step moves half
+    way). Without a ``request_ms`` curve: one plain simulation, share 0.
+
+    Decision (the simulator's papers model no host CPU; here the load generator and tritonserver's front
+    door run on the very cores the instances use): processor sharing, the instances getting what the
+    front door leaves, instead of a core token per request, which would let a request's bookkeeping wait
+    for a whole batch to finish."""
+    per_request = float(latency.request(device, batch))
+    if per_request <= 0 or cores < 1:
+        return simulate(latency), HostShare(0.0, 1, True)
+    share, result = 0.0, None
+    for i in range(1, max_iterations + 1):
+        result = simulate(latency.slowed(1.0 / (1.0 - share)) if share > 0 else latency)
+        implied = min(max_share, result.inputs_per_s / batch * per_request / 1e3 / cores)
+        if abs(implied - share) <= tolerance:
+            return result, HostShare(share, i, True)
+        share = implied if i == 1 else (share + implied) / 2
+    return result, HostShare(share, max_iterations, False)

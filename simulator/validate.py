@@ -15,7 +15,7 @@ import numpy as np
 
 from e3.core.plan import Plan
 from e3.core.profile import LatencyProfile
-from e3.simulator.des import Arrivals, Baseline, simulate_baseline, simulate_plan
+from e3.simulator.des import Arrivals, Baseline, simulate_baseline, simulate_plan, with_host_share
 
 __all__ = ["ValidationRow", "validate_side_by_side", "format_validation", "parse_baseline_config",
            "GOODPUT_TOLERANCE", "P99_TOLERANCE"]
@@ -31,6 +31,9 @@ class ValidationRow:
     measured_goodput: float
     predicted_p99_ms: float
     measured_p99_ms: float
+    predicted_p50_ms: float = float("nan")
+    measured_p50_ms: float = float("nan")
+    host_share: float = 0.0      # of the cores' time the simulated front door and clients took (request_ms)
 
     @property
     def goodput_error(self) -> float:
@@ -60,16 +63,22 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
     settings = doc.get("settings", {})
     clients = int(settings.get("concurrency", 16))
     inputs = int(settings.get("inputs_per_run", 1600))
+    cores = int(doc.get("cores", 2))
     rows = []
     for r in doc["rows"]:
-        arrivals = Arrivals(batch=r["batch"], requests=max(clients, inputs // r["batch"]), clients=clients)
+        arrivals = Arrivals(batch=r["batch"], requests=max(clients, inputs // r["batch"]), clients=clients,
+                            client_cpu_ms=float(latency.client("cpu", r["batch"])))
         exit_ramp = exit_ramps[r["mix"]]
         if r["system"] == "e3":
-            result = simulate_plan(latency, Plan.from_dict(doc["plans"][r["mix"]]), exit_ramp, arrivals)
+            plan = Plan.from_dict(doc["plans"][r["mix"]])
+            run = lambda lat, plan=plan, ex=exit_ramp, a=arrivals: simulate_plan(lat, plan, ex, a)  # noqa: E731
         else:
-            result = simulate_baseline(latency, parse_baseline_config(r["system"], r["config"]), exit_ramp, arrivals)
+            base = parse_baseline_config(r["system"], r["config"])
+            run = lambda lat, base=base, ex=exit_ramp, a=arrivals: simulate_baseline(lat, base, ex, a)  # noqa: E731
+        result, host = with_host_share(run, latency, batch=r["batch"], cores=cores)
         row = ValidationRow(f"{r['mix']} batch {r['batch']} {r['system']} ({r['config']})", result.goodput_ips,
-                            r["inputs_per_s"], result.p99_ms, r["p99_ms"])
+                            r["inputs_per_s"], result.p99_ms, r["p99_ms"], result.p50_ms,
+                            float(r.get("p50_ms", float("nan"))), round(host.share, 4))
         rows.append(row)
         if progress:
             progress(row.setting)

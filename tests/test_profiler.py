@@ -57,6 +57,14 @@ def test_assemble_profile_takes_medians_clamps_ramps_and_keeps_spread():
                          router=[[0.2, 0.1, 0.3], [0.4, 0.5]])
     assert p.check_ms == {"cpu": [0.06, 0.08]} and p.router_ms == {"cpu": [0.2, 0.45]}   # medians
     LatencyProfile.from_dict(json.loads(json.dumps(p.to_dict())))
+    p = assemble_profile("m", [1, 2], without, with_ramp, tx, stock=[[9.0, 10.0, 11.0], [18.0, 20.0]],
+                         stock_2t=[[5.0, 6.0], [11.0]], request=[0.7, 0.8], client=[0.5, 0.6])
+    assert p.stock_ms == {"cpu": [10.0, 19.0]} and p.stock_2t_ms == {"cpu": [5.5, 11.0]}
+    assert p.thread_speedup("cpu", 2, 2) == pytest.approx(19.0 / 11.0) and p.thread_speedup("cpu", 2, 1) == 1.0
+    assert p.thread_speedup("cpu", 2, 4) is None and p.stock("cpu", 1.5) == pytest.approx(14.5)
+    back = LatencyProfile.from_dict(json.loads(json.dumps(p.to_dict())))
+    assert (back.request_ms, back.client_ms) == ({"cpu": [0.7, 0.8]}, {"cpu": [0.5, 0.6]})
+    assert back.request("cpu", 2) == pytest.approx(0.8) and back.client("cpu", 1) == pytest.approx(0.5)
 
 
 def test_format_table_shows_every_block_ramps_tx_and_spread():
@@ -142,6 +150,10 @@ def test_e3_profile_measures_tiny_ee_blocks_and_tx_on_a_real_server(tmp_path, ca
     assert "BLS hop" in p.source and "ONNX Runtime" in p.source and "BatchRoute.observe" in p.source
     assert len(p.check_ms["cpu"]) == 3 and all(v > 0 for v in p.check_ms["cpu"])
     assert len(p.router_ms["cpu"]) == 3 and all(v > 0 for v in p.router_ms["cpu"])
+    # the stock graph, on 1 and 2 threads; the front door's host CPU per request, the client's part of it
+    assert len(p.stock_ms["cpu"]) == 3 and all(v > 0 for v in p.stock_ms["cpu"])
+    assert len(p.stock_2t_ms["cpu"]) == 3 and all(v > 0 for v in p.stock_2t_ms["cpu"])
+    assert all(0 < c <= r < 50 for c, r in zip(p.client_ms["cpu"], p.request_ms["cpu"]))
     table = capsys.readouterr().out
     assert "tiny_ee on cpu (measured" in table and "Tx (hop)" in table and str(out) in table
     assert "check (per ramp)" in table and "router (per batch)" in table

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 from e3.core.plan import COMPACT, default_plan
-from e3.simulator.des import Arrivals, Baseline, next_enabled_exit, simulate_baseline, simulate_plan
+import simpy
+
+from e3.simulator.des import (Arrivals, Baseline, _TritonQueue, next_enabled_exit, simulate_baseline, simulate_plan,
+                              with_host_share)
 from e3.simulator.validate import ValidationRow, format_validation, parse_baseline_config
 from test_controller import synthetic_profile
 
@@ -41,9 +44,11 @@ def test_naive_early_exit_beats_stock_on_easy_inputs_and_not_on_hard_ones():
     lat = synthetic_profile()
     arrivals = Arrivals(batch=8, requests=200, clients=8)
     easy, hard = _exits(easy=0.8), _exits(easy=0.0)
-    stock = simulate_baseline(lat, Baseline("stock"), easy, arrivals).inputs_per_s
-    assert simulate_baseline(lat, Baseline("ee"), easy, arrivals).inputs_per_s > 1.5 * stock
-    assert simulate_baseline(lat, Baseline("ee"), hard, arrivals).inputs_per_s < stock   # ramps cost, none exits
+    # the batcher free to take every queued request (preferred = max batch): batches large enough to shrink
+    stock = simulate_baseline(lat, Baseline("stock", preferred=64), easy, arrivals).inputs_per_s
+    assert simulate_baseline(lat, Baseline("ee", preferred=64), easy, arrivals).inputs_per_s > 1.5 * stock
+    assert simulate_baseline(lat, Baseline("ee", preferred=64), hard, arrivals).inputs_per_s < stock   # ramps
+    #                                                                                      cost, none exits
 
 
 def test_a_saturated_constant_plan_runs_the_plans_batch_at_every_split_and_answers_everything():
@@ -85,3 +90,87 @@ def test_the_validation_table_marks_settings_outside_the_bar():
     assert parse_baseline_config("ee", "2 inst x 1 thr, delay 2000 us") == Baseline("ee", 2, 1, 2000)
     with pytest.raises(ValueError, match="cannot read"):
         parse_baseline_config("ee", "two instances")
+
+
+def _queue_with(rows_per_request):
+    env = simpy.Environment()
+    q = _TritonQueue(env)
+    for n in rows_per_request:
+        q.send(np.arange(n))
+    return env, q
+
+
+def _take(env, q, delay_s, preferred, max_batch):
+    out = {}
+
+    def proc():
+        out["take"] = yield from q.take(delay_s, preferred, max_batch)
+    env.process(proc())
+    env.run()
+    return [len(r) for _, r, _ in out["take"]], env.now
+
+
+def test_the_batcher_sends_the_largest_preferred_batch_it_can_form_else_all_that_fit():
+    env, q = _queue_with([1] * 16)
+    assert _take(env, q, 0.0, 8, 64) == ([1] * 8, 0)          # 16 queued: a preferred batch of 8, not 16
+    env, q = _queue_with([1] * 5)
+    assert _take(env, q, 0.0, 8, 64) == ([1] * 5, 0)          # no preferred batch: all that wait, at once
+    env, q = _queue_with([4, 4, 4])
+    assert _take(env, q, 0.0, 8, 64)[0] == [4, 4]
+    env, q = _queue_with([3, 3, 3])                           # no prefix makes 8: as many as fit in 64
+    assert _take(env, q, 0.0, 8, 64)[0] == [3, 3, 3]
+    env, q = _queue_with([30, 30, 30])
+    assert _take(env, q, 0.0, 8, 64)[0] == [30, 30]
+
+
+def test_with_a_delay_the_batcher_waits_for_a_preferred_batch_or_the_delay():
+    env, q = _queue_with([1] * 3)
+    taken, now = _take(env, q, 0.002, 8, 64)
+    assert taken == [1] * 3 and now == pytest.approx(0.002)   # the oldest waited the delay
+    env, q = _queue_with([1] * 8)
+    assert _take(env, q, 0.002, 8, 64) == ([1] * 8, 0)        # a preferred batch waits: no delay
+
+
+def test_the_stock_baseline_runs_the_profiles_one_graph_and_the_measured_second_thread():
+    lat = synthetic_profile()
+    B = lat.batch_sizes
+    lat.stock_ms = {"cpu": [10.0 * b for b in B]}
+    lat.stock_2t_ms = {"cpu": [10.0 * b / 1.6 for b in B]}   # the second thread: 1.6x at every batch
+    arrivals = Arrivals(batch=4, requests=50, clients=1, warmup=0, client_ms=0.0)
+    one = simulate_baseline(lat, Baseline("stock", instances=1), _exits(), arrivals)
+    assert one.p50_ms == pytest.approx(lat.tx("cpu", 4) + 40.0)
+    two = simulate_baseline(lat, Baseline("stock", instances=1, threads=2), _exits(), arrivals)
+    assert two.p50_ms == pytest.approx(lat.tx("cpu", 4) + 40.0 / 1.6)
+
+
+def test_the_load_generators_cpu_runs_one_request_at_a_time():
+    lat = synthetic_profile()
+    arrivals = Arrivals(batch=1, requests=400, clients=16, client_ms=0.0, client_cpu_ms=2.0)
+    result = simulate_baseline(lat, Baseline("ee", instances=2), _exits(easy=1.0), arrivals)
+    assert result.inputs_per_s == pytest.approx(1000 / 2.0, rel=0.05)   # bound by the one GIL: 500 requests/s
+
+
+def test_host_share_is_the_fixed_point_of_the_request_rate_times_its_cpu():
+    lat = synthetic_profile()
+    arrivals = Arrivals(batch=1, requests=300, clients=16)
+    run = lambda p: simulate_baseline(p, Baseline("ee", instances=2), _exits(), arrivals)  # noqa: E731
+    plain = run(lat)
+    lat.request_ms = {"cpu": [0.5] * len(lat.batch_sizes)}
+    result, host = with_host_share(run, lat, batch=1, cores=2)
+    assert host.converged and 0 < host.share < 0.9
+    assert host.share == pytest.approx(result.inputs_per_s * 0.5 / 1e3 / 2, abs=0.01)   # the share it implies
+    assert result.inputs_per_s == pytest.approx(plain.inputs_per_s * (1 - host.share), rel=0.05)
+    assert with_host_share(run, synthetic_profile(), batch=1, cores=2)[1].share == 0.0   # no curve: no share
+
+
+def test_a_slowed_profile_stretches_every_compute_curve_and_not_the_hosts():
+    lat = synthetic_profile()
+    lat.router_ms = {"cpu": [1.0] * len(lat.batch_sizes)}
+    lat.request_ms = {"cpu": [0.5] * len(lat.batch_sizes)}
+    slow = lat.slowed(2.0)
+    assert slow.block(2, "cpu", 8) == pytest.approx(2 * lat.block(2, "cpu", 8))
+    assert slow.tx("cpu", 8) == pytest.approx(2 * lat.tx("cpu", 8))
+    assert slow.router("cpu", 8) == pytest.approx(2.0) and slow.request("cpu", 8) == pytest.approx(0.5)
+    assert lat.block(2, "cpu", 8) == synthetic_profile().block(2, "cpu", 8)   # the original is untouched
+    with pytest.raises(ValueError, match=">= 1"):
+        lat.slowed(0.5)

@@ -9,7 +9,7 @@ apart, so that a plan that disables a ramp (E3 §3.4) does not pay for it.
 ``tx_ms`` is the cost of moving one cut's tensors between two splits (a BLS
 hop here, a network transfer across machines) at batch ``B``.
 
-Three optional curves per device, over the same batch sizes (absent in older
+Optional curves per device, over the same batch sizes (absent in older
 files: they read as described, and the file version stays 1):
 
 * ``tx_in_ms`` -- the hop that carries the *model inputs* into the first split
@@ -18,6 +18,18 @@ files: they read as described, and the file version stays 1):
   rows that go on (a compact split pays it between blocks); absent: 0.
 * ``router_ms`` -- the router's own work per batch of a split (stacking rows
   into a batch, the exit rule at the split's end, answering); absent: 0.
+* ``stock_ms`` / ``stock_2t_ms`` -- the stock model (every block, no ramp) as
+  the one graph ``<m>_stock`` serves, on 1 and on 2 intra-op threads: the
+  whole graph is a little faster than the sum of its blocks (one session
+  call), and the pair gives the measured gain of a second thread at each batch
+  (the simulator's baselines read both); absent: the sum of the blocks, and an
+  assumed parallel efficiency.
+* ``request_ms`` -- host CPU per request of B inputs that no instance's time
+  holds: the client (the load generator, on the same cores here) and
+  tritonserver's front door (HTTP, queues, handing the request to the model);
+  the simulator takes it from the cores the instances run on; absent: 0.
+  ``client_ms`` is the load generator's part of it: one Python process whose
+  clients share one GIL, so the simulator runs it one request at a time.
 
 :class:`BatchProfile` is E3's batch profile: for an input batch of ``B0``,
 the expected share of inputs that enter each block (block 1: all of them),
@@ -40,10 +52,13 @@ import numpy as np
 
 from e3.core.files import write_json_atomic
 
-__all__ = ["PROFILE_VERSION", "ProfileError", "DeviceConfig", "LatencyProfile", "BatchProfile", "interp_linear"]
+__all__ = ["PROFILE_VERSION", "OPTIONAL_CURVES", "ProfileError", "DeviceConfig", "LatencyProfile", "BatchProfile",
+           "interp_linear"]
 
 PROFILE_VERSION = 1
-_CURVES = ("tx_in_ms", "check_ms", "router_ms")   # optional per-device curves over batch_sizes
+# optional per-device curves over batch_sizes (see above)
+OPTIONAL_CURVES = ("tx_in_ms", "check_ms", "router_ms", "stock_ms", "stock_2t_ms", "request_ms", "client_ms")
+_TIME_CURVES = ("tx_in_ms", "check_ms", "router_ms", "stock_ms", "stock_2t_ms")   # what compute time scales
 
 
 class ProfileError(ValueError):
@@ -106,6 +121,13 @@ class LatencyProfile(_JsonFile):
                                                 # check + compaction of the rows between blocks (ms); absent: 0
     router_ms: dict[str, list[float]] = field(default_factory=dict)  # optional: device -> [batch index] the
                                                 # router's own work per batch of a split (ms); absent: 0
+    stock_ms: dict[str, list[float]] = field(default_factory=dict)   # optional: device -> [batch index] the
+                                                # stock model as one graph, 1 intra-op thread (ms)
+    stock_2t_ms: dict[str, list[float]] = field(default_factory=dict)  # optional: the same on 2 threads (ms)
+    request_ms: dict[str, list[float]] = field(default_factory=dict)   # optional: device -> [batch index] host
+                                                # CPU per request of B inputs outside every instance (ms)
+    client_ms: dict[str, list[float]] = field(default_factory=dict)    # optional: the load generator's part
+                                                # of request_ms (ms per request)
     version: int = PROFILE_VERSION
     KIND = "latency profile"
 
@@ -167,6 +189,43 @@ class LatencyProfile(_JsonFile):
         """Latency (ms) of the router's own work on one batch of ``batch`` rows of a split (0 if not profiled)."""
         return self._curve(self.router_ms.get(device), batch)
 
+    def stock(self, device: str, batch: float) -> float | None:
+        """Latency (ms) of the stock model as one graph on 1 thread at ``batch``; None if not profiled."""
+        ys = self.stock_ms.get(device)
+        return None if ys is None else float(interp_linear(self.batch_sizes, ys, batch))
+
+    def thread_speedup(self, device: str, batch: float, threads: int) -> float | None:
+        """How many times faster the stock graph runs on ``threads`` intra-op threads than on 1 at ``batch``
+        (measured for 2 threads: ``stock_ms / stock_2t_ms``); None where not profiled."""
+        if threads == 1:
+            return 1.0
+        one, two = self.stock_ms.get(device), self.stock_2t_ms.get(device)
+        if threads != 2 or one is None or two is None:
+            return None
+        return float(interp_linear(self.batch_sizes, one, batch) / interp_linear(self.batch_sizes, two, batch))
+
+    def request(self, device: str, batch: float | np.ndarray) -> float | np.ndarray:
+        """Host CPU (ms) of one request of ``batch`` inputs outside every instance (0 if not profiled)."""
+        return self._curve(self.request_ms.get(device), batch)
+
+    def client(self, device: str, batch: float | np.ndarray) -> float | np.ndarray:
+        """The load generator's CPU (ms) per request of ``batch`` inputs (0 if not profiled)."""
+        return self._curve(self.client_ms.get(device), batch)
+
+    def slowed(self, factor: float) -> "LatencyProfile":
+        """The same profile with every compute-time curve (blocks, ramps, hops, checks, router, stock graph)
+        ``factor`` times longer: the cores the instances run on lose ``1 - 1/factor`` of their time to other
+        work (:attr:`request_ms`, which stays as it is)."""
+        if not factor >= 1.0:
+            raise ValueError(f"a slowdown factor must be >= 1, got {factor}")
+        out = LatencyProfile.from_dict(self.to_dict())
+        scale = lambda table: {d: [[v * factor for v in r] for r in rows] for d, rows in table.items()}  # noqa: E731
+        out.block_ms, out.ramp_ms = scale(self.block_ms), scale(self.ramp_ms)
+        out.tx_ms = {d: [v * factor for v in ys] for d, ys in self.tx_ms.items()}
+        for name in _TIME_CURVES:
+            setattr(out, name, {d: [v * factor for v in ys] for d, ys in getattr(self, name).items()})
+        return out
+
     def _curve(self, ys: Sequence[float] | None, batch: float | np.ndarray) -> float | np.ndarray:
         """A per-batch curve read at ``batch`` (a float for a float); a missing curve reads 0."""
         x = np.asarray(batch, dtype=float)
@@ -182,7 +241,7 @@ class LatencyProfile(_JsonFile):
         L, x = self.num_blocks, np.asarray(batches, dtype=float)
         out = LatencyProfile(model=self.model, num_blocks=L, batch_sizes=batches, devices=dict(self.devices),
                              block_ms={}, ramp_ms={}, tx_ms={}, spread_ms={}, source=self.source)
-        for name in _CURVES:
+        for name in OPTIONAL_CURVES:
             getattr(out, name).update({dev: np.maximum(0.0, interp_linear(self.batch_sizes, ys, x)).tolist()
                                        for dev, ys in getattr(self, name).items()})
         for dev in self.devices:
@@ -204,7 +263,7 @@ class LatencyProfile(_JsonFile):
                 "batch_sizes": list(self.batch_sizes), "source": self.source, "modelled": self.modelled,
                 "devices": {n: {"price": d.price, "modelled": d.modelled} for n, d in self.devices.items()},
                 "block_ms": self.block_ms, "ramp_ms": self.ramp_ms, "tx_ms": self.tx_ms,
-                "spread_ms": self.spread_ms, **{name: getattr(self, name) for name in _CURVES}}
+                "spread_ms": self.spread_ms, **{name: getattr(self, name) for name in OPTIONAL_CURVES}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "LatencyProfile":
@@ -216,7 +275,7 @@ class LatencyProfile(_JsonFile):
                                 for n, v in d["devices"].items()},
                        block_ms=d["block_ms"], ramp_ms=d["ramp_ms"], tx_ms=d["tx_ms"],
                        spread_ms=d.get("spread_ms", {}), source=d.get("source", ""),
-                       **{name: d.get(name) or {} for name in _CURVES})
+                       **{name: d.get(name) or {} for name in OPTIONAL_CURVES})
         except KeyError as missing:
             raise ProfileError(f"latency profile is missing the field {missing}") from None
         prof.validate()
@@ -235,7 +294,7 @@ class LatencyProfile(_JsonFile):
                     raise ProfileError(f"{name}[{dev!r}] has negative or non-finite latencies")
             if len(self.tx_ms.get(dev, [])) != len(B):
                 raise ProfileError(f"tx_ms[{dev!r}] must hold {len(B)} latencies")
-        for name in _CURVES:
+        for name in OPTIONAL_CURVES:
             table = getattr(self, name)
             if not isinstance(table, dict):
                 raise ProfileError(f"{name} must map device configurations to latencies")
