@@ -44,12 +44,14 @@ def goodput_table(rows: Sequence[Mapping], ideal: Mapping[str, float]) -> str:
 
 def validation_table(rows: Sequence[Mapping], goodput_tol: float, p99_tol: float) -> str:
     """The simulator's validation: predicted vs measured goodput and p99 with the error of each (rows as
-    ``simulator_validation.json`` holds them), misses in bold; the p50s beside them where the rows have
-    them (no bar: they show whether a p99 miss is the centre or the tail), and the host's share."""
-    with_p50 = all("predicted_p50_ms" in r and "measured_p50_ms" in r for r in rows)
+    ``simulator_validation.json`` holds them), misses in bold; where the rows have them, the measured p99's
+    own 90% bootstrap interval (how far one run's tail figure moves: a simulated p99 inside it is as close
+    as the measurement can tell), the p50s (no bar: whether a p99 miss is the centre or the tail) and the
+    host's share."""
+    extra = all("predicted_p50_ms" in r and "measured_p50_ms" in r for r in rows)
     out = ["| setting | goodput simulated | measured | error | p99 simulated (ms) | measured | error |"
-           + (" p50 simulated / measured (ms) | host share |" if with_p50 else ""),
-           "| --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if with_p50 else "")]
+           + (" measured p99, 90% interval | p50 simulated / measured (ms) | host share |" if extra else ""),
+           "| --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- |" if extra else "")]
     for r in rows:
         g = r["predicted_goodput"] / r["measured_goodput"] - 1 if r["measured_goodput"] else float("nan")
         p = r["predicted_p99_ms"] / r["measured_p99_ms"] - 1 if r["measured_p99_ms"] else float("nan")
@@ -57,9 +59,11 @@ def validation_table(rows: Sequence[Mapping], goodput_tol: float, p99_tol: float
         ps = f"{p:+.1%}" if abs(p) <= p99_tol else f"**{p:+.1%}**"
         line = (f"| {r['setting']} | {r['predicted_goodput']:.1f} | {r['measured_goodput']:.1f} | {gs} | "
                 f"{r['predicted_p99_ms']:.1f} | {r['measured_p99_ms']:.1f} | {ps} |")
-        if with_p50:
-            line += (f" {r['predicted_p50_ms']:.1f} / {r['measured_p50_ms']:.1f} | "
-                     f"{r.get('host_share', 0.0):.0%} |")
+        if extra:
+            ci = r.get("measured_p99_interval_ms")
+            inside = {True: " (simulated inside)", False: "", None: ""}[r.get("p99_inside_interval")]
+            line += ((f" {ci[0]:.0f}-{ci[1]:.0f}{inside} |" if ci else " - |")
+                     + f" {r['predicted_p50_ms']:.1f} / {r['measured_p50_ms']:.1f} | {r.get('host_share', 0.0):.0%} |")
         out.append(line)
     return "\n".join(out)
 

@@ -147,6 +147,21 @@ def percentile_ms(latencies_ms, q: float) -> float:
     return float(np.percentile(latencies_ms, q)) if len(latencies_ms) else float("nan")
 
 
+def percentile_interval_ms(latencies_ms, q: float, level: float = 0.9, resamples: int = 2000,
+                           seed: int = 0) -> tuple[float, float]:
+    """A bootstrap confidence interval (percentile method, ``scipy.stats.bootstrap``) of the ``q``-th
+    percentile of latencies: how far one run's tail figure may move between runs of the same system. A
+    p99 of 100 requests is close to their maximum, so its interval is wide. (nan, nan) for fewer than 2."""
+    from scipy.stats import bootstrap
+    x = np.asarray(latencies_ms, dtype=float)
+    if len(x) < 2:
+        return float("nan"), float("nan")
+    ci = bootstrap((x,), lambda a, axis: np.percentile(a, q, axis=axis), confidence_level=level,
+                   n_resamples=resamples, method="percentile", random_state=np.random.default_rng(seed)
+                   ).confidence_interval
+    return float(ci.low), float(ci.high)
+
+
 def summarize(records: list[RequestRecord], model: str, *, duration_s: float | None = None,
               slo_ms: float | None = None, offered_rps: float | None = None,
               true_label: np.ndarray | None = None, expected_exit: np.ndarray | None = None) -> LoadResult:

@@ -59,6 +59,7 @@ class Row:
     errors: int = 0
     predicted_inputs_per_s: float = float("nan")   # E3: the planner's prediction for its plan
     runs: tuple[float, ...] = ()                   # inputs/s of every measured run (the row is the median one)
+    p99_interval_ms: tuple[float, float] | None = None   # 90% bootstrap interval of p99 (its run's requests)
 
 
 def parse_mixes(text: str) -> list[tuple[int, int]]:

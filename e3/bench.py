@@ -244,10 +244,13 @@ def _measure(url: str, model: str, wl: dict, batch: int, inputs: int, settings: 
 
 def _row(mix: str, batch: int, system: str, runs: list[LoadResult], config: str, predicted: float) -> Row:
     """The cell's figures from its median run by throughput (every run's inputs/s kept beside them)."""
+    from e3.client.loadgen import percentile_interval_ms
     r = sorted(runs, key=lambda x: x.throughput_ips)[len(runs) // 2]
+    low, high = percentile_interval_ms(r.latencies_ms, 99)
     return Row(mix=mix, batch=batch, system=system, inputs_per_s=r.throughput_ips, p50_ms=r.percentile_ms(50),
                p99_ms=r.percentile_ms(99), accuracy=r.accuracy, config=config, errors=sum(x.errors for x in runs),
-               predicted_inputs_per_s=predicted, runs=tuple(round(x.throughput_ips, 1) for x in runs))
+               predicted_inputs_per_s=predicted, runs=tuple(round(x.throughput_ips, 1) for x in runs),
+               p99_interval_ms=(round(low, 1), round(high, 1)))
 
 
 def _e3_config(plan: Plan) -> str:

@@ -34,6 +34,15 @@ class ValidationRow:
     predicted_p50_ms: float = float("nan")
     measured_p50_ms: float = float("nan")
     host_share: float = 0.0      # of the cores' time the simulated front door and clients took (request_ms)
+    measured_p99_interval_ms: tuple[float, float] | None = None   # 90% bootstrap interval of the measured p99
+
+    @property
+    def p99_inside_interval(self) -> bool | None:
+        """Whether the simulated p99 lies inside the measured p99's own 90% interval (None: no interval)."""
+        if not self.measured_p99_interval_ms:
+            return None
+        low, high = self.measured_p99_interval_ms
+        return bool(low <= self.predicted_p99_ms <= high)
 
     @property
     def goodput_error(self) -> float:
@@ -44,7 +53,11 @@ class ValidationRow:
         return self.predicted_p99_ms / self.measured_p99_ms - 1 if self.measured_p99_ms else float("nan")
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "goodput_error": round(self.goodput_error, 4), "p99_error": round(self.p99_error, 4)}
+        d = asdict(self)
+        if self.measured_p99_interval_ms is not None:
+            d["measured_p99_interval_ms"] = list(self.measured_p99_interval_ms)
+        return {**d, "goodput_error": round(self.goodput_error, 4), "p99_error": round(self.p99_error, 4),
+                "p99_inside_interval": self.p99_inside_interval}
 
 
 def parse_baseline_config(system: str, config: str) -> Baseline:
@@ -78,7 +91,8 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
         result, host = with_host_share(run, latency, batch=r["batch"], cores=cores)
         row = ValidationRow(f"{r['mix']} batch {r['batch']} {r['system']} ({r['config']})", result.goodput_ips,
                             r["inputs_per_s"], result.p99_ms, r["p99_ms"], result.p50_ms,
-                            float(r.get("p50_ms", float("nan"))), round(host.share, 4))
+                            float(r.get("p50_ms", float("nan"))), round(host.share, 4),
+                            tuple(r["p99_interval_ms"]) if r.get("p99_interval_ms") else None)
         rows.append(row)
         if progress:
             progress(row.setting)

@@ -20,6 +20,18 @@ def test_the_validation_table_marks_misses():
              "measured_p99_ms": 50.0}]
     text = validation_table(rows, 0.08, 0.15)
     assert "**+10.0%**" in text and "| +0.0% |" in text
+    assert "interval" not in text                     # older rows: no interval, p50 or share columns
+
+
+def test_the_validation_table_shows_the_measured_p99s_interval_and_whether_the_simulation_is_inside():
+    from e3.simulator.validate import ValidationRow
+    inside = ValidationRow("a", 100.0, 100.0, 60.0, 80.0, 40.0, 42.0, 0.1, (55.0, 90.0)).to_dict()
+    outside = ValidationRow("b", 100.0, 100.0, 50.0, 80.0, 40.0, 42.0, 0.1, (55.0, 90.0)).to_dict()
+    assert inside["p99_inside_interval"] is True and outside["p99_inside_interval"] is False
+    assert inside["measured_p99_interval_ms"] == [55.0, 90.0]
+    text = validation_table([inside, outside], 0.08, 0.15)
+    assert "| **-25.0%** | 55-90 (simulated inside) | 40.0 / 42.0 | 10% |" in text
+    assert "| **-37.5%** | 55-90 | 40.0 / 42.0 | 10% |" in text
 
 
 def test_the_section_is_replaced_in_place_and_the_rest_kept():

@@ -189,3 +189,14 @@ def test_a_composed_compact_split_costs_the_profiles_one_graph_factor_of_its_blo
     pabee = dataclasses.replace(plan, exit_rule={"kind": "patience", "patience": 2})   # block by block
     by_block = simulate_plan(lat, pabee, _exits(easy=0.0), arrivals)
     assert composed.inputs_per_s > 1.05 * by_block.inputs_per_s
+
+
+def test_the_p99_interval_holds_the_p99_and_narrows_with_more_requests():
+    from e3.client.loadgen import percentile_interval_ms
+    rng = np.random.default_rng(1)
+    few, many = rng.exponential(50.0, 100), rng.exponential(50.0, 5000)
+    low, high = percentile_interval_ms(few, 99)
+    assert low <= np.percentile(few, 99) <= high
+    low2, high2 = percentile_interval_ms(many, 99)
+    assert high2 - low2 < (high - low) / 2
+    assert all(np.isnan(percentile_interval_ms([5.0], 99)))   # one request: no interval
