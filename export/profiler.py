@@ -35,7 +35,10 @@ What is measured (device configuration ``cpu``: one core, one instance, one thre
   ramps (blocks 1..L, the graph ``<m>_stock`` serves) on 1 and on 2 intra-op
   threads, timed like a block (the 2-thread curve only where the host has 2
   CPUs). The simulator prices the stock baseline with it, and a 2-thread
-  instance with the measured gain of the second thread.
+  instance with the measured gain of the second thread. ``jitter_cv``: the
+  coefficient of variation of its time while one copy per core runs it at
+  once (as that many instances do); the simulator draws each batch's time
+  with it.
 * **request** (``request_ms``) -- host CPU per request that no instance's time
   holds: the real load generator (16 clients, B inputs per request) against a
   Python model that answers the front door's tensors at once
@@ -75,7 +78,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ProfileSettings", "Stats", "summarize", "default_batch_sizes", "parse_batch_sizes",
            "assemble_profile", "merge_profiles", "format_table", "default_profile_path",
-           "measure_blocks", "measure_stock", "probe_server", "measure_tx", "measure_request", "measure_check", "measure_router",
+           "measure_blocks", "measure_stock", "measure_jitter", "probe_server", "measure_tx", "measure_request", "measure_check", "measure_router",
            "profile_model"]
 
 log = logging.getLogger(__name__)
@@ -146,7 +149,8 @@ def assemble_profile(model: str, batch_sizes: Sequence[int], without_ramp: Seque
                      stock: Sequence[Sequence[float]] | None = None,
                      stock_2t: Sequence[Sequence[float]] | None = None,
                      request: Sequence[float] | None = None,
-                     client: Sequence[float] | None = None) -> LatencyProfile:
+                     client: Sequence[float] | None = None,
+                     jitter: Sequence[float] | None = None) -> LatencyProfile:
     """A one-device :class:`LatencyProfile` from raw timings (ms).
 
     without_ramp[k-1][i]: repeats of block k alone at batch_sizes[i];
@@ -155,7 +159,8 @@ def assemble_profile(model: str, batch_sizes: Sequence[int], without_ramp: Seque
     check[i] / router[i]: repeats of one exit check / of the router's work on one
     batch; stock[i] / stock_2t[i]: repeats of the stock graph on 1 / 2 threads;
     request[i] / client[i]: host CPU ms per request, and the load generator's part
-    of it (one figure per batch size). None: not
+    of it, jitter[i]: the CV of a batch's time beside its neighbours (one figure per
+    batch size each). None: not
     measured, the profile has no such curve. Medians throughout.
     """
     L = len(without_ramp)
@@ -178,7 +183,8 @@ def assemble_profile(model: str, batch_sizes: Sequence[int], without_ramp: Seque
         stock_ms={} if stock is None else {device: [summarize(s).median_ms for s in stock]},
         stock_2t_ms={} if stock_2t is None else {device: [summarize(s).median_ms for s in stock_2t]},
         request_ms={} if request is None else {device: [float(v) for v in request]},
-        client_ms={} if client is None else {device: [float(v) for v in client]})
+        client_ms={} if client is None else {device: [float(v) for v in client]},
+        jitter_cv={} if jitter is None else {device: [float(v) for v in jitter]})
     profile.validate()
     return profile
 
@@ -252,7 +258,7 @@ def format_table(profile: LatencyProfile, device: str | None = None) -> str:
         for name, curves in (("Tx in (inputs)", profile.tx_in_ms), ("check (per ramp)", profile.check_ms),
                              ("router (per batch)", profile.router_ms), ("stock graph", profile.stock_ms),
                              ("stock, 2 threads", profile.stock_2t_ms), ("request (host CPU)", profile.request_ms),
-                             ("  of it the client", profile.client_ms)):
+                             ("  of it the client", profile.client_ms), ("jitter (CV, 2 at once)", profile.jitter_cv)):
             if dev in curves:
                 rows.append([name] + [f"{v:.3f}" for v in curves[dev]])
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
@@ -348,6 +354,48 @@ def measure_stock(model: "EarlyExitModel", batch_sizes: Sequence[int], settings:
                 samples[t][r] = _time_calls(lambda s=s: s.run(None, feeds), 1, 0)[0]
         for t in threads:
             out[t].append(samples[t])
+        if bar is not None:
+            bar.update(1)
+    return out
+
+
+def measure_jitter(model: "EarlyExitModel", batch_sizes: Sequence[int], settings: ProfileSettings, workdir: Path,
+                   copies: int = 2, bar=None) -> list[float]:
+    """The coefficient of variation (std / mean) of the stock graph's time at each batch size while
+    ``copies`` sessions of 1 thread run it at once, one per core, as that many Triton instances do: how much
+    one batch's time varies beside its neighbours (``jitter_cv``; the simulator draws each batch's time
+    with it). Each copy times ``2 x repeats`` calls; ONNX Runtime releases the GIL while it runs."""
+    import threading
+
+    from e3.export.model_api import SplitModule
+    from e3.export.onnx_export import export_onnx, split_inputs
+    from e3.serving.session import make_session
+
+    card = model.card
+    module = SplitModule(model, 1, card.num_blocks, ())
+    path = workdir / "stock.onnx"
+    if not path.exists():
+        export_onnx(module, path, max_batch_size=card.max_batch_size, seed=settings.seed)
+    sessions = [make_session(str(path), intra_op_threads=1) for _ in range(copies)]
+    names = [t.name for t in module.input_specs]
+    out = []
+    for batch in batch_sizes:
+        feeds = {n: t.numpy() for n, t in zip(names, split_inputs(module, batch, settings.seed))}
+        samples: list[np.ndarray] = [np.empty(0)] * copies
+        start = threading.Barrier(copies)
+
+        def run(i: int) -> None:
+            _time_calls(lambda: sessions[i].run(None, feeds), 0, settings.warmup)
+            start.wait()
+            samples[i] = _time_calls(lambda: sessions[i].run(None, feeds), 2 * settings.repeats, 0)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(copies)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        x = np.concatenate(samples)
+        out.append(float(np.std(x) / np.mean(x)))
         if bar is not None:
             bar.update(1)
     return out
@@ -553,11 +601,12 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
     tx_repeats = settings.tx_repeats or settings.repeats
     router_repeats = max(settings.repeats, 50)   # microseconds each: more repeats cost nothing
     threads = (1, 2) if (os.cpu_count() or 1) >= 2 else (1,)
-    total = (card.num_blocks + 1) * len(batches) + (2 * len(batches) if settings.tx else 0)
+    total = (card.num_blocks + 1 + (len(threads) > 1)) * len(batches) + (2 * len(batches) if settings.tx else 0)
     with tqdm(total=total, desc=f"profile {served_name(model_name)}", unit="step", disable=not progress) as bar, \
             tempfile.TemporaryDirectory(prefix="e3-profile-") as tmp:
         without, with_ = measure_blocks(model, batches, settings, Path(tmp), bar)
         stock = measure_stock(model, batches, settings, Path(tmp), threads, bar)
+        jitter = measure_jitter(model, batches, settings, Path(tmp), len(threads), bar) if len(threads) > 1 else None
         request = None
         if settings.tx:
             with probe_server(card, max(batches), settings.warmup, tritonserver) as server:
@@ -579,4 +628,4 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
     return assemble_profile(served_name(model_name), batches, without, with_, tx, settings.device, settings.price,
                             source, check=check, router=router, stock=stock[1],
                             stock_2t=stock.get(2), request=None if request is None else [r[0] for r in request],
-                            client=None if request is None else [r[1] for r in request])
+                            client=None if request is None else [r[1] for r in request], jitter=jitter)

@@ -32,6 +32,11 @@ goodput under an SLO, drops) plus the batch each split ran.
   2 threads runs as much faster as the stock graph measured on 2 threads does
   at that batch (``stock_2t_ms``: 1.7x at batch 1 to 1.9x at batch 32 for
   bert-ee on this host); where that is not profiled, ``t x parallel_efficiency`` (assumed).
+* **Jitter** (``jitter_cv``): each batch's time is drawn lognormal around
+  its profiled mean with the coefficient of variation the profile measured
+  for a batch running beside one neighbour per core (a deterministic time
+  would give every request of a closed loop the same latency, and tails
+  thinner than any real server's).
 * **Host CPU** (``request_ms``): each request costs the host CPU that no
   instance's time holds (the client and tritonserver's front door). On a CPU
   the instances share those cores: :func:`with_host_share` runs a simulation
@@ -136,6 +141,10 @@ class CallCosts:
     #                                     an engine of its own per instance: the bytes part of tx(rows)
     hop_fixed_latency: bool = False     # with overlap_hop: a hop's fixed part (the BLS exchange, host threads) is
     #                                     latency that holds nothing; the copy engine is held for the bytes only
+    service_cv: float | None = None     # coefficient of variation of every batch's time (lognormal, mean kept):
+    #                                     an instance's batch runs beside the other instances on shared cores;
+    #                                     None: the profile's jitter_cv at the batch's rows (0 where absent)
+    service_seed: int = 0
     slots_per_instance: int | None = None   # a constant split's batches in flight per instance (the router's
     #                                     slots); None: one per pipeline stage (copy in, compute, copy out, host)
 
@@ -146,6 +155,8 @@ class CallCosts:
             raise ValueError(f"request_ms must be >= 0 (ms), got {self.request_ms}")
         if self.router_cores < 0:
             raise ValueError(f"router_cores must be >= 0, got {self.router_cores}")
+        if self.service_cv is not None and not self.service_cv >= 0:
+            raise ValueError(f"service_cv must be >= 0, got {self.service_cv}")
         if self.slots_per_instance is not None and self.slots_per_instance < 1:
             raise ValueError(f"slots_per_instance must be >= 1, got {self.slots_per_instance}")
 
@@ -156,6 +167,15 @@ class CallCosts:
             return self.slots_per_instance
         return (1 + int(self.overlap_hop) + int(self.overlap_hop and self.hop_fixed_latency) + int(self.out_copy)
                 + int(self.router_cores > 0))
+
+    def jitter(self, rng: np.random.Generator, latency: LatencyProfile, device: str, rows: int) -> float:
+        """One batch's time factor: lognormal with mean 1 and CV ``service_cv`` (else the profile's
+        ``jitter_cv`` at ``rows``); 1.0 for a CV of 0."""
+        cv = latency.jitter(device, rows) if self.service_cv is None else self.service_cv
+        if cv <= 0:
+            return 1.0
+        sigma2 = float(np.log1p(cv ** 2))
+        return float(rng.lognormal(-sigma2 / 2, np.sqrt(sigma2)))
 
     def input_hop(self, latency: LatencyProfile, device: str, rows: float) -> float:
         """ms of a call carrying ``rows`` inputs' model inputs."""
@@ -379,6 +399,7 @@ class _Router:
         self.host_lanes = [simpy.Resource(env, capacity=s.instances) for s in splits]
         self.batches = batches
         self.composed = _composes(plan.exit_rule)
+        self.rng = np.random.default_rng(costs.service_seed)
         self.waiting: dict[int, simpy.Event] = {}
         self.wake_at: float | None = None
 
@@ -487,7 +508,8 @@ class _Router:
             pool_rows = feed["x"].astype(int)
             ms, leaves = self.service_ms(d.split, pool_rows)
             self.batches[d.split].append(len(pool_rows))
-            yield self.env.timeout(ms / 1e3)
+            yield self.env.timeout(ms * self.costs.jitter(self.rng, self.latency, self.split_device(d.split),
+                                                          len(pool_rows)) / 1e3)
         n = len(pool_rows)
         copy_ms = self.out_copy_ms(d.split, n)
         if copy_ms > 0:
@@ -574,6 +596,7 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
     exits = next_enabled_exit(exit_ramp, ramps, L)
     triton = _TritonQueue(env)
     batches: dict[int, list[int]] = {0: []}
+    rng = np.random.default_rng(costs.service_seed)
 
     def speed(n: int) -> float:
         """How many times faster than one thread the instance's ``base.threads`` threads run a batch of n."""
@@ -609,7 +632,7 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
                 continue
             pool_rows = np.concatenate([r for _, r, _ in take])
             batches[0].append(len(pool_rows))
-            ms = service_ms(pool_rows, len(take))
+            ms = service_ms(pool_rows, len(take)) * costs.jitter(rng, latency, device, len(pool_rows))
             if not costs.overlap_hop:
                 yield env.timeout(ms / 1e3)
                 for _, _, done in take:

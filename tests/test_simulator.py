@@ -11,7 +11,7 @@ import pytest
 from e3.core.plan import COMPACT, default_plan
 import simpy
 
-from e3.simulator.des import (Arrivals, Baseline, _TritonQueue, next_enabled_exit, simulate_baseline, simulate_plan,
+from e3.simulator.des import (Arrivals, Baseline, CallCosts, _TritonQueue, next_enabled_exit, simulate_baseline, simulate_plan,
                               with_host_share)
 from e3.simulator.validate import ValidationRow, format_validation, parse_baseline_config
 from test_controller import synthetic_profile
@@ -200,3 +200,19 @@ def test_the_p99_interval_holds_the_p99_and_narrows_with_more_requests():
     low2, high2 = percentile_interval_ms(many, 99)
     assert high2 - low2 < (high - low) / 2
     assert all(np.isnan(percentile_interval_ms([5.0], 99)))   # one request: no interval
+
+
+def test_jitter_spreads_a_closed_loops_latencies_and_keeps_its_rate():
+    lat = synthetic_profile()
+    arrivals = Arrivals(batch=8, requests=400, clients=16, client_ms=0.0)
+    base = Baseline("stock", instances=2, preferred=8)
+    steady = simulate_baseline(lat, base, _exits(), arrivals)
+    assert steady.p99_ms == pytest.approx(steady.p50_ms)          # one request per batch: all alike
+    lat.jitter_cv = {"cpu": [0.3] * len(lat.batch_sizes)}          # the profile's measured CV
+    jittered = simulate_baseline(lat, base, _exits(), arrivals)
+    assert jittered.p99_ms > 1.1 * jittered.p50_ms
+    assert jittered.inputs_per_s == pytest.approx(steady.inputs_per_s, rel=0.05)
+    off = simulate_baseline(lat, base, _exits(), arrivals, costs=CallCosts(service_cv=0.0))   # overridden
+    assert off.p99_ms == pytest.approx(off.p50_ms)
+    with pytest.raises(ValueError, match="service_cv"):
+        CallCosts(service_cv=-0.1)

@@ -30,6 +30,9 @@ files: they read as described, and the file version stays 1):
   the simulator takes it from the cores the instances run on; absent: 0.
   ``client_ms`` is the load generator's part of it: one Python process whose
   clients share one GIL, so the simulator runs it one request at a time.
+* ``jitter_cv`` -- the coefficient of variation of the stock graph's time
+  while one copy per core runs it at once (as that many instances do): the
+  simulator draws each batch's time with it (lognormal, mean kept); absent: 0.
 
 :class:`BatchProfile` is E3's batch profile: for an input batch of ``B0``,
 the expected share of inputs that enter each block (block 1: all of them),
@@ -57,7 +60,8 @@ __all__ = ["PROFILE_VERSION", "OPTIONAL_CURVES", "ProfileError", "DeviceConfig",
 
 PROFILE_VERSION = 1
 # optional per-device curves over batch_sizes (see above)
-OPTIONAL_CURVES = ("tx_in_ms", "check_ms", "router_ms", "stock_ms", "stock_2t_ms", "request_ms", "client_ms")
+OPTIONAL_CURVES = ("tx_in_ms", "check_ms", "router_ms", "stock_ms", "stock_2t_ms", "request_ms", "client_ms",
+                   "jitter_cv")
 _TIME_CURVES = ("tx_in_ms", "check_ms", "router_ms", "stock_ms", "stock_2t_ms")   # what compute time scales
 
 
@@ -128,6 +132,8 @@ class LatencyProfile(_JsonFile):
                                                 # CPU per request of B inputs outside every instance (ms)
     client_ms: dict[str, list[float]] = field(default_factory=dict)    # optional: the load generator's part
                                                 # of request_ms (ms per request)
+    jitter_cv: dict[str, list[float]] = field(default_factory=dict)    # optional: device -> [batch index] CV
+                                                # of a batch's time beside one neighbour per core (no unit)
     version: int = PROFILE_VERSION
     KIND = "latency profile"
 
@@ -221,6 +227,10 @@ class LatencyProfile(_JsonFile):
     def client(self, device: str, batch: float | np.ndarray) -> float | np.ndarray:
         """The load generator's CPU (ms) per request of ``batch`` inputs (0 if not profiled)."""
         return self._curve(self.client_ms.get(device), batch)
+
+    def jitter(self, device: str, batch: float) -> float:
+        """The CV of a batch's time beside its neighbours at ``batch`` rows (0 if not profiled)."""
+        return float(self._curve(self.jitter_cv.get(device), batch))
 
     def slowed(self, factor: float) -> "LatencyProfile":
         """The same profile with every compute-time curve (blocks, ramps, hops, checks, router, stock graph)
