@@ -13,10 +13,8 @@ goodput under an SLO, drops) plus the batch each split ran.
   instances for ``sum_k P(k, B) + Tx(B)`` (its blocks at the batch's size, the
   BLS hop) plus the router's work ``router(B)``; a compact split holds one of
   the router's workers for its blocks with the batch shrinking at every
-  enabled ramp, plus ``check(B)`` per ramp and ``router(B)``; where the
-  router composes the split into one graph (independent exit rules), its
-  blocks cost the profile's one-graph factor (``graph_factor``: the stock
-  graph over the sum of its blocks, about 0.91-0.93 for bert-ee here).
+  enabled ramp, plus ``check(B)`` per ramp and ``router(B)`` (also where the
+  router composes it into one graph: see :meth:`_Router.service_ms`).
 * **stock** and **naive EE** run through a model of Triton's dynamic batcher:
   a free instance takes whole queued requests up to ``max_batch`` rows, at
   once when the delay is 0, else when ``preferred`` rows wait or the oldest has
@@ -336,14 +334,6 @@ class _TritonQueue:
         return take
 
 
-def _composes(exit_rule: dict) -> bool:
-    """Whether the router runs a compact split under ``exit_rule`` as one composed graph
-    (:func:`e3.serving.fused_split.can_fuse`)."""
-    from e3.core.exits import make_exit_rule
-    from e3.serving.fused_split import can_fuse
-    return can_fuse(make_exit_rule(exit_rule))
-
-
 class _Router:
     """One router instance: its own scheduler and split workers, in simulated time."""
 
@@ -381,7 +371,6 @@ class _Router:
         # planner prices it (gpu.beside_profile), not as many at once as batches are in flight
         self.host_lanes = [simpy.Resource(env, capacity=s.instances) for s in splits]
         self.batches = batches
-        self.composed = _composes(plan.exit_rule)
         self.rng = np.random.default_rng(costs.service_seed)
         self.waiting: dict[int, simpy.Event] = {}
         self.wake_at: float | None = None
@@ -424,11 +413,13 @@ class _Router:
             n = n0
             if i == 0 and self.costs.input_curve == "tx_in":
                 ms += self.hop_ms(0, n0)   # the router's session copies the model inputs in, in its own call
-            # the router runs a compact split of independent exit rules as one composed graph
-            # (serving/fused_split.py): its blocks cost what one graph saves over separate calls
-            one_graph = lat.graph_factor(dev, n0) if self.composed else 1.0
+            # Decision: priced as its blocks, though the router runs a compact split of independent exit
+            # rules as one composed graph (serving/fused_split.py), 4-8% faster in process. Measured in
+            # serving (bert-ee 80:20, 16 clients), the router's stubs spend 6.07 and 6.11 CPU ms per input
+            # at 1 and 8 inputs per request: the sum of the blocks; the one-graph saving (the stock graph
+            # over its blocks, 0.91) priced it 10% too cheap. The Python around the graph eats the saving.
             for k in range(s.first_block, s.last_block + 1):
-                ms += lat.block(k, dev, n, with_ramp=k in self.ramps[i]) * one_graph
+                ms += lat.block(k, dev, n, with_ramp=k in self.ramps[i])
                 if k in self.ramps[i]:
                     ms += lat.check(dev, n)
                     n = int(np.sum(out > k))

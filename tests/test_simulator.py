@@ -173,21 +173,6 @@ def test_a_slowed_profile_stretches_every_compute_curve_and_not_the_hosts():
         lat.slowed(0.5)
 
 
-def test_a_composed_compact_split_costs_the_profiles_one_graph_factor_of_its_blocks():
-    lat = synthetic_profile()
-    parts = {b: sum(lat.block(k, "cpu", b, with_ramp=False) for k in range(1, L + 1)) for b in lat.batch_sizes}
-    assert lat.graph_factor("cpu", 8) == 1.0                       # no stock graph profiled: no saving
-    lat.stock_ms = {"cpu": [0.9 * parts[b] for b in lat.batch_sizes]}
-    assert lat.graph_factor("cpu", 8) == pytest.approx(0.9)
-    plan = default_plan("tiny_ee", L, [(1, 4)], RULE, (1, 2, 3), batch_size=8, instances=2, slo_ms=60_000)
-    plan = dataclasses.replace(plan, splits=(dataclasses.replace(plan.splits[0], form=COMPACT),))
-    arrivals = Arrivals(batch=8, requests=100, clients=2, client_ms=0.0)
-    composed = simulate_plan(lat, plan, _exits(easy=0.0), arrivals)        # entropy: the router composes
-    pabee = dataclasses.replace(plan, exit_rule={"kind": "patience", "patience": 2})   # block by block
-    by_block = simulate_plan(lat, pabee, _exits(easy=0.0), arrivals)
-    assert composed.inputs_per_s > 1.05 * by_block.inputs_per_s
-
-
 def test_the_p99_interval_holds_the_p99_and_narrows_with_more_requests():
     from e3.client.loadgen import percentile_interval_ms
     rng = np.random.default_rng(1)

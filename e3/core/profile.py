@@ -210,16 +210,6 @@ class LatencyProfile(_JsonFile):
             return None
         return float(interp_linear(self.batch_sizes, one, batch) / interp_linear(self.batch_sizes, two, batch))
 
-    def graph_factor(self, device: str, batch: float) -> float:
-        """The stock model as one graph over the sum of its blocks at ``batch`` (at most 1): what running
-        several blocks in one session call saves (a composed compact split); 1 where ``stock_ms`` is not
-        profiled."""
-        whole = self.stock(device, batch)
-        if whole is None:
-            return 1.0
-        parts = sum(self.block(k, device, batch, with_ramp=False) for k in range(1, self.num_blocks + 1))
-        return min(1.0, whole / parts) if parts > 0 else 1.0
-
     def request(self, device: str, batch: float | np.ndarray) -> float | np.ndarray:
         """Host CPU (ms) of one request of ``batch`` inputs outside every instance (0 if not profiled)."""
         return self._curve(self.request_ms.get(device), batch)
