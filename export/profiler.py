@@ -289,6 +289,18 @@ def _time_calls(run, repeats: int, warmup: int) -> np.ndarray:
     return times
 
 
+def _alternate(sessions: dict, feeds: dict, settings: ProfileSettings) -> dict:
+    """``warmup`` untimed calls of every session, then ``repeats`` timed calls of each (ms), alternating
+    the sessions one call each, so that noise on the shared cores hits them alike."""
+    for s in sessions.values():
+        _time_calls(lambda s=s: s.run(None, feeds), 0, settings.warmup)
+    samples = {key: np.empty(settings.repeats) for key in sessions}
+    for r in range(settings.repeats):
+        for key, s in sessions.items():
+            samples[key][r] = _time_calls(lambda s=s: s.run(None, feeds), 1, 0)[0]
+    return samples
+
+
 def measure_blocks(model: "EarlyExitModel", batch_sizes: Sequence[int], settings: ProfileSettings,
                    workdir: Path, bar=None) -> tuple[list[list[np.ndarray]], list[list[np.ndarray] | None]]:
     """Timings (ms) of every block without and with its ramp: ([k-1][i] repeats, same or None)."""
@@ -312,13 +324,7 @@ def measure_blocks(model: "EarlyExitModel", batch_sizes: Sequence[int], settings
         rows = {tag: [] for tag in sessions}
         for batch in batch_sizes:
             feeds = {n: t.numpy() for n, t in zip(names, split_inputs(variants["without"], batch, settings.seed))}
-            for s in sessions.values():
-                _time_calls(lambda s=s: s.run(None, feeds), 0, settings.warmup)
-            # Alternate the variants, one call each, so that noise on the shared cores hits both alike.
-            samples = {tag: np.empty(settings.repeats) for tag in sessions}
-            for r in range(settings.repeats):
-                for tag, s in sessions.items():
-                    samples[tag][r] = _time_calls(lambda s=s: s.run(None, feeds), 1, 0)[0]
+            samples = _alternate(sessions, feeds, settings)
             for tag in sessions:
                 rows[tag].append(samples[tag])
             if bar is not None:
@@ -346,12 +352,7 @@ def measure_stock(model: "EarlyExitModel", batch_sizes: Sequence[int], settings:
     out: dict[int, list[np.ndarray]] = {t: [] for t in threads}
     for batch in batch_sizes:
         feeds = {n: t.numpy() for n, t in zip(names, split_inputs(module, batch, settings.seed))}
-        for s in sessions.values():
-            _time_calls(lambda s=s: s.run(None, feeds), 0, settings.warmup)
-        samples = {t: np.empty(settings.repeats) for t in threads}
-        for r in range(settings.repeats):
-            for t, s in sessions.items():
-                samples[t][r] = _time_calls(lambda s=s: s.run(None, feeds), 1, 0)[0]
+        samples = _alternate(sessions, feeds, settings)
         for t in threads:
             out[t].append(samples[t])
         if bar is not None:
