@@ -56,12 +56,13 @@ def _specs(tensors) -> tuple[TensorSpec, ...]:
 
 
 def write_admission(repo: str | Path, fronted: str, policy: Mapping[str, Any], name: str | None = None,
-                    intra_op_threads: int = 1, worker_processes: int | None = 2) -> str:
+                    intra_op_threads: int = 1, worker_processes: int | None = 2, response_threads: int = 2) -> str:
     """Add the admission stage in front of ``fronted`` (a model of ``repo`` with ``1/model.onnx``);
     ``policy``: ``{"kind": "n-ebird"|"e-ebird", "engine": [...], "max_inflight": n, "confs": {...}}``,
     checked here. ``worker_processes``: Triton instances (of ``intra_op_threads`` threads each) of
     ``<name>_workers``, which run the workers' batches; the policy's ``slots`` (workers running at once)
-    is set to it. None: the workers are threads of the stage (no workers' model). Returns the stage's
+    is set to it. None: the workers are threads of the stage (no workers' model). ``response_threads``:
+    threads of the stage that send its answers (each send waits for the server's reply). Returns the stage's
     name; serve it with :func:`workers_name` of it (the stage loads that itself if it is not loaded)."""
     repo = Path(repo)
     name = name or admission_name(fronted)
@@ -82,7 +83,10 @@ def write_admission(repo: str | Path, fronted: str, policy: Mapping[str, Any], n
     manifest = read_manifest(repo)
     _check_owned(repo, name, manifest)
     workers = workers_name(name) if worker_processes is not None else None
-    params = {"policy": json.dumps(dict(policy), sort_keys=True), "intra_op_threads": str(intra_op_threads)}
+    if response_threads < 1:
+        raise ValueError(f"response_threads must be >= 1, got {response_threads}")
+    params = {"policy": json.dumps(dict(policy), sort_keys=True), "intra_op_threads": str(intra_op_threads),
+              "response_threads": str(response_threads)}
     if workers is not None:
         _check_owned(repo, workers, manifest)
         params["workers_model"] = workers

@@ -17,7 +17,8 @@ module decides; :mod:`e3.serving.elastic` owns the threads and Triton's I/O.
   and one of 2 (the paper keeps them for very low load). Online, the load
   (``MemState``: inputs staged, plus those in flight) picks the smallest
   ``TotalBS`` that covers it (the largest profiled one above that), and only
-  that configuration's workers (plus the small defaults) may be launched.
+  that configuration's workers may be launched; the workers of 1 and 2 only
+  at the lowest profiled load (below it the paper profiles nothing).
 
 Decisions where the paper is silent or wrong, written down:
 
@@ -34,6 +35,14 @@ Decisions where the paper is silent or wrong, written down:
   worker may run within the QoS target (:func:`max_batch_for_qos`): under the
   paper's equal-sharing hypothesis, workers summing to ``MaxBS`` together run
   as fast as one batch of ``MaxBS``.
+* **The low-load workers.** The paper keeps a worker of 1 and one of 2 "to
+  support the extremely low load"; they join the configuration only at the
+  lowest profiled ``TotalBS``. Earlier they could launch at any load: at high
+  load a batch of 1 or 2 then took one of the few worker processes while a
+  configured worker's batch was filling (measured on resnet-ee in a closed
+  loop: 444 of 615 batches were of 1 or 2 inputs). One guard keeps the
+  no-waiting promise: when no worker runs and no configured worker fits what
+  is staged, the largest idle worker of the engine that fits takes it.
 * **Which inputs.** Workers take staged inputs in arrival order; one request's
   rows may go to several workers, and the request is answered when its last
   row is done.
@@ -86,9 +95,12 @@ class ElasticPolicy:
     def launch(self, staged: int) -> list[tuple[int, int]]:
         """``staged`` inputs wait: the workers to launch now, in order, as (worker id, batch size);
         each takes the next ``batch size`` staged inputs. Marks them busy."""
+        return self._launch(staged, self.allowed(staged))
+
+    def _launch(self, staged: int, candidates: Iterable[int]) -> list[tuple[int, int]]:
+        """Algorithm 1's inner loop over the idle workers among ``candidates``."""
         room = min(staged, self.max_inflight - self.inflight)
-        idle = sorted((w for w in self.allowed(staged) if w not in self.busy),
-                      key=lambda w: (-self.engine[w], w))
+        idle = sorted((w for w in candidates if w not in self.busy), key=lambda w: (-self.engine[w], w))
         launched = []
         for w in idle:               # largest first; after a launch, the next that still fits
             if room <= 0 or (self.slots is not None and len(self.busy) >= self.slots):
@@ -136,13 +148,25 @@ class EEbird(ElasticPolicy):
         return next((t for t in totals if t >= load), totals[-1])
 
     def allowed(self, staged: int) -> Sequence[int]:
-        want = Counter(self.confs[self.current_total(staged)]) + Counter(LOW_LOAD_WORKERS)
+        """The current configuration's workers; at the lowest profiled load also the low-load workers."""
+        total = self.current_total(staged)
+        want = Counter(self.confs[total])
+        if total == min(self.confs):
+            want += Counter(LOW_LOAD_WORKERS)
         ids = []
         for w, b in enumerate(self.engine):
             if want[b] > 0:
                 want[b] -= 1
                 ids.append(w)
         return ids
+
+    def launch(self, staged: int) -> list[tuple[int, int]]:
+        launched = super().launch(staged)
+        if not launched and not self.busy and staged > 0:
+            # nothing runs and the configuration's workers are all larger than what is staged: any worker
+            # of the engine that fits, so that no input waits for arrivals that may never come
+            launched = self._launch(staged, range(len(self.engine)))
+        return launched
 
 
 POLICIES = ("n-ebird", "e-ebird")

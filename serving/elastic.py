@@ -1,6 +1,7 @@
 """``<model>_admission``: E²bird's elastic admission stage in front of one ONNX model (Triton Python model).
 
-* **Staging.** ``execute`` only stages the request's rows (in arrival order)
+* **Staging.** ``execute`` only stages the requests (in arrival order; a
+  worker takes the next rows, across requests)
   and returns ``None``; each request is answered later through its own
   response sender, as the router does (allowed for a non-decoupled model:
   plain ``infer`` calls and ``perf_analyzer`` work). Nothing waits for a batch
@@ -24,9 +25,19 @@
 * **Scheduling.** :mod:`e3.serving.admission` decides (N-Ebird or E-Ebird,
   parameter ``policy``: ``{"kind", "engine", "max_inflight", "confs",
   "slots"}``), under one lock, whenever rows arrive or a worker finishes.
-* **Answers.** A request is answered when its last row is computed; every
-  response leaves through one sender thread (measured for the router:
-  responses sent from several threads at once crashed the Python backend).
+* **Answers.** A request is answered when its last row is computed; a
+  request wholly inside one batch gets its rows of the batch's outputs as
+  they are (no copy), one split across batches fills in part by part. The
+  responses leave through ``response_threads`` sender threads (parameter,
+  default 1; ``write_admission`` writes 2), each worker's answers through one
+  of them. Each send waits for the server to take the response (measured on
+  resnet-ee in a closed loop: 0.5-0.75 ms per response under load, with
+  0.1 ms of CPU), so one thread caps the stage near 1,400-2,000 answers/s;
+  two halve that wait. The router found responses sent from many threads at
+  once crashing the Python backend; here each thread sends one at a time, and
+  no crash came in the runs measured with two (closed loops and `e3 bench
+  admission --quick`); the server's `boost::interprocess::lock_exception`
+  under load (server issue #8882) came once with one sender as well.
   A failed batch answers each of its requests with the error; none is lost.
 """
 
@@ -37,7 +48,7 @@ import os
 import queue
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -50,11 +61,13 @@ from e3.serving.triton_io import ResponseSender, bls, gather, io_specs, model_pa
 
 @dataclass(eq=False)
 class _Request:
-    """One staged request: its rows' answers fill in as workers finish."""
+    """One staged request: its rows go to workers in arrival order; its answers fill in as they finish."""
     handle: object                      # the Triton request (its response sender answers it)
     n: int                              # rows
-    outputs: dict[str, np.ndarray] = field(default_factory=dict)   # name -> [n, ...], filled per row
+    arrays: dict[str, np.ndarray]       # name -> [n, ...]: its inputs (views of the execute call's copy)
+    taken: int = 0                      # rows handed to workers so far
     pending: int = 0                    # rows not computed yet
+    outputs: dict[str, np.ndarray] | None = None   # name -> [n, ...] once computed
     failed: str | None = None
 
 
@@ -74,28 +87,33 @@ class TritonPythonModel:
         spec = json.loads(params["policy"])
         self.policy = make_policy(spec["kind"], engine=spec.get("engine"), max_inflight=spec.get("max_inflight"),
                                   confs=spec.get("confs"), slots=spec.get("slots"))
-        self.staged: deque = deque()        # (request, row index, {name: row array})
+        self.staged: deque = deque()        # _Request, in arrival order; the first may be partly taken
+        self.staged_rows = 0                # rows staged, not yet handed to a worker
         self.lock = threading.Lock()
         self.stopping = False
         self.work = [queue.Queue() for _ in self.policy.engine]
         self.workers = [threading.Thread(target=self._worker, args=(w,), name=f"e3-worker-{w}-b{b}", daemon=True)
                         for w, b in enumerate(self.policy.engine)]
-        self.outbox = ResponseSender("e3 admission")
+        senders = int(params.get("response_threads", "1"))
+        self.outboxes = [ResponseSender("e3 admission") for _ in range(senders)]
+        self.outbox = self.outboxes[0]
         for t in self.workers:
             t.start()
 
     def finalize(self):
         with self.lock:
             self.stopping = True
-            left = {id(r): r for r, _, _ in self.staged}
+            left = {id(r): r for r in self.staged}
             self.staged.clear()
+            self.staged_rows = 0
         for q in self.work:
             q.put(None)
         for t in self.workers:
             t.join(timeout=5)
         for r in left.values():
             self._fail(r, "the admission stage is unloading")
-        self.outbox.close()
+        for o in self.outboxes:
+            o.close()
 
     def execute(self, requests):
         got = gather(requests, self.inputs)
@@ -105,9 +123,9 @@ class TritonPythonModel:
         start = 0
         with self.lock:
             for i, n in zip(got.valid, got.sizes):
-                r = _Request(requests[i], n, pending=n)
-                for j in range(n):
-                    self.staged.append((r, j, {k: v[start + j] for k, v in got.arrays.items()}))
+                self.staged.append(_Request(requests[i], n, {k: v[start:start + n] for k, v in got.arrays.items()},
+                                            pending=n))
+                self.staged_rows += n
                 start += n
             self._pump()
         return None
@@ -116,18 +134,32 @@ class TritonPythonModel:
     def _pump(self) -> None:
         if self.stopping:
             return
-        for w, size in self.policy.launch(len(self.staged)):
-            rows = [self.staged.popleft() for _ in range(size)]
-            self.work[w].put(rows)
+        for w, size in self.policy.launch(self.staged_rows):
+            self.staged_rows -= size
+            parts = []                      # (request, first row, rows): the next `size` staged rows
+            while size:
+                r = self.staged[0]
+                k = min(size, r.n - r.taken)
+                parts.append((r, r.taken, k))
+                r.taken += k
+                size -= k
+                if r.taken == r.n:
+                    self.staged.popleft()
+            self.work[w].put(parts)
 
     # -- workers --------------------------------------------------------------------------------------
     def _worker(self, w: int) -> None:
         while True:
-            rows = self.work[w].get()
-            if rows is None:
+            parts = self.work[w].get()
+            if parts is None:
                 return
             try:
-                feed = {t.name: np.stack([row[t.name] for _, _, row in rows]) for t in self.inputs}
+                if len(parts) == 1:
+                    r, j, k = parts[0]
+                    feed = {t.name: r.arrays[t.name][j:j + k] for t in self.inputs}
+                else:
+                    feed = {t.name: np.concatenate([r.arrays[t.name][j:j + k] for r, j, k in parts])
+                            for t in self.inputs}
                 out = self._run(feed)
                 err = None
             except Exception as e:  # noqa: BLE001 - every failure answers its requests
@@ -135,20 +167,25 @@ class TritonPythonModel:
             done = []
             with self.lock:
                 self.policy.done(w)
-                for i, (r, j, _) in enumerate(rows):
+                self._pump()
+                at = 0
+                for r, j, k in parts:
                     if err is not None:
                         r.failed = r.failed or err
-                    else:
+                    elif k == r.n:              # the whole request in this batch: its rows of the outputs
+                        r.outputs = {name: a[at:at + k] for name, a in out.items()}
+                    else:                       # split across batches: its rows fill in part by part
+                        if r.outputs is None:
+                            r.outputs = {name: np.empty((r.n,) + a.shape[1:], a.dtype) for name, a in out.items()}
                         for name, a in out.items():
-                            if name not in r.outputs:
-                                r.outputs[name] = np.empty((r.n,) + a.shape[1:], a.dtype)
-                            r.outputs[name][j] = a[i]
-                    r.pending -= 1
+                            r.outputs[name][j:j + k] = a[at:at + k]
+                    at += k
+                    r.pending -= k
                     if r.pending == 0:
                         done.append(r)
-                self._pump()
+            outbox = self.outboxes[w % len(self.outboxes)]
             for r in done:
-                self.outbox.put(r.handle, r.failed if r.failed else r.outputs)
+                outbox.put(r.handle, r.failed if r.failed else r.outputs)
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One worker's batch ([b, ...] per input) -> the model's outputs ([b, ...] per output)."""

@@ -87,6 +87,33 @@ def test_e_ebird_launches_only_the_configuration_for_the_current_load():
     assert sorted(s for _, s in policy.launch(3)) == [1, 2]          # load 3 -> TotalBS 4: 2 + the low-load 1
 
 
+def test_e_ebird_keeps_the_low_load_workers_for_the_lowest_load_only():
+    confs = {4: (2, 2), 8: (4, 4), 16: (8, 8), 32: (16, 16)}
+    policy = EEbird((16, 16, 8, 8, 4, 4, 2, 2, 1), 32, slots=2, confs=confs)
+    assert [s for _, s in policy.launch(20)] == [16]                # load 20 -> TotalBS 32: one worker of 16
+    assert policy.launch(5) == []          # load 21: the other 16 waits for its batch; no 2 or 1 takes a slot
+    assert [s for _, s in policy.launch(16)] == [16]
+    policy = EEbird((16, 16, 8, 8, 4, 4, 2, 2, 1), 32, slots=2, confs=confs)
+    assert sorted(s for _, s in policy.launch(3)) == [1, 2]          # the lowest load: the low-load workers too
+
+
+def test_e_ebird_never_leaves_inputs_staged_while_nothing_runs():
+    # the configuration for TotalBS 8 is one worker of 8: 6 staged inputs and no worker running -> the
+    # largest idle worker that fits takes them rather than waiting for arrivals that may never come
+    policy = EEbird((8, 4, 2, 2, 1), 8, slots=2, confs={4: (2, 2), 8: (8,)})
+    assert [s for _, s in policy.launch(6)] == [4, 2]
+    rng = random.Random(1)
+    for _ in range(300):
+        policy = EEbird((16, 8, 8, 4, 2, 2, 1), 16, slots=rng.choice([None, 1, 2]),
+                        confs={4: (4,), 8: (8,), 16: (8, 8)})
+        for _ in range(8):
+            if policy.busy and rng.random() < 0.5:
+                policy.done(rng.choice(sorted(policy.busy)))
+            staged = rng.randint(0, 20)
+            policy.launch(staged)
+            assert policy.busy or staged == 0
+
+
 def test_bad_settings_are_refused_with_what_is_wrong():
     with pytest.raises(ValueError, match="powers of two"):
         NEbird((3, 1), 8)
