@@ -44,9 +44,10 @@ def test_naive_early_exit_beats_stock_on_easy_inputs_and_not_on_hard_ones():
     lat = synthetic_profile()
     arrivals = Arrivals(batch=8, requests=200, clients=8)
     easy, hard = _exits(easy=0.8), _exits(easy=0.0)
-    stock = simulate_baseline(lat, Baseline("stock"), easy, arrivals).inputs_per_s
-    assert simulate_baseline(lat, Baseline("ee"), easy, arrivals).inputs_per_s > 1.5 * stock
-    assert simulate_baseline(lat, Baseline("ee"), hard, arrivals).inputs_per_s < stock   # ramps cost, none exits
+    # batches of up to 64 rows (preferred 64), where the profile's per-call cost no longer dominates
+    stock = simulate_baseline(lat, Baseline("stock", preferred=64), easy, arrivals).inputs_per_s
+    assert simulate_baseline(lat, Baseline("ee", preferred=64), easy, arrivals).inputs_per_s > 1.5 * stock
+    assert simulate_baseline(lat, Baseline("ee", preferred=64), hard, arrivals).inputs_per_s < stock   # ramps cost, none exits
 
 
 def test_a_saturated_constant_plan_runs_the_plans_batch_at_every_split_and_answers_everything():
@@ -108,16 +109,21 @@ def _take(env, q, delay_s, preferred, max_batch):
     return [len(r) for _, r, _ in out["take"]], env.now
 
 
-def test_the_batcher_takes_what_is_queued_up_to_the_max_batch():
-    # as this Triton's statistics show (preferred 8, 8-input requests: batches of 32-64 rows)
+def test_the_batcher_takes_queued_requests_up_to_the_preferred_batch():
+    # as this Triton's batch_stats show (preferred 8, max batch 64, 64 inputs outstanding): requests of 4
+    # ran as batches of 8, requests of 8 as batches of 8, requests of 16 one at a time
+    env, q = _queue_with([4] * 16)
+    assert _take(env, q, 0.0, 8, 64) == ([4, 4], 0)
     env, q = _queue_with([8] * 10)
-    assert _take(env, q, 0.0, 8, 64) == ([8] * 8, 0)
+    assert _take(env, q, 0.0, 8, 64) == ([8], 0)
+    env, q = _queue_with([16] * 4)
+    assert _take(env, q, 0.0, 8, 64)[0] == [16]               # a larger request runs alone
     env, q = _queue_with([1] * 5)
     assert _take(env, q, 0.0, 8, 64) == ([1] * 5, 0)          # no delay: all that wait, at once
+    env, q = _queue_with([1] * 12)
+    assert _take(env, q, 0.0, 8, 64)[0] == [1] * 8
     env, q = _queue_with([30, 30, 30])
-    assert _take(env, q, 0.0, 8, 64)[0] == [30, 30]
-    env, q = _queue_with([100])
-    assert _take(env, q, 0.0, 8, 64)[0] == [100]               # a larger request runs alone
+    assert _take(env, q, 0.0, 0, 64)[0] == [30, 30]           # no preferred size: up to the max batch
 
 
 def test_with_a_delay_the_batcher_waits_for_a_preferred_batch_or_the_delay():
