@@ -18,8 +18,9 @@ goodput under an SLO, drops) plus the batch each split ran.
 * **stock** and **naive EE** run through a model of Triton's dynamic batcher:
   a free instance takes whole queued requests while their rows stay within
   the ``preferred`` batch (a larger request alone), at once when the delay is
-  0, else when ``preferred`` rows wait or the oldest has waited the delay
-  (what this Triton's statistics show, see :meth:`_TritonQueue.take`). One execute costs one Python-model call (``Tx(B)``, the
+  0, else when ``preferred`` rows wait or the oldest has waited the delay, and
+  then up to ``max_batch`` rows (Triton's rule, and what this Triton's
+  statistics show, see :meth:`_TritonQueue.take`). One execute costs one Python-model call (``Tx(B)``, the
   same measured hop) plus ``Tx(1)`` for every further request in it (each is
   a request/response exchange of its own), plus the blocks (stock: its
   measured whole-graph curve when given, else every block at B without ramps;
@@ -314,25 +315,29 @@ class _TritonQueue:
 
     def take(self, delay_s: float, enough_rows: int, max_batch: int) -> Iterator:
         """For a free instance (``yield from``): wait for requests; with a delay, until ``enough_rows``
-        (the preferred batch) wait or the oldest has waited it; then take the queued requests in order while
-        their rows stay within the preferred batch (``enough_rows``; ``max_batch`` when it is 0), at least
-        one: a request larger than the preferred batch runs alone. Returns them ([] when another instance
-        took them meanwhile).
+        (the preferred batch) wait or the oldest has waited it. Then take queued requests in order, at least
+        one: while their rows stay within the preferred batch (``enough_rows``; ``max_batch`` when it is 0),
+        or, once the oldest has waited a delay (> 0) out, while they stay within ``max_batch``. Returns them
+        ([] when another instance took them meanwhile).
 
-        Measured on this Triton (Python backend, ``bert_ee_stock`` and ``bert_ee_ee`` with preferred 8, max
-        batch 64, delay 0, 2 instances, 16 closed-loop clients, 800 inputs; the model's ``batch_stats``):
-        requests of 4 inputs ran as 115 batches of 8 and 2 of 4, requests of 8 as 132 batches of 8, requests
-        of 16 as 82 batches of 16, though 64 inputs were outstanding. A free instance takes the queued
-        requests up to the preferred size, not all of them up to the max batch (an earlier reading of the
-        statistics said so; it was wrong, and made one instance hold 32-64 rows while the other cycled small
-        batches: a bimodal latency the real server does not show)."""
+        Triton's batcher (``GetDynamicBatch``) cuts a batch at the largest preferred size the queued
+        requests reach (or at the largest that fits below the next request) unless the queue delay is
+        exceeded; with a zero delay it is never exceeded; once exceeded, it sends everything pending up to
+        the max batch. Measured on this Triton (Python backend, preferred 8, max batch 64, 2 instances, 16
+        closed-loop clients; the models' ``batch_stats``): with no delay, requests of 4 inputs ran as 115
+        batches of 8 and 2 of 4, requests of 8 as 132 batches of 8, requests of 16 as 82 batches of 16,
+        though 64 inputs were outstanding; E3's router (preferred 32, delay 2 ms, both instances busy while
+        requests wait) took batches of 40-64 rows from requests of 4 and 8. An earlier rule here (take all
+        up to the max batch) held for the delayed case only and made a zero-delay instance hold 32-64 rows
+        while the other cycled small batches: a bimodal latency the real server does not show."""
         while not self.items:
             yield self._arrived
         if delay_s > 0:
             deadline = self.items[0][0] + delay_s
             while sum(len(r) for _, r, _ in self.items) < enough_rows and self.env.now < deadline:
                 yield self._arrived | self.env.timeout(deadline - self.env.now)
-        cap = enough_rows if enough_rows > 0 else max_batch
+        exceeded = delay_s > 0 and bool(self.items) and self.env.now - self.items[0][0] >= delay_s
+        cap = max_batch if exceeded or enough_rows <= 0 else enough_rows
         take, rows = [], 0
         while self.items and (not take or rows + len(self.items[0][1]) <= cap):
             take.append(self.items.pop(0))
@@ -519,7 +524,7 @@ def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, ar
     straight to the one scheduler. With several (compact plans, :attr:`Plan.router_instances`), each
     instance answers inline: Triton's batcher (delay :attr:`Plan.router_queue_delay_us`, at most
     ``max_batch`` rows) hands a free instance the queued requests, and the instance takes no more until
-    all of them are answered. ``costs``: what calls cost beside the blocks (:class:`CallCosts`); a split
+    all of them are answered, together, when the last is (its ``execute`` returns their responses). ``costs``: what calls cost beside the blocks (:class:`CallCosts`); a split
     runs on its plan's device where the profile has that device, else on ``device``."""
     env = simpy.Environment()
     batches: dict[int, list[int]] = {i: [] for i in range(len(plan.splits))}
@@ -545,8 +550,12 @@ def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, ar
                 yield env.timeout((len(take) - 1) * costs.per_request(latency, routers[0].split_device(0)) / 1e3)
                 mine = [(router.admit(r), done) for _, r, done in take]
                 router.pump()
-                for answered, done in mine:
-                    ok = yield answered
+                # the execute returns its responses together (serving/router.py, inline): every request it
+                # took is answered when the last one is
+                oks = []
+                for answered, _ in mine:
+                    oks.append((yield answered))
+                for ok, (_, done) in zip(oks, mine):
                     done.succeed(ok)
 
         for router in routers:

@@ -126,6 +126,22 @@ def test_the_batcher_takes_queued_requests_up_to_the_preferred_batch():
     assert _take(env, q, 0.0, 0, 64)[0] == [30, 30]           # no preferred size: up to the max batch
 
 
+def test_once_the_delay_is_exceeded_the_batcher_takes_up_to_the_max_batch():
+    # Triton sends everything pending once the oldest request waited the delay out (E3's router, preferred
+    # 32, delay 2 ms, both instances busy: batches of 40-64 rows measured)
+    env, q = _queue_with([4] * 20)
+    out = {}
+
+    def late():
+        yield env.timeout(0.005)                               # a free instance only after 5 ms
+        out["take"] = yield from q.take(0.002, 32, 64)
+    env.process(late())
+    env.run()
+    assert [len(r) for _, r, _ in out["take"]] == [4] * 16     # 64 rows, not 32
+    env, q = _queue_with([4] * 20)
+    assert _take(env, q, 0.002, 32, 64) == ([4] * 8, 0)        # in time: cut at the preferred batch
+
+
 def test_with_a_delay_the_batcher_waits_for_a_preferred_batch_or_the_delay():
     env, q = _queue_with([1] * 3)
     taken, now = _take(env, q, 0.002, 8, 64)
