@@ -138,13 +138,28 @@ def _infer(args) -> int:
 
 def _profile(args) -> int:
     from e3.core.profile import LatencyProfile, ProfileError
+    from e3.export.modelled_profile import parse_prices
     from e3.export.profiler import (ProfileSettings, default_profile_path, format_table, merge_profiles,
                                     parse_batch_sizes, profile_model)
-    from e3.export.zoo import resolve_model
+    from e3.export.zoo import resolve_architecture, resolve_model
     try:
-        batches = parse_batch_sizes(args.batch_sizes, resolve_model(args.model).card.max_batch_size)
-        if args.modelled:
-            from e3.export.modelled_profile import model_modelled_profile, parse_prices
+        if args.modelled and args.cuda:
+            raise ValueError("--modelled models GPUs, --cuda measures this host's GPU: choose one")
+        if (args.eager or args.fp32 or args.untrained) and not args.cuda:
+            raise ValueError("--eager, --fp32 and --untrained go with --cuda")
+        build = resolve_architecture if args.untrained else resolve_model
+        batches = parse_batch_sizes(args.batch_sizes, build(args.model).card.max_batch_size)
+        if args.cuda:
+            from e3.export.cuda_profile import CudaSettings, profile_model_cuda
+            prices = parse_prices(args.price)
+            if len(prices) > 1:
+                raise ValueError("--cuda measures one GPU: give at most one --price GPU=USD")
+            profile = profile_model_cuda(args.model, CudaSettings(
+                batch_sizes=tuple(batches), repeats=max(args.repeats, 50), warmup=max(args.warmup, 5),
+                precision="fp32" if args.fp32 else "fp16", graphs=not args.eager,
+                price=next(iter(prices.values()), 1.0)), untrained=args.untrained)
+        elif args.modelled:
+            from e3.export.modelled_profile import model_modelled_profile
             gpus = [g.strip().lower() for g in args.modelled.split(",") if g.strip()]
             profile = model_modelled_profile(args.model, gpus, batches, parse_prices(args.price))
         else:
@@ -676,7 +691,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="do not measure: MODEL a latency profile of v100, t4, a100, a30, a10, k80 from public "
                          "whole-model figures (labelled modelled); several GPUs go into one file")
     pr.add_argument("--price", action="append", default=[], metavar="GPU=USD",
-                    help="with --modelled: price per device-hour (a30 has no public price)")
+                    help="with --modelled: price per device-hour (a30 has no public price); with --cuda: the "
+                         "measured GPU's (default 1, relative units)")
+    pr.add_argument("--cuda", action="store_true",
+                    help="measure on this host's NVIDIA GPU with PyTorch (FP16, one CUDA graph per call); the "
+                         "device is named after the GPU (h100, a100, ...); see docs/profiling.md")
+    pr.add_argument("--eager", action="store_true", help="with --cuda: eager kernel launches, no CUDA graphs")
+    pr.add_argument("--fp32", action="store_true", help="with --cuda: FP32 instead of FP16 autocast")
+    pr.add_argument("--untrained", action="store_true",
+                    help="with --cuda: time the architecture with random weights (no trained checkpoint needed; "
+                         "latency does not depend on the weights)")
     pr.add_argument("--add", action="append", default=[], metavar="PROFILE",
                     help="merge this latency profile file's devices into the output (repeatable)")
     pr.add_argument("--no-tx", action="store_true", help="skip the Tx measurement (no tritonserver; Tx = 0)")

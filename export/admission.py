@@ -33,7 +33,7 @@ from e3.core.spec import TensorSpec, dtype_from_config
 from e3.export.repository import ExportError, _check_owned, _staging, _write_model_py
 from e3.export.triton_config import DynamicBatching, ModelDescription, parse_config, render_config
 from e3.serving.admission import (PROFILED_TOTALS, best_worker_sets, engine_for, make_policy, max_batch_for_qos,
-                                  worker_sets)
+                                  naive_engine, worker_sets)
 from e3.serving.session import make_session
 
 __all__ = ["admission_name", "workers_name", "write_admission", "profile_admission", "naive_engine"]
@@ -184,13 +184,3 @@ def profile_admission(onnx_file: str | Path, example: Mapping[str, np.ndarray], 
             "max_bs": max_bs, "max_workers": max_workers,
             "sets_ms": {",".join(map(str, w)): round(ms, 3) for w, ms in measured.items()},
             "confs": {str(t): list(w) for t, w in confs.items()}, "engine": list(engine_for(confs)) if confs else []}
-
-
-def naive_engine(max_bs: int) -> list[int]:
-    """N-Ebird's engine for MaxBS (the paper's [1, 1, 2, 4, 8, 16] for 32): a worker of 1, then one per
-    power of two below MaxBS, so any load up to MaxBS is covered."""
-    engine, b = [1], 1
-    while b < max_bs:
-        engine.append(b)
-        b *= 2
-    return sorted(engine, reverse=True)

@@ -62,7 +62,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-__all__ = ["NAIVE_ENGINE", "PROFILED_TOTALS", "ElasticPolicy", "NEbird", "EEbird", "worker_sets",
+__all__ = ["NAIVE_ENGINE", "PROFILED_TOTALS", "ElasticPolicy", "NEbird", "EEbird", "worker_sets", "dynamic_batch", "naive_engine",
            "best_worker_sets", "engine_for", "max_batch_for_qos", "make_policy", "POLICIES"]
 
 NAIVE_ENGINE = (1, 1, 2, 4, 8, 16)      # N-Ebird's engine for MaxBS = 32 (paper §7.2.1)
@@ -237,3 +237,27 @@ def max_batch_for_qos(latency_ms: Mapping[int, float], qos_ms: float) -> int:
         raise ValueError(f"no batch meets the QoS target of {qos_ms} ms: a batch of "
                          f"{min(latency_ms)} takes {latency_ms[min(latency_ms)]:.1f} ms")
     return max(fits)
+
+
+def dynamic_batch(staged: int, oldest_wait_us: float, max_batch: int, delay_us: float) -> int:
+    """Triton's dynamic batcher (preferred batch = max batch, one input per request), the baselines' rule
+    where they are emulated outside Triton (``e3 bench admission --cuda``): how many of ``staged`` queued
+    inputs an idle instance takes now (0: it waits). A full batch goes at once; less goes once the oldest
+    has waited ``delay_us`` (with no delay: at once, all up to the max batch)."""
+    if max_batch < 1 or delay_us < 0:
+        raise ValueError(f"max_batch must be >= 1 and delay_us >= 0, got {max_batch} and {delay_us}")
+    if staged <= 0:
+        return 0
+    if staged >= max_batch or oldest_wait_us >= delay_us:
+        return min(staged, max_batch)
+    return 0
+
+
+def naive_engine(max_bs: int) -> list[int]:
+    """N-Ebird's engine for MaxBS (the paper's [1, 1, 2, 4, 8, 16] for 32): a worker of 1, then one per
+    power of two below MaxBS, so any load up to MaxBS is covered."""
+    engine, b = [1], 1
+    while b < max_bs:
+        engine.append(b)
+        b *= 2
+    return sorted(engine, reverse=True)

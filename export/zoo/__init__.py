@@ -14,7 +14,7 @@ from typing import Callable
 
 from e3.export.model_api import EarlyExitModel
 
-__all__ = ["ZooEntry", "ZOO", "resolve_model", "resolve_stock", "UnknownModelError"]
+__all__ = ["ZooEntry", "ZOO", "resolve_model", "resolve_stock", "resolve_architecture", "UnknownModelError"]
 
 
 class UnknownModelError(ValueError):
@@ -28,6 +28,7 @@ class ZooEntry:
     build: Callable[[], EarlyExitModel]          # the early-exit model, weights loaded, eval mode
     build_stock: Callable[[], EarlyExitModel] | None = None  # stock counterpart (None: the EE model's head path)
     dataset: str | None = None                   # e3.export.data dataset its evaluation and workloads use
+    architecture: Callable[[], EarlyExitModel] | None = None  # the same model with random weights (None: build)
 
 
 def _tiny() -> EarlyExitModel:
@@ -38,7 +39,8 @@ def _tiny() -> EarlyExitModel:
 def _encoder(name: str, meta: dict, ramps: tuple[int, ...]) -> EarlyExitModel:
     from e3.export.zoo.encoder import EncoderEE
     from e3.export.zoo.minilm import minilm_config
-    return EncoderEE(name, minilm_config(max_seq_len=meta["max_seq_len"], ramps=ramps),
+    from e3.export.data.text import MAX_SEQ_LEN
+    return EncoderEE(name, minilm_config(max_seq_len=meta.get("max_seq_len", MAX_SEQ_LEN), ramps=ramps),
                      exit_rule=meta.get("exit_rule") or {"kind": "entropy", "tau_nats": 0.0}, preprocess="minilm")
 
 
@@ -59,12 +61,14 @@ def _trained(architecture, name: str, ramps: bool = True) -> Callable[[], EarlyE
 
 def _ee_entry(name: str, summary: str, architecture, stock: str, data: str) -> ZooEntry:
     """A trained early-exit model whose stock baseline is checkpoint ``stock`` of the same architecture."""
-    return ZooEntry(name, summary, _trained(architecture, name), _trained(architecture, stock, ramps=False), data)
+    return ZooEntry(name, summary, _trained(architecture, name), _trained(architecture, stock, ramps=False), data,
+                    lambda: architecture(name, {}, (1, 2, 3, 4, 5)))
 
 
 def _stock_entry(name: str, summary: str, architecture, data: str) -> ZooEntry:
     """A trained stock model (final head only); it is its own baseline."""
-    return ZooEntry(name, summary, _trained(architecture, name, ramps=False), None, data)
+    return ZooEntry(name, summary, _trained(architecture, name, ramps=False), None, data,
+                    lambda: architecture(name, {}, ()))
 
 
 ZOO: dict[str, ZooEntry] = {e.name: e for e in (
@@ -98,6 +102,17 @@ def resolve_model(name: str) -> EarlyExitModel:
         raise UnknownModelError(f"unknown model {name!r}; zoo models: {', '.join(sorted(ZOO))}, "
                                 "or name your own as package.module:factory")
     return model.eval()
+
+
+def resolve_architecture(name: str) -> EarlyExitModel:
+    """``name``'s architecture with random weights, in eval mode: for timing it where its trained
+    checkpoint is not (a GPU host, say). A latency does not depend on the weights' values; exits do, so
+    never serve or evaluate this. Models without a checkpoint (``tiny-ee``, ``package.module:factory``)
+    are built as :func:`resolve_model` builds them."""
+    entry = ZOO.get(name)
+    if entry is not None and entry.architecture is not None:
+        return entry.architecture().eval()
+    return resolve_model(name)
 
 
 def resolve_stock(name: str) -> EarlyExitModel:

@@ -1,0 +1,99 @@
+"""What runs on a lent NVIDIA GPU host, in one go: ``python3 benchmarks/gpu_host.py OUT_DIR``.
+
+Such a host has PyTorch with CUDA and no package registry; the repository travels without its virtual
+environment. So this needs only torch, numpy and tqdm, and imports the project from the checkout through a
+temporary ``e3`` namespace (the folders as ``pyproject.toml`` maps them), nothing installed. It writes into
+OUT_DIR (each step on its own; one failing does not stop the others):
+
+* ``<m>.<gpu>.json``: the latency profiles of bert-ee and resnet-ee measured on the GPU (``e3 profile --cuda
+  --untrained``: FP16, one CUDA graph per call), and bert-ee's eager FP32 one beside it;
+* ``admission_gpu.json``: the E²bird analogues on the GPU (``e3 bench admission --cuda``);
+* ``gpu.txt``: the GPU, its driver, and which ONNX Runtime providers the host has.
+
+Back on a development machine, ``e3 bench gpu --measured OUT_DIR/bert_ee.h100.json`` simulates the
+cluster with the measured profile beside the modelled ones, and ``e3 bench admission --cuda --report
+OUT_DIR/admission_gpu.json`` writes the analogues into ``docs/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ROOMS = ("export", "serving", "controller", "client", "deploy", "generation", "simulator")
+
+
+def _namespace() -> Path:
+    """A temporary folder holding ``e3`` as the installed package lays it out (e3/ plus the rooms)."""
+    ns = Path(tempfile.mkdtemp(prefix="e3-ns-"))
+    shutil.copytree(ROOT / "e3", ns / "e3")
+    for room in ROOMS:
+        (ns / "e3" / room).symlink_to(ROOT / room)
+    return ns
+
+
+def _step(name: str, fn) -> None:
+    start = time.perf_counter()
+    print(f"== {name}", flush=True)
+    try:
+        fn()
+        print(f"== {name}: done in {time.perf_counter() - start:.0f} s", flush=True)
+    except Exception:   # noqa: BLE001 - report and go on with the next step
+        traceback.print_exc()
+        print(f"== {name}: FAILED after {time.perf_counter() - start:.0f} s", flush=True)
+
+
+def main(out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(_namespace()))
+    try:
+        info = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv"],
+                              capture_output=True, text=True).stdout
+    except OSError:
+        info = "nvidia-smi: not found\n"
+    try:
+        import onnxruntime
+        info += f"onnxruntime {onnxruntime.__version__}: {onnxruntime.get_available_providers()}\n"
+    except ImportError:
+        info += "onnxruntime: not installed\n"
+    import torch
+    info += f"torch {torch.__version__}, CUDA {torch.version.cuda}, {os.cpu_count()} CPUs\n"
+    (out / "gpu.txt").write_text(info)
+    print(info, flush=True)
+
+    from e3.export.cuda_profile import CudaSettings, profile_model_cuda
+    from e3.export.profiler import format_table
+
+    def profile(model: str, **kw):
+        def run():
+            p = profile_model_cuda(model, CudaSettings(**kw), progress=False, untrained=True)
+            (dev,) = p.devices
+            p.save(out / f"{model.replace('-', '_')}.{dev}.json")
+            print(format_table(p), flush=True)
+        return run
+
+    _step("profile bert-ee (FP16, CUDA graphs)", profile("bert-ee"))
+    _step("profile resnet-ee (FP16, CUDA graphs)", profile("resnet-ee"))
+    _step("profile bert-ee (FP32, eager)", profile("bert-ee", precision="fp32", graphs=False))
+
+    def admission():
+        from e3.admission_gpu import GpuAdmissionSettings, run_gpu_admission
+        doc = run_gpu_admission(GpuAdmissionSettings(), echo=lambda m: print(m, flush=True))
+        (out / "admission_gpu.json").write_text(json.dumps(doc, indent=1, default=float))
+    _step("E2bird analogues on the GPU", admission)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(Path(sys.argv[1])))

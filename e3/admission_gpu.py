@@ -1,0 +1,384 @@
+"""`e3 bench admission --cuda`: the E²bird analogues (Figs. 13 and 14) on a real NVIDIA GPU, emulated in one
+process outside Triton.
+
+**Why outside Triton.** On a GPU the admission stage's workers would run as Triton instances of the native
+ONNX Runtime (CUDA) or TensorRT backends of an NGC image, or Python-backend instances calling ONNX Runtime's
+CUDA provider. The GPU hosts this project was lent have PyTorch with CUDA but none of those, and their
+wheels could not be brought there (the embedded server's own wheel neither). What E²bird claims is a
+property of the GPU: batches of different sizes running at once on one GPU finish sooner than the same
+inputs in one batch after another, so an admission stage that launches several small batches beats a
+batcher that waits for, or serialises, big ones. That needs a GPU, not Triton, to be shown; so the
+serving loop is emulated here:
+
+* **one host thread** for every system alike: it stages the arrivals (in arrival order), asks the
+  system which batches to launch, launches each as a CUDA graph replay (:func:`e3.export.cuda_profile.
+  compile_call`: FP16, one graph per call, as a TensorRT engine) on the stream of the instance or worker
+  that runs it, and polls the batches' completion events. An input's latency is from its arrival to the
+  poll that saw its batch done.
+* **the decisions are the real ones**: N-Ebird and E-Ebird are :mod:`e3.serving.admission`'s policies
+  (the same objects the Triton stage runs); the baselines follow Triton's dynamic batcher
+  (:func:`e3.serving.admission.dynamic_batch`: preferred = max batch = MaxBS; NO_Wait with no delay,
+  OPT_Wait with the delay of a sweep that gave the most throughput at the target, and ``instances``
+  instances with no delay, each instance its own stream, as Triton's instances of one GPU are).
+* **the offline phase is measured on the GPU**: one worker's latency per batch, MaxBS for the QoS
+  target (:func:`~e3.serving.admission.max_batch_for_qos`), and every worker set of at most
+  ``max_workers`` workers per TotalBS launched at once on their own streams (mean latency over the
+  inputs), the best set per TotalBS (E-Ebird's configurations).
+* **not emulated**: HTTP/gRPC and the client (the same for every system), and the inputs' copy to the
+  GPU: every system's inputs are already on the GPU (a bert input is 768 bytes; E²bird's memory pool
+  copies each on arrival, overlapped with compute, which is what pre-staged inputs amount to). The
+  answers are not read back (``tests/test_admission.py`` checks the real stage's answers).
+
+The QoS target defaults to ``qos_factor`` x one worker's latency at batch 32 (at least ``qos_floor_ms``).
+Rates are fractions of NO_Wait's capacity, measured by offering it ``overload`` x what the offline profile
+says it sustains. Glue over the pure parts: the serving loop :func:`serve` takes a ``launch`` function, so
+its bookkeeping is tested on the CPU (``tests/test_admission_gpu.py``).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from e3.client.admission_report import Phase, RatePoint, burst_schedule, meets, phase_latencies, throughput_at_qos
+from e3.serving.admission import (PROFILED_TOTALS, ElasticPolicy, best_worker_sets, dynamic_batch, engine_for,
+                                  make_policy, max_batch_for_qos, naive_engine, worker_sets)
+
+__all__ = ["GpuAdmissionSettings", "TritonBatcher", "Ebird", "serve", "poisson", "run_gpu_admission",
+           "gpu_admission_markdown"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GpuAdmissionSettings:
+    models: tuple[str, ...] = ("bert-stock", "resnet-stock")
+    batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)   # one worker's profiled batches
+    qos_ms: float | None = None          # None: qos_factor x one worker's latency at batch 32
+    qos_factor: float = 2.5
+    qos_floor_ms: float = 1.0
+    totals: tuple[int, ...] = (*PROFILED_TOTALS, 64)
+    max_workers: int = 4                 # workers of a profiled set; also the `instances` baseline's count
+    delays_us: tuple[int, ...] = (200, 500)   # OPT_Wait's sweep (0 is NO_Wait)
+    rate_fractions: tuple[float, ...] = (0.3, 0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.5)
+    burst_fractions: tuple[float, float] = (0.3, 1.0)
+    run_s: float = 1.0                   # one rate of the sweep
+    phase_s: float = 1.0                 # one phase of the burst
+    overload: float = 3.0                # capacity probe: this x the profile's NO_Wait throughput
+    repeats: int = 20                    # offline timings per batch / set
+    drain_s: float = 5.0                 # after the last arrival, inputs not done by then count as failed
+    seed: int = 0
+
+
+class System(Protocol):
+    executors: list[list[int]]           # per executor (a stream): the batch sizes it runs
+
+    def plan(self, staged: int, wait_us: Callable[[int], float], idle: Sequence[int]) -> list[tuple[int, int]]: ...
+
+    def done(self, executor: int) -> None: ...
+
+
+@dataclass
+class TritonBatcher:
+    """Triton's dynamic batcher on ``instances`` instances (streams) of one GPU."""
+    instances: int
+    max_batch: int
+    delay_us: float = 0.0
+    executors: list[list[int]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.executors = [list(range(1, self.max_batch + 1)) for _ in range(self.instances)]
+
+    def plan(self, staged, wait_us, idle):
+        out, taken = [], 0
+        for e in idle:
+            if taken >= staged:
+                break
+            b = dynamic_batch(staged - taken, wait_us(taken), self.max_batch, self.delay_us)
+            if b == 0:
+                break
+            out.append((e, b))
+            taken += b
+        return out
+
+    def done(self, executor: int) -> None:
+        pass
+
+
+@dataclass
+class Ebird:
+    """N-Ebird or E-Ebird: one executor per worker of the policy's engine, at the worker's batch."""
+    policy: ElasticPolicy
+    executors: list[list[int]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.executors = [[b] for b in self.policy.engine]
+
+    def plan(self, staged, wait_us, idle):
+        return self.policy.launch(staged)
+
+    def done(self, executor: int) -> None:
+        self.policy.done(executor)
+
+
+def poisson(rate: float, duration_s: float, seed: int) -> np.ndarray:
+    """Arrival times (s) of a Poisson process at ``rate`` per second over ``duration_s``."""
+    return burst_schedule([Phase("run", rate, duration_s)], seed)[0]
+
+
+def serve(system: System, launch: Callable[[int, int], object], arrivals: np.ndarray, drain_s: float,
+          clock: Callable[[], float] = time.perf_counter) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Run the serving loop over ``arrivals`` (s, increasing): stage, plan, ``launch(executor, batch)``
+    (a handle whose ``query()`` says it is done), poll. Returns each input's latency (ms, NaN where not
+    done by ``drain_s`` after the last arrival), the failed mask, and the batch sizes launched."""
+    n = len(arrivals)
+    done_at = np.full(n, np.nan)
+    head, finished, batches = 0, 0, []
+    running: dict[int, tuple[object, int, int]] = {}
+    deadline = (arrivals[-1] if n else 0.0) + drain_s
+    t0 = clock()
+    while finished < n:
+        now = clock() - t0
+        if now > deadline:
+            break
+        for e, (handle, a, b) in list(running.items()):
+            if handle.query():
+                done_at[a:b] = now
+                finished += b - a
+                del running[e]
+                system.done(e)
+        arrived = int(np.searchsorted(arrivals, now, side="right"))
+        staged = arrived - head
+        if staged > 0:
+            idle = [e for e in range(len(system.executors)) if e not in running]
+            if idle:
+                base = head
+                for e, b in system.plan(staged, lambda i, base=base: (now - arrivals[base + i]) * 1e6, idle):
+                    if e in running or b not in system.executors[e] or head + b > arrived:
+                        raise RuntimeError(f"the system launched executor {e} with {b} inputs: not idle, not its "
+                                           f"batch, or more than are staged ({arrived - head})")
+                    running[e] = (launch(e, b), head, head + b)
+                    batches.append(b)
+                    head += b
+    latency = (done_at - arrivals) * 1e3
+    return latency, np.isnan(done_at), batches
+
+
+# ---- the GPU side (needs CUDA) -------------------------------------------------------------------------
+
+class _Executors:
+    """CUDA graphs of the stock model per (executor, batch), each executor on a stream of its own."""
+
+    def __init__(self, module, inputs_of: Callable[[int], tuple], executors: list[list[int]], cuda_settings):
+        import torch
+
+        from e3.export.cuda_profile import compile_call
+        self.streams = [torch.cuda.Stream() for _ in executors]
+        self.calls = [{b: compile_call(module, inputs_of(b), cuda_settings) for b in sizes} for sizes in executors]
+
+    def launch(self, e: int, b: int):
+        import torch
+        with torch.cuda.stream(self.streams[e]):
+            self.calls[e][b]()
+            event = torch.cuda.Event()
+            event.record(self.streams[e])
+        return event
+
+
+def _run_sets(execs: _Executors, sets_of: list[tuple[int, ...]], repeats: int) -> dict[tuple[int, ...], float]:
+    """Mean latency (ms) over the inputs of each worker set launched at once (worker i on executor i),
+    median over ``repeats``: from a start event every stream waits on, to each worker's end event."""
+    import torch
+    out = {}
+    for workers in sets_of:
+        samples = []
+        for _ in range(repeats + 2):
+            torch.cuda.synchronize()
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            ends = []
+            for i, b in enumerate(workers):
+                s = execs.streams[i]
+                s.wait_event(start)
+                with torch.cuda.stream(s):
+                    execs.calls[i][b]()
+                    end = torch.cuda.Event(enable_timing=True)
+                    end.record(s)
+                ends.append(end)
+            torch.cuda.synchronize()
+            samples.append(sum(start.elapsed_time(end) * b for end, b in zip(ends, workers)) / sum(workers))
+        out[tuple(workers)] = float(np.median(samples[2:]))
+    return out
+
+
+def _offline(module, inputs_of, settings: GpuAdmissionSettings, cuda_settings, echo) -> dict:
+    """The offline phase on the GPU (module docstring)."""
+    sizes = list(settings.batches)
+    one = _Executors(module, inputs_of, [sizes], cuda_settings)
+    latency = {b: _run_sets(one, [(b,)], settings.repeats)[(b,)] for b in sizes}
+    qos = settings.qos_ms or max(settings.qos_floor_ms, round(settings.qos_factor * latency[32], 2))
+    max_bs = max_batch_for_qos(latency, qos)
+    sets = [w for t in settings.totals if t <= max_bs for w in worker_sets(t, settings.max_workers)]
+    per_slot = [sorted({w[i] for w in sets if len(w) > i}) for i in range(settings.max_workers)]
+    many = _Executors(module, inputs_of, per_slot, cuda_settings)
+    measured = _run_sets(many, sets, settings.repeats)
+    confs = best_worker_sets(measured)
+    echo(f"[offline] one worker (ms): { {b: round(v, 3) for b, v in latency.items()} }; QoS {qos} ms; "
+         f"MaxBS {max_bs}; E-Ebird sets {confs}")
+    return {"qos_ms": qos, "latency_ms": {str(b): round(v, 4) for b, v in latency.items()}, "max_bs": max_bs,
+            "max_workers": settings.max_workers,
+            "sets_ms": {",".join(map(str, w)): round(v, 4) for w, v in measured.items()},
+            "confs": {str(t): list(w) for t, w in confs.items()}, "engine": list(engine_for(confs))}
+
+
+def _point(latency: np.ndarray, failed: np.ndarray, arrivals: np.ndarray, rate: float) -> RatePoint:
+    ok = ~failed
+    span = float(arrivals[-1]) if len(arrivals) else 1.0
+    return RatePoint(rate, float(ok.sum()) / span, float(np.percentile(latency[ok], 99)) if ok.any() else float("nan"),
+                     int(failed.sum()))
+
+
+def _bench_model(name: str, settings: GpuAdmissionSettings, echo) -> dict:
+    import torch
+
+    from e3.export.cuda_profile import CudaSettings, device_label
+    from e3.export.model_api import SplitModule
+    from e3.export.zoo import resolve_architecture
+
+    model = resolve_architecture(name).to("cuda")
+    module = SplitModule(model, 1, model.card.num_blocks, ())
+    cache: dict[int, tuple] = {}
+
+    def inputs_of(b: int) -> tuple:
+        if b not in cache:
+            cache[b] = tuple(t.to("cuda") for t in model.example_inputs(b, seed=settings.seed))
+        return cache[b]
+
+    cuda = CudaSettings()
+    offline = _offline(module, inputs_of, settings, cuda, echo)
+    qos, max_bs = offline["qos_ms"], offline["max_bs"]
+    k = settings.max_workers
+
+    def make(label: str) -> System:
+        if label == "NO_Wait":
+            return TritonBatcher(1, max_bs)
+        if label.startswith("wait "):
+            return TritonBatcher(1, max_bs, float(label.split()[1]))
+        if label.startswith("instances"):
+            return TritonBatcher(k, max_bs)
+        if label == "N-Ebird":
+            return Ebird(make_policy("n-ebird", engine=naive_engine(max_bs), max_inflight=max_bs))
+        return Ebird(make_policy("e-ebird", confs=offline["confs"], max_inflight=max_bs))
+
+    labels = ["NO_Wait", *(f"wait {d} us" for d in settings.delays_us), f"instances ({k})", "N-Ebird", "E-Ebird"]
+    execs: dict[tuple, _Executors] = {}
+    for label in labels:   # graphs captured before any timing; systems of the same executors share them
+        key = tuple(map(tuple, make(label).executors))
+        if key not in execs:
+            execs[key] = _Executors(module, inputs_of, make(label).executors, cuda)
+
+    def run(label: str, arrivals: np.ndarray):
+        system = make(label)
+        gc.collect()
+        gc.disable()       # a collection inside the loop would be a pause no serving process has
+        try:
+            return serve(system, execs[tuple(map(tuple, system.executors))].launch, arrivals, settings.drain_s)
+        finally:
+            gc.enable()
+
+    estimate = max_bs / float(offline["latency_ms"][str(max_bs)]) * 1e3
+    probe = poisson(settings.overload * estimate, settings.run_s, settings.seed)
+    lat, failed, _ = run("NO_Wait", probe)
+    done = np.sort((lat[~failed] / 1e3 + probe[~failed]))
+    capacity = (len(done) - 1) / float(done[-1] - done[0]) if len(done) > 1 else 0.0
+    echo(f"[capacity] NO_Wait offered {settings.overload:g} x the profile's {estimate:.0f} inputs/s: answered "
+         f"{capacity:.0f} inputs/s")
+    rates = [round(f * capacity, 1) for f in settings.rate_fractions]
+    sweep = {label: [] for label in labels}
+    batches_seen = {label: [] for label in labels}
+    for i, rate in enumerate(rates):
+        arrivals = poisson(rate, settings.run_s, settings.seed + i)
+        for label in labels:
+            lat, failed, batches = run(label, arrivals)
+            sweep[label].append(_point(lat, failed, arrivals, rate))
+            batches_seen[label].append(float(np.mean(batches)) if batches else 0.0)
+        echo(f"[rate {rate:.0f}/s] " + "; ".join(f"{lb} p99 {sweep[lb][-1].p99_ms:.2f} ms" for lb in labels))
+    tput = {label: throughput_at_qos(sweep[label], qos) for label in labels}
+    delays = {0: "NO_Wait", **{d: f"wait {d} us" for d in settings.delays_us}}
+    opt_delay = max(delays, key=lambda d: tput[delays[d]])
+    config = {"NO_Wait": f"1 instance, delay 0, max batch {max_bs}",
+              delays[opt_delay]: f"1 instance, delay {opt_delay} us, max batch {max_bs}",
+              f"instances ({k})": f"{k} instances (streams), delay 0, max batch {max_bs}",
+              "N-Ebird": f"workers {make('N-Ebird').policy.engine}, <= {max_bs} in flight",
+              "E-Ebird": f"workers {offline['engine']}, sets {offline['confs']}, <= {max_bs} in flight"}
+    shown = {"NO_Wait": "NO_Wait", f"OPT_Wait ({opt_delay} us)": delays[opt_delay], f"instances ({k})": f"instances ({k})",
+             "N-Ebird": "N-Ebird", "E-Ebird": "E-Ebird"}
+    table = [{"system": s, "throughput_rps": tput[lb], "config": config[lb],
+              "mean_batch": batches_seen[lb]} for s, lb in shown.items()]
+    low, high = (round(f * capacity, 1) for f in settings.burst_fractions)
+    phases = [Phase("low", low, settings.phase_s), Phase("high", high, settings.phase_s),
+              Phase("low", low, settings.phase_s)]
+    arrivals, phase = burst_schedule(phases, settings.seed + 100)
+    burst = []
+    for s, lb in shown.items():
+        lat, failed, _ = run(lb, arrivals)
+        burst += [{"system": s, **r} for r in phase_latencies(lat, phase, failed, phases, qos)]
+    echo("; ".join(f"{r['system']} {r['phase']} p99 {r['p99_ms']:.2f}" for r in burst))
+    return {"stock": name, "device": torch.cuda.get_device_name(), "device_label": device_label(torch.cuda.get_device_name()),
+            "qos_ms": qos, "offline": offline, "capacity_ips": capacity, "rates": rates,
+            "sweep": {lb: [p.__dict__ for p in pts] for lb, pts in sweep.items()},
+            "throughput": table, "burst": burst, "met": {lb: [meets(p, qos) for p in pts] for lb, pts in sweep.items()},
+            "budget": f"one {torch.cuda.get_device_name()}; every system's batches on it as FP16 CUDA graphs; one host "
+                      f"thread stages, schedules and polls for every system alike"}
+
+
+def run_gpu_admission(settings: GpuAdmissionSettings = GpuAdmissionSettings(), echo=print) -> dict:
+    """Run the GPU analogue for every model; returns the results document."""
+    from e3.export.cuda_profile import cuda_available
+    if not cuda_available():
+        raise RuntimeError("e3 bench admission --cuda needs an NVIDIA GPU that PyTorch can use (none here); "
+                           "`e3 bench admission` runs the CPU analogue on Triton")
+    from e3.bench import _commit
+    doc = {"commit": _commit(), "settings": {k: v for k, v in settings.__dict__.items()}, "models": {}}
+    for name in settings.models:
+        doc["models"][name] = _bench_model(name, settings, echo)
+    return doc
+
+
+def gpu_admission_markdown(doc: dict, command: str) -> str:
+    """docs/RESULTS.md's section for the GPU analogue: per model, throughput at the target and the burst."""
+    from e3.client.admission_report import _verdict
+    out = [f"## Elastic admission (E²bird) on a real GPU, emulated outside Triton (`{command}`)", "",
+           f"Commit {doc.get('commit', 'unknown')}. One process: the real N-Ebird / E-Ebird policies and Triton's "
+           "dynamic-batcher rule, each batch a CUDA graph (FP16) of the stock model with random weights on the "
+           "stream of its worker or instance, open-loop Poisson arrivals of single-input requests, inputs "
+           "pre-staged on the GPU for every system (why and what is not emulated: `e3/admission_gpu.py`, "
+           "`docs/admission.md`). JSON: `artifacts/results/admission_gpu.json`."]
+    for name, m in doc["models"].items():
+        qos, off = m["qos_ms"], m["offline"]
+        out += ["", f"### {name} on {m['device']}: QoS target p99 <= {qos:g} ms, MaxBS {off['max_bs']}", "",
+                f"Budget: {m['budget']}. Offline, measured on the GPU: one worker's latency per batch (ms) "
+                f"{off['latency_ms']}; E-Ebird's best worker set per TotalBS {off['confs']}. NO_Wait's capacity "
+                f"{m['capacity_ips']:.0f} inputs/s (offered more than it sustains); the rates are fractions of it.",
+                "", "Throughput at the QoS target (Fig. 14 analogue):", "",
+                "| system | inputs/s at the target | vs OPT_Wait | mean batch | configuration |",
+                "| --- | --- | --- | --- | --- |"]
+        opt = next((r["throughput_rps"] for r in m["throughput"] if r["system"].startswith("OPT_Wait")), None)
+        for r in m["throughput"]:
+            ratio = f"{r['throughput_rps'] / opt:.2f}x" if opt else "-"
+            mean_b = np.mean([b for b in r.get("mean_batch", []) if b]) if r.get("mean_batch") else float("nan")
+            out.append(f"| {r['system']} | {r['throughput_rps']:.0f} | {ratio} | {mean_b:.1f} | {r['config']} |")
+        out += ["", "Latency through a low -> high -> low burst (Fig. 13 analogue):", "",
+                "| system | phase | offered/s | requests | p50 ms | p99 ms | within the target |",
+                "| --- | --- | --- | --- | --- | --- | --- |"]
+        for r in m["burst"]:
+            ok = "yes" if r["meets_qos"] else "**no**" + (f" ({r['failed']} failed)" if r["failed"] else "")
+            out.append(f"| {r['system']} | {r['phase']} | {r['rate_rps']:.0f} | {r['requests']} | {r['p50_ms']:.3f} | "
+                       f"{r['p99_ms']:.3f} | {ok} |")
+        out += ["", _verdict(m)]
+    return "\n".join(out)

@@ -1,0 +1,308 @@
+"""``e3 profile MODEL --cuda``: a latency profile MEASURED on this host's NVIDIA GPU, with PyTorch.
+
+The same units as the CPU profile (:mod:`e3.export.profiler`): every block k alone
+(:class:`~e3.export.model_api.SplitModule`, block 1 with the stem, block L with the head)
+with and without its ramp, the stock graph (blocks 1..L, no ramp), a cut's hop, the
+exit check of a compact split and the router's work, at batch 1, 2, 4, ... up to the
+model's maximum batch. The device configuration is named after the GPU (``h100``,
+``h200``, ``a100``, ...; :func:`device_label`) with ``modelled=False``, so the planner
+and ``e3 bench gpu --measured`` take it beside the modelled ones.
+
+How each is run and timed, and why:
+
+* **Runtime: PyTorch on CUDA, not ONNX Runtime's CUDA provider or TensorRT.** Those are
+  what an NGC Triton image serves the splits with (``docs/ngc.md``; ``pip install
+  .[gpu]``), and where they are installed they are what to profile. The GPU hosts this
+  project was lent carry PyTorch with CUDA but neither of them, and their wheels (hundreds
+  of MB) could not be brought there. PyTorch runs the very modules the ONNX files are
+  exported from, so the FLOPs and shapes are the served ones; kernel choice differs.
+* **FP16 under autocast, each call one CUDA graph** (default). The public figures the
+  modelled profiles come from are TensorRT FP16 engines, which launch a whole engine per
+  call; eager PyTorch launches every kernel from Python, tens of microseconds each, which a
+  served engine does not pay and which would flatten every curve at small batches.
+  ``--eager`` / ``--fp32`` measure the other ways (the device is then named e.g.
+  ``h100-eager-fp32``), to show what launch overhead and precision do.
+* **Timing**: wall clock around one call and a ``torch.cuda.synchronize()``: what one
+  instance's call takes, host launch included. ``warmup`` untimed calls, then ``repeats``
+  timed calls alternating the variants of a block; median, spread = IQR.
+* **Tx**, a cut's hop: the router moves a cut's state through host memory (a BLS call
+  returns the split's outputs to the router, the survivors go to the next split), so a hop
+  is the state's copy device -> host and host -> device, measured here for B rows, plus
+  ``hop_fixed_ms`` (default the modelled profile's 0.2 ms) for the BLS exchange between
+  host threads, which is not measured on a GPU host (the CPU profile measures a whole BLS
+  hop: ``e3 profile``). ``tx_in_ms``: the model inputs' copy host -> device plus the same
+  fixed part.
+* **check** (a compact split at an enabled ramp): the ramp's logits copied to the host,
+  the model's exit rule (:class:`~e3.serving.policy.BatchRoute`'s ``observe``, as the
+  router runs it), the survivors' indices copied back and their state rows gathered on the
+  device. Measured, where the modelled profile assumes 0.05 ms + 0.0005 ms per row.
+* **router**: the router's own work per batch (stacking rows, the exit rule, answers) is
+  host CPU work whatever runs the splits: :func:`e3.export.profiler.measure_router`, on
+  this host's CPU.
+
+The weights' values do not change a latency: ``--untrained`` times the architecture with
+random weights (:func:`e3.export.zoo.resolve_architecture`) on a host without the trained
+checkpoints. Measuring needs CUDA; :func:`device_label` and the assembly are pure.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+
+from e3.core.profile import LatencyProfile, ProfileError
+from e3.export.modelled_profile import TX_FIXED_MS
+
+if TYPE_CHECKING:
+    from e3.export.model_api import EarlyExitModel
+
+__all__ = ["CudaSettings", "device_label", "profile_model_cuda", "cuda_available"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CudaSettings:
+    batch_sizes: tuple[int, ...] | None = None   # None: 1, 2, 4, ... up to the model's max batch
+    repeats: int = 50                            # timed calls per (block, variant, batch)
+    warmup: int = 5                              # untimed calls before them (after the graph's capture)
+    precision: str = "fp16"                      # "fp16" (autocast) | "fp32"
+    graphs: bool = True                          # each call one CUDA graph replay (False: eager launches)
+    hop_fixed_ms: float = TX_FIXED_MS            # a hop's BLS exchange on the host (not measured here)
+    device: str | None = None                    # device configuration name (None: device_label of the GPU)
+    price: float = 1.0                           # its price per hour (relative units unless given)
+    seed: int = 0
+    torch_device: str = "cuda"                   # "cpu": the same code eagerly on the CPU (tests without a GPU)
+
+    def __post_init__(self) -> None:
+        if self.torch_device == "cpu" and (self.graphs or self.precision != "fp32"):
+            raise ValueError("torch_device='cpu' (a test of this code without a GPU) needs graphs=False and fp32")
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {self.repeats} and {self.warmup}")
+        if self.precision not in ("fp16", "fp32"):
+            raise ValueError(f"precision must be fp16 or fp32, got {self.precision!r}")
+        if self.hop_fixed_ms < 0:
+            raise ValueError(f"hop_fixed_ms must be >= 0, got {self.hop_fixed_ms}")
+
+
+def device_label(gpu_name: str, precision: str = "fp16", graphs: bool = True) -> str:
+    """A device configuration name from the GPU's name: ``"NVIDIA H100 80GB HBM3"`` -> ``"h100"``,
+    ``"NVIDIA A100-SXM4-40GB"`` -> ``"a100"``, ``"Tesla V100-SXM2-16GB"`` -> ``"v100"``; a run other
+    than the default (FP16, CUDA graphs) says so: ``"h100-eager-fp32"``. Pure."""
+    words = [w for w in re.split(r"[\s\-_]+", gpu_name.lower()) if w and w not in ("nvidia", "tesla", "geforce")]
+    words = [w + words[i + 1] if w.isalpha() and i + 1 < len(words) and words[i + 1].isdigit() else w
+             for i, w in enumerate(words)]     # "RTX 4090" -> "rtx4090"
+    model = next((w for w in words if re.fullmatch(r"[a-z]+\d+[a-z]*", w)), words[0] if words else "gpu")
+    suffix = ("" if graphs else "-eager") + ("" if precision == "fp16" else f"-{precision}")
+    return re.sub(r"[^a-z0-9]", "", model) + suffix
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+        return bool(torch.cuda.is_available())
+    except ImportError:     # pragma: no cover - torch is a dependency
+        return False
+
+
+def _sync(device: str) -> None:
+    if device != "cpu":
+        import torch
+        torch.cuda.synchronize()
+
+
+def _timed(calls: dict[str, Callable[[], object]], repeats: int, warmup: int, device: str = "cuda"
+           ) -> dict[str, np.ndarray]:
+    """Wall-clock ms of each call and a synchronize, ``warmup`` untimed calls of each first, then the
+    calls alternating one each."""
+    for call in calls.values():
+        for _ in range(warmup):
+            call()
+    _sync(device)
+    out = {key: np.empty(repeats) for key in calls}
+    for r in range(repeats):
+        for key, call in calls.items():
+            start = time.perf_counter()
+            call()
+            _sync(device)
+            out[key][r] = (time.perf_counter() - start) * 1e3
+    return out
+
+
+def compile_call(module, inputs: Sequence, settings: CudaSettings) -> Callable[[], object]:
+    """One call of ``module`` on ``inputs`` (CUDA tensors) as ``settings`` runs it: under FP16 autocast
+    or not, captured as one CUDA graph (replayed; the inputs stay the graph's static inputs) or eager."""
+    import torch
+
+    def run():
+        with torch.no_grad(), torch.autocast(settings.torch_device, dtype=torch.float16,
+                                             enabled=settings.precision == "fp16", cache_enabled=False):
+            return module(*inputs)
+
+    if not settings.graphs:
+        return run
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):     # warm-up off the default stream, as graph capture requires
+        for _ in range(3):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+
+    def replay(graph=graph, out=out):     # the static outputs live as long as the call
+        graph.replay()
+        return out
+    return replay
+
+
+def _state_at(model: "EarlyExitModel", first: int, batch: int, seed: int, device) -> tuple:
+    """Valid inputs of a split starting at block ``first`` for ``batch`` rows, on ``device``: the model
+    inputs, or the state the earlier blocks make of random ones."""
+    import torch
+    x = tuple(t.to(device) for t in model.example_inputs(batch, seed=seed))
+    if first == 1:
+        return x
+    with torch.no_grad():
+        state = model.stem(*x)
+        for k in range(1, first):
+            state = model.block(k, *state)
+    return tuple(t.contiguous() for t in state)
+
+
+def measure_blocks_cuda(model: "EarlyExitModel", batches: Sequence[int], settings: CudaSettings, bar=None):
+    """Timings (ms) of every block without and with its ramp: ([k-1][i] repeats, same or None)."""
+    from e3.export.model_api import SplitModule
+    card = model.card
+    without, with_ = [], []
+    for k in range(1, card.num_blocks + 1):
+        variants = {"without": SplitModule(model, k, k, ())}
+        if k in card.ramp_blocks:
+            variants["with"] = SplitModule(model, k, k, (k,))
+        rows = {tag: [] for tag in variants}
+        for b in batches:
+            x = _state_at(model, k, b, settings.seed, settings.torch_device)
+            calls = {tag: compile_call(m, x, settings) for tag, m in variants.items()}
+            samples = _timed(calls, settings.repeats, settings.warmup, settings.torch_device)
+            for tag in variants:
+                rows[tag].append(samples[tag])
+            del calls
+            if bar is not None:
+                bar.update(1)
+        without.append(rows["without"])
+        with_.append(rows.get("with"))
+    return without, with_
+
+
+def measure_stock_cuda(model: "EarlyExitModel", batches: Sequence[int], settings: CudaSettings, bar=None):
+    """Timings (ms) of the stock graph (blocks 1..L, no ramp) at each batch size."""
+    from e3.export.model_api import SplitModule
+    module = SplitModule(model, 1, model.card.num_blocks, ())
+    out = []
+    for b in batches:
+        call = compile_call(module, _state_at(model, 1, b, settings.seed, settings.torch_device), settings)
+        out.append(_timed({"stock": call}, settings.repeats, settings.warmup, settings.torch_device)["stock"])
+        if bar is not None:
+            bar.update(1)
+    return out
+
+
+def measure_hops_cuda(model: "EarlyExitModel", batches: Sequence[int], settings: CudaSettings):
+    """Timings (ms) of a cut's copies (the heaviest cut's state, device -> host -> device) and of the
+    model inputs' copy host -> device, at each batch size; the fixed part is not in them."""
+    import torch
+
+    from e3.export.profiler import cut_state
+    from e3.core.spec import NUMPY_DTYPES
+    card = model.card
+    dev = settings.torch_device
+    tx, tx_in = [], []
+    for b in batches:
+        state = [torch.zeros((b, *t.shape), dtype=getattr(torch, np.dtype(NUMPY_DTYPES[t.dtype]).name),
+                             device=dev) for t in cut_state(card)]
+        inputs = [t.cpu() for t in model.example_inputs(b, seed=settings.seed)]
+        samples = _timed({"tx": lambda s=state: [x.to("cpu").to(dev) for x in s],
+                          "tx_in": lambda i=inputs: [x.to(dev) for x in i]}, settings.repeats, settings.warmup, dev)
+        tx.append(samples["tx"])
+        tx_in.append(samples["tx_in"])
+    return tx, tx_in
+
+
+def measure_check_cuda(model: "EarlyExitModel", batches: Sequence[int], settings: CudaSettings):
+    """Timings (ms) of one exit check of a compact split on the GPU: the ramp's logits to the host, the
+    exit rule (``BatchRoute.observe``), the survivors' indices to the device and a gather of their rows
+    of the heaviest cut's state."""
+    import torch
+
+    from e3.export.profiler import _check_inputs, _first_ramp, _route
+    card = model.card
+    dev = settings.torch_device
+    rng = np.random.default_rng(settings.seed)
+    ramp = _first_ramp(card)
+    out = []
+    for b in batches:
+        logits_np, state_np = _check_inputs(card, b, rng)
+        logits = torch.from_numpy(logits_np).to(dev)
+        state = [torch.from_numpy(x).to(dev) for x in state_np.values()]
+
+        def check(b=b, logits=logits, state=state):
+            route = _route(card, b)
+            keep = route.observe({ramp: logits.cpu().numpy()})
+            idx = torch.from_numpy(np.flatnonzero(keep)).to(dev)
+            return [x.index_select(0, idx) for x in state]
+
+        out.append(_timed({"check": check}, max(settings.repeats, 50), settings.warmup, dev)["check"])
+    return out
+
+
+def profile_model_cuda(model_name: str, settings: CudaSettings = CudaSettings(), progress: bool = True,
+                       untrained: bool = False) -> LatencyProfile:
+    """Measure ``model_name`` on this host's GPU (module docstring); returns the profile."""
+    import torch
+    from tqdm import tqdm
+
+    from e3.core.names import served_name
+    from e3.export.profiler import assemble_profile, default_batch_sizes, measure_router, summarize
+    from e3.export.zoo import resolve_architecture, resolve_model
+
+    if settings.torch_device != "cpu" and not cuda_available():
+        raise ProfileError("--cuda needs an NVIDIA GPU that PyTorch can use (torch.cuda.is_available() is False "
+                           "here); profile the CPU without --cuda, or model GPUs with --modelled")
+    model = (resolve_architecture if untrained else resolve_model)(model_name).to(settings.torch_device)
+    card = model.card
+    batches = list(settings.batch_sizes or default_batch_sizes(card.max_batch_size))
+    if batches != sorted(set(batches)) or batches[0] < 1 or batches[-1] > card.max_batch_size:
+        raise ValueError(f"batch sizes must be ascending within 1..{card.max_batch_size}, got {batches}")
+    gpu = torch.cuda.get_device_name() if settings.torch_device != "cpu" else "CPU (a test of this code)"
+    device = settings.device or device_label(gpu, settings.precision, settings.graphs)
+    torch.manual_seed(settings.seed)
+    total = (card.num_blocks + 1) * len(batches)
+    with tqdm(total=total, desc=f"profile {served_name(model_name)} on {device}", unit="step",
+              disable=not progress) as bar:
+        without, with_ = measure_blocks_cuda(model, batches, settings, bar)
+        stock = measure_stock_cuda(model, batches, settings, bar)
+    tx, tx_in = measure_hops_cuda(model, batches, settings)
+    check = measure_check_cuda(model, batches, settings)
+    router = measure_router(card, batches, max(settings.repeats, 50), settings.warmup, settings.seed)
+    fixed = settings.hop_fixed_ms
+    source = (f"measured on {gpu} ({device}): PyTorch {torch.__version__} CUDA {torch.version.cuda}, "
+              f"{'FP16 autocast' if settings.precision == 'fp16' else 'FP32'}, "
+              f"{'one CUDA graph per call' if settings.graphs else 'eager kernel launches'}, wall clock with a "
+              f"synchronize per call; {settings.repeats} repeats after {settings.warmup} warmup calls, medians, "
+              f"spread = IQR{'; random weights (--untrained: latency does not depend on them)' if untrained else ''}; "
+              f"Tx = the cut state's copies device->host->device, measured, + {fixed:g} ms for the BLS exchange "
+              f"(assumed, as the modelled profiles); Tx in = the inputs' copy host->device + the same; check: "
+              f"logits to the host, BatchRoute.observe, survivors' rows gathered on the device; router: this host's "
+              f"CPU (numpy, in-process). NOT ONNX Runtime's CUDA provider or TensorRT (not installed on this host)")
+    profile = assemble_profile(served_name(model_name), batches, without, with_,
+                               [np.asarray(s) + fixed for s in tx], device, settings.price, source,
+                               check=check, router=router, stock=stock)
+    profile.tx_in_ms[device] = [summarize(np.asarray(s) + fixed).median_ms for s in tx_in]
+    profile.validate()
+    return profile

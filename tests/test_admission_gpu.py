@@ -1,0 +1,137 @@
+"""The GPU analogue of the admission bench and the GPU profiler: the serving loop's bookkeeping and the
+baselines' batcher rule on the CPU (a deterministic clock, launches that finish after a latency model);
+the real runs on CUDA, skipped without a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from e3.admission_gpu import Ebird, GpuAdmissionSettings, TritonBatcher, poisson, serve
+from e3.export.cuda_profile import CudaSettings, cuda_available, device_label, profile_model_cuda
+from e3.serving.admission import dynamic_batch, make_policy
+
+NO_GPU = "needs an NVIDIA GPU that PyTorch can use (torch.cuda.is_available() is False here)"
+
+
+def test_dynamic_batch_takes_a_full_batch_at_once_and_less_only_after_the_delay():
+    assert dynamic_batch(0, 1e9, 8, 0) == 0
+    assert dynamic_batch(3, 0, 8, 0) == 3            # no delay: what is queued, at once
+    assert dynamic_batch(20, 0, 8, 0) == 8           # never more than the max batch
+    assert dynamic_batch(3, 100, 8, 500) == 0        # the oldest has waited 100 of 500 us: wait
+    assert dynamic_batch(3, 500, 8, 500) == 3
+    assert dynamic_batch(8, 0, 8, 500) == 8          # a full batch does not wait
+    with pytest.raises(ValueError, match="max_batch"):
+        dynamic_batch(1, 0, 0, 0)
+
+
+class _Clock:
+    """A clock that advances ``step`` s every time it is read: the loop is deterministic."""
+
+    def __init__(self, step: float):
+        self.t, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+class _Launch:
+    """Launches that finish ``fixed + per_row * b`` s after they start (on the clock), recording them."""
+
+    def __init__(self, clock: _Clock, fixed: float, per_row: float):
+        self.clock, self.fixed, self.per_row, self.log = clock, fixed, per_row, []
+
+    def __call__(self, e: int, b: int):
+        end = self.clock.t + self.fixed + self.per_row * b
+        self.log.append((e, b))
+        clock = self.clock
+
+        class Handle:
+            def query(self) -> bool:
+                return clock.t >= end
+        return Handle()
+
+
+def _run(system, rate, seconds=0.2, fixed=1e-3, per_row=1e-4):
+    clock = _Clock(2e-5)
+    launch = _Launch(clock, fixed, per_row)
+    arrivals = poisson(rate, seconds, seed=1)
+    latency, failed, batches = serve(system, launch, arrivals, drain_s=5.0, clock=clock)
+    return arrivals, latency, failed, batches, launch.log
+
+
+def test_every_input_is_answered_once_in_arrival_order_by_every_system():
+    for system in (TritonBatcher(1, 16), TritonBatcher(1, 16, 500.0), TritonBatcher(4, 16),
+                   Ebird(make_policy("n-ebird", engine=[8, 4, 2, 1, 1], max_inflight=16)),
+                   Ebird(make_policy("e-ebird", confs={4: [2, 2], 8: [4, 4], 16: [8, 8]}, max_inflight=16))):
+        arrivals, latency, failed, batches, log = _run(system, rate=3000)
+        assert not failed.any() and sum(batches) == len(arrivals)
+        assert (latency > 0).all()
+        for e, b in log:                      # each launch used its executor's own batch size
+            assert b in system.executors[e]
+
+
+def test_no_wait_serialises_on_one_instance_and_falls_behind_where_concurrent_workers_keep_up():
+    # a launch costs 1 ms + 0.1 ms per row; one instance of max batch 8 sustains 8 / 1.8 ms = 4,400 inputs/s,
+    # four workers of 8 at once four times that (the GPU's spare parallelism, which the fake gives for free)
+    _, no_wait, *_ = _run(TritonBatcher(1, 8), rate=6000)
+    _, ebird, *_ = _run(Ebird(make_policy("n-ebird", engine=[8, 8, 8, 8], max_inflight=32)), rate=6000)
+    assert np.percentile(no_wait, 99) > 5 * np.percentile(ebird, 99)
+
+
+def test_a_delay_makes_the_batcher_wait_for_a_fuller_batch_at_low_load():
+    *_, no_delay, _ = _run(TritonBatcher(1, 16), rate=2000)
+    *_, delayed, _ = _run(TritonBatcher(1, 16, 2000.0), rate=2000)
+    assert np.mean(delayed) > np.mean(no_delay)
+
+
+def test_a_system_that_launches_what_is_not_staged_is_refused():
+    class Greedy(TritonBatcher):
+        def plan(self, staged, wait_us, idle):
+            return [(idle[0], staged + 1)]
+    with pytest.raises(RuntimeError, match="more than are staged"):
+        _run(Greedy(1, 64), rate=1000)
+
+
+def test_device_labels_name_the_gpu_and_the_way_it_was_run():
+    assert device_label("NVIDIA H100 80GB HBM3") == "h100"
+    assert device_label("NVIDIA H200") == "h200"
+    assert device_label("NVIDIA A100-SXM4-40GB", "fp32", graphs=False) == "a100-eager-fp32"
+    assert device_label("Tesla V100-SXM2-16GB") == "v100"
+    assert device_label("NVIDIA GeForce RTX 4090") == "rtx4090"
+
+
+def test_the_cuda_profiler_assembles_a_valid_profile_when_run_on_the_cpu():
+    """The same code path eagerly on the CPU (torch_device='cpu'): curves for every block, the stock graph,
+    hops with their fixed part, the check and the router."""
+    p = profile_model_cuda("tiny-ee", CudaSettings(torch_device="cpu", graphs=False, precision="fp32", repeats=3,
+                                                   warmup=1, batch_sizes=(1, 4)), progress=False)
+    d = "cpu-eager-fp32"
+    assert list(p.devices) == [d] and not p.devices[d].modelled
+    assert len(p.block_ms[d]) == p.num_blocks and all(v > 0 for row in p.block_ms[d] for v in row)
+    assert all(v >= 0.2 for v in p.tx_ms[d]) and all(v >= 0.2 for v in p.tx_in_ms[d])
+    assert p.stock_ms[d][1] > 0 and p.check_ms[d][0] > 0 and p.router_ms[d][0] > 0
+    with pytest.raises(ValueError, match="graphs=False"):
+        CudaSettings(torch_device="cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason=NO_GPU)
+def test_cuda_profile_on_the_gpu_is_measured_and_named_after_it():   # pragma: no cover - GPU hosts only
+    p = profile_model_cuda("tiny-ee", CudaSettings(batch_sizes=(1, 8), repeats=5, warmup=2), progress=False)
+    (d,) = p.devices
+    assert not p.devices[d].modelled and "measured on" in p.source
+    assert all(v > 0 for row in p.block_ms[d] for v in row)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason=NO_GPU)
+def test_gpu_admission_runs_every_system_on_the_gpu():   # pragma: no cover - GPU hosts only
+    from e3.admission_gpu import run_gpu_admission
+    doc = run_gpu_admission(GpuAdmissionSettings(models=("tiny-ee",), batches=(1, 2, 4, 8, 16, 32),
+                                                 totals=(4, 8), rate_fractions=(0.3, 0.6), run_s=0.2,
+                                                 phase_s=0.2, repeats=3), echo=lambda m: None)
+    m = doc["models"]["tiny-ee"]
+    assert {r["system"] for r in m["throughput"]} >= {"NO_Wait", "N-Ebird", "E-Ebird"}
+    assert all(r["requests"] > 0 for r in m["burst"])
