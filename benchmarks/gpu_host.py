@@ -1,4 +1,4 @@
-"""What runs on a lent NVIDIA GPU host, in one go: ``python3 benchmarks/gpu_host.py OUT_DIR``.
+"""What runs on a lent NVIDIA GPU host, in one go: ``python3 benchmarks/gpu_host.py OUT_DIR [profiles,admission]``.
 
 Such a host has PyTorch with CUDA and no package registry; the repository travels without its virtual
 environment. So this needs only torch, numpy and tqdm, and imports the project from the checkout through a
@@ -51,7 +51,7 @@ def _step(name: str, fn) -> None:
         print(f"== {name}: FAILED after {time.perf_counter() - start:.0f} s", flush=True)
 
 
-def main(out: Path) -> int:
+def main(out: Path, steps: tuple[str, ...] = ("profiles", "admission")) -> int:
     out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(_namespace()))
     try:
@@ -80,20 +80,22 @@ def main(out: Path) -> int:
             print(format_table(p), flush=True)
         return run
 
-    _step("profile bert-ee (FP16, CUDA graphs)", profile("bert-ee"))
-    _step("profile resnet-ee (FP16, CUDA graphs)", profile("resnet-ee"))
-    _step("profile bert-ee (FP32, eager)", profile("bert-ee", precision="fp32", graphs=False))
+    if "profiles" in steps:
+        _step("profile bert-ee (FP16, CUDA graphs)", profile("bert-ee"))
+        _step("profile resnet-ee (FP16, CUDA graphs)", profile("resnet-ee"))
+        _step("profile bert-ee (FP32, eager)", profile("bert-ee", precision="fp32", graphs=False))
 
     def admission():
         from e3.admission_gpu import GpuAdmissionSettings, run_gpu_admission
         doc = run_gpu_admission(GpuAdmissionSettings(), echo=lambda m: print(m, flush=True))
         (out / "admission_gpu.json").write_text(json.dumps(doc, indent=1, default=float))
-    _step("E2bird analogues on the GPU", admission)
+    if "admission" in steps:
+        _step("E2bird analogues on the GPU", admission)
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         print(__doc__, file=sys.stderr)
         sys.exit(2)
-    sys.exit(main(Path(sys.argv[1])))
+    sys.exit(main(Path(sys.argv[1]), tuple(sys.argv[2].split(",")) if len(sys.argv) == 3 else ("profiles", "admission")))

@@ -135,3 +135,21 @@ def test_gpu_admission_runs_every_system_on_the_gpu():   # pragma: no cover - GP
     m = doc["models"]["tiny-ee"]
     assert {r["system"] for r in m["throughput"]} >= {"NO_Wait", "N-Ebird", "E-Ebird"}
     assert all(r["requests"] > 0 for r in m["burst"])
+
+
+def test_worker_sets_can_be_capped_at_the_largest_worker():
+    from e3.serving.admission import worker_sets
+    assert (64,) in worker_sets(64, 4)
+    capped = worker_sets(64, 4, largest=32)
+    assert (32, 32) in capped and (32, 16, 16) in capped and all(max(w) <= 32 for w in capped)
+    assert worker_sets(128, 4, largest=32) == [(32, 32, 32, 32)]
+
+
+def test_e_ebirds_cap_on_inputs_in_flight_is_the_largest_total_whose_set_ends_within_half_the_target():
+    from e3.serving.admission import max_inflight_for_qos
+    confs = {16: [16], 32: [32], 64: [32, 32], 96: [32, 32, 32]}
+    slowest = {(16,): 0.7, (32,): 0.9, (32, 32): 1.0, (32, 32, 32): 1.3}
+    assert max_inflight_for_qos(slowest, confs, qos_ms=2.2, max_bs=32) == 64
+    assert max_inflight_for_qos(slowest, confs, qos_ms=3.0, max_bs=32) == 96
+    # a profile whose concurrent sets are no faster than serial work leaves the paper's cap
+    assert max_inflight_for_qos({**slowest, (32, 32): 1.8, (32, 32, 32): 2.7}, confs, qos_ms=2.2, max_bs=32) == 32
