@@ -52,7 +52,7 @@ import numpy as np
 
 from e3.client.admission_report import Phase, RatePoint, burst_schedule, meets, phase_latencies, throughput_at_qos
 from e3.serving.admission import (PROFILED_TOTALS, ElasticPolicy, best_worker_sets, dynamic_batch, engine_for,
-                                  make_policy, max_batch_for_qos, naive_engine, worker_sets)
+                                  make_policy, max_batch_for_qos, max_inflight_for_qos, naive_engine, worker_sets)
 
 __all__ = ["GpuAdmissionSettings", "TritonBatcher", "Ebird", "serve", "poisson", "run_gpu_admission",
            "gpu_admission_markdown"]
