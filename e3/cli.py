@@ -391,7 +391,14 @@ def _bench_perf(args) -> int:
 
 
 def _bench_gpu(args) -> int:
-    from e3.gpu_bench import run_gpu_bench
+    from e3.gpu_bench import run_gpu_bench, run_measured_gpu_bench
+    if args.measured:
+        return _refusing("e3 bench gpu", lambda: run_measured_gpu_bench(
+            Path(args.measured), quick=args.quick, model=args.model, beside=tuple(Path(p) for p in args.beside),
+            docs=not args.no_docs))
+    if args.beside:
+        print("e3 bench gpu: error: --beside goes with --measured", file=sys.stderr)
+        return 2
     return _refusing("e3 bench gpu", lambda: run_gpu_bench(quick=args.quick, model=args.model,
                                                            out=Path(args.out) if args.out else None,
                                                            docs=not args.no_docs))
@@ -399,6 +406,8 @@ def _bench_gpu(args) -> int:
 
 def _bench_admission(args) -> int:
     from e3.admission_bench import AdmissionBenchSettings, run_admission_bench
+    if args.cuda or args.report:
+        return _bench_admission_gpu(args)
 
     def run():
         models = tuple(m.strip() for m in args.models.split(",") if m.strip())
@@ -406,6 +415,26 @@ def _bench_admission(args) -> int:
             raise ValueError("give at least one model, --cores >= 1 and a positive --qos-ms")
         run_admission_bench(AdmissionBenchSettings(models=models, cores=args.cores, qos_ms=args.qos_ms,
                                                    out=Path(args.out) if args.out else None, quick=args.quick))
+    return _refusing("e3 bench admission", run)
+
+
+def _bench_admission_gpu(args) -> int:
+    import json
+
+    from e3.admission_gpu import GpuAdmissionSettings, run_gpu_admission, write_gpu_admission
+    if args.report and not args.cuda:
+        print("e3 bench admission: error: --report goes with --cuda", file=sys.stderr)
+        return 2
+
+    def run():
+        if args.report:
+            doc = json.loads(Path(args.report).read_text())
+        else:
+            models = ("bert-stock", "resnet-stock") if args.models == "bert-ee,resnet-ee" else \
+                tuple(m.strip() for m in args.models.split(",") if m.strip())
+            doc = run_gpu_admission(GpuAdmissionSettings(models=models, qos_ms=args.qos_ms))
+        write_gpu_admission(doc, Path(args.out) if args.out else None,
+                            "e3 bench admission --cuda" + (" --quick" if args.quick else ""))
     return _refusing("e3 bench admission", run)
 
 
@@ -833,6 +862,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "shorter simulations (a few minutes)")
     gpu.add_argument("--out", default=None, help="results JSON (default artifacts/results/gpu_sim.json)")
     gpu.add_argument("--no-docs", action="store_true", help="do not write the plot or docs/RESULTS.md")
+    gpu.add_argument("--measured", default=None, metavar="PROFILE",
+                     help="instead: simulate 16 GPUs of a MEASURED GPU profile (e3 profile --cuda) and write it "
+                          "beside the modelled ones (artifacts/results/gpu_sim_measured.json, its own section)")
+    gpu.add_argument("--beside", action="append", default=[], metavar="PROFILE",
+                     help="with --measured: more measured profiles for the side-by-side table (repeatable)")
     gpu.set_defaults(func=_bench_gpu)
     adm = bsub.add_parser("admission", help="E²bird's elastic admission stage (N-Ebird, E-Ebird) against Triton's "
                                             "dynamic batcher (no delay, tuned delay, instances) under a QoS target: "
@@ -844,7 +878,15 @@ def build_parser() -> argparse.ArgumentParser:
                           "at least 50 ms)")
     adm.add_argument("--cores", type=int, default=2, help="cores every system gets (default 2)")
     adm.add_argument("--quick", action="store_true", help="fewer rates and shorter runs (a few minutes per model)")
-    adm.add_argument("--out", default=None, help="results JSON (default artifacts/results/admission.json)")
+    adm.add_argument("--out", default=None, help="results JSON (default artifacts/results/admission.json, with "
+                                                 "--cuda admission_gpu.json)")
+    adm.add_argument("--cuda", action="store_true",
+                     help="the analogues on this host's NVIDIA GPU, emulated in one process outside Triton (the "
+                          "real policies; CUDA graphs on streams); --models then names stock models (default "
+                          "bert-stock,resnet-stock)")
+    adm.add_argument("--report", default=None, metavar="JSON",
+                     help="with --cuda: do not run; write docs/RESULTS.md's GPU section from a saved run (e.g. one "
+                          "made by benchmarks/gpu_host.py on a GPU host)")
     adm.set_defaults(func=_bench_admission)
     gen = bsub.add_parser("generate", help="early-exit generation on one server: tokens/s, TTFT, TPOT of the full "
                                            "model, E3 (CALM exits, re-batched), naive early exit and self-speculative "

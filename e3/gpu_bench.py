@@ -16,7 +16,7 @@ from typing import Callable
 
 from e3.paths import artifacts_dir, project_root
 
-__all__ = ["run_gpu_bench", "BEGIN", "END", "FIGURE", "replace_gpu_section"]
+__all__ = ["run_gpu_bench", "run_measured_gpu_bench", "beside_table", "BEGIN", "END", "FIGURE", "replace_gpu_section"]
 
 log = logging.getLogger(__name__)
 
@@ -261,4 +261,104 @@ def run_gpu_bench(quick: bool = False, model: str = "bert-ee", mix: tuple[int, i
     text = path.read_text() if path.exists() else "# Measured results\n"
     write_atomic(path, replace_gpu_section(text, section))
     echo(f"wrote the gpu-sim section of {path} ({time.monotonic() - started:.0f} s)")
+    return doc
+
+
+MEASURED_BEGIN, MEASURED_END = "<!-- gpu-measured:begin -->", "<!-- gpu-measured:end -->"
+
+
+def beside_table(measured: list, modelled, block: int = 2, batches=(1, 8, 32, 64)) -> str:
+    """Block ``block``'s latency and the stock graph's (ms) at ``batches`` on every measured profile's device
+    and on every modelled GPU, one row each: the measured curves beside the modelled ones. Pure."""
+    def at(profile, dev, curve, b):
+        bs = profile.batch_sizes
+        return f"{curve[bs.index(b)]:.3f}" if b in bs else "-"
+    head = [f"block {block}, B={b}" for b in batches] + [f"stock graph, B={b}" for b in batches]
+    out = ["| device | how | " + " | ".join(head) + " |", "| --- | --- | " + " | ".join("---" for _ in head) + " |"]
+    for profile in [*measured, modelled]:
+        for dev, cfg in profile.devices.items():
+            how = "MODELLED from public figures" if cfg.modelled else "measured (PyTorch, " + (
+                "eager FP32" if "eager" in dev else "FP16 CUDA graphs") + ")"
+            stock = profile.stock_ms.get(dev)
+            cells = [at(profile, dev, profile.block_ms[dev][block - 1], b) for b in batches]
+            if stock:
+                cells += [at(profile, dev, stock, b) for b in batches]
+            else:   # modelled profiles have no stock graph: the sum of the blocks
+                total = [sum(row[i] for row in profile.block_ms[dev]) for i in range(len(profile.batch_sizes))]
+                cells += [at(profile, dev, total, b) + " (sum)" if b in profile.batch_sizes else "-" for b in batches]
+            out.append(f"| {dev} | {how} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def run_measured_gpu_bench(profile_path: Path, quick: bool = False, model: str = "bert-ee",
+                           mix: tuple[int, int] = (80, 20), beside: tuple[Path, ...] = (), docs: bool = True,
+                           echo: Callable[[str], None] = print) -> dict:
+    """`e3 bench gpu --measured PROFILE`: goodput against inputs per request for E3, stock and naive EE on 16
+    GPUs of the profile's MEASURED device (``e3 profile --cuda``), simulated as the modelled run is (same
+    settings, hops as measured: the state's copies and the assumed BLS exchange), with the measured curves
+    beside the modelled ones (``beside``: more measured profiles, e.g. the eager FP32 one). Writes
+    ``artifacts/results/gpu_sim_measured.json`` and its own section of ``docs/RESULTS.md``."""
+    import dataclasses
+
+    import numpy as np
+
+    from e3.bench import _commit, _workloads
+    from e3.client.bench_report import replace_between
+    from e3.core.files import write_atomic, write_json_atomic
+    from e3.core.profile import LatencyProfile
+    from e3.simulator.gpu import GpuSimSettings, batch_table, describe_plan, goodput_vs_batch
+    started = time.monotonic()
+    measured = LatencyProfile.load(profile_path)
+    devices = [d for d, c in measured.devices.items() if not c.modelled]
+    if len(devices) != 1:
+        raise ValueError(f"{profile_path} should hold one measured GPU (e3 profile --cuda), it holds {devices}")
+    (device,) = devices
+    settings = dataclasses.replace(GpuSimSettings.quick() if quick else GpuSimSettings(), device=device)
+    wl = _workloads(model, [mix], echo)[mix]
+    exit_ramp = np.load(artifacts_dir() / "workloads" / model / f"mix-{mix[0]}-{mix[1]}.npz")["exit_ramp"]
+    from e3.export.zoo import resolve_model
+    card = resolve_model(model).card
+    plan_kw = {"exit_rule": dict(card.exit_rule), "ramp_blocks": list(card.ramp_blocks)}
+    cluster = f"{settings.gpus} x {device}"
+    echo(f"[gpu measured] {device} from {profile_path}, {model} {mix[0]}:{mix[1]}, {cluster}")
+    cells, plan = goodput_vs_batch(measured, wl["batch_profile"], exit_ramp, settings, plan_kw=plan_kw,
+                                   progress=lambda m: echo(f"[goodput vs batch, {device}] {m}"))
+    ratios = {}
+    for b in settings.batches:
+        g = {c.system: c.goodput_ips for c in cells if c.batch == b}
+        ratios[str(b)] = {"e3_over_ee": g["e3"] / g["ee"] if g["ee"] else float("nan"),
+                          "e3_over_stock": g["e3"] / g["stock"] if g["stock"] else float("nan")}
+    doc = {"commit": _commit(), "quick": quick, "device": device, "profile": str(profile_path),
+           "source": measured.source, "mix": f"{mix[0]}:{mix[1]}", "cluster": cluster,
+           "plan": plan.to_dict(), "cells": [c.to_dict() for c in cells], "ratios": ratios,
+           "seconds": round(time.monotonic() - started, 1)}
+    out = artifacts_dir() / "results" / "gpu_sim_measured.json"
+    write_json_atomic(out, doc, indent=1, sort_keys=False)
+    echo(f"wrote {out}")
+    if not docs:
+        return doc
+    modelled = _profile(model, MODELLED_GPUS, echo)
+    others = [LatencyProfile.load(p) for p in beside]
+    big = {b: r for b, r in ratios.items() if int(b) >= 8}
+    command = f"e3 bench gpu --measured {profile_path.name}" + (" --quick" if quick else "")
+    table = batch_table(doc["cells"], cluster).replace(
+        f"MODELLED GPU profiles ({cluster}), simulated", f"MEASURED {device} profile ({cluster}), simulated")
+    section = "\n".join([
+        f"## GPU clusters by simulation: a MEASURED GPU profile (`{command}`)", "",
+        f"The latency profile of {model} measured on a real GPU (`e3 profile {model} --cuda --untrained`, run by "
+        "`benchmarks/gpu_host.py` on a lent host): " + measured.source + ". The simulation is the modelled "
+        f"section's with this profile in place of the modelled one ({cluster}, same settings, SLO "
+        f"{settings.slo_ms:g} ms); commit {doc['commit']}; JSON `artifacts/results/gpu_sim_measured.json`.", "",
+        "Measured beside modelled (ms):", "",
+        beside_table([measured, *others], modelled), "",
+        f"E3's plan: {describe_plan(plan)} (planner's prediction "
+        f"{plan.predicted.get('throughput_rps', float('nan')):,.0f} inputs/s).", "",
+        table, "",
+        "At batch >= 8: " + "; ".join(f"batch {b}: {r['e3_over_ee']:.2f}x EE, {r['e3_over_stock']:.2f}x stock"
+                                      for b, r in big.items()) + ".",
+    ])
+    path = project_root() / "docs" / "RESULTS.md"
+    text = path.read_text() if path.exists() else "# Measured results\n"
+    write_atomic(path, replace_between(text, MEASURED_BEGIN, MEASURED_END, section, name="gpu measured"))
+    echo(f"wrote the measured-GPU section of {path} ({time.monotonic() - started:.0f} s)")
     return doc
