@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["Phase", "burst_schedule", "phase_latencies", "RatePoint", "throughput_at_qos", "format_burst", "admission_markdown",
+__all__ = ["Phase", "burst_schedule", "phase_latencies", "RatePoint", "throughput_at_qos", "format_burst", "burst_rows", "admission_markdown",
            "format_throughput"]
 
 
@@ -129,6 +129,18 @@ def _verdict(m: dict) -> str:
             f"at the target {ratio} OPT_Wait's (**{'>=' if ee is not None and opt is not None and ee >= opt else '<'}**).")
 
 
+def burst_rows(rows: Sequence[dict], digits: int = 1) -> list[str]:
+    """The Fig. 13 analogue as markdown table lines: system, phase, offered rate, requests, p50, p99 (ms, to
+    ``digits`` decimals) and whether the phase met the target."""
+    out = ["| system | phase | offered/s | requests | p50 ms | p99 ms | within the target |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        ok = "yes" if r["meets_qos"] else "**no**" + (f" ({r['failed']} failed)" if r["failed"] else "")
+        out.append(f"| {r['system']} | {r['phase']} | {r['rate_rps']:.1f} | {r['requests']} | {r['p50_ms']:.{digits}f} | "
+                   f"{r['p99_ms']:.{digits}f} | {ok} |")
+    return out
+
+
 def admission_markdown(doc: dict, command: str) -> str:
     """docs/RESULTS.md's section for `e3 bench admission`: per model, the Fig. 14 analogue (throughput at
     the QoS target) and the Fig. 13 analogue (p50 / p99 per burst phase)."""
@@ -162,13 +174,7 @@ def admission_markdown(doc: dict, command: str) -> str:
             out += [f"| {k} | {v['inputs_per_s']:.1f} | {v['cpu_ms_per_input']:.2f} |" for k, v in m["closed_loop"].items()]
         out += ["", "Latency through a low -> high -> low burst (Fig. 13 analogue"
                 + (f"; {rounds} rounds, the systems in turn, pooled per phase" if rounds > 1 else "") + "):", "",
-                "| system | phase | offered/s | requests | p50 ms | p99 ms | within the target |",
-                "| --- | --- | --- | --- | --- | --- | --- |"]
-        for r in m["burst"]:
-            ok = "yes" if r["meets_qos"] else "**no**" + (f" ({r['failed']} failed)" if r["failed"] else "")
-            out.append(f"| {r['system']} | {r['phase']} | {r['rate_rps']:.1f} | {r['requests']} | {r['p50_ms']:.1f} | "
-                       f"{r['p99_ms']:.1f} | {ok} |")
-        out += ["", _verdict(m)]
+                *burst_rows(m["burst"], digits=1), "", _verdict(m)]
         if m.get("burst_figure"):
             out += ["", f"![{name}: latency through the burst]({m['burst_figure']})"]
     return "\n".join(out)

@@ -376,7 +376,7 @@ def _sweep_label(system: str) -> str:
 
 def gpu_admission_markdown(doc: dict, command: str) -> str:
     """docs/RESULTS.md's section for the GPU analogue: per model, throughput at the target and the burst."""
-    from e3.client.admission_report import _verdict
+    from e3.client.admission_report import _verdict, burst_rows
     out = [f"## Elastic admission (E²bird) on a real GPU, emulated outside Triton (`{command}`)", "",
            f"Commit {doc.get('commit', 'unknown')}. One process: the real N-Ebird / E-Ebird policies and Triton's "
            "dynamic-batcher rule, each batch a CUDA graph (FP16) of the stock model with random weights on the "
@@ -404,13 +404,7 @@ def gpu_admission_markdown(doc: dict, command: str) -> str:
                 f"{max(m['rates']):.0f}/s ({max(m['rates']) / m['capacity_ips']:.1f} x NO_Wait's capacity): a lower "
                 "bound. Mean batch: inputs per launched batch, over the sweep's rates."]
         out += ["", "Latency through a low -> high -> low burst (Fig. 13 analogue):", "",
-                "| system | phase | offered/s | requests | p50 ms | p99 ms | within the target |",
-                "| --- | --- | --- | --- | --- | --- | --- |"]
-        for r in m["burst"]:
-            ok = "yes" if r["meets_qos"] else "**no**" + (f" ({r['failed']} failed)" if r["failed"] else "")
-            out.append(f"| {r['system']} | {r['phase']} | {r['rate_rps']:.0f} | {r['requests']} | {r['p50_ms']:.3f} | "
-                       f"{r['p99_ms']:.3f} | {ok} |")
-        out += ["", _verdict(m)]
+                *burst_rows(m["burst"], digits=3), "", _verdict(m)]
     return "\n".join(out)
 
 
