@@ -357,7 +357,7 @@ def run_gpu_admission(settings: GpuAdmissionSettings = GpuAdmissionSettings(), e
     """Run the GPU analogue for every model; returns the results document."""
     from e3.export.cuda_profile import cuda_available
     if not cuda_available():
-        raise RuntimeError("e3 bench admission --cuda needs an NVIDIA GPU that PyTorch can use (none here); "
+        raise ValueError("e3 bench admission --cuda needs an NVIDIA GPU that PyTorch can use (none here); "
                            "`e3 bench admission` runs the CPU analogue on Triton")
     from e3.bench import _commit
     doc = {"commit": _commit(), "settings": {k: v for k, v in settings.__dict__.items()}, "models": {}}

@@ -428,7 +428,12 @@ def _bench_admission_gpu(args) -> int:
 
     def run():
         if args.report:
-            doc = json.loads(Path(args.report).read_text())
+            try:
+                doc = json.loads(Path(args.report).read_text())
+            except (OSError, json.JSONDecodeError) as err:
+                raise ValueError(f"cannot read the saved run {args.report}: {err}") from None
+            if not isinstance(doc, dict) or not isinstance(doc.get("models"), dict):
+                raise ValueError(f"{args.report} is not a saved `e3 bench admission --cuda` run (no models)")
         else:
             models = ("bert-stock", "resnet-stock") if args.models == "bert-ee,resnet-ee" else \
                 tuple(m.strip() for m in args.models.split(",") if m.strip())

@@ -153,3 +153,33 @@ def test_e_ebirds_cap_on_inputs_in_flight_is_the_largest_total_whose_set_ends_wi
     assert max_inflight_for_qos(slowest, confs, qos_ms=3.0, max_bs=32) == 96
     # a profile whose concurrent sets are no faster than serial work leaves the paper's cap
     assert max_inflight_for_qos({**slowest, (32, 32): 1.8, (32, 32, 32): 2.7}, confs, qos_ms=2.2, max_bs=32) == 32
+
+
+@pytest.mark.skipif(cuda_available(), reason="checks the refusal on a host without a GPU")
+def test_the_gpu_commands_refuse_clearly_without_a_gpu_or_with_a_bad_file(tmp_path, capsys):
+    from e3.cli import main
+    assert main(["profile", "tiny-ee", "--cuda"]) == 2
+    assert "needs an NVIDIA GPU" in capsys.readouterr().err
+    assert main(["profile", "tiny-ee", "--eager"]) == 2
+    assert "go with --cuda" in capsys.readouterr().err
+    assert main(["bench", "admission", "--cuda"]) == 2
+    assert "needs an NVIDIA GPU" in capsys.readouterr().err
+    bad = tmp_path / "run.json"
+    bad.write_text("[1]")
+    assert main(["bench", "admission", "--cuda", "--report", str(bad)]) == 2
+    assert "not a saved" in capsys.readouterr().err
+    assert main(["bench", "gpu", "--measured", str(tmp_path / "missing.json"), "--no-docs"]) == 2
+    assert "cannot read latency profile" in capsys.readouterr().err
+
+
+def test_a_saved_gpu_admission_run_renders_its_section_with_both_claims(tmp_path):
+    """The H200 run kept in docs/data renders: every system's row, the lower-bound mark, both verdicts."""
+    import json
+    from pathlib import Path
+
+    from e3.admission_gpu import gpu_admission_markdown
+    doc = json.loads((Path(__file__).parent.parent / "docs" / "data" / "h200" / "admission_gpu.json").read_text())
+    text = gpu_admission_markdown(doc, "e3 bench admission --cuda")
+    assert text.count("| E-Ebird |") == 2 * (1 + 3) and "≥ 283109" in text   # per model: throughput + 3 phases
+    assert "E-Ebird's throughput at the target 1.77x OPT_Wait's (**>=**)" in text
+    assert "E-Ebird's throughput at the target 0.59x OPT_Wait's (**<**)" in text
