@@ -69,7 +69,7 @@ import numpy as np
 
 from e3.core.files import write_atomic
 from e3.core.names import served_name, state_output
-from e3.core.profile import OPTIONAL_CURVES, DeviceConfig, LatencyProfile, ProfileError, interp_linear
+from e3.core.profile import OPTIONAL_CURVES, DeviceConfig, LatencyProfile, ProfileError
 from e3.core.spec import ModelCard, TensorSpec
 from e3.paths import artifacts_dir
 
@@ -78,13 +78,12 @@ if TYPE_CHECKING:
 
 __all__ = ["ProfileSettings", "Stats", "summarize", "default_batch_sizes", "parse_batch_sizes",
            "assemble_profile", "merge_profiles", "format_table", "default_profile_path",
-           "measure_blocks", "measure_stock", "measure_jitter", "probe_server", "measure_tx", "measure_request", "measure_served", "measure_check", "measure_router",
+           "measure_blocks", "measure_stock", "measure_jitter", "probe_server", "measure_tx", "measure_request", "measure_check", "measure_router",
            "profile_model"]
 
 log = logging.getLogger(__name__)
 CPU_DEVICE = "cpu"
 TX_ECHO, TX_CALLER, TX_FRONT = "e3_tx_echo", "e3_tx_caller", "e3_tx_front"
-SERVED = "e3_served_stock"      # the stock graph served as <m>_stock is, for served_factor
 REQUEST_CLIENTS = 16            # the load generator's clients while request_ms is measured (as `e3 bench`)
 
 
@@ -151,8 +150,7 @@ def assemble_profile(model: str, batch_sizes: Sequence[int], without_ramp: Seque
                      stock_2t: Sequence[Sequence[float]] | None = None,
                      request: Sequence[float] | None = None,
                      client: Sequence[float] | None = None,
-                     jitter: Sequence[float] | None = None,
-                     served: Sequence[float] | None = None) -> LatencyProfile:
+                     jitter: Sequence[float] | None = None) -> LatencyProfile:
     """A one-device :class:`LatencyProfile` from raw timings (ms).
 
     without_ramp[k-1][i]: repeats of block k alone at batch_sizes[i];
@@ -186,8 +184,7 @@ def assemble_profile(model: str, batch_sizes: Sequence[int], without_ramp: Seque
         stock_2t_ms={} if stock_2t is None else {device: [summarize(s).median_ms for s in stock_2t]},
         request_ms={} if request is None else {device: [float(v) for v in request]},
         client_ms={} if client is None else {device: [float(v) for v in client]},
-        jitter_cv={} if jitter is None else {device: [float(v) for v in jitter]},
-        served_factor={} if served is None else {device: [float(v) for v in served]})
+        jitter_cv={} if jitter is None else {device: [float(v) for v in jitter]})
     profile.validate()
     return profile
 
@@ -261,8 +258,7 @@ def format_table(profile: LatencyProfile, device: str | None = None) -> str:
         for name, curves in (("Tx in (inputs)", profile.tx_in_ms), ("check (per ramp)", profile.check_ms),
                              ("router (per batch)", profile.router_ms), ("stock graph", profile.stock_ms),
                              ("stock, 2 threads", profile.stock_2t_ms), ("request (host CPU)", profile.request_ms),
-                             ("  of it the client", profile.client_ms), ("jitter (CV, 2 at once)", profile.jitter_cv),
-                             ("served / standalone", profile.served_factor)):
+                             ("  of it the client", profile.client_ms), ("jitter (CV, 2 at once)", profile.jitter_cv)):
             if dev in curves:
                 rows.append([name] + [f"{v:.3f}" for v in curves[dev]])
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
@@ -342,8 +338,7 @@ def measure_blocks(model: "EarlyExitModel", batch_sizes: Sequence[int], settings
 def measure_stock(model: "EarlyExitModel", batch_sizes: Sequence[int], settings: ProfileSettings, workdir: Path,
                   threads: Sequence[int] = (1, 2), bar=None) -> dict[int, list[np.ndarray]]:
     """Timings (ms) of the stock graph (blocks 1..L, no ramp) at each batch size, per intra-op thread count:
-    {threads: [i] repeats}. The thread counts run one after the other, not alternating: alternated, the
-    1-thread calls took 123-126 ms at batch 16 on bert-ee where the same session alone took 108-110."""
+    {threads: [i] repeats}. The thread counts alternate call by call, as the block variants do."""
     from e3.export.model_api import SplitModule
     from e3.export.onnx_export import export_onnx, split_inputs
     from e3.serving.session import make_session
@@ -357,8 +352,9 @@ def measure_stock(model: "EarlyExitModel", batch_sizes: Sequence[int], settings:
     out: dict[int, list[np.ndarray]] = {t: [] for t in threads}
     for batch in batch_sizes:
         feeds = {n: t.numpy() for n, t in zip(names, split_inputs(module, batch, settings.seed))}
-        for t in threads:   # one thread count at a time: a 2-thread session's idle pool slowed the 1-thread
-            out[t].append(_alternate({t: sessions[t]}, feeds, settings)[t])   # calls by ~10% when alternated
+        samples = _alternate(sessions, feeds, settings)
+        for t in threads:
+            out[t].append(samples[t])
         if bar is not None:
             bar.update(1)
     return out
@@ -415,12 +411,9 @@ def cut_state(card: ModelCard) -> tuple[TensorSpec, ...]:
     return max(cuts, key=lambda specs: sum(int(np.prod(t.shape)) * np.dtype(t.numpy_dtype).itemsize for t in specs))
 
 
-def _tx_repository(repo: Path, card: ModelCard, max_batch: int, warmup: int, stock_onnx: Path | None = None,
-                   instances: int = 1) -> None:
-    """The probes' repository: the hop's caller and echo (the heaviest cut's tensors), the front door
-    without compute (the model's inputs, the answer tensors) and, given ``stock_onnx``, the stock graph
-    served as ``<m>_stock`` is on the embedded server (:data:`SERVED`, ``instances`` instances of one
-    thread, no queue delay)."""
+def _tx_repository(repo: Path, card: ModelCard, max_batch: int, warmup: int) -> None:
+    """The probes' repository: the hop's caller and echo (the heaviest cut's tensors) and the front door
+    without compute (the model's inputs, the answer tensors)."""
     import json
     from e3.export.repository import answer_specs
     from e3.export.triton_config import ModelDescription, render_config
@@ -443,72 +436,20 @@ def _tx_repository(repo: Path, card: ModelCard, max_batch: int, warmup: int, sto
     for name, desc in models.items():
         write_atomic(repo / name / "1" / "model.py", f"from {module} import TritonPythonModel  # noqa: F401\n")
         write_atomic(repo / name / "config.pbtxt", render_config(desc, "embedded"))
-    if stock_onnx is not None:
-        from e3.export.triton_config import DynamicBatching
-        desc = ModelDescription(name=SERVED, kind="python", max_batch_size=card.max_batch_size,
-                                inputs=tuple(card.inputs),
-                                outputs=(TensorSpec("logits", "FP32", (card.num_classes,)),),
-                                instances=instances, dynamic_batching=DynamicBatching((), 0),
-                                parameters={"intra_op_threads": "1"})
-        import onnx
-        (repo / SERVED / "1").mkdir(parents=True, exist_ok=True)
-        graph = onnx.load(str(stock_onnx))     # its head's output named as <m>_stock's: "logits"
-        old = graph.graph.output[0].name
-        for node in graph.graph.node:
-            node.output[:] = ["logits" if o == old else o for o in node.output]
-        graph.graph.output[0].name = "logits"
-        onnx.save(graph, str(repo / SERVED / "1" / "model.onnx"))
-        write_atomic(repo / SERVED / "1" / "model.py", "from e3.serving.split import TritonPythonModel  # noqa: F401\n")
-        write_atomic(repo / SERVED / "config.pbtxt", render_config(desc, "embedded"))
 
 
 @contextlib.contextmanager
-def probe_server(card: ModelCard, max_batch: int, warmup: int = 3, tritonserver: str | None = None,
-                 stock_onnx: Path | None = None, instances: int = 1):
-    """A real tritonserver serving the probes (:func:`measure_tx`, :func:`measure_request`, and with
-    ``stock_onnx`` :func:`measure_served`) for ``card``."""
+def probe_server(card: ModelCard, max_batch: int, warmup: int = 3, tritonserver: str | None = None):
+    """A real tritonserver serving the probes (:func:`measure_tx`, :func:`measure_request`) for ``card``."""
     from e3.deploy.server import TritonServer
 
     with tempfile.TemporaryDirectory(prefix="e3-tx-") as tmp:
         repo = Path(tmp)
-        _tx_repository(repo, card, max_batch, warmup, stock_onnx, instances)
+        _tx_repository(repo, card, max_batch, warmup)
         log_file = artifacts_dir() / "logs" / f"profile-tx-tritonserver-{os.getpid()}.log"
-        models = [TX_ECHO, TX_CALLER, TX_FRONT, *([SERVED] if stock_onnx is not None else [])]
-        with TritonServer.on_free_ports(repo, models, tritonserver=tritonserver, log_file=log_file) as server:
+        with TritonServer.on_free_ports(repo, [TX_ECHO, TX_CALLER, TX_FRONT], tritonserver=tritonserver,
+                                        log_file=log_file) as server:
             yield server
-
-
-SERVED_BATCHES = (1, 4, 16)     # where measure_served measures; the curve is interpolated between them
-
-
-def measure_served(card: ModelCard, pool: dict, batch_sizes: Sequence[int], standalone_ms: Sequence[float],
-                   server, instances: int, requests_per_instance: int = 12, bar=None) -> list[float]:
-    """``served_factor`` at each of ``batch_sizes``: the stock graph's ``compute_infer`` per execution in
-    tritonserver's statistics (the :data:`SERVED` probe, ``instances`` instances, as many clients, so each
-    execution holds one request of B inputs) over its standalone time at the same rows (``standalone_ms``,
-    the 1-thread stock curve), at :data:`SERVED_BATCHES` (within the profile's), interpolated between
-    them and held beyond; never below 1 (a ratio under 1 is noise: the server adds, it does not remove)."""
-    import tritonclient.http as http
-
-    from e3.client.loadgen import closed_loop_records
-    client = http.InferenceServerClient(server.http_url.split("://", 1)[-1])
-    at, factor = [], []
-    for b in [x for x in SERVED_BATCHES if x <= max(batch_sizes)] or [min(batch_sizes)]:
-        closed_loop_records(server.http_url, SERVED, pool, concurrency=instances, batch=b, requests=2 * instances)
-        before = client.get_inference_statistics(SERVED)["model_stats"][0]
-        closed_loop_records(server.http_url, SERVED, pool, concurrency=instances, batch=b,
-                            requests=requests_per_instance * instances)
-        after = client.get_inference_statistics(SERVED)["model_stats"][0]
-        n = int(after["execution_count"]) - int(before["execution_count"])
-        rows = (int(after["inference_count"]) - int(before["inference_count"])) / max(n, 1)
-        ns = int(after["inference_stats"]["compute_infer"]["ns"]) - int(before["inference_stats"]["compute_infer"]["ns"])
-        alone = float(interp_linear(batch_sizes, standalone_ms, rows))
-        at.append(rows)
-        factor.append(max(1.0, ns / max(n, 1) / 1e6 / alone))
-        log.debug("served: %.1f rows per execution, %.2f ms against %.2f standalone", rows, ns / max(n, 1) / 1e6, alone)
-        if bar is not None:
-            bar.update(1)
-    return [float(v) for v in np.interp(batch_sizes, at, factor)]
 
 
 def measure_tx(card: ModelCard, batch_sizes: Sequence[int], repeats: int, warmup: int = 3,
@@ -661,23 +602,17 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
     tx_repeats = settings.tx_repeats or settings.repeats
     router_repeats = max(settings.repeats, 50)   # microseconds each: more repeats cost nothing
     threads = (1, 2) if (os.cpu_count() or 1) >= 2 else (1,)
-    cores = os.cpu_count() or 1
-    served_steps = len([x for x in SERVED_BATCHES if x <= max(batches)] or [1]) if settings.tx else 0
-    total = ((card.num_blocks + 1 + (len(threads) > 1)) * len(batches) + (2 * len(batches) if settings.tx else 0)
-             + served_steps)
+    total = (card.num_blocks + 1 + (len(threads) > 1)) * len(batches) + (2 * len(batches) if settings.tx else 0)
     with tqdm(total=total, desc=f"profile {served_name(model_name)}", unit="step", disable=not progress) as bar, \
             tempfile.TemporaryDirectory(prefix="e3-profile-") as tmp:
         without, with_ = measure_blocks(model, batches, settings, Path(tmp), bar)
         stock = measure_stock(model, batches, settings, Path(tmp), threads, bar)
         jitter = measure_jitter(model, batches, settings, Path(tmp), len(threads), bar) if len(threads) > 1 else None
-        request = served = None
+        request = None
         if settings.tx:
-            with probe_server(card, max(batches), settings.warmup, tritonserver, stock_onnx=Path(tmp) / "stock.onnx",
-                              instances=cores) as server:
+            with probe_server(card, max(batches), settings.warmup, tritonserver) as server:
                 tx = measure_tx(card, batches, tx_repeats, settings.warmup, bar, server=server)
                 request = measure_request(card, batches, bar=bar, server=server)
-                served = measure_served(card, model.example_arrays(64, seed=settings.seed), batches,
-                                        [summarize(x).median_ms for x in stock[1]], server, cores, bar=bar)
         else:
             log.warning("Tx not measured (tx=False): the profile records a hop as 0 ms (and no request CPU)")
             tx = [[0.0] for _ in batches]
@@ -690,12 +625,8 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
               f"{router_repeats} repeats; stock graph on {' and '.join(map(str, threads))} thread(s); "
               + (f"request: host CPU per request, {REQUEST_CLIENTS} load-generator clients against a front door "
                  "without compute (clients + tritonserver's process); " if request else "")
-              + (f"served factor: the stock graph's compute_infer in tritonserver ({cores} instances x 1 thread, "
-                 f"one request each at a time) over its standalone time, at batches {list(SERVED_BATCHES)}; "
-                 if served else "")
               + f"{os.cpu_count()} CPUs on the host")
     return assemble_profile(served_name(model_name), batches, without, with_, tx, settings.device, settings.price,
                             source, check=check, router=router, stock=stock[1],
                             stock_2t=stock.get(2), request=None if request is None else [r[0] for r in request],
-                            client=None if request is None else [r[1] for r in request], jitter=jitter,
-                            served=served)
+                            client=None if request is None else [r[1] for r in request], jitter=jitter)

@@ -526,7 +526,6 @@ def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, ar
     ``max_batch`` rows) hands a free instance the queued requests, and the instance takes no more until
     all of them are answered, together, when the last is (its ``execute`` returns their responses). ``costs``: what calls cost beside the blocks (:class:`CallCosts`); a split
     runs on its plan's device where the profile has that device, else on ``device``."""
-    latency = latency.as_served()   # instances' compute as tritonserver runs it (its served_factor)
     env = simpy.Environment()
     batches: dict[int, list[int]] = {i: [] for i in range(len(plan.splits))}
     routers = [_Router(env, latency, plan, exit_ramp, device, num_classes, batches, costs)
@@ -580,7 +579,6 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
     ``costs``: what a call and each further request in it cost (:class:`CallCosts`)."""
     if base.kind not in ("stock", "ee"):
         raise ValueError(f"unknown baseline {base.kind!r}: 'stock' or 'ee'")
-    latency = latency.as_served()   # instances' compute as tritonserver runs it (its served_factor)
     env = simpy.Environment()
     L = latency.num_blocks
     ramps = set(latency.ramp_blocks() if base.enabled_ramps is None else base.enabled_ramps)

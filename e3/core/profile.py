@@ -33,12 +33,6 @@ files: they read as described, and the file version stays 1):
 * ``jitter_cv`` -- the coefficient of variation of the stock graph's time
   while one copy per core runs it at once (as that many instances do): the
   simulator draws each batch's time with it (lognormal, mean kept); absent: 0.
-* ``served_factor`` -- how many times longer the stock graph's execution takes
-  inside tritonserver (a Python-backend instance's ``compute_infer`` in the
-  server's statistics, one request per instance at a time, as many instances
-  as cores) than the same graph in a standalone session (``stock_ms``): what
-  running under the server costs the instances' compute; the simulator scales
-  every instance's compute by it (:meth:`LatencyProfile.as_served`); absent: 1.
 
 :class:`BatchProfile` is E3's batch profile: for an input batch of ``B0``,
 the expected share of inputs that enter each block (block 1: all of them),
@@ -67,7 +61,7 @@ __all__ = ["PROFILE_VERSION", "OPTIONAL_CURVES", "ProfileError", "DeviceConfig",
 PROFILE_VERSION = 1
 # optional per-device curves over batch_sizes (see above)
 OPTIONAL_CURVES = ("tx_in_ms", "check_ms", "router_ms", "stock_ms", "stock_2t_ms", "request_ms", "client_ms",
-                   "jitter_cv", "served_factor")
+                   "jitter_cv")
 _TIME_CURVES = ("tx_in_ms", "check_ms", "router_ms", "stock_ms", "stock_2t_ms")   # what compute time scales
 
 
@@ -140,8 +134,6 @@ class LatencyProfile(_JsonFile):
                                                 # of request_ms (ms per request)
     jitter_cv: dict[str, list[float]] = field(default_factory=dict)    # optional: device -> [batch index] CV
                                                 # of a batch's time beside one neighbour per core (no unit)
-    served_factor: dict[str, list[float]] = field(default_factory=dict)  # optional: device -> [batch index]
-                                                # execution inside tritonserver / standalone (no unit)
     version: int = PROFILE_VERSION
     KIND = "latency profile"
 
@@ -242,27 +234,6 @@ class LatencyProfile(_JsonFile):
         out.tx_ms = {d: [v * factor for v in ys] for d, ys in self.tx_ms.items()}
         for name in _TIME_CURVES:
             setattr(out, name, {d: [v * factor for v in ys] for d, ys in getattr(self, name).items()})
-        return out
-
-    def as_served(self) -> "LatencyProfile":
-        """The profile as instances inside tritonserver run it: on every device with a ``served_factor``,
-        the blocks, ramps and the stock graph (1 and 2 threads) times that factor at each batch size; hops,
-        checks, the router's work and the host CPU per request stay as measured (they were measured in or
-        against the server already, or are numpy work the factor was not measured for). Unchanged where no
-        device has the curve."""
-        if not self.served_factor:
-            return self
-        out = LatencyProfile.from_dict(self.to_dict())   # shares self's dicts: replace them, never mutate
-
-        def scaled(d: str, ys: Sequence[float]) -> list[float]:
-            f = self.served_factor.get(d)
-            return [float(v) for v in (np.asarray(ys, dtype=float) * (np.asarray(f) if f else 1.0))]
-        out.block_ms = {d: [scaled(d, row) for row in rows] for d, rows in self.block_ms.items()}
-        out.ramp_ms = {d: [scaled(d, row) for row in rows] for d, rows in self.ramp_ms.items()}
-        out.stock_ms = {d: scaled(d, ys) for d, ys in self.stock_ms.items()}
-        out.stock_2t_ms = {d: scaled(d, ys) for d, ys in self.stock_2t_ms.items()}
-        out.served_factor = {}
-        out.source = f"{self.source}; as served (compute x served_factor)"
         return out
 
     def _curve(self, ys: Sequence[float] | None, batch: float | np.ndarray) -> float | np.ndarray:
