@@ -45,7 +45,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -80,6 +80,10 @@ class GpuAdmissionSettings:
     repeats: int = 20                    # offline timings per batch / set
     drain_s: float = 5.0                 # after the last arrival, inputs not done by then count as failed
     seed: int = 0
+
+    def shortened(self) -> "GpuAdmissionSettings":
+        """``--quick``: five rates, half-second runs and phases."""
+        return replace(self, rate_fractions=(0.5, 0.85, 1.0, 1.2, 1.5), run_s=0.5, phase_s=0.5)
 
 
 class System(Protocol):
@@ -264,6 +268,7 @@ def _bench_model(name: str, settings: GpuAdmissionSettings, echo) -> dict:
 
     from e3.export.cuda_profile import CudaSettings, device_label
     from e3.export.model_api import SplitModule
+    from e3.export.onnx_export import split_inputs
     from e3.export.zoo import resolve_architecture
 
     model = resolve_architecture(name).to("cuda")
@@ -272,7 +277,7 @@ def _bench_model(name: str, settings: GpuAdmissionSettings, echo) -> dict:
 
     def inputs_of(b: int) -> tuple:
         if b not in cache:
-            cache[b] = tuple(t.to("cuda") for t in model.example_inputs(b, seed=settings.seed))
+            cache[b] = split_inputs(module, b, settings.seed, "cuda")
         return cache[b]
 
     cuda = CudaSettings()

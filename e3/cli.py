@@ -410,12 +410,17 @@ def _bench_admission(args) -> int:
         return _bench_admission_gpu(args)
 
     def run():
-        models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+        models = _names(args.models, AdmissionBenchSettings.models)
         if not models or args.cores < 1 or (args.qos_ms is not None and args.qos_ms <= 0):
             raise ValueError("give at least one model, --cores >= 1 and a positive --qos-ms")
         run_admission_bench(AdmissionBenchSettings(models=models, cores=args.cores, qos_ms=args.qos_ms,
                                                    out=Path(args.out) if args.out else None, quick=args.quick))
     return _refusing("e3 bench admission", run)
+
+
+def _names(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    """``--models a,b`` as a tuple (``default`` when not given)."""
+    return default if text is None else tuple(m.strip() for m in text.split(",") if m.strip())
 
 
 def _bench_admission_gpu(args) -> int:
@@ -435,9 +440,11 @@ def _bench_admission_gpu(args) -> int:
             if not isinstance(doc, dict) or not isinstance(doc.get("models"), dict):
                 raise ValueError(f"{args.report} is not a saved `e3 bench admission --cuda` run (no models)")
         else:
-            models = ("bert-stock", "resnet-stock") if args.models == "bert-ee,resnet-ee" else \
-                tuple(m.strip() for m in args.models.split(",") if m.strip())
-            doc = run_gpu_admission(GpuAdmissionSettings(models=models, qos_ms=args.qos_ms))
+            models = _names(args.models, GpuAdmissionSettings.models)
+            if not models or (args.qos_ms is not None and args.qos_ms <= 0):
+                raise ValueError("give at least one model and a positive --qos-ms")
+            settings = GpuAdmissionSettings(models=models, qos_ms=args.qos_ms)
+            doc = run_gpu_admission(settings.shortened() if args.quick else settings)
         write_gpu_admission(doc, Path(args.out) if args.out else None,
                             "e3 bench admission --cuda" + (" --quick" if args.quick else ""))
     return _refusing("e3 bench admission", run)
@@ -876,8 +883,9 @@ def build_parser() -> argparse.ArgumentParser:
     adm = bsub.add_parser("admission", help="E²bird's elastic admission stage (N-Ebird, E-Ebird) against Triton's "
                                             "dynamic batcher (no delay, tuned delay, instances) under a QoS target: "
                                             "throughput at the target and latency through a load burst")
-    adm.add_argument("--models", default="bert-ee,resnet-ee",
-                     help="zoo models whose stock form is served (default bert-ee,resnet-ee; trained when missing)")
+    adm.add_argument("--models", default=None,
+                     help="zoo models whose stock form is served (default bert-ee,resnet-ee; trained when missing); "
+                          "with --cuda the stock models themselves (default bert-stock,resnet-stock)")
     adm.add_argument("--qos-ms", type=float, default=None,
                      help="p99 latency target (default per model: 2.5 x its latency at batch 16 on one thread, "
                           "at least 50 ms)")

@@ -37,6 +37,24 @@ def replace_gpu_section(document: str, section: str) -> str:
     return head + block + rest.split(END, 1)[1]
 
 
+def _workload(model: str, mix: tuple[int, int], echo):
+    """The mix's batch profile, every input's reference exit (``e3 workload``, made when missing) and the
+    planner's keywords from the model's card (exit rule, ramps; none where the card cannot be built)."""
+    import numpy as np
+
+    from e3.bench import _workloads
+    wl = _workloads(model, [mix], echo)[mix]
+    exit_ramp = np.load(artifacts_dir() / "workloads" / model / f"mix-{mix[0]}-{mix[1]}.npz")["exit_ramp"]
+    plan_kw: dict = {}
+    try:
+        from e3.export.zoo import resolve_model
+        card = resolve_model(model).card
+        plan_kw = {"exit_rule": dict(card.exit_rule), "ramp_blocks": list(card.ramp_blocks)}
+    except Exception as err:   # the plan's rule is not simulated (exits come from the workload): a label only
+        log.info("no model card for %s (%s): plans carry a placeholder exit rule", model, err)
+    return wl["batch_profile"], exit_ramp, plan_kw
+
+
 def _profile(model: str, gpus, echo):
     from e3.core.profile import LatencyProfile
     from e3.export.profiler import default_profile_path
@@ -138,9 +156,7 @@ def run_gpu_bench(quick: bool = False, model: str = "bert-ee", mix: tuple[int, i
                   out: Path | None = None, results_md: Path | None = None, figure: Path | None = None,
                   docs: bool = True, echo: Callable[[str], None] = print) -> dict:
     """Run every GPU simulation (module docstring); returns the results document."""
-    import numpy as np
-
-    from e3.bench import _commit, _workloads
+    from e3.bench import _commit
     from e3.core.files import write_atomic, write_json_atomic
     from e3.simulator.gpu import (GpuSimSettings, batch_table, cost_at_goodput, cost_table, describe_plan,
                                   goodput_vs_batch, heterogeneity, heterogeneity_table, plot_goodput, results_document)
@@ -148,17 +164,7 @@ def run_gpu_bench(quick: bool = False, model: str = "bert-ee", mix: tuple[int, i
     settings = GpuSimSettings.quick() if quick else GpuSimSettings()
     modelled = _profile(model, MODELLED_GPUS, echo)
     latency = _linked(modelled, settings.link_gbit_s, settings.link_fixed_ms)
-    wl = _workloads(model, [mix], echo)[mix]
-    folder = artifacts_dir() / "workloads" / model
-    exit_ramp = np.load(folder / f"mix-{mix[0]}-{mix[1]}.npz")["exit_ramp"]
-    batch_profile = wl["batch_profile"]
-    plan_kw: dict = {}
-    try:
-        from e3.export.zoo import resolve_model
-        card = resolve_model(model).card
-        plan_kw = {"exit_rule": dict(card.exit_rule), "ramp_blocks": list(card.ramp_blocks)}
-    except Exception as err:   # the plan's rule is not simulated (exits come from the workload): a label only
-        log.info("no model card for %s (%s): plans carry a placeholder exit rule", model, err)
+    batch_profile, exit_ramp, plan_kw = _workload(model, mix, echo)
     say = (lambda m: echo(f"[goodput vs batch] {m}"))
     cluster = f"{settings.gpus} x {settings.device}"
     echo(f"[gpu] MODELLED profiles ({', '.join(MODELLED_GPUS)}), {model} {mix[0]}:{mix[1]}, {cluster}"
@@ -300,13 +306,11 @@ def run_measured_gpu_bench(profile_path: Path, quick: bool = False, model: str =
     ``artifacts/results/gpu_sim_measured.json`` and its own section of ``docs/RESULTS.md``."""
     import dataclasses
 
-    import numpy as np
-
-    from e3.bench import _commit, _workloads
+    from e3.bench import _commit
     from e3.client.bench_report import replace_between
     from e3.core.files import write_atomic, write_json_atomic
     from e3.core.profile import LatencyProfile
-    from e3.simulator.gpu import GpuSimSettings, batch_table, describe_plan, goodput_vs_batch
+    from e3.simulator.gpu import GpuSimSettings, batch_table, describe_plan, goodput_ratios, goodput_vs_batch
     started = time.monotonic()
     measured = LatencyProfile.load(profile_path)
     devices = [d for d, c in measured.devices.items() if not c.modelled]
@@ -314,20 +318,12 @@ def run_measured_gpu_bench(profile_path: Path, quick: bool = False, model: str =
         raise ValueError(f"{profile_path} should hold one measured GPU (e3 profile --cuda), it holds {devices}")
     (device,) = devices
     settings = dataclasses.replace(GpuSimSettings.quick() if quick else GpuSimSettings(), device=device)
-    wl = _workloads(model, [mix], echo)[mix]
-    exit_ramp = np.load(artifacts_dir() / "workloads" / model / f"mix-{mix[0]}-{mix[1]}.npz")["exit_ramp"]
-    from e3.export.zoo import resolve_model
-    card = resolve_model(model).card
-    plan_kw = {"exit_rule": dict(card.exit_rule), "ramp_blocks": list(card.ramp_blocks)}
+    batch_profile, exit_ramp, plan_kw = _workload(model, mix, echo)
     cluster = f"{settings.gpus} x {device}"
     echo(f"[gpu measured] {device} from {profile_path}, {model} {mix[0]}:{mix[1]}, {cluster}")
-    cells, plan = goodput_vs_batch(measured, wl["batch_profile"], exit_ramp, settings, plan_kw=plan_kw,
+    cells, plan = goodput_vs_batch(measured, batch_profile, exit_ramp, settings, plan_kw=plan_kw,
                                    progress=lambda m: echo(f"[goodput vs batch, {device}] {m}"))
-    ratios = {}
-    for b in settings.batches:
-        g = {c.system: c.goodput_ips for c in cells if c.batch == b}
-        ratios[str(b)] = {"e3_over_ee": g["e3"] / g["ee"] if g["ee"] else float("nan"),
-                          "e3_over_stock": g["e3"] / g["stock"] if g["stock"] else float("nan")}
+    ratios = goodput_ratios(cells, settings.batches)
     doc = {"commit": _commit(), "quick": quick, "device": device, "profile": str(profile_path),
            "source": measured.source, "mix": f"{mix[0]}:{mix[1]}", "cluster": cluster,
            "plan": plan.to_dict(), "cells": [c.to_dict() for c in cells], "ratios": ratios,
@@ -341,8 +337,7 @@ def run_measured_gpu_bench(profile_path: Path, quick: bool = False, model: str =
     others = [LatencyProfile.load(p) for p in beside]
     big = {b: r for b, r in ratios.items() if int(b) >= 8}
     command = f"e3 bench gpu --measured {profile_path.name}" + (" --quick" if quick else "")
-    table = batch_table(doc["cells"], cluster).replace(
-        f"MODELLED GPU profiles ({cluster}), simulated", f"MEASURED {device} profile ({cluster}), simulated")
+    table = batch_table(doc["cells"], cluster, profile=f"MEASURED {device} profile")
     section = "\n".join([
         f"## GPU clusters by simulation: a MEASURED GPU profile (`{command}`)", "",
         f"The latency profile of {model} measured on a real GPU (`e3 profile {model} --cuda --untrained`, run by "

@@ -162,23 +162,10 @@ def compile_call(module, inputs: Sequence, settings: CudaSettings) -> Callable[[
     return replay
 
 
-def _state_at(model: "EarlyExitModel", first: int, batch: int, seed: int, device) -> tuple:
-    """Valid inputs of a split starting at block ``first`` for ``batch`` rows, on ``device``: the model
-    inputs, or the state the earlier blocks make of random ones."""
-    import torch
-    x = tuple(t.to(device) for t in model.example_inputs(batch, seed=seed))
-    if first == 1:
-        return x
-    with torch.no_grad():
-        state = model.stem(*x)
-        for k in range(1, first):
-            state = model.block(k, *state)
-    return tuple(t.contiguous() for t in state)
-
-
 def measure_blocks_cuda(model: "EarlyExitModel", batches: Sequence[int], settings: CudaSettings, bar=None):
     """Timings (ms) of every block without and with its ramp: ([k-1][i] repeats, same or None)."""
     from e3.export.model_api import SplitModule
+    from e3.export.onnx_export import split_inputs
     card = model.card
     without, with_ = [], []
     for k in range(1, card.num_blocks + 1):
@@ -187,7 +174,7 @@ def measure_blocks_cuda(model: "EarlyExitModel", batches: Sequence[int], setting
             variants["with"] = SplitModule(model, k, k, (k,))
         rows = {tag: [] for tag in variants}
         for b in batches:
-            x = _state_at(model, k, b, settings.seed, settings.torch_device)
+            x = split_inputs(variants["without"], b, settings.seed, settings.torch_device)
             calls = {tag: compile_call(m, x, settings) for tag, m in variants.items()}
             samples = _timed(calls, settings.repeats, settings.warmup, settings.torch_device)
             for tag in variants:
@@ -203,10 +190,11 @@ def measure_blocks_cuda(model: "EarlyExitModel", batches: Sequence[int], setting
 def measure_stock_cuda(model: "EarlyExitModel", batches: Sequence[int], settings: CudaSettings, bar=None):
     """Timings (ms) of the stock graph (blocks 1..L, no ramp) at each batch size."""
     from e3.export.model_api import SplitModule
+    from e3.export.onnx_export import split_inputs
     module = SplitModule(model, 1, model.card.num_blocks, ())
     out = []
     for b in batches:
-        call = compile_call(module, _state_at(model, 1, b, settings.seed, settings.torch_device), settings)
+        call = compile_call(module, split_inputs(module, b, settings.seed, settings.torch_device), settings)
         out.append(_timed({"stock": call}, settings.repeats, settings.warmup, settings.torch_device)["stock"])
         if bar is not None:
             bar.update(1)

@@ -27,18 +27,22 @@ class ParityError(RuntimeError):
     """An exported file whose outputs differ from PyTorch beyond the tolerance."""
 
 
-def split_inputs(split: SplitModule, n: int, seed: int) -> tuple[torch.Tensor, ...]:
+def split_inputs(split: SplitModule, n: int, seed: int, device: str | torch.device | None = None
+                 ) -> tuple[torch.Tensor, ...]:
     """Valid random inputs for ``split``: model inputs for split 1, else the state that
-    the blocks before it produce from random model inputs."""
+    the blocks before it produce from random model inputs; on ``device`` (the model's own, e.g. a
+    GPU, where given)."""
     model = split.model
     x = model.example_inputs(n, seed=seed)
+    if device is not None:
+        x = tuple(t.to(device) for t in x)
     if split.first == 1:
         return x
     with torch.no_grad():
         state = model.stem(*x)
         for k in range(1, split.first):
             state = model.block(k, *state)
-    return tuple(state)
+    return tuple(t.contiguous() for t in state)
 
 
 def export_onnx(split: SplitModule, path: Path, output_names: list[str] | None = None,

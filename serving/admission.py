@@ -273,9 +273,10 @@ def max_inflight_for_qos(slowest_ms: Mapping[tuple[int, ...], float], confs: Map
     The paper caps inputs in flight at MaxBS for both policies, from its hypothesis that co-running
     workers share the GPU equally (so workers summing to MaxBS take as long as one batch of MaxBS).
     E-Ebird exists because that hypothesis does not hold; where the profile shows concurrent sets
-    finishing sooner (measured on an H200 with bert's stock model: one batch of 32 in 0.88 ms, and four
-    instances of up to 32 each kept p99 under 3.5 ms at 1.5x the capacity of one), the cap would forfeit
-    exactly the parallelism the workers exist for. So E-Ebird's offline phase also profiles totals
+    finishing sooner, the cap forfeits exactly the parallelism the workers exist for (measured on an H200
+    with resnet's stock model, QoS 1 ms, MaxBS 64: with MaxInf = 64 E-Ebird reached NO_Wait's throughput
+    at the target while four Triton instances reached 1.53x it; four batches of 32 at once end in 0.49 ms,
+    so the profile gives MaxInf 128, and E-Ebird then reached >= 1.77x). So E-Ebird's offline phase also profiles totals
     above MaxBS (workers no larger than MaxBS) and lets the measured latencies set the cap; N-Ebird keeps
     the paper's MaxBS. ``slowest_ms``: per profiled set, its slowest worker's latency (ms)."""
     fits = [t for t, workers in confs.items() if 2 * slowest_ms.get(tuple(workers), float("inf")) <= qos_ms]

@@ -89,7 +89,7 @@ from e3.simulator.des import Arrivals, Baseline, CallCosts, SimResult, simulate_
 
 __all__ = ["GpuSimSettings", "Cell", "gpu_call_costs", "beside_profile", "baseline_grid", "saturate", "plan_for", "simulate_e3",
            "best_baseline", "goodput_vs_batch", "clusters_at_budget", "heterogeneity", "cost_at_goodput",
-           "describe_plan", "saturated", "start_inflight", "with_link", "batch_table", "heterogeneity_table", "cost_table", "results_document", "plot_goodput", "MODELLED"]
+           "describe_plan", "goodput_ratios", "saturated", "start_inflight", "with_link", "batch_table", "heterogeneity_table", "cost_table", "results_document", "plot_goodput", "MODELLED"]
 
 log = logging.getLogger(__name__)
 
@@ -508,9 +508,9 @@ def _mark(c: Mapping, rise: float = 0.03) -> str:
     return _f(c["goodput_ips"]) + ("" if saturated(c["sweep"], rise) else "*")
 
 
-def batch_table(cells: Sequence[Mapping], cluster: str) -> str:
-    """(1)'s table: goodput (inputs/s, MODELLED GPUs, simulated) per request size, ratios, the sweep that
-    shows saturation."""
+def batch_table(cells: Sequence[Mapping], cluster: str, profile: str = f"{MODELLED} GPU profiles") -> str:
+    """(1)'s table: goodput (inputs/s, simulated; ``profile`` says from what) per request size, ratios, the
+    sweep that shows saturation."""
     out = ["| inputs/request | E3 | stock | naive EE | E3 / EE | E3 / stock | E3 sweep (inputs in flight doubling) "
            "| stock sweep | EE sweep | stock config | EE config |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -521,7 +521,7 @@ def batch_table(cells: Sequence[Mapping], cluster: str) -> str:
                    f"{_f(g[0] / g[2] if g[2] else math.nan, '.2f')}x | {_f(g[0] / g[1] if g[1] else math.nan, '.2f')}x | "
                    f"{_sweep(e3)} | {_sweep(st)} | {_sweep(ee)} | {st['config'] if st else '-'} | "
                    f"{ee['config'] if ee else '-'} |")
-    return "\n".join(out) + f"\n\n{MODELLED} GPU profiles ({cluster}), simulated; inputs/s within the SLO."
+    return "\n".join(out) + f"\n\n{profile} ({cluster}), simulated; inputs/s within the SLO."
 
 
 def heterogeneity_table(doc: Mapping) -> str:
@@ -546,15 +546,22 @@ def cost_table(doc: Mapping) -> str:
     return "\n".join(out)
 
 
-def results_document(settings: GpuSimSettings, latency: LatencyProfile, cells: Sequence[Cell], plan: Plan,
-                     hetero: Mapping | None, cost: Mapping | None, **extra) -> dict:
-    """``artifacts/results/gpu_sim.json``: every figure, with MODELLED and the profile's source."""
+def goodput_ratios(cells: Sequence[Cell], batches: Sequence[int]) -> dict[str, dict[str, float | None]]:
+    """Per request size with all three systems: E3's goodput over naive EE's and over stock's (None where
+    the baseline answered nothing). Pure."""
     ratios = {}
-    for batch in settings.batches:
+    for batch in batches:
         e3, st, ee = (next((c for c in cells if c.system == s and c.batch == batch), None) for s in ("e3", "stock", "ee"))
         if e3 and st and ee:
             ratios[str(batch)] = {"e3_over_ee": e3.goodput_ips / ee.goodput_ips if ee.goodput_ips else None,
                                   "e3_over_stock": e3.goodput_ips / st.goodput_ips if st.goodput_ips else None}
+    return ratios
+
+
+def results_document(settings: GpuSimSettings, latency: LatencyProfile, cells: Sequence[Cell], plan: Plan,
+                     hetero: Mapping | None, cost: Mapping | None, **extra) -> dict:
+    """``artifacts/results/gpu_sim.json``: every figure, with MODELLED and the profile's source."""
+    ratios = goodput_ratios(cells, settings.batches)
     return {"label": MODELLED, "profile_source": latency.source, "model": latency.model,
             "settings": asdict(settings), "plan": plan.to_dict(), "goodput_vs_batch": [c.to_dict() for c in cells],
             "ratios": ratios, "heterogeneity": hetero, "cost_at_goodput": cost, **extra}

@@ -61,13 +61,15 @@ def _run(system, rate, seconds=0.2, fixed=1e-3, per_row=1e-4):
     return arrivals, latency, failed, batches, launch.log
 
 
-def test_every_input_is_answered_once_in_arrival_order_by_every_system():
+def test_every_input_is_answered_once_by_every_system():
     for system in (TritonBatcher(1, 16), TritonBatcher(1, 16, 500.0), TritonBatcher(4, 16),
                    Ebird(make_policy("n-ebird", engine=[8, 4, 2, 1, 1], max_inflight=16)),
                    Ebird(make_policy("e-ebird", confs={4: [2, 2], 8: [4, 4], 16: [8, 8]}, max_inflight=16))):
         arrivals, latency, failed, batches, log = _run(system, rate=3000)
         assert not failed.any() and sum(batches) == len(arrivals)
-        assert (latency > 0).all()
+        assert np.isfinite(latency).all() and (latency > 0).all()
+        # the fake's launch costs 1 ms + 0.1 ms per row: no input can be answered sooner than its batch ran
+        assert latency.min() >= 1.0 + 0.1 * min(batches) - 1e-9
         for e, b in log:                      # each launch used its executor's own batch size
             assert b in system.executors[e]
 
@@ -183,3 +185,31 @@ def test_a_saved_gpu_admission_run_renders_its_section_with_both_claims(tmp_path
     assert text.count("| E-Ebird |") == 2 * (1 + 3) and "≥ 283109" in text   # per model: throughput + 3 phases
     assert "E-Ebird's throughput at the target 1.77x OPT_Wait's (**>=**)" in text
     assert "E-Ebird's throughput at the target 0.59x OPT_Wait's (**<**)" in text
+
+
+def test_the_measured_profile_sits_beside_the_modelled_one_in_one_table():
+    """Rows per device, measured ones say how, modelled ones without a stock graph show the blocks' sum."""
+    from pathlib import Path
+
+    from dataclasses import replace
+
+    from e3.core.profile import DeviceConfig, LatencyProfile
+    from e3.gpu_bench import beside_table
+    data = Path(__file__).parent.parent / "docs" / "data" / "h200"
+    measured = LatencyProfile.load(data / "bert_ee.h200.json")
+    modelled = replace(measured, devices={"v100": DeviceConfig("v100", 3.06, modelled=True)},
+                       block_ms={"v100": measured.block_ms["h200"]})   # no stock curve: the blocks' sum
+    lines = beside_table([measured], modelled).splitlines()
+    h200 = next(r for r in lines if r.startswith("| h200 |"))
+    v100 = next(r for r in lines if r.startswith("| v100 |"))
+    assert "measured (PyTorch, FP16 CUDA graphs)" in h200 and "| 0.086 |" in h200 and "| 1.128 |" in h200
+    assert "MODELLED" in v100 and f"{sum(r[0] for r in measured.block_ms['h200']):.3f} (sum)" in v100
+
+
+def test_goodput_ratios_divide_e3_by_each_baseline_per_request_size():
+    from e3.simulator.gpu import Cell, goodput_ratios
+    cells = [Cell("e3", 8, 300.0, 1.0, ""), Cell("stock", 8, 200.0, 1.0, ""), Cell("ee", 8, 150.0, 1.0, ""),
+             Cell("e3", 32, 100.0, 1.0, ""), Cell("stock", 32, 0.0, 1.0, "")]
+    assert goodput_ratios(cells, [8, 32]) == {"8": {"e3_over_ee": 2.0, "e3_over_stock": 1.5}}
+    cells.append(Cell("ee", 32, 50.0, 1.0, ""))
+    assert goodput_ratios(cells, [32])["32"] == {"e3_over_ee": 2.0, "e3_over_stock": None}
