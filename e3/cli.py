@@ -217,7 +217,7 @@ def _plan(args) -> int:
 
 
 def _bench_generate(args) -> int:
-    from e3.generation.bench import GenerateBenchSettings, run_generate_bench
+    from e3.benchmarks.generation import GenerateBenchSettings, run_generate_bench
     try:
         taus = tuple(float(t) for t in args.taus.split(","))
         run_generate_bench(GenerateBenchSettings(model=args.model, prompts=args.prompts, new_tokens=args.new_tokens,
@@ -232,7 +232,7 @@ def _bench_generate(args) -> int:
 
 
 def _bench_exegpt(args) -> int:
-    from e3.generation.exegpt.triton_bench import ExegptBenchSettings, run_exegpt_bench
+    from e3.benchmarks.exegpt import ExegptBenchSettings, run_exegpt_bench
     kw = {"model": args.model, "write_docs": not args.no_docs, "out": Path(args.out) if args.out else None}
     if args.factors:
         try:
@@ -283,7 +283,7 @@ def _export_helios(args) -> int:
 
 
 def _bench_helios(args) -> int:
-    from e3.generation.helios_bench import HeliosBenchSettings, run_helios_bench
+    from e3.benchmarks.helios import HeliosBenchSettings, run_helios_bench
     kw = {k: v for k, v in dict(prompts=args.prompts, new_tokens=args.new_tokens, clients=args.clients,
                                 memory_mb=args.memory_mb).items() if v is not None}
     if args.taus:
@@ -299,8 +299,8 @@ def _bench_helios(args) -> int:
 
 
 def _bench_side_by_side(args) -> int:
-    from e3.bench import BenchSettings, run_side_by_side
-    from e3.client.side_by_side import parse_batches, parse_mixes
+    from e3.benchmarks.side_by_side import BenchSettings, run_side_by_side
+    from e3.benchmarks.side_by_side_report import parse_batches, parse_mixes
     try:
         settings = BenchSettings(model=args.model, mixes=tuple(parse_mixes(args.mixes)),
                                  batches=tuple(parse_batches(args.batches)), cores=args.cores,
@@ -366,18 +366,18 @@ def _refusing(command: str, run) -> int:
 
 
 def _bench_all(args) -> int:
-    from e3.bench import run_evaluation
+    from e3.benchmarks.side_by_side import run_evaluation
     return _refusing("e3 bench", lambda: run_evaluation(quick=args.quick, model=args.model))
 
 
 def _bench_simulator(args) -> int:
-    from e3.bench import run_simulator_validation
+    from e3.benchmarks.side_by_side import run_simulator_validation
     return _refusing("e3 bench simulator", lambda: run_simulator_validation(
         Path(args.measured) if args.measured else None, Path(args.out) if args.out else None))
 
 
 def _bench_perf(args) -> int:
-    from e3.bench import PerfSettings, run_perf_check
+    from e3.benchmarks.side_by_side import PerfSettings, run_perf_check
 
     def run():
         if min(args.batch, args.concurrency, args.inputs, args.repeats) < 1:
@@ -391,7 +391,7 @@ def _bench_perf(args) -> int:
 
 
 def _bench_gpu(args) -> int:
-    from e3.gpu_bench import run_gpu_bench, run_measured_gpu_bench
+    from e3.benchmarks.gpu_sim import run_gpu_bench, run_measured_gpu_bench
     if args.measured:
         return _refusing("e3 bench gpu", lambda: run_measured_gpu_bench(
             Path(args.measured), quick=args.quick, model=args.model, beside=tuple(Path(p) for p in args.beside),
@@ -405,7 +405,7 @@ def _bench_gpu(args) -> int:
 
 
 def _bench_admission(args) -> int:
-    from e3.admission_bench import AdmissionBenchSettings, run_admission_bench
+    from e3.benchmarks.admission import AdmissionBenchSettings, run_admission_bench
     if args.cuda or args.report:
         return _bench_admission_gpu(args)
 
@@ -426,7 +426,7 @@ def _names(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
 def _bench_admission_gpu(args) -> int:
     import json
 
-    from e3.admission_gpu import GpuAdmissionSettings, run_gpu_admission, write_gpu_admission
+    from e3.benchmarks.admission_gpu import GpuAdmissionSettings, run_gpu_admission, write_gpu_admission
     if args.report and not args.cuda:
         print("e3 bench admission: error: --report goes with --cuda", file=sys.stderr)
         return 2

@@ -99,7 +99,7 @@ def demo_plan(settings: DemoSettings, model, export: ExportSettings, echo=print)
     L, m = card.num_blocks, served_name(settings.model)
     entry = ZOO.get(settings.model)
     if settings.cuts is None and entry is not None and entry.dataset:
-        from e3.bench import machine_plan
+        from e3.benchmarks.side_by_side import machine_plan
         return machine_plan(settings.model, settings.cores, echo=echo)
     ranges = ranges_from_cuts(parse_cuts(settings.cuts or "", L), L)
     plan = default_plan(m, L, ranges, card.exit_rule, card.ramp_blocks, batch_size=export.batch_size,

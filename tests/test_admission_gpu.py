@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from e3.admission_gpu import Ebird, GpuAdmissionSettings, TritonBatcher, poisson, serve
+from e3.benchmarks.admission_gpu import Ebird, GpuAdmissionSettings, TritonBatcher, poisson, serve
 from e3.export.cuda_profile import CudaSettings, cuda_available, device_label, profile_model_cuda
 from e3.serving.admission import dynamic_batch, make_policy
 
@@ -130,7 +130,7 @@ def test_cuda_profile_on_the_gpu_is_measured_and_named_after_it():   # pragma: n
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda_available(), reason=NO_GPU)
 def test_gpu_admission_runs_every_system_on_the_gpu():   # pragma: no cover - GPU hosts only
-    from e3.admission_gpu import run_gpu_admission
+    from e3.benchmarks.admission_gpu import run_gpu_admission
     doc = run_gpu_admission(GpuAdmissionSettings(models=("tiny-ee",), batches=(1, 2, 4, 8, 16, 32),
                                                  totals=(4, 8), rate_fractions=(0.3, 0.6), run_s=0.2,
                                                  phase_s=0.2, repeats=3), echo=lambda m: None)
@@ -179,7 +179,7 @@ def test_a_saved_gpu_admission_run_renders_its_section_with_both_claims(tmp_path
     import json
     from pathlib import Path
 
-    from e3.admission_gpu import gpu_admission_markdown
+    from e3.benchmarks.admission_gpu import gpu_admission_markdown
     doc = json.loads((Path(__file__).parent.parent / "docs" / "data" / "h200" / "admission_gpu.json").read_text())
     text = gpu_admission_markdown(doc, "e3 bench admission --cuda")
     assert text.count("| E-Ebird |") == 2 * (1 + 3) and "≥ 283109" in text   # per model: throughput + 3 phases
@@ -194,7 +194,7 @@ def test_the_measured_profile_sits_beside_the_modelled_one_in_one_table():
     from dataclasses import replace
 
     from e3.core.profile import DeviceConfig, LatencyProfile
-    from e3.gpu_bench import beside_table
+    from e3.benchmarks.gpu_sim import beside_table
     data = Path(__file__).parent.parent / "docs" / "data" / "h200"
     measured = LatencyProfile.load(data / "bert_ee.h200.json")
     modelled = replace(measured, devices={"v100": DeviceConfig("v100", 3.06, modelled=True)},
@@ -207,7 +207,7 @@ def test_the_measured_profile_sits_beside_the_modelled_one_in_one_table():
 
 
 def test_goodput_ratios_divide_e3_by_each_baseline_per_request_size():
-    from e3.simulator.gpu import Cell, goodput_ratios
+    from e3.benchmarks.gpu_clusters import Cell, goodput_ratios
     cells = [Cell("e3", 8, 300.0, 1.0, ""), Cell("stock", 8, 200.0, 1.0, ""), Cell("ee", 8, 150.0, 1.0, ""),
              Cell("e3", 32, 100.0, 1.0, ""), Cell("stock", 32, 0.0, 1.0, "")]
     assert goodput_ratios(cells, [8, 32]) == {"8": {"e3_over_ee": 2.0, "e3_over_stock": 1.5}}

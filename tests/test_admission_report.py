@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from e3.client.admission_report import (Phase, RatePoint, burst_schedule, format_burst, format_throughput,
+from e3.benchmarks.admission_report import (Phase, RatePoint, burst_schedule, format_burst, format_throughput,
                                         phase_latencies, throughput_at_qos)
 
 
@@ -53,7 +53,7 @@ def test_the_tables_name_the_budget_and_the_ratio_to_opt_wait():
 
 
 def test_the_results_section_has_both_analogues_per_model():
-    from e3.client.admission_report import admission_markdown
+    from e3.benchmarks.admission_report import admission_markdown
     model = {"stock": "bert_ee_stock", "qos_ms": 700.0, "budget": "2 cores", "capacity_ips": 40.0,
              "offline": {"max_bs": 16, "latency_ms": {"1": 20.0}, "confs": {"4": [2, 2]}},
              "throughput": [{"system": "OPT_Wait (1000 us)", "throughput_rps": 30.0, "config": "a"},
@@ -71,13 +71,13 @@ def test_the_results_section_has_both_analogues_per_model():
 
 
 def test_a_model_whose_server_failed_is_named_not_measured():
-    from e3.client.admission_report import admission_markdown
+    from e3.benchmarks.admission_report import admission_markdown
     text = admission_markdown({"commit": "abc", "models": {"resnet-ee": {"error": "cannot reach 127.0.0.1:1"}}}, "x")
     assert "### resnet-ee: not measured" in text and "cannot reach 127.0.0.1:1" in text
 
 
 def test_a_baselines_copy_of_the_stock_model_has_its_own_config_and_leaves_the_stocks_alone(tmp_path):
-    from e3.admission_bench import _copy_model
+    from e3.benchmarks.admission import _copy_model
     stock = tmp_path / "m_stock"
     (stock / "1").mkdir(parents=True)
     (stock / "1" / "model.onnx").write_bytes(b"weights")

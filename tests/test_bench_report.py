@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from e3.client.bench_report import BEGIN, END, goodput_table, replace_section, validation_table
+from e3.benchmarks.report import BEGIN, END, goodput_table, replace_section, validation_table
 
 
 def test_the_goodput_table_has_the_ratios_and_the_share_of_the_ideal():
@@ -24,7 +24,7 @@ def test_the_validation_table_marks_misses():
 
 
 def test_the_validation_table_shows_the_measured_p99s_interval_and_whether_the_simulation_is_inside():
-    from e3.simulator.validate import ValidationRow
+    from e3.benchmarks.sim_validation import ValidationRow
     inside = ValidationRow("a", 100.0, 100.0, 60.0, 80.0, 40.0, 42.0, 0.1, (55.0, 90.0)).to_dict()
     outside = ValidationRow("b", 100.0, 100.0, 50.0, 80.0, 40.0, 42.0, 0.1, (55.0, 90.0)).to_dict()
     assert inside["p99_inside_interval"] is True and outside["p99_inside_interval"] is False

@@ -42,7 +42,7 @@ def door(tmp_path_factory):
 def test_the_chosen_schedule_meets_the_bound_and_beats_the_best_static_batch(door):
     from e3.generation.exegpt.drive import control
     from e3.generation.exegpt.scheduler import RraSchedule, best_static, predict
-    from e3.generation.exegpt.triton_bench import calibrate, chosen_of, measure
+    from e3.benchmarks.exegpt import calibrate, chosen_of, measure
     server, name, lengths = door
     cal = calibrate(server.http_url, server.grpc_url, name, lengths, PROMPT, 64, batches=(16, 8, 4), phases=3)
     served, tail = cal.rra, cal.rra_tail

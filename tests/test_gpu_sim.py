@@ -10,10 +10,10 @@ import pytest
 
 from e3.core.plan import Plan, SplitPlan
 from e3.core.profile import BatchProfile, DeviceConfig, LatencyProfile
-from e3.gpu_bench import BEGIN, replace_gpu_section
+from e3.benchmarks.gpu_sim import BEGIN, replace_gpu_section
 from e3.simulator.des import Arrivals, CallCosts, SimResult, simulate_baseline, simulate_plan
 from e3.simulator.des import Baseline
-from e3.simulator.gpu import (MODELLED, Cell, GpuSimSettings, batch_table, beside_profile, best_baseline,
+from e3.benchmarks.gpu_clusters import (MODELLED, Cell, GpuSimSettings, batch_table, beside_profile, best_baseline,
                               clusters_at_budget,
                               cost_at_goodput,
                               cost_table, gpu_call_costs, heterogeneity_table, plan_for, plot_goodput,
@@ -205,7 +205,7 @@ def test_the_section_is_replaced_between_its_markers_only(tmp_path):
     once = replace_gpu_section(doc, "first")
     twice = replace_gpu_section(once + "\nafter\n", "second")
     assert twice.count(BEGIN) == 1 and "second" in twice and "first" not in twice and twice.endswith("after\n")
-    with pytest.raises(ValueError, match="broken gpu-sim section"):
+    with pytest.raises(ValueError, match="broken `gpu-sim` section"):
         replace_gpu_section(BEGIN + "\n", "x")
     png = tmp_path / "g.png"
     plot_goodput([c.to_dict() for c in _cells()], "toy", png)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from e3.client.loadgen import RequestRecord
-from e3.perf_check import (TOLERANCE, PerfCheck, agreement, format_check, perf_arguments, perf_input_document,
+from e3.benchmarks.perf_check import (TOLERANCE, PerfCheck, agreement, format_check, perf_arguments, perf_input_document,
                            read_perf_csv, steady_ips, write_input_data)
 
 

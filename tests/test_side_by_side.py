@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from e3.client.side_by_side import (Row, baseline_configs, format_rows, ideal_speedup, parse_batches, parse_mixes,
+from e3.benchmarks.side_by_side_report import (Row, baseline_configs, format_rows, ideal_speedup, parse_batches, parse_mixes,
                                     results_document, write_results)
 from e3.core.profile import DeviceConfig, LatencyProfile
 

@@ -13,7 +13,8 @@ import simpy
 
 from e3.simulator.des import (Arrivals, Baseline, CallCosts, _TritonQueue, next_enabled_exit, simulate_baseline, simulate_plan,
                               with_host_share)
-from e3.simulator.validate import ValidationRow, format_validation, parse_baseline_config
+from e3.benchmarks.report import validation_table, within_both
+from e3.benchmarks.sim_validation import GOODPUT_TOLERANCE, P99_TOLERANCE, ValidationRow, parse_baseline_config
 from test_controller import synthetic_profile
 
 L = 4
@@ -84,8 +85,10 @@ def test_an_slo_the_plan_cannot_meet_drops_only_late_requests_and_counts_them():
 def test_the_validation_table_marks_settings_outside_the_bar():
     rows = [ValidationRow("a", 105.0, 100.0, 110.0, 100.0), ValidationRow("b", 120.0, 100.0, 100.0, 100.0)]
     assert rows[0].goodput_error == pytest.approx(0.05) and rows[1].goodput_error == pytest.approx(0.2)
-    text = format_validation(rows)
-    assert "+20.0%*" in text and "+5.0% " in text and "1 of 2 settings within both" in text
+    table = [r.to_dict() for r in rows]
+    text = validation_table(table, GOODPUT_TOLERANCE, P99_TOLERANCE)
+    assert "| **+20.0%** |" in text and "| +5.0% |" in text
+    assert within_both(table, GOODPUT_TOLERANCE, P99_TOLERANCE) == 1
     assert parse_baseline_config("ee", "2 inst x 1 thr, delay 2000 us") == Baseline("ee", 2, 1, 2000)
     with pytest.raises(ValueError, match="cannot read"):
         parse_baseline_config("ee", "two instances")

@@ -12,6 +12,5 @@ Pure modules (no torch, no Triton), in the order a plan is made (``docs/exegpt.m
   its timed steps, re-planning on a length shift.
 
 Beside them: ``waa`` (WAA's encode worker beside a decode engine), ``door`` (the door's export), ``drive``
-(client-side load and control), ``triton_bench``
-(``e3 bench exegpt``), ``profiler``, ``validate``, ``report``, ``cli``.
+(client-side load and control; ``e3 bench exegpt`` lives in ``benchmarks/exegpt.py``), ``profiler``, ``validate``, ``report``, ``cli``.
 """

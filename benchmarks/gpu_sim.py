@@ -2,7 +2,7 @@
 
 It reads (or makes) the modelled profile (``e3 profile --modelled``), the bert-ee 80:20 workload
 (``e3 workload``: its batch profile and every input's reference exit), runs the simulations of
-:mod:`e3.simulator.gpu`, and writes ``artifacts/results/gpu_sim.json``, the plot
+:mod:`e3.benchmarks.gpu_clusters`, and writes ``artifacts/results/gpu_sim.json``, the plot
 ``docs/figures/gpu_goodput_vs_batch.png`` and its own section of ``docs/RESULTS.md`` (between
 ``<!-- gpu-sim:begin -->`` and ``<!-- gpu-sim:end -->``; the rest of the file is left alone).
 """
@@ -26,15 +26,10 @@ MODELLED_GPUS = ("v100", "t4", "a100")
 
 
 def replace_gpu_section(document: str, section: str) -> str:
-    """``document`` with its gpu-sim section replaced (appended when absent)."""
-    block = f"{BEGIN}\n{section.strip()}\n{END}"
-    if document.count(BEGIN) == document.count(END) == 0:
-        return document.rstrip("\n") + "\n\n" + block + "\n"
-    if document.count(BEGIN) != 1 or document.count(END) != 1 or document.index(BEGIN) > document.index(END):
-        raise ValueError("docs/RESULTS.md holds a broken gpu-sim section (one begin and one end marker expected, "
-                         "in that order); fix the markers by hand")
-    head, rest = document.split(BEGIN, 1)
-    return head + block + rest.split(END, 1)[1]
+    """``document`` with its gpu-sim section replaced (appended when absent): the one section writer,
+    :func:`e3.benchmarks.report.replace_between`, with this section's markers."""
+    from e3.benchmarks.report import replace_between
+    return replace_between(document, BEGIN, END, section, name="gpu-sim")
 
 
 def _workload(model: str, mix: tuple[int, int], echo):
@@ -42,8 +37,8 @@ def _workload(model: str, mix: tuple[int, int], echo):
     planner's keywords from the model's card (exit rule, ramps; none where the card cannot be built)."""
     import numpy as np
 
-    from e3.bench import _workloads
-    wl = _workloads(model, [mix], echo)[mix]
+    from e3.benchmarks.side_by_side import load_workloads
+    wl = load_workloads(model, [mix], echo)[mix]
     exit_ramp = np.load(artifacts_dir() / "workloads" / model / f"mix-{mix[0]}-{mix[1]}.npz")["exit_ramp"]
     plan_kw: dict = {}
     try:
@@ -89,7 +84,7 @@ def _sensitivity(modelled, batch_profile, exit_ramp, settings, plan_kw, echo) ->
     import copy
     import dataclasses
 
-    from e3.simulator.gpu import best_baseline, describe_plan, plan_for, saturated, simulate_e3
+    from e3.benchmarks.gpu_clusters import best_baseline, describe_plan, plan_for, saturated, simulate_e3
     rows, baselines = [], {}
     for label, gbit, changes, forms in SENSITIVITY:
         gbit = settings.link_gbit_s if gbit is None else gbit
@@ -116,9 +111,9 @@ def _sensitivity(modelled, batch_profile, exit_ramp, settings, plan_kw, echo) ->
 
 def _linked(modelled, gbit_s: float, fixed_ms: float):
     """``modelled`` (hops at ``e3 profile --modelled``'s link) with its hops re-priced at ``gbit_s`` and
-    ``fixed_ms`` per hop (:func:`e3.simulator.gpu.with_link`)."""
+    ``fixed_ms`` per hop (:func:`e3.benchmarks.gpu_clusters.with_link`)."""
     from e3.export.modelled_profile import TX_FIXED_MS, TX_GBIT_S
-    from e3.simulator.gpu import with_link
+    from e3.benchmarks.gpu_clusters import with_link
     if (gbit_s, fixed_ms) == (TX_GBIT_S, TX_FIXED_MS):
         return modelled
     return with_link(modelled, gbit_s, modelled_gbit_s=TX_GBIT_S, fixed_ms=TX_FIXED_MS, new_fixed_ms=fixed_ms)
@@ -138,7 +133,7 @@ def _diagnosis(latency, settings, plan) -> str:
             "router's work per batch is longer than one or two blocks of this small model (6 layers, hidden "
             "384, 48 tokens), so E3's splits are bound by the router, not by the GPU; the rows below change one "
             "assumption at a time. Naive early exit beats stock because the modelled layer grows with the "
-            "batch past batch ~10 (`simulator/gpu.py` says why that is consistent with the public figures), "
+            "batch past batch ~10 (`benchmarks/gpu_clusters.py` says why that is consistent with the public figures), "
             "so its shrinking batches save time.")
 
 
@@ -156,9 +151,9 @@ def run_gpu_bench(quick: bool = False, model: str = "bert-ee", mix: tuple[int, i
                   out: Path | None = None, results_md: Path | None = None, figure: Path | None = None,
                   docs: bool = True, echo: Callable[[str], None] = print) -> dict:
     """Run every GPU simulation (module docstring); returns the results document."""
-    from e3.bench import _commit
+    from e3.benchmarks.report import commit
     from e3.core.files import write_atomic, write_json_atomic
-    from e3.simulator.gpu import (GpuSimSettings, batch_table, cost_at_goodput, cost_table, describe_plan,
+    from e3.benchmarks.gpu_clusters import (GpuSimSettings, batch_table, cost_at_goodput, cost_table, describe_plan,
                                   goodput_vs_batch, heterogeneity, heterogeneity_table, plot_goodput, results_document)
     started = time.monotonic()
     settings = GpuSimSettings.quick() if quick else GpuSimSettings()
@@ -178,7 +173,7 @@ def run_gpu_bench(quick: bool = False, model: str = "bert-ee", mix: tuple[int, i
     cost = cost_at_goodput(latency, batch_profile, exit_ramp, target, settings,
                            progress=lambda m: echo(f"[fixed goodput] {m}"), plan_kw=plan_kw)
     sensitivity = _sensitivity(modelled, batch_profile, exit_ramp, settings, plan_kw, echo)
-    doc = results_document(settings, latency, cells, plan, hetero, cost, commit=_commit(), quick=quick,
+    doc = results_document(settings, latency, cells, plan, hetero, cost, commit=commit(), quick=quick,
                            mix=f"{mix[0]}:{mix[1]}", sensitivity=sensitivity,
                            seconds=round(time.monotonic() - started, 1))
     out = out or artifacts_dir() / "results" / "gpu_sim.json"
@@ -204,7 +199,7 @@ def run_gpu_bench(quick: bool = False, model: str = "bert-ee", mix: tuple[int, i
         f"input's reference exit, `e3 workload`); SLO {settings.slo_ms:g} ms; commit {doc['commit']}; JSON "
         "`artifacts/results/gpu_sim.json`.",
         "",
-        "Assumptions (the paper is silent or describes another stack; `simulator/gpu.py` and `simulator/des.py` "
+        "Assumptions (the paper is silent or describes another stack; `benchmarks/gpu_clusters.py` and `simulator/des.py` "
         "say why): one Triton instance per GPU for every system; each baseline in its best (max batch, queue delay) "
         "of a small grid, each saturated on its own; E3 runs the planner's plan for the same GPUs. *Hops*: our "
         "router moves a cut's state through its host memory, so a hop between GPUs of one machine is a copy out "
@@ -306,11 +301,11 @@ def run_measured_gpu_bench(profile_path: Path, quick: bool = False, model: str =
     ``artifacts/results/gpu_sim_measured.json`` and its own section of ``docs/RESULTS.md``."""
     import dataclasses
 
-    from e3.bench import _commit
-    from e3.client.bench_report import replace_between
+    from e3.benchmarks.report import commit
+    from e3.benchmarks.report import replace_between
     from e3.core.files import write_atomic, write_json_atomic
     from e3.core.profile import LatencyProfile
-    from e3.simulator.gpu import GpuSimSettings, batch_table, describe_plan, goodput_ratios, goodput_vs_batch
+    from e3.benchmarks.gpu_clusters import GpuSimSettings, batch_table, describe_plan, goodput_ratios, goodput_vs_batch
     started = time.monotonic()
     measured = LatencyProfile.load(profile_path)
     devices = [d for d, c in measured.devices.items() if not c.modelled]
@@ -324,7 +319,7 @@ def run_measured_gpu_bench(profile_path: Path, quick: bool = False, model: str =
     cells, plan = goodput_vs_batch(measured, batch_profile, exit_ramp, settings, plan_kw=plan_kw,
                                    progress=lambda m: echo(f"[goodput vs batch, {device}] {m}"))
     ratios = goodput_ratios(cells, settings.batches)
-    doc = {"commit": _commit(), "quick": quick, "device": device, "profile": str(profile_path),
+    doc = {"commit": commit(), "quick": quick, "device": device, "profile": str(profile_path),
            "source": measured.source, "mix": f"{mix[0]}:{mix[1]}", "cluster": cluster,
            "plan": plan.to_dict(), "cells": [c.to_dict() for c in cells], "ratios": ratios,
            "seconds": round(time.monotonic() - started, 1)}

@@ -14,24 +14,24 @@ best baseline and its share of the ideal speedup.
   API before the mix is measured. Its splits' instances add up to at most
   ``cores`` (1 thread each).
 * **Baselines**: every configuration within ``cores``
-  (:func:`~e3.client.side_by_side.baseline_configs`) is tried in a short
+  (:func:`~e3.benchmarks.side_by_side_report.baseline_configs`) is tried in a short
   calibration run per request size; the best is measured.
 
 Glue only: training and workloads come from `export`, the profile from
 `e3 profile`, the plan from the planner, loads from `client`; decisions and
-the table live in :mod:`e3.client.side_by_side`.
+the table live in :mod:`e3.benchmarks.side_by_side_report`.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from e3.benchmarks.report import commit
 from e3.client.loadgen import LoadResult, closed_loop
-from e3.client.side_by_side import (BaselineConfig, Row, baseline_configs, format_rows, ideal_speedup, mix_label,
+from e3.benchmarks.side_by_side_report import (BaselineConfig, Row, baseline_configs, format_rows, ideal_speedup, mix_label,
                                     results_document, write_results)
 from e3.core.names import ee_name, router_name, served_name, stock_name
 from e3.core.plan import Plan
@@ -78,7 +78,7 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
         echo(f"        {missing} trained in {report.seconds / 60:.1f} min")
     model = resolve_model(name)
     m = served_name(name)
-    workloads = _workloads(name, settings.mixes, echo)
+    workloads = load_workloads(name, settings.mixes, echo)
     latency = _latency_profile(name, echo)
     plans = {mix: _plan(latency, wl["batch_profile"], model.card, settings) for mix, wl in workloads.items()}
     for mix, plan in plans.items():
@@ -123,7 +123,7 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
     table = format_rows(rows, settings.cores, ideal)
     echo("")
     echo(table)
-    doc = results_document(name, settings.cores, ideal, rows, commit=_commit(),
+    doc = results_document(name, settings.cores, ideal, rows, commit=commit(),
                            plans={mix_label(mix): plan.to_dict() for mix, plan in plans.items()},
                            baseline_configs={k: {str(b): c.describe() for b, c in v.items()}
                                              for k, v in baseline_choice.items()},
@@ -141,13 +141,13 @@ def machine_plan(name: str, cores: int, mix: tuple[int, int] = (50, 50), echo=pr
     `e3 demo` serves (the measured latency profile and the mix's batch profile, measured or built when
     missing)."""
     from e3.export.zoo import resolve_model
-    wl = _workloads(name, [mix], echo)[mix]
+    wl = load_workloads(name, [mix], echo)[mix]
     latency = _latency_profile(name, echo)
     return _plan(latency, wl["batch_profile"], resolve_model(name).card, BenchSettings(model=name, cores=cores))
 
 
 # -- steps -------------------------------------------------------------------------------------------------------
-def _workloads(name: str, mixes, echo) -> dict:
+def load_workloads(name: str, mixes, echo) -> dict:
     from e3.export.workload import MIXES, build_workloads, load_workload
     from e3.core.profile import BatchProfile
     unknown = [mix for mix in mixes if mix not in MIXES]
@@ -257,13 +257,6 @@ def _e3_config(plan: Plan) -> str:
     return " | ".join(f"{s.first_block}-{s.last_block} {s.form} x{s.instances} b{s.batch_size}" for s in plan.splits)
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
 
 def run_simulator_validation(measured: Path | None = None, out: Path | None = None, echo=print) -> dict:
     """`e3 bench simulator`: every cell of a side-by-side run (``measured``, default its results file)
@@ -274,7 +267,8 @@ def run_simulator_validation(measured: Path | None = None, out: Path | None = No
     from e3.core.files import write_json_atomic
     from e3.core.profile import LatencyProfile
     from e3.export.profiler import default_profile_path
-    from e3.simulator.validate import format_validation, validate_side_by_side
+    from e3.benchmarks.report import validation_table, within_both
+    from e3.benchmarks.sim_validation import GOODPUT_TOLERANCE, P99_TOLERANCE, validate_side_by_side
     measured = measured or default_results_path()
     if not measured.exists():
         raise ValueError(f"{measured} does not exist: run `e3 bench side-by-side` first (the real runs to "
@@ -289,9 +283,12 @@ def run_simulator_validation(measured: Path | None = None, out: Path | None = No
         easy, hard = label.split(":")
         exit_ramps[label] = np.load(folder / f"mix-{easy}-{hard}.npz")["exit_ramp"]
     rows = validate_side_by_side(doc, latency, exit_ramps)
-    echo(format_validation(rows))
+    table = [r.to_dict() for r in rows]
+    echo(validation_table(table, GOODPUT_TOLERANCE, P99_TOLERANCE))
+    echo(f"misses in bold (goodput {GOODPUT_TOLERANCE:.0%}, p99 {P99_TOLERANCE:.0%}); "
+         f"{within_both(table, GOODPUT_TOLERANCE, P99_TOLERANCE)} of {len(rows)} settings within both")
     result = {"model": doc["model"], "measured": str(measured), "measured_commit": doc.get("commit"),
-              "commit": _commit(), "rows": [r.to_dict() for r in rows]}
+              "commit": commit(), "rows": [r.to_dict() for r in rows]}
     out = out or artifacts_dir() / "results" / "simulator_validation.json"
     write_json_atomic(out, result, indent=1)
     echo(f"\nwrote {out}")
@@ -300,7 +297,7 @@ def run_simulator_validation(measured: Path | None = None, out: Path | None = No
 
 @dataclass(frozen=True)
 class PerfSettings:
-    """`e3 bench perf`: perf_analyzer against the load generator on E3's front door (:mod:`e3.perf_check`)."""
+    """`e3 bench perf`: perf_analyzer against the load generator on E3's front door (:mod:`e3.benchmarks.perf_check`)."""
     model: str = "bert-ee"
     mix: tuple[int, int] = (80, 20)
     batch: int = 8                 # inputs per request
@@ -314,14 +311,14 @@ class PerfSettings:
 
 def _perf_measure(url: str, plan: Plan, wl: dict, data: Path, settings: PerfSettings, echo):
     """On a running server: switch ``plan`` in, then alternate the load generator and perf_analyzer (reading
-    ``data``) against ``<m>_router``; returns the :class:`e3.perf_check.PerfCheck`."""
+    ``data``) against ``<m>_router``; returns the :class:`e3.benchmarks.perf_check.PerfCheck`."""
     import subprocess
     import tempfile
 
     from e3.controller.triton_api import TritonControl
     from e3.deploy.tools import perf_analyzer_binary, tool_env
     from e3.client.loadgen import closed_loop_records
-    from e3.perf_check import PerfCheck, perf_arguments, read_perf_csv, steady_ips
+    from e3.benchmarks.perf_check import PerfCheck, perf_arguments, read_perf_csv, steady_ips
     check = PerfCheck(router_name(plan.model), settings.batch, settings.concurrency)
     check.command = "e3 perf -- " + " ".join(perf_arguments(
         "localhost:8000", check.model, settings.batch, settings.concurrency, data,
@@ -356,10 +353,10 @@ def _perf_measure(url: str, plan: Plan, wl: dict, data: Path, settings: PerfSett
 def _perf_document(plan: Plan, settings: PerfSettings, check, echo) -> dict:
     """Print the check's table, write ``artifacts/results/perf_check.json``; returns the document."""
     from e3.core.files import write_json_atomic
-    from e3.perf_check import format_check
+    from e3.benchmarks.perf_check import format_check
     echo("")
     echo(format_check([check]))
-    doc = {"commit": _commit(), "mix": mix_label(settings.mix), "plan": plan.to_dict(), "check": check.to_dict(),
+    doc = {"commit": commit(), "mix": mix_label(settings.mix), "plan": plan.to_dict(), "check": check.to_dict(),
            "settings": {"inputs_per_run": settings.inputs, "window_requests": settings.window_requests,
                         "windows": settings.windows, "repeats": settings.repeats, "cores": settings.cores}}
     out = artifacts_dir() / "results" / "perf_check.json"
@@ -370,8 +367,8 @@ def _perf_document(plan: Plan, settings: PerfSettings, check, echo) -> dict:
 
 def _perf_inputs(settings: PerfSettings, echo) -> tuple[dict, Path]:
     """The mix's workload and perf_analyzer's input file written from it."""
-    from e3.perf_check import write_input_data
-    wl = _workloads(settings.model, [settings.mix], echo)[settings.mix]
+    from e3.benchmarks.perf_check import write_input_data
+    wl = load_workloads(settings.model, [settings.mix], echo)[settings.mix]
     data = write_input_data(wl["inputs"], artifacts_dir() / "results" / f"perf_input_{served_name(settings.model)}.json")
     echo(f"[perf] perf_analyzer's input data: {data} ({mix_label(settings.mix)} workload, one step per input)")
     return wl, data
@@ -379,7 +376,7 @@ def _perf_inputs(settings: PerfSettings, echo) -> tuple[dict, Path]:
 
 def run_perf_check(settings: PerfSettings = PerfSettings(), echo=print) -> dict:
     """perf_analyzer and the load generator against ``<m>_router`` serving the machine's plan for the mix, at
-    the same concurrency, inputs per request and inputs, alternating (:mod:`e3.perf_check`); writes
+    the same concurrency, inputs per request and inputs, alternating (:mod:`e3.benchmarks.perf_check`); writes
     ``artifacts/results/perf_check.json`` and the input file perf_analyzer reads, and returns the document."""
     from e3.deploy.server import TritonServer
     from e3.export.zoo import resolve_model
@@ -407,15 +404,15 @@ def run_evaluation(quick: bool = False, model: str = "bert-ee", results_md: Path
     validated against those runs (``artifacts/results/simulator_validation.json``), both written as
     tables into ``docs/RESULTS.md`` (its generated section; the rest of the file is left alone).
     ``quick``: the 80:20 mix, 1 run per cell, fewer inputs (minutes instead of most of an hour)."""
-    from e3.client.bench_report import goodput_table, replace_section, validation_table
-    from e3.simulator.validate import GOODPUT_TOLERANCE, P99_TOLERANCE
+    from e3.benchmarks.report import goodput_table, replace_section, validation_table, within_both
+    from e3.benchmarks.sim_validation import GOODPUT_TOLERANCE, P99_TOLERANCE
     out = artifacts_dir() / "results" / "bench_side_by_side.json"
     if quick:
         settings = BenchSettings(model=model, mixes=((80, 20),), batches=(1, 4, 8, 16), repeats=1,
                                  inputs_per_run=800, calibration_inputs=200, out=out)
     else:
         settings = BenchSettings(model=model, batches=(1, 2, 4, 8, 16), out=out)
-    from e3.perf_check import format_check
+    from e3.benchmarks.perf_check import format_check
     perf_settings = PerfSettings(model=model, mix=settings.mixes[0], concurrency=settings.concurrency,
                                  inputs=settings.inputs_per_run, repeats=2 if quick else 3, cores=settings.cores)
 
@@ -429,8 +426,7 @@ def run_evaluation(quick: bool = False, model: str = "bert-ee", results_md: Path
     perf_plan, check = doc.pop("after")
     perf = _perf_document(perf_plan, perf_settings, check, echo)
     validation = run_simulator_validation(out, echo=echo)
-    within = sum(abs(r["goodput_error"]) <= GOODPUT_TOLERANCE and abs(r["p99_error"]) <= P99_TOLERANCE
-                 for r in validation["rows"])
+    within = within_both(validation["rows"], GOODPUT_TOLERANCE, P99_TOLERANCE)
     inside = sum(bool(r.get("p99_inside_interval")) for r in validation["rows"])
     command = "e3 bench --quick" if quick else "e3 bench"
     section = "\n".join([

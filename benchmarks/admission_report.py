@@ -112,7 +112,7 @@ def format_throughput(rows: Sequence[dict], qos_ms: float, budget: str) -> str:
     return "\n".join(lines)
 
 
-def _verdict(m: dict) -> str:
+def verdict(m: dict) -> str:
     """The issue's two claims, read off the figures: E-Ebird within the target in every burst phase while
     NO_Wait misses it in the high phase, and E-Ebird's throughput at the target against OPT_Wait's."""
     def phases(system: str) -> list[dict]:
@@ -174,7 +174,7 @@ def admission_markdown(doc: dict, command: str) -> str:
             out += [f"| {k} | {v['inputs_per_s']:.1f} | {v['cpu_ms_per_input']:.2f} |" for k, v in m["closed_loop"].items()]
         out += ["", "Latency through a low -> high -> low burst (Fig. 13 analogue"
                 + (f"; {rounds} rounds, the systems in turn, pooled per phase" if rounds > 1 else "") + "):", "",
-                *burst_rows(m["burst"], digits=1), "", _verdict(m)]
+                *burst_rows(m["burst"], digits=1), "", verdict(m)]
         if m.get("burst_figure"):
             out += ["", f"![{name}: latency through the burst]({m['burst_figure']})"]
     return "\n".join(out)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
-__all__ = ["BEGIN", "END", "markers", "goodput_table", "validation_table", "replace_section"]
+__all__ = ["BEGIN", "END", "markers", "goodput_table", "validation_table", "within_both", "replace_section",
+           "replace_between", "write_section", "commit"]
 
 
 def markers(name: str = "e3 bench") -> tuple[str, str]:
@@ -68,6 +69,11 @@ def validation_table(rows: Sequence[Mapping], goodput_tol: float, p99_tol: float
     return "\n".join(out)
 
 
+def within_both(rows: Sequence[Mapping], goodput_tol: float, p99_tol: float) -> int:
+    """How many validation rows have both their goodput and their p99 within the bar."""
+    return sum(abs(r["goodput_error"]) <= goodput_tol and abs(r["p99_error"]) <= p99_tol for r in rows)
+
+
 def replace_section(document: str, section: str, name: str = "e3 bench") -> str:
     """``document`` with the text between the begin and end :func:`markers` of ``name`` replaced by
     ``section`` (the markers appended at the end when absent). Raises on a lone or doubled marker."""
@@ -93,8 +99,17 @@ def write_section(path, begin: str, end: str, section: str) -> None:
     """Replace (or append) the section between ``begin`` and ``end`` in the file ``path``, atomically; the rest
     of the file is kept."""
     from pathlib import Path
+    from e3.core.files import write_atomic
     path = Path(path)
-    text = replace_between(path.read_text() if path.exists() else "", begin, end, section)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_atomic(path, replace_between(path.read_text() if path.exists() else "", begin, end, section))
+
+
+def commit() -> str:
+    """The project's short commit hash (``unknown`` outside a git checkout), recorded in every results file."""
+    import subprocess
+    from e3.paths import project_root
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=project_root(), timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"

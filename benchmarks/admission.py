@@ -28,7 +28,7 @@ For each model (its stock form, ``<m>_stock``, one input per request):
    load average at the start and end is recorded beside the figures).
 3. **Fig. 14 analogue**: open-loop Poisson runs at rising rates (fractions of NO_Wait's
    closed-loop capacity), every system in turn at each rate, a miss confirmed by a second run;
-   throughput at the QoS target per system (:func:`e3.client.admission_report.throughput_at_qos`).
+   throughput at the QoS target per system (:func:`e3.benchmarks.admission_report.throughput_at_qos`).
 4. **Fig. 13 analogue**: a low -> high -> low burst (``burst_fractions`` of that capacity: the high
    phase offers what NO_Wait sustains in a closed loop, which Poisson arrivals turn into a queue),
    ``burst_rounds`` times per system, the systems in turn; p50 / p99 per phase per system over the rounds
@@ -43,7 +43,7 @@ the client, on the server's machine, hands every system its inputs through Trito
 (``shm``, on by default, for all systems alike).
 
 Glue only: the policies live in :mod:`e3.serving.admission`, the figures in
-:mod:`e3.client.admission_report`.
+:mod:`e3.benchmarks.admission_report`.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from pathlib import Path
 
 import numpy as np
 
-from e3.client.admission_report import (Phase, RatePoint, admission_markdown, burst_schedule, format_burst,
+from e3.benchmarks.admission_report import (Phase, RatePoint, admission_markdown, burst_schedule, format_burst,
                                         format_throughput, meets, phase_latencies, throughput_at_qos)
 from e3.core.files import write_json_atomic
 from e3.core.names import served_name, stock_name
@@ -104,11 +104,11 @@ def run_admission_bench(settings: AdmissionBenchSettings = AdmissionBenchSetting
     """Run the benchmark for every model; returns the results document (also written to ``settings.out``)."""
     if settings.quick:
         settings = settings.shortened()
-    from e3.bench import _commit
-    from e3.client.bench_report import replace_section
+    from e3.benchmarks.report import commit
+    from e3.benchmarks.report import replace_section
     from e3.core.files import write_atomic
     out = settings.out or artifacts_dir() / "results" / "admission.json"
-    doc = {"cores": settings.cores, "commit": _commit(), "quick": settings.quick, "models": {}}
+    doc = {"cores": settings.cores, "commit": commit(), "quick": settings.quick, "models": {}}
     from e3.client.sdk import ClientError
     for name in settings.models:
         try:

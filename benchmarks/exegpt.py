@@ -396,5 +396,5 @@ def write_results_section(path: Path, results: dict) -> None:
             f"{s['slack']:.0%}; bounds: {', '.join(str(f) for f in s['factors'])} x the predicted p99-length "
             f"latency of a static batch of one{', and none' if s.get('unbounded', True) else ''}; each run "
             f"measured over at most {s['measure_s']:.0f} s after a warm-up as large as its concurrency.\n")
-    from e3.client.bench_report import write_section
+    from e3.benchmarks.report import write_section
     write_section(path, BEGIN, END, f"{head}\n{format_tables(results)}")

@@ -33,7 +33,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from e3.generation.bench import _commit, _engine_tokens, agreement
+from e3.benchmarks.generation import agreement, engine_tokens
+from e3.benchmarks.report import commit
 from e3.paths import artifacts_dir, project_root
 
 __all__ = ["HeliosBenchSettings", "run_helios_bench", "format_tables", "write_results_section"]
@@ -140,7 +141,7 @@ def run_helios_bench(settings: HeliosBenchSettings = HeliosBenchSettings(), echo
             spec = EngineSpec.from_dict(json.loads((repo / f"{s.models[0].replace('-', '_')}_generation.json")
                                                    .read_text()))
             echo(f"the full model's greedy tokens for {len(prompts)} prompts (in-process, the same splits) ...")
-            full, _ = _engine_tokens(spec, onnx_files(repo, spec), prompts, s.new_tokens, "full", 2.0)
+            full, _ = engine_tokens(spec, onnx_files(repo, spec), prompts, s.new_tokens, "full", 2.0)
             full_tokens = [f.tokens for f in full]
         echo(f"serving on one tritonserver ({budget}); {len(prompts)} prompts, {s.clients} clients, tau {tau}")
         results["runs"].append({"tau": tau, "systems": _serve_all(s, repo, doors, prompts, full_tokens, echo)})
@@ -197,7 +198,7 @@ def format_tables(results: dict) -> str:
     s = results["settings"]
     lines = [f"`e3 bench helios` (candidates {', '.join(s['models'])}; {s['prompts']} prompts x {s['new_tokens']} "
              f"new tokens, {s['clients']} clients, CBCmax {s['cbc_max']} of {s['window']} tokens, Step 2 on "
-             f"{s['eval_prompts']} prompts per candidate; commit {_commit()}, {time.strftime('%Y-%m-%d')}). "
+             f"{s['eval_prompts']} prompts per candidate; commit {commit()}, {time.strftime('%Y-%m-%d')}). "
              f"Budget: {results['budget']}."]
     for run in results["runs"]:
         lines += ["", *_run_tables(run)]
@@ -235,6 +236,6 @@ def _run_tables(run: dict) -> list[str]:
 
 def write_results_section(path: Path, results: dict) -> None:
     """Replace (or append) this benchmark's section of ``path``, between its markers; the rest is kept."""
-    from e3.client.bench_report import write_section
+    from e3.benchmarks.report import write_section
     write_section(path, BEGIN, END,
                   f"## HELIOS: candidates, partial loading, breach counter (issue 15)\n\n{format_tables(results)}")

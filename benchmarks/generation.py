@@ -25,7 +25,6 @@ import json
 import logging
 import math
 import statistics
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from e3.benchmarks.report import commit
 from e3.paths import artifacts_dir, project_root
 
 __all__ = ["GenerateBenchSettings", "run_generate_bench", "agreement", "format_tables", "write_results_section"]
@@ -105,7 +105,7 @@ def _cost(exit_layers: list[int], config, calm: bool) -> float:
     return statistics.mean(per) if per else 0.0
 
 
-def _engine_tokens(spec, files, prompts, new_tokens, mode, tau, draft_tokens=4):
+def engine_tokens(spec, files, prompts, new_tokens, mode, tau, draft_tokens=4):
     from e3.generation.engine import GenerationEngine, GenRequest, OrtRunner
     engine = GenerationEngine(spec, OrtRunner(files))
     for i, p in enumerate(prompts):
@@ -150,11 +150,11 @@ def run_generate_bench(settings: GenerateBenchSettings = GenerateBenchSettings()
                      "head_layer_equivalents": layer_costs(model.config)[0]}
 
     echo(f"quality: {len(prompts)} prompts x {s.new_tokens} tokens, in-process engine over the served splits")
-    full, stats = _engine_tokens(spec, files, prompts, s.new_tokens, "full", 2.0)
+    full, stats = engine_tokens(spec, files, prompts, s.new_tokens, "full", 2.0)
     full_tokens = [f.tokens for f in full]
     rows = [("full", None, full, stats)]
     for tau in s.taus:
-        rows.append(("calm", tau, *_engine_tokens(spec, files, prompts, s.new_tokens, "calm", tau)))
+        rows.append(("calm", tau, *engine_tokens(spec, files, prompts, s.new_tokens, "calm", tau)))
     for kind, tau, got, stats in rows:
         exits_at = [e for f in got for e in f.exit_layers[1:]]
         row = {"system": kind, "tau": tau,
@@ -234,19 +234,12 @@ def run_generate_bench(settings: GenerateBenchSettings = GenerateBenchSettings()
     return results
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=project_root(), check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
 
 def format_tables(results: dict) -> str:
     """The Markdown tables of a result (speed, quality vs tau, KV fill)."""
     s = results["settings"]
     lines = [f"`e3 bench generate` ({s['model']}, {s['prompts']} held-out prompts x {s['new_tokens']} new tokens, "
-             f"commit {_commit()}, {time.strftime('%Y-%m-%d')}). Budget: {results['speed'][0]['budget']}.", "",
+             f"commit {commit()}, {time.strftime('%Y-%m-%d')}). Budget: {results['speed'][0]['budget']}.", "",
              "| system | tokens/s | x full | TTFT p50 ms | TPOT p50 ms | agreement | perplexity |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in results["speed"]:
@@ -302,5 +295,5 @@ def _reading(results: dict) -> list[str]:
 
 def write_results_section(path: Path, results: dict) -> None:
     """Replace (or append) this benchmark's section of ``path``, between its markers; the rest is kept."""
-    from e3.client.bench_report import write_section
+    from e3.benchmarks.report import write_section
     write_section(path, BEGIN, END, f"## Early-exit generation (issue 14)\n\n{format_tables(results)}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, replace
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from e3.core.plan import Plan
 from e3.core.profile import LatencyProfile
 from e3.simulator.des import Arrivals, Baseline, CallCosts, simulate_baseline, simulate_plan, with_host_share
 
-__all__ = ["ValidationRow", "validate_side_by_side", "format_validation", "parse_baseline_config",
+__all__ = ["ValidationRow", "validate_side_by_side", "parse_baseline_config",
            "GOODPUT_TOLERANCE", "P99_TOLERANCE"]
 
 GOODPUT_TOLERANCE = 0.08   # the bar: Vidur publishes < 9% against real runs
@@ -112,18 +112,3 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
         if progress:
             progress(row.setting)
     return rows
-
-
-def format_validation(rows: Sequence[ValidationRow]) -> str:
-    """The validation table: predicted vs measured goodput and p99, the error of each, misses marked."""
-    lines = [f"{'setting':<52} {'goodput sim':>11} {'real':>7} {'err':>7}   {'p99 sim':>8} {'real':>8} {'err':>7}",
-             ]
-    for r in rows:
-        g = f"{r.goodput_error:+.1%}" + ("*" if abs(r.goodput_error) > GOODPUT_TOLERANCE else " ")
-        p = f"{r.p99_error:+.1%}" + ("*" if abs(r.p99_error) > P99_TOLERANCE else " ")
-        lines.append(f"{r.setting[:52]:<52} {r.predicted_goodput:>11.1f} {r.measured_goodput:>7.1f} {g:>8}  "
-                     f"{r.predicted_p99_ms:>8.1f} {r.measured_p99_ms:>8.1f} {p:>8}")
-    within = sum(abs(r.goodput_error) <= GOODPUT_TOLERANCE and abs(r.p99_error) <= P99_TOLERANCE for r in rows)
-    lines.append(f"* outside the bar (goodput {GOODPUT_TOLERANCE:.0%}, p99 {P99_TOLERANCE:.0%}); "
-                 f"{within} of {len(rows)} settings within both")
-    return "\n".join(lines)

@@ -50,7 +50,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from e3.client.admission_report import Phase, RatePoint, burst_schedule, meets, phase_latencies, throughput_at_qos
+from e3.benchmarks.admission_report import Phase, RatePoint, burst_schedule, meets, phase_latencies, throughput_at_qos
 from e3.serving.admission import (PROFILED_TOTALS, ElasticPolicy, best_worker_sets, dynamic_batch, engine_for,
                                   make_policy, max_batch_for_qos, max_inflight_for_qos, naive_engine, worker_sets)
 
@@ -364,8 +364,8 @@ def run_gpu_admission(settings: GpuAdmissionSettings = GpuAdmissionSettings(), e
     if not cuda_available():
         raise ValueError("e3 bench admission --cuda needs an NVIDIA GPU that PyTorch can use (none here); "
                            "`e3 bench admission` runs the CPU analogue on Triton")
-    from e3.bench import _commit
-    doc = {"commit": _commit(), "settings": {k: v for k, v in settings.__dict__.items()}, "models": {}}
+    from e3.benchmarks.report import commit
+    doc = {"commit": commit(), "settings": {k: v for k, v in settings.__dict__.items()}, "models": {}}
     for name in settings.models:
         doc["models"][name] = _bench_model(name, settings, echo)
     return doc
@@ -381,12 +381,12 @@ def _sweep_label(system: str) -> str:
 
 def gpu_admission_markdown(doc: dict, command: str) -> str:
     """docs/RESULTS.md's section for the GPU analogue: per model, throughput at the target and the burst."""
-    from e3.client.admission_report import _verdict, burst_rows
+    from e3.benchmarks.admission_report import verdict, burst_rows
     out = [f"## Elastic admission (E²bird) on a real GPU, emulated outside Triton (`{command}`)", "",
            f"Commit {doc.get('commit', 'unknown')}. One process: the real N-Ebird / E-Ebird policies and Triton's "
            "dynamic-batcher rule, each batch a CUDA graph (FP16) of the stock model with random weights on the "
            "stream of its worker or instance, open-loop Poisson arrivals of single-input requests, inputs "
-           "pre-staged on the GPU for every system (why and what is not emulated: `e3/admission_gpu.py`, "
+           "pre-staged on the GPU for every system (why and what is not emulated: `benchmarks/admission_gpu.py`, "
            "`docs/admission.md`). JSON: `artifacts/results/admission_gpu.json`."]
     for name, m in doc["models"].items():
         qos, off = m["qos_ms"], m["offline"]
@@ -409,7 +409,7 @@ def gpu_admission_markdown(doc: dict, command: str) -> str:
                 f"{max(m['rates']):.0f}/s ({max(m['rates']) / m['capacity_ips']:.1f} x NO_Wait's capacity): a lower "
                 "bound. Mean batch: inputs per launched batch, over the sweep's rates."]
         out += ["", "Latency through a low -> high -> low burst (Fig. 13 analogue):", "",
-                *burst_rows(m["burst"], digits=3), "", _verdict(m)]
+                *burst_rows(m["burst"], digits=3), "", verdict(m)]
     return "\n".join(out)
 
 
@@ -418,7 +418,7 @@ def write_gpu_admission(doc: dict, out=None, command: str = "e3 bench admission 
     ``docs/RESULTS.md`` (between its own markers; the rest of the file is left alone)."""
     from pathlib import Path
 
-    from e3.client.bench_report import replace_between
+    from e3.benchmarks.report import replace_between
     from e3.core.files import write_atomic, write_json_atomic
     from e3.paths import artifacts_dir, project_root
     out = Path(out) if out else artifacts_dir() / "results" / "admission_gpu.json"
