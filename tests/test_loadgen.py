@@ -259,7 +259,7 @@ def test_open_loop_and_replay_on_the_real_server(server, tiny_model, tmp_path):
 
 def test_demo_gives_every_system_the_same_core_budget_and_prints_it():
     from e3.core.plan import default_plan
-    from e3.demo import core_budgets
+    from e3.cli.demo import core_budgets
     from e3.export.repository import ExportSettings
     plan = default_plan("m", 4, [(1, 2), (3, 4)], {"kind": "entropy", "tau_nats": 0.3}, (1, 2, 3), instances=1)
     budgets = core_budgets(plan, ExportSettings(split_instances=1, baseline_instances=2))
@@ -273,7 +273,7 @@ def test_demo_gives_every_system_the_same_core_budget_and_prints_it():
 
 
 def test_demo_splits_share_exactly_the_baselines_cores():
-    from e3.demo import split_instances
+    from e3.cli.demo import split_instances
     assert split_instances(2, 2) == [1, 1]
     assert split_instances(3, 2) == [2, 1]          # the remainder goes to the first split (every input)
     assert split_instances(4, 3) == [2, 1, 1]

@@ -1,0 +1,237 @@
+"""`e3` verbs of the control plane: plan, control, status."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from e3.paths import default_repository
+
+
+def _planning_args(p: argparse.ArgumentParser, rate_required: bool) -> None:
+    """The planner's inputs, shared by `e3 plan` and `e3 control`."""
+    p.add_argument("--latency-profile", "--profile", dest="latency_profile", required=True,
+                   help="latency profile JSON (e3 profile); --profile is an old alias")
+    p.add_argument("--devices", required=True,
+                   help="devices per device configuration, CONFIG:COUNT,... e.g. cpu:2 or v100:6,t4:8,k80:15; "
+                        "each device runs one instance of a split")
+    p.add_argument("--slo-ms", type=float, required=True, help="latency objective per request (ms)")
+    p.add_argument("--rate-rps", type=float, required=rate_required, default=None,
+                   help="offered request rate R (inputs/s)")
+    p.add_argument("--slack", type=float, default=0.2, help="share of the SLO kept in reserve (default 0.2)")
+    p.add_argument("--alpha", type=_alpha, default=1.0,
+                   help="cost <= alpha x the cheapest stock one-split plan reaching R (default 1.0; none: no bound)")
+
+
+def _alpha(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a number or none, got {text!r}") from None
+
+
+def _plan(args) -> int:
+    from e3.controller.planner import PlannerError, best_plan, cheapest_plan, parse_devices, parse_forms
+    from e3.controller.report import planner_result_lines
+    from e3.core.files import write_atomic
+    from e3.core.profile import BatchProfile, LatencyProfile, ProfileError
+    try:
+        latency, batch = LatencyProfile.load(args.latency_profile), BatchProfile.load(args.batch_profile)
+        devices = parse_devices(args.devices)
+        if args.model:  # the model's own ramps and exit rule
+            from e3.export.zoo import resolve_model
+            card = resolve_model(args.model).card
+            ramps, rule = list(card.ramp_blocks), dict(card.exit_rule)
+        else:  # without the model: the ramps the latency profile measured
+            ramps, rule = latency.ramp_blocks(), {"kind": "entropy", "tau_nats": args.tau_nats}
+        common = dict(slo_ms=args.slo_ms, slack=args.slack, pipelined=not args.no_pipelining,
+                      forms=parse_forms(args.forms), exit_wrapper=not args.no_exit_wrapper,
+                      ramp_blocks=ramps if args.model else None)
+        if args.min_goodput is not None:
+            result = cheapest_plan(latency, batch, devices, goodput_rps=args.min_goodput, rate_rps=args.rate_rps,
+                                   **common)
+        else:
+            if args.rate_rps is None:
+                raise PlannerError("--rate-rps is needed (or --min-goodput for the cheapest plan reaching a goodput)")
+            result = best_plan(latency, batch, devices, rate_rps=args.rate_rps, alpha=args.alpha, **common)
+        plan = result.to_plan(model=latency.model, num_blocks=latency.num_blocks, exit_rule=rule, ramp_blocks=ramps,
+                              slo_ms=args.slo_ms, slack=args.slack)
+    except (ProfileError, PlannerError, ValueError) as err:
+        print(f"e3 plan: error: {err}", file=sys.stderr)
+        return 2
+    for line in planner_result_lines(result, plan, latency, devices, args.slo_ms, args.slack):
+        print(line)
+    if args.out:
+        write_atomic(args.out, plan.to_json())
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _control(args) -> int:
+    from e3.controller.applier import ControlError
+    from e3.controller.forecast import make_forecaster
+    from e3.controller.loop import Controller, ProfilePlanner
+    from e3.controller.planner import parse_devices
+    from e3.controller.report import describe_report
+    from e3.controller.settings import ControlSettings
+    from e3.controller.telemetry import TelemetryReader
+    from e3.controller.triton_applier import TritonApplier
+    from e3.core.names import served_name
+    from e3.core.plan import Plan
+    from e3.core.profile import LatencyProfile
+    from e3.deploy.server import metrics_url_for
+    from e3.export.zoo import resolve_model
+    card = resolve_model(args.model).card
+    m = served_name(args.model)
+    latency = LatencyProfile.load(args.latency_profile)
+    pinned = Plan.from_json(Path(args.pin).read_text()) if args.pin else None
+    settings = ControlSettings(model=m, devices=parse_devices(args.devices), slo_ms=args.slo_ms,
+                               rate_rps=args.rate_rps, slack=args.slack, window_s=args.window_s, margin=args.margin,
+                               drift_threshold=args.drift, straggler_factor=args.straggler_factor or None,
+                               dry_run=args.dry_run)
+    metrics_url = args.metrics_url or metrics_url_for(args.url)
+    # --repo "": the repository is not visible here (e.g. written inside each Triton pod); Triton's load decides
+    applier = TritonApplier(args.url, metrics_url=metrics_url, repo=Path(args.repo) if args.repo else None,
+                            zoo_model=args.model)
+    planner = ProfilePlanner(latency, exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks, slo_ms=args.slo_ms,
+                             rate_rps=args.rate_rps, slack=args.slack, alpha=args.alpha)
+    if args.kubernetes and not args.pools:
+        print("e3 control: error: --kubernetes scales pools: give --pools POOLS.json too", file=sys.stderr)
+        return 2
+    if args.pools:   # several Triton servers (pools): plans placed on them, pods scaled on Kubernetes
+        applier, planner, pinned = _pooled(args, applier, planner, pinned)
+    controller = Controller(settings, telemetry=TelemetryReader(metrics_url, m, window_s=args.window_s,
+                                                                num_blocks=card.num_blocks),
+                            forecaster=make_forecaster(args.forecaster), planner=planner, view=applier,
+                            control=None if args.dry_run else applier, pinned=pinned,
+                            on_report=lambda rep: print(describe_report(rep), flush=True))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        running = applier.current_plan(settings.router)
+        print(f"controlling {settings.router} at {args.url} (metrics {metrics_url}), window {args.window_s:g} s"
+              + (", DRY RUN" if args.dry_run else "") + (f", pinned to {pinned.plan_id}" if pinned else "")
+              + f"; running plan {running.plan_id if running else 'none'}", flush=True)
+        controller.run(stop, max_windows=1 if args.once else None)
+    except ControlError as err:
+        print(f"e3 control: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:   # urllib's URLError too: an address with nothing listening, a wrong port
+        print(f"e3 control: error: cannot reach the server ({err}); Triton at {args.url}, its metrics at "
+              f"{metrics_url} (give --metrics-url if they are elsewhere)", file=sys.stderr)
+        return 2
+    finally:
+        applier.close()
+    return 0
+
+
+def _pooled(args, router_applier, planner, pinned):
+    """The controller's applier, planner and pinned plan over the pools of ``--pools``."""
+    from e3.controller.pooled_applier import PlacingPlanner, PooledApplier
+    from e3.controller.triton_applier import TritonApplier
+    from e3.core.names import served_name
+    from e3.deploy.pools import PoolError, load_pools, place
+    from e3.deploy.server import metrics_url_for
+    try:
+        pools = load_pools(args.pools)
+        pinned = place(pinned, pools) if pinned is not None else None
+    except PoolError as err:
+        raise SystemExit(f"e3 control: error: {err}") from None
+    scaler = None
+    if args.kubernetes:
+        from e3.controller.k8s_scaler import KubernetesScaler
+        scaler = KubernetesScaler(pools)
+    servers = {p.grpc_url: TritonApplier(p.http_url, metrics_url=p.metrics_url or metrics_url_for(p.http_url))
+               for p in pools.pools if not p.router}
+    applier = PooledApplier(f"{served_name(args.model)}_router", router_applier, servers, pools=pools, scaler=scaler)
+    return applier, PlacingPlanner(planner, pools), pinned
+
+
+def _status(args) -> int:
+    from e3.controller.report import status_lines
+    from e3.controller.triton_applier import TritonApplier
+    from e3.core.names import served_name
+    applier = TritonApplier(args.url)
+    try:
+        for line in status_lines(applier, served_name(args.model), args.state_dir, args.history):
+            print(line)
+    finally:
+        applier.close()
+    return 0
+
+
+def add_plan(sub, repo_help: str) -> None:
+    """`e3 plan`'s arguments."""
+    pl = sub.add_parser("plan", help="plan cuts, instances per split, device configurations and input batch "
+                                     "(E3's DP) from a latency profile and a batch profile")
+    _planning_args(pl, rate_required=False)
+    pl.add_argument("--batch-profile", "--exits", dest="batch_profile", required=True,
+                    help="batch profile JSON: share of inputs reaching every block (e3 workload writes one per "
+                         "mix); --exits is an old alias")
+    pl.add_argument("--min-goodput", type=float, default=None,
+                    help="instead: the cheapest plan whose throughput reaches this many inputs/s (E3 §5.3)")
+    pl.add_argument("--no-pipelining", action="store_true", help="splits run one after another (E3 §3.2.1)")
+    pl.add_argument("--forms", default="constant,compact",
+                    help="split forms to choose from: constant (own Triton model, constant batch), compact (run "
+                         "in the router, rows leave between blocks); default both, per split the faster")
+    pl.add_argument("--no-exit-wrapper", action="store_true",
+                    help="keep every ramp (default: disable ramps that cost more than their exits save, E3 §3.4)")
+    pl.add_argument("--model", default=None, help="zoo model (or module:factory) whose ramps and exit rule the "
+                                                  "written plan uses (recommended with --out)")
+    pl.add_argument("--tau-nats", type=float, default=0.5,
+                    help="entropy threshold (nats) written into the plan without --model (default 0.5)")
+    pl.add_argument("--out", default=None, help="write the plan JSON here (atomically)")
+    pl.set_defaults(func=_plan)
+
+
+def add_control(sub, repo_help: str) -> None:
+    """`e3 control`'s arguments."""
+    ct = sub.add_parser("control", help="every window: router telemetry -> forecast -> plan -> apply to the "
+                                        "running Triton (load splits, instances, router switch, unload)")
+    ct.add_argument("--model", required=True, help="zoo name of the served model, e.g. tiny-ee")
+    _planning_args(ct, rate_required=True)
+    ct.add_argument("--window-s", type=float, default=120.0, help="seconds per window (default 120, E3's)")
+    ct.add_argument("--margin", type=float, default=0.10,
+                    help="apply when the new plan's predicted throughput beats the running one by this share "
+                         "(default 0.10)")
+    ct.add_argument("--drift", type=float, default=0.2,
+                    help="|forecast - observed| reach share that counts as drift and forces a re-plan (default 0.2)")
+    ct.add_argument("--straggler-factor", type=float, default=2.0,
+                    help="a split measured this many times slower than its latency profile is a straggler (default 2; "
+                         "0 turns the check off)")
+    ct.add_argument("--forecaster", choices=["arima", "last"], default="arima",
+                    help="how the next window's batch profile is forecast (default arima, E3's)")
+    ct.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP address (default 127.0.0.1:8000)")
+    ct.add_argument("--metrics-url", default=None,
+                    help="Triton metrics address (default: the --url host, Triton's default metrics port)")
+    ct.add_argument("--repo", default=str(default_repository()),
+                    help="model repository, to export split models that are missing (default ./model_repository; "
+                         "\"\": none visible here, as in a cluster whose Triton pods export their own)")
+    ct.add_argument("--dry-run", action="store_true", help="print the plan and the diff vs the running plan; "
+                                                           "apply nothing")
+    ct.add_argument("--pin", default=None, metavar="PLAN.json",
+                    help="hold this plan (applied once if another runs); the controller then only watches")
+    ct.add_argument("--once", action="store_true", help="one window, then exit")
+    ct.add_argument("--pools", default=None, metavar="POOLS.json",
+                    help="serve over several Triton servers (pools): the Helm chart's pools.json; --url is the "
+                         "router's pool (docs/kubernetes.md)")
+    ct.add_argument("--kubernetes", action="store_true",
+                    help="with --pools: scale the pools' Deployments through the Kubernetes API when a plan "
+                         "needs more pods (in-cluster service account, else the local kubeconfig)")
+    ct.set_defaults(func=_control)
+
+
+def add_status(sub, repo_help: str) -> None:
+    """`e3 status`'s arguments."""
+    st = sub.add_parser("status", help="live plan, loaded splits and instances, forecast vs observed, plan history")
+    st.add_argument("--model", required=True, help="zoo name of the served model, e.g. tiny-ee")
+    st.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP address (default 127.0.0.1:8000)")
+    st.add_argument("--state-dir", default=None, help="controller files (default artifacts/controller)")
+    st.add_argument("--history", type=int, default=10, help="plan history entries to show (default 10)")
+    st.set_defaults(func=_status)

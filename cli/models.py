@@ -1,0 +1,296 @@
+"""`e3` verbs over models and their repository: export, profile, admission, train, evaluate, workload, models, clean."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from e3.paths import artifacts_dir, default_repository
+
+
+def _export(args) -> int:
+    from e3.core.names import ee_name, router_name, stock_name
+    from e3.core.plan import Plan
+    from e3.export.repository import ExportSettings, all_ranges, export_repository
+    from e3.export.zoo import resolve_model
+    plan = Plan.from_json(Path(args.plan).read_text()) if args.plan else None
+    extra = all_ranges(resolve_model(args.model).card.num_blocks) if args.all_ranges else ()
+    plan = export_repository(args.model, args.cuts, Path(args.repo), ExportSettings(
+        target=args.target, batch_size=args.batch_size, split_instances=args.instances,
+        router_instances=args.router_instances, format=args.format, fp16=args.fp16,
+        split_queue_policy=args.split_queue_policy, max_queue_inputs=args.max_queue_inputs),
+        plan=plan, extra_ranges=extra)
+    if extra:
+        print(f"pre-exported every block range ({len(extra)} split models) beside the plan's")
+    print(f"exported {args.model} into {args.repo}:")
+    for s in plan.splits:
+        print(f"  {s.model:28s} blocks {s.first_block}-{s.last_block}  ramps {list(s.enabled_ramps) or '-'}  "
+              f"batch {s.batch_size}  instances {s.instances}  {s.form}")
+    m = plan.model
+    door = f"{m} (text) -> {router_name(m)}" if (Path(args.repo) / m / "config.pbtxt").exists() else router_name(m)
+    print(f"  front door {door}, baselines {stock_name(m)} and {ee_name(m)}; exit rule {plan.exit_rule}")
+    return 0
+
+
+def _profile(args) -> int:
+    from e3.core.profile import LatencyProfile, ProfileError
+    from e3.export.modelled_profile import parse_prices
+    from e3.export.profiler import (ProfileSettings, default_profile_path, format_table, merge_profiles,
+                                    parse_batch_sizes, profile_model)
+    from e3.export.zoo import resolve_architecture, resolve_model
+    try:
+        if args.modelled and args.cuda:
+            raise ValueError("--modelled models GPUs, --cuda measures this host's GPU: choose one")
+        if (args.eager or args.fp32 or args.untrained) and not args.cuda:
+            raise ValueError("--eager, --fp32 and --untrained go with --cuda")
+        build = resolve_architecture if args.untrained else resolve_model
+        batches = parse_batch_sizes(args.batch_sizes, build(args.model).card.max_batch_size)
+        if args.cuda:
+            from e3.export.cuda_profile import CudaSettings, profile_model_cuda
+            prices = parse_prices(args.price)
+            if len(prices) > 1:
+                raise ValueError("--cuda measures one GPU: give at most one --price GPU=USD")
+            profile = profile_model_cuda(args.model, CudaSettings(
+                batch_sizes=tuple(batches), repeats=max(args.repeats, 50), warmup=max(args.warmup, 5),
+                precision="fp32" if args.fp32 else "fp16", graphs=not args.eager,
+                price=next(iter(prices.values()), 1.0)), untrained=args.untrained)
+        elif args.modelled:
+            from e3.export.modelled_profile import model_modelled_profile
+            gpus = [g.strip().lower() for g in args.modelled.split(",") if g.strip()]
+            profile = model_modelled_profile(args.model, gpus, batches, parse_prices(args.price))
+        else:
+            profile = profile_model(args.model, ProfileSettings(
+                batch_sizes=tuple(batches), repeats=args.repeats, warmup=args.warmup, tx=not args.no_tx),
+                tritonserver=args.tritonserver)
+        if args.add:
+            profile = merge_profiles([profile, *(LatencyProfile.load(p) for p in args.add)])
+        out = Path(args.out) if args.out else default_profile_path(
+            args.model, list(profile.devices), modelled=all(d.modelled for d in profile.devices.values()))
+        profile.save(out)
+    except (ProfileError, ValueError) as err:
+        print(f"e3 profile: error: {err}", file=sys.stderr)
+        return 2
+    print(format_table(profile), end="")
+    print(f"wrote {out}" + (" (contains MODELLED devices: not measured)" if profile.modelled else ""))
+    return 0
+
+
+def _admission(args) -> int:
+    import numpy as np
+    from e3.export.admission import naive_engine, profile_admission, workers_name, write_admission
+    from e3.export.repository import ExportError
+    from e3.export.triton_config import parse_config
+    from e3.core.spec import NUMPY_DTYPES, dtype_from_config
+    from tritonclient.grpc import model_config_pb2 as mc
+    repo = Path(args.repo)
+    try:
+        if args.max_workers is None:     # more workers than processes would only queue for one
+            args.max_workers = args.worker_processes or 4
+        if args.qos_ms <= 0 or args.max_workers < 1 or args.worker_processes < 0:
+            raise ValueError("--qos-ms must be > 0, --max-workers >= 1 and --worker-processes >= 0")
+        config_file = repo / args.model / "config.pbtxt"
+        if not config_file.exists():
+            raise ExportError(f"{config_file} does not exist: name a model of {repo} (e3 export writes them)")
+        cfg = parse_config(config_file.read_text())
+        # latency does not depend on the values: zeros of the model's shapes (token 0 is padding)
+        example = {t.name: np.zeros((32, *t.dims), NUMPY_DTYPES[dtype_from_config(mc.DataType.Name(t.data_type))])
+                   for t in cfg.input}
+        profile = profile_admission(repo / args.model / "1" / "model.onnx", example, args.qos_ms,
+                                    max_workers=args.max_workers)
+        max_bs = profile["max_bs"]
+        print(f"one worker (ms per batch): {profile['latency_ms']}; MaxBS for p99 <= {args.qos_ms:g} ms: {max_bs}")
+        if args.policy == "n-ebird":
+            policy = {"kind": "n-ebird", "engine": naive_engine(max_bs), "max_inflight": max_bs}
+        else:
+            print(f"E-Ebird's best worker set per TotalBS: {profile['confs']}")
+            policy = {"kind": "e-ebird", "confs": profile["confs"], "max_inflight": max_bs}
+        name = write_admission(repo, args.model, policy, name=args.name,
+                               worker_processes=args.worker_processes or None)
+    except (ValueError, ExportError) as err:
+        print(f"e3 admission: error: {err}", file=sys.stderr)
+        return 2
+    models = f"{name},{workers_name(name)}" if args.worker_processes else name
+    print(f"wrote {repo / name} ({policy['kind']}, workers {policy.get('engine') or profile['engine']}); "
+          f"load it with `e3 serve --models {models}` or Triton's load API, and send requests to {name}")
+    return 0
+
+
+def _train(args) -> int:
+    from e3.export.recipes import train
+    for name in args.models:
+        report = train(name, quick=args.quick, retune=args.retune)
+        meta = report.meta
+        print(f"{name}: trained in {report.seconds / 60:.1f} min"
+              f"{' (QUICK: a few hundred examples, for tests only)' if args.quick else ''}")
+        if meta.get("test"):
+            t = meta["test"]
+            print(f"  exit rule {meta['exit_rule']}: test accuracy {100 * t['accuracy']:.1f}%, "
+                  f"blocks executed {100 * t['blocks_fraction']:.1f}%")
+        elif "test_accuracy" in meta:
+            print(f"  test accuracy {100 * meta['test_accuracy']:.1f}%")
+    return 0
+
+
+def _evaluate(args) -> int:
+    from e3.export.evaluate import evaluate, format_evaluation, save_evaluation
+    for name in args.models:
+        ev = evaluate(name, limit=args.limit)
+        print(format_evaluation(ev))
+        js, png = save_evaluation(ev, artifacts_dir() / "results")
+        print(f"  wrote {js} and {png}\n")
+    return 0
+
+
+def _workload(args) -> int:
+    from e3.export.workload import build_workloads, load_workload
+    out = Path(args.out) if args.out else artifacts_dir() / "workloads" / args.model
+    for path in build_workloads(args.model, out, count=args.count, rate_rps=args.rate_rps, seed=args.seed):
+        _, meta = load_workload(path)
+        hard = float(meta["hard"].mean())
+        print(f"wrote {path} ({meta['count']} inputs, {100 * (1 - hard):.0f}% easy / {100 * hard:.0f}% hard; "
+              f"phases: {', '.join(p['mix'] for p in meta['phases'])})")
+    return 0
+
+
+def _models(args) -> int:
+    from e3.export.zoo import ZOO
+    for entry in ZOO.values():
+        print(f"{entry.name:12s} {entry.summary}")
+    return 0
+
+
+def _clean(args) -> int:
+    repo = Path(args.repo)
+    removed = []
+    if artifacts_dir().exists():
+        shutil.rmtree(artifacts_dir())
+        removed.append(str(artifacts_dir()))
+    if repo.is_dir():
+        for child in repo.iterdir():
+            if child.name != "README.md":
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        removed.append(f"{repo}/* (kept README.md)")
+    print("removed " + ", ".join(removed) if removed else "nothing to remove")
+    return 0
+
+
+def add_export(sub, repo_help: str) -> None:
+    """`e3 export`'s arguments."""
+    e = sub.add_parser("export", help="write a Triton model repository: splits, router, baselines")
+    e.add_argument("model", help="zoo name (see `e3 models`) or package.module:factory")
+    e.add_argument("--cuts", default=None, help="cut after these blocks, e.g. 2,4 (default: no cut)")
+    e.add_argument("--repo", default=str(default_repository()), help=repo_help)
+    e.add_argument("--target", choices=["embedded", "ngc"], default="embedded",
+                   help="embedded: Python-backend models running ONNX Runtime (the wheel's server); "
+                        "ngc: native onnxruntime backend of an NGC Triton image")
+    e.add_argument("--batch-size", type=int, default=8, help="preferred batch size of every split (default 8)")
+    e.add_argument("--instances", type=int, default=1, help="Triton instances per split (default 1)")
+    e.add_argument("--router-instances", type=int, default=None,
+                   help="router instances (default: what the plan needs: 1 when a split is constant, so that one "
+                        "scheduler sees every request; for compact splits only, one per worker set)")
+    e.add_argument("--plan", default=None, help="a plan JSON file (e.g. from `e3 plan --out`) instead of --cuts")
+    e.add_argument("--all-ranges", action="store_true",
+                   help="also pre-export every contiguous block range, so a controller can switch cuts at once")
+    e.add_argument("--format", choices=["onnx", "tensorrt"], default="onnx",
+                   help="split and stock model files: onnx (default), or tensorrt engines (model.plan, built "
+                        "here with the optional `gpu` extra on an NVIDIA GPU; needs --target ngc)")
+    e.add_argument("--fp16", action="store_true", help="with --format tensorrt: allow FP16 kernels")
+    e.add_argument("--split-queue-policy", action="store_true",
+                   help="give the splits Triton's queue policy that rejects calls whose deadline expired in their "
+                        "queue (off by default: it stops Triton's batcher prefetching; measured p99 4x worse)")
+    e.add_argument("--max-queue-inputs", type=int, default=None, metavar="N",
+                   help="bound the router: refuse at once (HTTP 503, counted in e3_rejected_total) a request that "
+                        "would take the inputs it holds (admitted, not yet answered) past N (default: no bound)")
+    e.set_defaults(func=_export)
+
+
+def add_profile(sub, repo_help: str) -> None:
+    """`e3 profile`'s arguments."""
+    pr = sub.add_parser("profile", help="measure per-block latency (with/without ramp) and Tx; write a "
+                                        "latency profile for the planner")
+    pr.add_argument("model", help="zoo name or package.module:factory")
+    pr.add_argument("--batch-sizes", default=None, help="e.g. 1,2,4 (default 1,2,4,... up to the max batch)")
+    pr.add_argument("--repeats", type=int, default=20, help="timed calls per block and batch size (default 20)")
+    pr.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
+    pr.add_argument("--out", default=None,
+                    help="latency profile file (default artifacts/profiles/<m>.<devices>[.modelled].json)")
+    pr.add_argument("--modelled", default=None, metavar="GPU[,GPU...]",
+                    help="do not measure: MODEL a latency profile of v100, t4, a100, a30, a10, k80 from public "
+                         "whole-model figures (labelled modelled); several GPUs go into one file")
+    pr.add_argument("--price", action="append", default=[], metavar="GPU=USD",
+                    help="with --modelled: price per device-hour (a30 has no public price); with --cuda: the "
+                         "measured GPU's (default 1, relative units)")
+    pr.add_argument("--cuda", action="store_true",
+                    help="measure on this host's NVIDIA GPU with PyTorch (FP16, one CUDA graph per call); the "
+                         "device is named after the GPU (h100, a100, ...); see docs/profiling.md")
+    pr.add_argument("--eager", action="store_true", help="with --cuda: eager kernel launches, no CUDA graphs")
+    pr.add_argument("--fp32", action="store_true", help="with --cuda: FP32 instead of FP16 autocast")
+    pr.add_argument("--untrained", action="store_true",
+                    help="with --cuda: time the architecture with random weights (no trained checkpoint needed; "
+                         "latency does not depend on the weights)")
+    pr.add_argument("--add", action="append", default=[], metavar="PROFILE",
+                    help="merge this latency profile file's devices into the output (repeatable)")
+    pr.add_argument("--no-tx", action="store_true", help="skip the Tx measurement (no tritonserver; Tx = 0)")
+    pr.add_argument("--tritonserver", default=None, help="tritonserver binary for the Tx measurement")
+    pr.set_defaults(func=_profile)
+
+
+def add_admission(sub, repo_help: str) -> None:
+    """`e3 admission`'s arguments."""
+    ad = sub.add_parser("admission", help="add E²bird's elastic admission stage (N-Ebird or E-Ebird) in front of a "
+                                          "one-file ONNX model of the repository, after profiling its workers")
+    ad.add_argument("model", help="Triton model to front, e.g. bert_ee_stock or bert_ee_split_1-2")
+    ad.add_argument("--repo", default=str(default_repository()), help=repo_help)
+    ad.add_argument("--policy", choices=["n-ebird", "e-ebird"], default="e-ebird",
+                    help="N-Ebird (fixed engine) or E-Ebird (profiled worker sets per load; default)")
+    ad.add_argument("--qos-ms", type=float, required=True, help="p99 latency target (ms); sets MaxBS")
+    ad.add_argument("--max-workers", type=int, default=None,
+                    help="largest worker set profiled per TotalBS (default: --worker-processes, or 4 without them)")
+    ad.add_argument("--worker-processes", type=int, default=2,
+                    help="Triton instances (processes, 1 intra-op thread each) of <name>_workers that run the "
+                         "workers' batches, at most that many at once (default 2, the cores); 0: the workers are "
+                         "threads of the stage's own process on one shared session")
+    ad.add_argument("--name", default=None, help="the stage's Triton name (default <model>_admission)")
+    ad.set_defaults(func=_admission)
+
+
+def add_train(sub, repo_help: str) -> None:
+    """`e3 train`'s arguments."""
+    t = sub.add_parser("train", help="train zoo models on their data (cached checkpoints under artifacts/)")
+    t.add_argument("models", nargs="+", help="bert-ee, bert-stock, pabee, resnet-ee, resnet-stock")
+    t.add_argument("--quick", action="store_true", help="a few hundred examples: checks the pipeline in seconds")
+    t.add_argument("--retune", action="store_true", help="resnet-ee: keep the weights, choose τ again")
+    t.set_defaults(func=_train)
+
+
+def add_evaluate(sub, repo_help: str) -> None:
+    """`e3 evaluate`'s arguments."""
+    ev = sub.add_parser("evaluate", help="accuracy and exits against the threshold, compute saved vs stock")
+    ev.add_argument("models", nargs="+", help="bert-ee, pabee, resnet-ee")
+    ev.add_argument("--limit", type=int, default=None, help="evaluate the first N test inputs only")
+    ev.set_defaults(func=_evaluate)
+
+
+def add_workload(sub, repo_help: str) -> None:
+    """`e3 workload`'s arguments."""
+    w = sub.add_parser("workload", help="easy/hard mixes 80:20, 50:50, 20:80 and a switching stream")
+    w.add_argument("model", help="bert-ee, pabee, resnet-ee")
+    w.add_argument("--count", type=int, default=1000, help="inputs per mix (default 1000)")
+    w.add_argument("--rate-rps", type=float, default=50.0, help="nominal arrival rate for the stream's phase times")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--out", default=None, help="folder (default artifacts/workloads/MODEL)")
+    w.set_defaults(func=_workload)
+
+
+def add_models(sub, repo_help: str) -> None:
+    """`e3 models`'s arguments."""
+    m = sub.add_parser("models", help="list the model zoo")
+    m.set_defaults(func=_models)
+
+
+def add_clean(sub, repo_help: str) -> None:
+    """`e3 clean`'s arguments."""
+    c = sub.add_parser("clean", help="remove artifacts/ and the generated model repository")
+    c.add_argument("--repo", default=str(default_repository()), help=repo_help)
+    c.set_defaults(func=_clean)
