@@ -136,7 +136,8 @@ def _pooled(args, router_applier, planner, pinned):
     from e3.controller.pooled_applier import PlacingPlanner, PooledApplier
     from e3.controller.triton_applier import TritonApplier
     from e3.core.names import served_name
-    from e3.deploy.pools import PoolError, load_pools, place
+    from e3.controller.planner.placement import place
+    from e3.deploy.pools import PoolError, load_pools
     from e3.deploy.server import metrics_url_for
     try:
         pools = load_pools(args.pools)

@@ -4,10 +4,10 @@ One job per module:
 
 telemetry.py          router counters on Triton's metrics port -> one window's measured batch profile
 forecast.py           forecasts of the next window's batch profile (ARIMA, last value), their error, drift
-planner/              E3's dynamic program: cuts, instances, device configurations, input batch (pure)
+planner/              E3's dynamic program: cuts, instances, device configurations, input batch, placement on pools (pure)
 settings.py           what the controller is asked to do (ControlSettings), validated once; where its files go
 decisions.py          apply a plan or not, score a running plan, diff two plans, retry backoff (pure)
-health.py             straggling splits and dead Python stubs, from Triton's counters (pure)
+health.py             straggling splits and failed requests, from Triton's counters (pure; dead stubs: deploy/stubs.py)
 history.py            every applied plan, validated, in one atomically replaced JSON file
 applier.py            the controller's contract with a server: ServerView (reads), ServerControl (changes)
 triton_applier.py     ServerView and ServerControl on a running Triton (HTTP API, metrics port)

@@ -15,7 +15,7 @@ Decisions (where the paper and DESIGN are silent)
   counter ``nv_inference_request_failure`` (per model, on the metrics port):
   when it rose in the window for the router or a split of the plan in force,
   that model is probed with one tiny request; if the probe fails with "Stub
-  process ... is not healthy" (:func:`is_dead_stub`), the model is reloaded (a
+  process ... is not healthy" (:func:`e3.deploy.stubs.is_dead_stub`), the model is reloaded (a
   load with its live config as override, which Triton treats as a new
   version). The counter is the cheap trigger (no request per window); the
   probe keeps deadline drops and bad client input, which also count as
@@ -25,7 +25,6 @@ Decisions (where the paper and DESIGN are silent)
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -34,13 +33,12 @@ from e3.core.plan import Plan
 from e3.core.profile import LatencyProfile
 from e3.core.telemetry import metric_samples
 
-__all__ = ["SplitStats", "find_stragglers", "exclude_stragglers", "failed_requests", "is_dead_stub",
+__all__ = ["SplitStats", "find_stragglers", "exclude_stragglers", "failed_requests",
            "REQUEST_FAILURE"]
 
 log = logging.getLogger(__name__)
 
 REQUEST_FAILURE = "nv_inference_request_failure"   # Triton's failed-request counter (per model)
-_DEAD_STUB = re.compile(r"stub process.*not healthy", re.IGNORECASE | re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -106,6 +104,3 @@ def failed_requests(metrics_text: str) -> dict[str, float]:
     return out
 
 
-def is_dead_stub(message: str | None) -> bool:
-    """True for the Python backend's "Stub process ... is not healthy" error."""
-    return bool(message) and _DEAD_STUB.search(message) is not None

@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 from e3.controller.applier import ControlError, ServerControl, ServerView
 from e3.controller.decisions import backoff_delay_s, decide, devices_used, plan_diff, same_layout, score_plan
 from e3.controller.forecast import Forecaster, drifted
-from e3.controller.health import SplitStats, exclude_stragglers, find_stragglers, is_dead_stub
+from e3.controller.health import SplitStats, exclude_stragglers, find_stragglers
 from e3.controller.history import PlanHistory
 from e3.controller.report import format_reach
 from e3.controller.settings import ControlSettings
@@ -62,6 +62,7 @@ from e3.controller.telemetry import Window
 from e3.core.files import write_json_atomic
 from e3.core.plan import FORMS, Plan
 from e3.core.profile import BatchProfile, LatencyProfile
+from e3.deploy.stubs import reload_dead_stubs
 
 __all__ = ["Controller", "StepReport", "Clock", "MonotonicClock", "TelemetrySource", "Planner", "ProfilePlanner"]
 
@@ -388,20 +389,9 @@ class Controller:
             return []
         watched = [self.settings.router] + ([sp.model for sp in current.triton_splits] if current else [])
         rose = [m for m in watched if failed.get(m, 0.0) > before.get(m, 0.0)]
-        reloaded = []
-        for name in rose:
-            message = self.view.probe(name)
-            if not is_dead_stub(message):
-                if message:
-                    log.warning("%s had failed requests; its probe failed with: %s", name, message)
-                continue
-            log.error("%s: Python stub died (%s); reloading it", name, message)
-            try:
-                self.control.reload(name)
-                reloaded.append(name)
-            except ControlError as err:
-                log.error("reload of %s refused (%s); will try again next window", name, err)
-                self._failed[name] = before.get(name, 0.0)   # so the next window looks again
+        reloaded, refused = reload_dead_stubs(rose, self.view.probe, self.control.reload, refused=(ControlError,))
+        for name in refused:
+            self._failed[name] = before.get(name, 0.0)   # so the next window looks again
         return reloaded
 
     # -- the loop ------------------------------------------------------------------------------------

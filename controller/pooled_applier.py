@@ -245,7 +245,7 @@ class PlacingPlanner:
         self.latency = getattr(planner, "latency", None)
 
     def plan(self, forecast, devices):
-        from e3.deploy.pools import place
+        from e3.controller.planner.placement import place
         return place(self.planner.plan(forecast, devices), self.pools)
 
     def throughput(self, plan: Plan, forecast) -> float | None:

@@ -23,9 +23,8 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 
@@ -34,6 +33,7 @@ from e3.controller.health import SplitStats, failed_requests
 from e3.core.names import parse_split_name
 from e3.core.plan import Plan, PlanError, SplitPlan
 from e3.core.spec import NUMPY_DTYPES, dtype_from_config
+from e3.deploy.stubs import with_reload_mark
 
 __all__ = ["TritonApplier", "with_split_settings", "probe_inputs"]
 
@@ -208,6 +208,4 @@ class TritonApplier(ServerView, ServerControl):
 
     def reload(self, name: str) -> None:
         """Reload ``name`` with fresh instances; the old version serves until the new one is ready."""
-        config: dict[str, Any] = self.control.model_config(name)
-        config.setdefault("parameters", {})["e3_reload"] = {"string_value": f"{time.time():.6f}"}
-        self.control.load(name, config)
+        self.control.load(name, with_reload_mark(self.control.model_config(name)))

@@ -3,9 +3,10 @@
 A pool is one Triton Deployment (and Service) on one kind of device: the Helm chart
 (``deploy/helm/e3``) renders one per entry of its ``pools`` values and writes them, as this module
 reads them, into ``pools.json`` in its settings ConfigMap. Everything here is pure (no Kubernetes,
-no Triton): the placement of splits on pools, the models each pool loads, and the pod replicas each
+no Triton): the models each pool loads for a placed plan, and the pod replicas each
 pool needs for a plan. The controller's Kubernetes scaler (:mod:`e3.controller.k8s_scaler`) applies
-the replicas.
+the replicas; the placement of splits on pools is the planner's
+(:func:`e3.controller.planner.placement.place`).
 
 Decisions (the paper places splits on devices of 26 machines, E3 §3.2.1, §3.3; it is silent on how
 machines are grouped):
@@ -27,14 +28,13 @@ from __future__ import annotations
 
 import json
 import math
-import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from e3.core.plan import COMPACT, Plan
 
-__all__ = ["Pool", "Pools", "PoolError", "load_pools", "place", "pool_models", "replicas_needed", "devices"]
+__all__ = ["Pool", "Pools", "PoolError", "load_pools", "pool_models", "replicas_needed", "devices"]
 
 
 class PoolError(ValueError):
@@ -121,44 +121,6 @@ def load_pools(source: str | Path | Mapping[str, Any]) -> Pools:
                         f"request's survivors): set its minReplicas and maxReplicas to 1, and its devicesPerPod "
                         f"to the instances it needs")
     return Pools(tuple(pools), namespace=str(source.get("namespace") or "default"))
-
-
-def place(plan: Plan, pools: Pools, pin: Mapping[str, str] | None = None) -> Plan:
-    """``plan`` with every constant split's ``server`` set from the pools (module docstring).
-
-    ``pin`` maps split model names to pool names, overriding the choice (e.g. to move a split); a pin
-    to a pool of another device is refused. The result has a new ``plan_id`` when any server changed.
-    """
-    pin = dict(pin or {})
-    unknown = set(pin) - {s.model for s in plan.splits}
-    if unknown:
-        raise PoolError(f"pinned splits {sorted(unknown)} are not in plan {plan.plan_id}")
-    router = pools.router
-    splits = []
-    for s in plan.splits:
-        if s.form == COMPACT:
-            if s.device != router.device or s.model in pin and pin[s.model] != router.name:
-                raise PoolError(f"{s.model} is compact (it runs inside the router), so it needs the router's pool "
-                                f"{router.name!r} ({router.device}); the plan puts it on {s.device}")
-            splits.append(s)
-            continue
-        if s.model in pin:
-            pool = pools.named(pin[s.model])
-            if pool.device != s.device:
-                raise PoolError(f"{s.model} runs on {s.device}; pool {pool.name!r} has {pool.device}")
-        else:
-            fits = [p for p in pools.pools if p.device == s.device]
-            if not fits:
-                raise PoolError(f"no pool has device {s.device!r} for {s.model} (pools: "
-                                f"{', '.join(f'{p.name}={p.device}' for p in pools.pools)})")
-            pool = router if router in fits else fits[0]
-        splits.append(replace(s, server="" if pool.router else pool.grpc_url))
-    splits_t = tuple(splits)
-    if splits_t == plan.splits:
-        return plan
-    placed = replace(plan, splits=splits_t, plan_id=uuid.uuid4().hex[:12])
-    placed.validate()
-    return placed
 
 
 def pool_models(plan: Plan, pools: Pools, router_models: tuple[str, ...] = ()) -> dict[str, list[str]]:

@@ -19,7 +19,7 @@ in ``e3 serve``'s main thread, polls once per ``poll_s``:
   controller's reload or scale-down also ends stubs, so that alone decides
   nothing) and the model now runs fewer stubs than its live config has
   instances, or a probe of one request of zeros is answered "Stub process ...
-  is not healthy" (:func:`e3.controller.health.is_dead_stub`), the model is
+  is not healthy" (:func:`e3.deploy.stubs.is_dead_stub`), the model is
   reloaded with its live config (Triton starts new stubs;
   requests to the dead one had already failed with that error). Until the
   reload is done the model is in :attr:`Supervisor.unhealthy`, which the HTTP
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from e3.controller.health import is_dead_stub
+from e3.deploy.stubs import is_dead_stub, with_reload_mark
 from e3.deploy.server import ServerError, TritonServer
 
 __all__ = ["Supervisor", "Snapshot", "load_order", "lost_stubs", "probe_request", "orphan_regions", "GaveUp"]
@@ -322,11 +322,7 @@ class Supervisor:
             log.error("a Python stub of %s died; reloading the model", name)
             if self.on_stub_death:
                 self.on_stub_death(name)   # requests it held will never be answered by Triton
-            config = self.snapshot.configs[name]   # at most snapshot_s old; see short_of_stubs
-            # An override equal to the live config is a no-op for Triton (measured: "successfully loaded" at
-            # once, the dead stub kept); a changed parameter makes it a new version with fresh stubs.
-            config = {**config, "parameters": {**config.get("parameters", {}),
-                                               "e3_reload": {"string_value": f"{time.time():.6f}"}}}
+            config = with_reload_mark(self.snapshot.configs[name])   # at most snapshot_s old; see short_of_stubs
             try:
                 self._load(name, config)
             except (urllib.error.URLError, OSError) as err:

@@ -30,11 +30,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 from e3.core.files import write_atomic
 from e3.core.manifest import read_manifest, write_manifest
 from e3.core.spec import TensorSpec, dtype_from_config
-from e3.export.repository import ExportError, _check_owned, _staging, _write_model_py
+from e3.export.repository import SERVING, ExportError, _check_owned, _staging, _write_model_py
 from e3.export.triton_config import DynamicBatching, ModelDescription, parse_config, render_config
 from e3.serving.admission import (PROFILED_TOTALS, best_worker_sets, engine_for, make_policy, max_batch_for_qos,
                                   naive_engine, worker_sets)
-from e3.serving.session import make_session
+from e3.core.session import make_session
 
 __all__ = ["admission_name", "workers_name", "write_admission", "profile_admission", "naive_engine"]
 
@@ -96,7 +96,7 @@ def write_admission(repo: str | Path, fronted: str, policy: Mapping[str, Any], n
         with _staging(repo, workers) as tmp:
             (tmp / "1").mkdir(parents=True)
             shutil.copyfile(onnx, tmp / "1" / "model.onnx")
-            _write_model_py(tmp, "e3.serving.split")
+            _write_model_py(tmp, f"{SERVING}.split")
             write_atomic(tmp / "config.pbtxt", render_config(wdesc, "embedded"))
         manifest["models"][workers] = {"kind": "admission-workers", "model": fronted, "target": "embedded"}
     # Triton's batcher with no delay in front of the stage: nothing waits, and requests that arrived while
@@ -108,7 +108,7 @@ def write_admission(repo: str | Path, fronted: str, policy: Mapping[str, Any], n
         (tmp / "1").mkdir(parents=True)
         if workers is None:
             shutil.copyfile(onnx, tmp / "1" / "model.onnx")
-        _write_model_py(tmp, "e3.serving.elastic")
+        _write_model_py(tmp, f"{SERVING}.elastic")
         write_atomic(tmp / "config.pbtxt", render_config(desc, "embedded"))
     manifest["models"][name] = {"kind": "admission", "model": fronted, "target": "embedded",
                                 **({"workers": workers} if workers else {})}

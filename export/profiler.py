@@ -306,7 +306,7 @@ def measure_blocks(model: "EarlyExitModel", batch_sizes: Sequence[int], settings
     """Timings (ms) of every block without and with its ramp: ([k-1][i] repeats, same or None)."""
     from e3.export.model_api import SplitModule
     from e3.export.onnx_export import export_onnx, split_inputs
-    from e3.serving.session import make_session
+    from e3.core.session import make_session
 
     card = model.card
     L = card.num_blocks
@@ -341,7 +341,7 @@ def measure_stock(model: "EarlyExitModel", batch_sizes: Sequence[int], settings:
     {threads: [i] repeats}. The thread counts alternate call by call, as the block variants do."""
     from e3.export.model_api import SplitModule
     from e3.export.onnx_export import export_onnx, split_inputs
-    from e3.serving.session import make_session
+    from e3.core.session import make_session
 
     card = model.card
     module = SplitModule(model, 1, card.num_blocks, ())
@@ -370,7 +370,7 @@ def measure_jitter(model: "EarlyExitModel", batch_sizes: Sequence[int], settings
 
     from e3.export.model_api import SplitModule
     from e3.export.onnx_export import export_onnx, split_inputs
-    from e3.serving.session import make_session
+    from e3.core.session import make_session
 
     card = model.card
     module = SplitModule(model, 1, card.num_blocks, ())

@@ -12,6 +12,9 @@ Modules, in the order data flows (``docs/generation.md``):
 * ``engine``      — continuous batching with per-token exits over split models (pure numpy, any ``run``);
 * ``kv_store``    — the KV cache kept inside a split instance (pure numpy);
 * ``repository``  — the Triton repository: splits, kv-fill models, generation routers;
-* ``client``      — calling a served router (HTTP, gRPC streaming);
-* ``bench``       — ``e3 bench generate``.
+* ``generate_router``, ``generate_split`` — the Triton models ``<m>_generate*`` and the splits with their KV store;
+* ``helios``, ``helios_router`` — HELIOS's policy (pure) and its front door ``helios_generate``;
+* ``client``      — calling a served router (HTTP, gRPC streaming).
+
+The benches (``e3 bench generate / helios / exegpt``) live in ``benchmarks/``.
 """

@@ -2,7 +2,7 @@
 
 Pure numpy and bookkeeping; it computes nothing itself. Every model call goes through ``run(model_name,
 inputs) -> outputs`` (tensors as in :mod:`e3.generation.onnx_splits`), so the same engine drives the served
-splits by BLS inside Triton (``serving/generate_router.py``), or ONNX Runtime sessions in-process
+splits by BLS inside Triton (``generation/generate_router.py``), or ONNX Runtime sessions in-process
 (:class:`OrtRunner`: tests without a server, and the benchmark's single-process form).
 
 One :meth:`GenerationEngine.step`:
@@ -46,17 +46,14 @@ from typing import Callable
 
 import numpy as np
 
+from e3.core.names import split_name
+
 __all__ = ["EngineSpec", "GenRequest", "Finished", "GenerationEngine", "OrtRunner", "MODES", "split_name",
            "kvfill_name"]
 
 log = logging.getLogger(__name__)
 MODES = ("calm", "full", "speculative")
 Runner = Callable[[str, dict], dict]
-
-
-def split_name(model: str, first: int, last: int) -> str:
-    """Triton name of a split: ``<m>_split_<first>-<last>`` (DESIGN §2)."""
-    return f"{model}_split_{first}-{last}"
 
 
 def kvfill_name(model: str, first: int, last: int) -> str:
@@ -490,7 +487,7 @@ class OrtRunner:
 
     def __init__(self, files: dict[str, str], intra_op_threads: int = 1):
         import onnxruntime as ort
-        from e3.serving.session import make_session
+        from e3.core.session import make_session
         ort.set_default_logger_severity(3)   # empty heads (K = 0) warn about the argmax's shape; unused
         self.sessions = {name: make_session(path, intra_op_threads) for name, path in files.items()}
 

@@ -9,7 +9,7 @@ padded ``past_kv`` and ``key_valid`` for ONNX Runtime from ``[0, past_len)``, an
 at ``[past_len, past_len + new_count)``. Positions beyond are dropped implicitly: a speculative rejection is
 just a smaller ``past_len`` next time. ``release_ids`` drops finished sequences.
 
-Pure numpy (no Triton), shared by ``serving/generate_split.py`` and the in-process runner
+Pure numpy (no Triton), shared by ``generation/generate_split.py`` and the in-process runner
 (:class:`StoreRunner`), and tested without a server.
 
 Decision: one instance per split with a store (a sequence's cache must be where its rows run; Triton's
@@ -80,7 +80,7 @@ class KvStore:
 
 class StoreRunner:
     """In-process ``run`` for an engine whose splits keep the cache (:class:`KvStore` per split), over
-    :class:`e3.generation.engine.OrtRunner`: what ``serving/generate_split.py`` does with ``kv_store`` = 1."""
+    :class:`e3.generation.engine.OrtRunner`: what ``generation/generate_split.py`` does with ``kv_store`` = 1."""
 
     def __init__(self, ort_runner, shapes: dict[str, tuple[int, int, int, int]]):
         self.ort, self.shapes = ort_runner, shapes

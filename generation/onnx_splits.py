@@ -133,7 +133,7 @@ def _export(module: nn.Module, example: tuple, path: Path, dynamic: dict[str, di
 
 
 def _check(module: nn.Module, path: Path, examples: list[tuple]) -> float:
-    from e3.serving.session import make_session
+    from e3.core.session import make_session
     session = make_session(str(path), 1)
     wanted = {i.name for i in session.get_inputs()}
     worst = 0.0

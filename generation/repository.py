@@ -3,12 +3,12 @@
 For a model ``<m>`` (``smollm2-ee`` -> ``smollm2_ee``) with exit heads after layers e1 < e2 < ...:
 
 * ``<m>_split_<a>-<b>``: layers a..b and the head after b (ONNX; on the embedded server a Python-backend
-  model running it in ONNX Runtime, one intra-op thread; see ``serving/generate_split.py``), stateless: the
+  model running it in ONNX Runtime, one intra-op thread; see ``generation/generate_split.py``), stateless: the
   caller passes each sequence's cache; prefill and decode both use them;
 * ``<m>_kv_split_<a>-<b>``: the same split (sharing its ONNX file) keeping each sequence's cache in its
   instance (:mod:`e3.generation.kv_store`, one instance);
 * ``<m>_kvfill_<e+1>-<L>`` per exit e: the skipped layers' k/v from the exit state (CALM);
-* ``<m>_generate``: the generation router (``serving/generate_router.py``) over the ``_kv_split`` models,
+* ``<m>_generate``: the generation router (``generation/generate_router.py``) over the ``_kv_split`` models,
   continuous batching over up to ``max_active`` sequences, per-token exits, survivors re-batched between
   splits; a plain (non-decoupled) model any HTTP/gRPC client can call;
 * ``<m>_generate_naive``: the same, one sequence at a time (``max_active`` 1), the naive early-exit baseline;
@@ -29,6 +29,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from e3.core.names import served_name
 from e3.core.spec import TensorSpec
 from e3.export.triton_config import ModelDescription, render_config
 from e3.generation.engine import EngineSpec, kvfill_name, split_name
@@ -38,12 +39,6 @@ from e3.generation.onnx_splits import export_kvfill, export_split, split_ranges
 __all__ = ["export_generation_repository", "served_name", "router_names", "onnx_files", "model_names"]
 
 log = logging.getLogger(__name__)
-SERVING = "e3.serving"
-
-
-def served_name(model: str) -> str:
-    """``smollm2-ee`` -> ``smollm2_ee`` (DESIGN §2)."""
-    return model.replace("-", "_")
 
 
 def router_names(model: str) -> dict[str, str]:
@@ -106,7 +101,7 @@ def export_generation_repository(model: str, repo: Path, max_active: int = 16, p
             outputs = (TensorSpec("new_kv", "FP32", (-1,) * 6),)
         _write(out, ModelDescription(name=name, kind="onnx", max_batch_size=0, inputs=inputs, outputs=outputs,
                                      dynamic_batching=None, parameters={"intra_op_threads": "1"}),
-               f"{SERVING}.generate_split")
+               f"{__package__}.generate_split")
     router_inputs = (TensorSpec("input_ids", "INT64", (-1,)), TensorSpec("text", "BYTES", (1,)),
                      TensorSpec("max_new_tokens", "INT32", (1,)), TensorSpec("mode", "BYTES", (1,)),
                      TensorSpec("tau", "FP32", (1,)), TensorSpec("draft_tokens", "INT32", (1,)))
@@ -130,7 +125,7 @@ def export_generation_repository(model: str, repo: Path, max_active: int = 16, p
                                      dynamic_batching=None, parameters={
                                          "intra_op_threads": "1", "kv_store": "1",
                                          "onnx_file": f"../../{split_name(m, a, b)}/1/model.onnx"}),
-               f"{SERVING}.generate_split")
+               f"{__package__}.generate_split")
         _mark_optional(out / "config.pbtxt", [t.name for t in inputs])
     for kind, name in router_names(model).items():
         out = repo / name
@@ -142,7 +137,7 @@ def export_generation_repository(model: str, repo: Path, max_active: int = 16, p
             params["tokenizer"] = tok_file   # beside config.pbtxt
         desc = ModelDescription(name=name, kind="python", max_batch_size=0, inputs=router_inputs,
                                 outputs=router_outputs, dynamic_batching=None, parameters=params)
-        _write(out, desc, f"{SERVING}.generate_router")
+        _write(out, desc, f"{__package__}.generate_router")
         if kind == "stream":
             with (out / "config.pbtxt").open("a") as f:
                 f.write("model_transaction_policy {\n  decoupled: true\n}\n")
@@ -169,7 +164,7 @@ def helios_candidate(model: str) -> dict:
     """The sizes HELIOS's memory budget and cost model count for ``model`` (float32 weights as served)."""
     from dataclasses import asdict
 
-    from e3.controller.helios import Candidate
+    from e3.generation.helios import Candidate
     gm = load_generation_model(model, progress=False)
     d, c = gm.decoder, gm.decoder.config
     layer = sum(p.numel() for p in d.layers[0].parameters())
@@ -188,11 +183,11 @@ def export_helios_repository(models: list[str], repo: Path, *, memory_mb: float,
                              fixed: bool = True, reuse_splits: bool = False) -> list[str]:
     """Export every candidate in ``models`` (their splits and kv-fill models, see
     :func:`export_generation_repository`) and HELIOS's front door ``helios_generate``
-    (``serving/helios_router.py``) over them, with the memory budget ``memory_mb`` MiB. With ``fixed``, also
+    (``generation/helios_router.py``) over them, with the memory budget ``memory_mb`` MiB. With ``fixed``, also
     ``helios_only_<m>`` per candidate: the same router serving that candidate whole under the same budget, no
     controller (the baselines of ``e3 bench helios``). Returns the front doors' names; load only those (the
     router loads the split models it needs)."""
-    from e3.controller.helios import Candidate, HeliosSettings, check_candidates
+    from e3.generation.helios import Candidate, HeliosSettings, check_candidates
     if len(models) < 1:
         raise ValueError("HELIOS needs at least one candidate model")
     cands = [helios_candidate(model) for model in models]     # checked before anything is written
@@ -234,7 +229,7 @@ def export_helios_repository(models: list[str], repo: Path, *, memory_mb: float,
         if tok_file:
             params["tokenizer"] = tok_file
         _write(out, ModelDescription(name=name, kind="python", max_batch_size=0, inputs=inputs, outputs=outputs,
-                                     dynamic_batching=None, parameters=params), f"{SERVING}.helios_router")
+                                     dynamic_batching=None, parameters=params), f"{__package__}.helios_router")
         if tok_file:
             gm.tokenizer.save(str(out / "tokenizer.json"))
         _mark_optional(out / "config.pbtxt", [t.name for t in inputs])

@@ -1,11 +1,11 @@
 """What runs inside Triton: the Python-backend models of the request path and the glue they share.
 
 A request's path reads client -> front door -> router -> splits, and every
-module here imports only the vocabulary (``e3.core``) and the modules above it
-in this table, never the exporter, the controller or the client:
+module here imports only the vocabulary (``e3.core``, which also holds ``session.py``, the one way an
+ONNX file is opened) and the modules above it in this table, never the exporter, the controller, the client
+or generation (generation's Triton models live in ``generation/`` and import this room):
 
 triton_io.py       the glue: model parameters, gathering requests, responses, BLS calls with typed errors
-session.py         the one way an ONNX file is opened in ONNX Runtime (pinned threads)
 policy.py          the router's decisions, pure numpy: exits per ramp, survivors, deadline budget, drop reasons
 remote.py          a split on another Triton (pool), reached over gRPC with the same typed errors as BLS
 router_metrics.py  the router's Prometheus counters (Triton custom metrics), summed locally, flushed in the background

@@ -16,7 +16,7 @@ from functools import partial
 from e3.core.exits import make_exit_rule
 from e3.core.spec import ModelCard
 from e3.serving.policy import BatchRoute
-from e3.serving.session import make_session
+from e3.core.session import make_session
 from e3.serving.triton_io import answer_responses, gather, model_parameters
 
 

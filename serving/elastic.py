@@ -54,7 +54,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from e3.serving.admission import make_policy
-from e3.serving.session import make_session
+from e3.core.session import make_session
 from e3.serving.triton_io import ResponseSender, bls, gather, io_specs, model_parameters
 
 

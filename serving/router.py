@@ -341,7 +341,7 @@ class TritonPythonModel:
             except ValueError as e:   # a model whose block graphs do not compose
                 log.warning("split %d-%d runs block by block: its blocks do not compose into one graph (%s)",
                             split.first_block, split.last_block, e)
-        from e3.serving.session import make_session
+        from e3.core.session import make_session
         C, L = self.card.num_classes, self.card.num_blocks
         blocks = range(split.first_block, split.last_block + 1)
         enabled = set(split.enabled_ramps)
@@ -366,7 +366,7 @@ class TritonPythonModel:
     def _fused_runner(self, split: SplitPlan):
         """A compact split as one ONNX graph: blocks, exit tests and compaction in one ONNX Runtime call
         (:mod:`e3.serving.fused_split`)."""
-        from e3.serving.session import make_session
+        from e3.core.session import make_session
         C, L = self.card.num_classes, self.card.num_blocks
         composed = compose_split(self.version_dir, self.card, split.first_block, split.last_block,
                                  split.enabled_ramps, self.rule.tau_nats)

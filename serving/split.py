@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from e3.serving.session import make_session
+from e3.core.session import make_session
 from e3.serving.triton_io import gather, io_specs, model_parameters, split_responses
 
 

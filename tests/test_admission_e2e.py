@@ -15,7 +15,7 @@ from e3.client.sdk import ClientError, E3Client
 from e3.core.rows import request_slices
 from e3.export.admission import workers_name, write_admission
 from e3.export.repository import ExportSettings, export_repository
-from e3.serving.session import make_session
+from e3.core.session import make_session
 from helpers import mixed_sizes, serving
 
 pytestmark = pytest.mark.e2e

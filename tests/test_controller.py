@@ -14,7 +14,8 @@ import pytest
 from e3.controller.applier import ServerControl, ServerView
 from e3.controller.decisions import backoff_delay_s, decide, layout, plan_diff, same_layout, score_plan
 from e3.controller.forecast import make_forecaster
-from e3.controller.health import SplitStats, exclude_stragglers, failed_requests, find_stragglers, is_dead_stub
+from e3.controller.health import SplitStats, exclude_stragglers, failed_requests, find_stragglers
+from e3.deploy.stubs import is_dead_stub
 from e3.controller.history import HistoryError, PlanHistory
 from e3.controller.loop import Clock, Controller, ProfilePlanner
 from e3.controller.planner import best_plan

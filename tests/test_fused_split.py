@@ -15,7 +15,7 @@ from e3.core.exits import EntropyRule, PatienceRule
 from e3.core.names import block_file
 from e3.serving.fused_split import can_fuse, compose_split, fuse_blocks
 from e3.serving.policy import BatchRoute
-from e3.serving.session import make_session
+from e3.core.session import make_session
 
 ROWS = 24
 

@@ -1,11 +1,11 @@
-"""HELIOS's decisions (controller/helios.py), pure: evaluation, partial depth, the breach counter's two
+"""HELIOS's decisions (generation/helios.py), pure: evaluation, partial depth, the breach counter's two
 decisions, re-assessment, and the memory arithmetic."""
 
 from __future__ import annotations
 
 import pytest
 
-from e3.controller.helios import Candidate, HeliosController, HeliosSettings, check_candidates
+from e3.generation.helios import Candidate, HeliosController, HeliosSettings, check_candidates
 
 A = Candidate("a", exits=(1, 2), num_layers=4, layer_bytes=100, base_bytes=1000, head_bytes=10, kv_bytes=2,
               head_cost=0.5)

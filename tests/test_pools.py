@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 
 from e3.core.plan import COMPACT, Plan, PlanError, default_plan
-from e3.deploy.pools import PoolError, devices, load_pools, place, pool_models, replicas_needed
+from e3.controller.planner.placement import place
+from e3.deploy.pools import PoolError, devices, load_pools, pool_models, replicas_needed
 
 RAMPS = (1, 2, 3, 4, 5)
 

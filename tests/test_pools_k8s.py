@@ -13,7 +13,8 @@ import pytest
 from e3.controller.applier import ControlError
 from e3.controller.k8s_scaler import KubernetesScaler, RecordingScaler, scale_request
 from e3.controller.pooled_applier import PlacingPlanner, PooledApplier
-from e3.deploy.pools import load_pools, place
+from e3.controller.planner.placement import place
+from e3.deploy.pools import load_pools
 from test_pools import make_plan, make_pools
 
 PREFIX = "/apis/apps/v1/namespaces/e3/deployments/"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from e3.client.sdk import ClientError, E3Client
-from e3.controller.health import is_dead_stub
+from e3.deploy.stubs import is_dead_stub
 from e3.controller.triton_applier import TritonApplier
 from e3.deploy.server import TritonServer
 

@@ -7,7 +7,7 @@ Pure modules (no torch, no Triton), in the order a plan is made (``docs/exegpt.m
 * ``simulator`` — predicted throughput and p99-length latency of RRA and WAA schedules;
 * ``search``    — the control variables, branch-and-bound over them and the exhaustive grid it is checked
   against.
-* ``scheduler`` — the decisions of the Triton front door ``<m>_generate_exegpt`` (``serving/exegpt_router.py``):
+* ``scheduler`` — the decisions of the Triton front door ``<m>_generate_exegpt`` (``generation/exegpt/router.py``):
   RRA or WAA by branch-and-bound, RRA's phases around the engine, WAA's hand-overs, the served profiles from
   its timed steps, re-planning on a length shift.
 

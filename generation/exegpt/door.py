@@ -1,4 +1,4 @@
-"""Export ExeGPT's front door ``<m>_generate_exegpt`` (``serving/exegpt_router.py``) beside a repository that
+"""Export ExeGPT's front door ``<m>_generate_exegpt`` (``generation/exegpt/router.py``) beside a repository that
 ``e3 export-generate`` wrote: the same ``<m>_kv_split_*`` and kv-fill models, one more Python-backend model
 whose config parameters carry the engine specs and the scheduler's settings (profile, planned output lengths,
 prompt length, batch sizes, latency bound, re-plan policy, the schedule kinds it may choose, an optional
@@ -72,7 +72,7 @@ def _export_encoder(repo: Path, model: str, spec: EngineSpec) -> None:
                                      dynamic_batching=None, parameters={
                                          "intra_op_threads": "1",
                                          "onnx_file": f"../../{split_name(m, a, b)}/1/model.onnx"}),
-               "e3.serving.generate_split")
+               "e3.generation.generate_split")
 
 
 def export_exegpt_door(repo: Path, model: str, profile: LayerProfile, lengths: LengthDistribution,
@@ -116,7 +116,7 @@ def export_exegpt_door(repo: Path, model: str, profile: LayerProfile, lengths: L
     if router.exists():
         params["tokenizer"] = "tokenizer.json"
     _write(out, ModelDescription(name=name, kind="python", max_batch_size=0, inputs=INPUTS, outputs=OUTPUTS,
-                                 dynamic_batching=None, parameters=params), "e3.serving.exegpt_router")
+                                 dynamic_batching=None, parameters=params), "e3.generation.exegpt.router")
     if router.exists():
         shutil.copyfile(router, out / "tokenizer.json")
     _mark_optional(out / "config.pbtxt", [t.name for t in INPUTS])

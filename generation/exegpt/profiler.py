@@ -79,7 +79,7 @@ def profile_split(onnx_path: str | Path, split_layers: int, num_layers: int,
 
     import onnxruntime as ort
 
-    from e3.serving.session import make_session
+    from e3.core.session import make_session
     ort.set_default_logger_severity(3)   # the unread head (K = 0) warns about its empty output's shape
     session = make_session(str(onnx_path), settings.intra_op_threads)
     rng = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""The decisions of ExeGPT's front door on Triton (``<m>_generate_exegpt``, ``serving/exegpt_router.py``).
+"""The decisions of ExeGPT's front door on Triton (``<m>_generate_exegpt``, ``generation/exegpt/router.py``).
 Pure Python: the door only feeds it observations and applies its answers.
 
 :class:`ExegptScheduler` (``RraScheduler``, its first name) holds, for one served generation model:

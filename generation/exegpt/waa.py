@@ -3,7 +3,7 @@
 The encode worker is a :class:`~e3.generation.engine.GenerationEngine` over its own stateless split models
 (the cache comes back with each prefill), driven by a thread of its own; the decode worker is another engine
 over the split models that keep the cache, driven by the caller's thread (the front door's engine thread,
-``serving/exegpt_router.py``, or a test in process). One decode iteration of the caller's loop:
+``generation/exegpt/router.py``, or a test in process). One decode iteration of the caller's loop:
 
 1. :meth:`WaaPair.collect`: the batch the encode worker is prefilling is waited for and taken, and the decode
    engine :meth:`~e3.generation.engine.GenerationEngine.adopt` s it (its prompt k/v travel with each split's

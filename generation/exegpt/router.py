@@ -1,6 +1,6 @@
 """``<m>_generate_exegpt``: ExeGPT's RRA and WAA schedules enforced on Triton, one Python-backend instance.
 
-Requests are those of ``<m>_generate`` (:mod:`e3.serving.generate_router`: ``input_ids`` INT64 [n] or
+Requests are those of ``<m>_generate`` (:mod:`e3.generation.generate_router`: ``input_ids`` INT64 [n] or
 ``text`` BYTES [1], optional ``max_new_tokens``, ``mode``, ``tau``, ``draft_tokens``) and its outputs
 (``tokens``, ``exit_layers``, ``text_out``, ``ttft_ms``, ``total_ms``; ``total_ms`` runs from the sequence's
 admission, its phase start, to its last token). The answers are the same engine's.
@@ -46,7 +46,7 @@ from e3.generation.engine import EngineSpec, GenerationEngine, GenRequest
 from e3.generation.exegpt.scheduler import ExegptScheduler, ReplanPolicy, schedule_from_json
 from e3.generation.exegpt.waa import WaaPair
 from e3.generation.exegpt.workload import LayerProfile, LengthDistribution
-from e3.serving.generate_router import InboxFrontDoor, _runner, _scalar, prompt_of
+from e3.generation.generate_router import InboxFrontDoor, bls_runner, prompt_of, scalar_input
 from e3.serving.triton_io import error_response, model_parameters, tensor_response
 
 log = logging.getLogger(__name__)
@@ -74,10 +74,10 @@ class TritonPythonModel(InboxFrontDoor):
         if params.get("tokenizer"):
             from tokenizers import Tokenizer
             self.tokenizer = Tokenizer.from_file(os.path.join(args["model_repository"], params["tokenizer"]))
-        self.engine = GenerationEngine(self.spec, _runner(self.spec.kv_in_splits))
+        self.engine = GenerationEngine(self.spec, bls_runner(self.spec.kv_in_splits))
         # WAA's encode worker (idle under RRA); its engine calls the stateless <m>_enc_split_* models
         encoder = EngineSpec.from_dict(json.loads(params["encoder"])) if params.get("encoder") else None
-        self.pair = None if encoder is None else WaaPair(GenerationEngine(encoder, _runner(False)))
+        self.pair = None if encoder is None else WaaPair(GenerationEngine(encoder, bls_runner(False)))
         self.waiting: deque[GenRequest] = deque()
         self.inbox: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
@@ -152,9 +152,9 @@ class TritonPythonModel(InboxFrontDoor):
             return None
         prompt = prompt_of(request, self.tokenizer)
         req = GenRequest(request_id=request, prompt=prompt,
-                         max_new_tokens=int(_scalar(request, "max_new_tokens", 32)),
-                         mode=str(_scalar(request, "mode", "full")), tau=float(_scalar(request, "tau", 0.9)),
-                         draft_tokens=int(_scalar(request, "draft_tokens", 4)))
+                         max_new_tokens=int(scalar_input(request, "max_new_tokens", 32)),
+                         mode=str(scalar_input(request, "mode", "full")), tau=float(scalar_input(request, "tau", 0.9)),
+                         draft_tokens=int(scalar_input(request, "draft_tokens", 4)))
         req.check(self.spec)   # refused now, not when its phase comes
         return req
 

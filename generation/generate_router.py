@@ -36,7 +36,7 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 SPLIT_OUTPUTS = ["hidden_out", "new_kv", "token", "confidence"]
 
 
-def _runner(kv_in_splits: bool):
+def bls_runner(kv_in_splits: bool):
     """The engine's ``run``: a BLS call asking for the outputs each kind of model gives."""
     split_outputs = [o for o in SPLIT_OUTPUTS if not (kv_in_splits and o == "new_kv")]
 
@@ -47,7 +47,7 @@ def _runner(kv_in_splits: bool):
     return run
 
 
-def _scalar(request, name: str, default):
+def scalar_input(request, name: str, default):
     t = pb_utils.get_input_tensor_by_name(request, name)
     if t is None:
         return default
@@ -103,7 +103,7 @@ class TritonPythonModel(InboxFrontDoor):
         if params.get("tokenizer"):
             from tokenizers import Tokenizer
             self.tokenizer = Tokenizer.from_file(os.path.join(args["model_repository"], params["tokenizer"]))
-        self.engine = GenerationEngine(self.spec, _runner(self.spec.kv_in_splits))
+        self.engine = GenerationEngine(self.spec, bls_runner(self.spec.kv_in_splits))
         self.inbox: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
         self.sent: dict[int, int] = {}
@@ -117,9 +117,9 @@ class TritonPythonModel(InboxFrontDoor):
     def _parse(self, request) -> GenRequest:
         prompt = prompt_of(request, self.tokenizer)
         req = GenRequest(request_id=request, prompt=prompt,
-                         max_new_tokens=int(_scalar(request, "max_new_tokens", 32)),
-                         mode=str(_scalar(request, "mode", "calm")), tau=float(_scalar(request, "tau", 0.9)),
-                         draft_tokens=int(_scalar(request, "draft_tokens", 4)))
+                         max_new_tokens=int(scalar_input(request, "max_new_tokens", 32)),
+                         mode=str(scalar_input(request, "mode", "calm")), tau=float(scalar_input(request, "tau", 0.9)),
+                         draft_tokens=int(scalar_input(request, "draft_tokens", 4)))
         return req
 
     def _admit(self, request) -> None:

@@ -1,13 +1,16 @@
 """The one way a split's ONNX file is opened in ONNX Runtime (served splits, the
 in-process baseline and ``e3 profile`` all use it, so a profile measures what serves).
 
-Kept apart from the Python-backend model bodies so that it imports without
-Triton's ``triton_python_backend_utils``.
+In the floor because every room that opens an ONNX file uses it (serving, export's profiler, generation's
+engine); onnxruntime is imported inside the function, so importing the floor stays light.
 """
 
 from __future__ import annotations
 
-import onnxruntime as ort
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 __all__ = ["make_session"]
 
@@ -15,6 +18,7 @@ __all__ = ["make_session"]
 def make_session(path: str | bytes, intra_op_threads: int = 1) -> ort.InferenceSession:
     """``path``: an ONNX file, or a serialised model (a graph composed in memory). CPU provider, ``intra_op_threads`` intra-op threads (default 1: instance counts mean cores),
     one inter-op thread, sequential execution."""
+    import onnxruntime as ort
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_threads
     options.inter_op_num_threads = 1

@@ -1,13 +1,13 @@
 """``helios_generate``: HELIOS's front door, one Triton Python-backend instance over several early-exit LLMs.
 
-Requests are those of ``<m>_generate`` (:mod:`e3.serving.generate_router`): ``input_ids`` INT64 [n] or
+Requests are those of ``<m>_generate`` (:mod:`e3.generation.generate_router`): ``input_ids`` INT64 [n] or
 ``text`` BYTES [1], optional ``max_new_tokens`` INT32 [1] (default 32); always CALM at the server's ``tau``
 (the ``mode``/``tau`` inputs of ``<m>_generate`` are not accepted: the threshold is HELIOS's). Outputs: those of
 ``<m>_generate`` plus ``served_by`` BYTES [1], ``"<model>:<depth>"`` (the configuration the sequence ran on).
 A request holding only ``status`` BYTES [1] gets the controller's table as JSON in ``text_out``
 (``e3 helios-status``).
 
-Decisions are :class:`e3.controller.helios.HeliosController`'s; this module applies them:
+Decisions are :class:`e3.generation.helios.HeliosController`'s; this module applies them:
 
 * **engines**: one :class:`~e3.generation.engine.GenerationEngine` per configuration in use, over the
   candidate's ``<m>_kv_split_*`` models truncated at the configuration's depth (continuous batching, exits per
@@ -46,9 +46,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from e3.controller.helios import Candidate, HeliosController, HeliosSettings
+from e3.generation.helios import Candidate, HeliosController, HeliosSettings
 from e3.generation.engine import EngineSpec, GenerationEngine, GenRequest
-from e3.serving.generate_router import InboxFrontDoor, _runner, _scalar, prompt_of
+from e3.generation.generate_router import InboxFrontDoor, bls_runner, prompt_of, scalar_input
 from e3.serving.triton_io import error_response, model_parameters, tensor_response
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ class TritonPythonModel(InboxFrontDoor):
                 raise ValueError(f"input {name} is not accepted: HELIOS serves CALM at its own tau "
                                  f"({self.settings.tau})")
         prompt = prompt_of(request, self.tokenizer)
-        req = GenRequest(request_id=request, prompt=prompt, max_new_tokens=int(_scalar(request, "max_new_tokens", 32)),
+        req = GenRequest(request_id=request, prompt=prompt, max_new_tokens=int(scalar_input(request, "max_new_tokens", 32)),
                          mode="calm", tau=self.settings.tau)
         req.check(next(iter(self.specs.values())))
         need = max(self._kv(req, c.name, c.num_layers) + c.weight_bytes(c.num_layers) for c in self.cands.values())
@@ -208,7 +208,7 @@ class TritonPythonModel(InboxFrontDoor):
                 continue
             engine = self.engines.get(config)
             if engine is None:
-                engine = self.engines[config] = GenerationEngine(self._spec(*config), _runner(True))
+                engine = self.engines[config] = GenerationEngine(self._spec(*config), bls_runner(True))
             self.reserved[id(req.request_id)] = kv
             engine.submit(req)
 

@@ -21,7 +21,7 @@ import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
 from e3.generation.kv_store import KvStore
-from e3.serving.session import make_session
+from e3.core.session import make_session
 from e3.serving.triton_io import error_response, io_specs, model_parameters, tensor_response
 
 

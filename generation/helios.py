@@ -1,7 +1,7 @@
 """HELIOS (Algorithm 1): choosing among early-exit LLM candidates, loading only the layers most used, and the
 confidence breach counter (CBC) deciding between "load the rest" and "switch model". Pure decisions; the
 Triton side (engines, loading and unloading split models, the memory budget's admission) is
-``serving/helios_router.py``.
+``generation/helios_router.py``.
 
 A **configuration** is ``(model, depth)``: a candidate served up to an exit layer (``depth`` < L: partially
 loaded, the head after ``depth`` answers every token that reaches it) or whole (``depth`` = L).
