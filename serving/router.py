@@ -83,7 +83,7 @@ from e3.serving.fused_split import can_fuse, compose_split
 from e3.serving.policy import DEADLINE, ERROR, BatchRoute, drop_for
 from e3.serving.remote import RemoteSplit
 from e3.serving.router_metrics import RouterMetrics
-from e3.serving.scheduler import MAX_QUEUE_INPUTS, WATCHDOG_GRACE_S, Dispatch, Job, Scheduler, make_queues, queue_limit
+from e3.serving.scheduler import MAX_QUEUE_INPUTS, WATCHDOG_GRACE_S, Dispatch, Job, Scheduler, queue_limit
 from e3.serving.triton_io import (BlsTimeout, ResponseSender, bls, error_response, gather, model_parameters,
                                   tensor_response)
 
@@ -124,19 +124,13 @@ class TritonPythonModel:
         self.share = self.plan.router_instances
         self.inline = self.share > 1
         self.runners = [self._runner(s) for s in self.plan.splits]
-        slots = [s.instances // self.share if s.form == COMPACT else s.instances + 1 for s in self.plan.splits]
-        self.sched = Scheduler(make_queues([s.batch_size for s in self.plan.splits], slots,
-                                           # inline, no other request can reach this instance while its
-                                           # execute waits: a wait at split 1 could not fill the batch
-                                           [0 if self.inline and i == 0 else s.queue_delay_us
-                                            for i, s in enumerate(self.plan.splits)],
-                                           [min(s.instances, n) for s, n in zip(self.plan.splits, slots)]),
-                               self.plan.slo_ms / 1e3, self.plan.slack,
-                               float(params.get("watchdog_grace_ms") or WATCHDOG_GRACE_S * 1e3) / 1e3,
-                               queue_limit(params.get(MAX_QUEUE_INPUTS)))
-        self.pools = [ThreadPoolExecutor(n, thread_name_prefix=f"e3-{s.model}") for s, n in zip(self.plan.splits, slots)]
+        self.sched = Scheduler.for_plan(
+            self.plan, watchdog_grace_s=float(params.get("watchdog_grace_ms") or WATCHDOG_GRACE_S * 1e3) / 1e3,
+            max_queue_inputs=queue_limit(params.get(MAX_QUEUE_INPUTS)))
+        self.pools = [ThreadPoolExecutor(n, thread_name_prefix=f"e3-{s.model}")
+                      for s, n in zip(self.plan.splits, self.sched.slots)]
         # Inline with one worker per split: the execute thread is that worker (no hand-over per batch).
-        self.direct = self.inline and all(n == 1 for n in slots)
+        self.direct = self.sched.direct
         self.ready: list[Dispatch] = []
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)   # the timer thread waits on it

@@ -100,6 +100,7 @@ from typing import Any
 
 import numpy as np
 
+from e3.core.plan import COMPACT, Plan
 from e3.serving.policy import DEADLINE, BatchRoute
 
 __all__ = ["Job", "Row", "SplitQueue", "Dispatch", "Refusal", "Scheduler", "make_queues", "queue_limit", "EWMA_ALPHA",
@@ -243,6 +244,30 @@ class Scheduler:
         self.max_queue_inputs = max_queue_inputs   # most inputs held at once (None: no limit)
         self.held_inputs = 0              # inputs of admitted jobs not yet answered or dropped
         self.running: dict[int, Dispatch] = {}   # id -> batches dispatched and not yet finished or abandoned
+        self.slots = [q.slots for q in queues]   # batches each split may have in flight
+        self.inline = False                       # answers its requests inside their execute (for_plan)
+        self.direct = False                       # inline with one worker per split: the execute thread runs them
+
+    @classmethod
+    def for_plan(cls, plan: Plan, *, stages_per_instance: int = 1, watchdog_grace_s: float = WATCHDOG_GRACE_S,
+                 max_queue_inputs: int | None = None) -> "Scheduler":
+        """The scheduler of one router instance serving ``plan`` (the router and the simulator both build it
+        here). Slots: a compact split gets its instances over the router instances (``plan.router_instances``);
+        a constant split one batch in flight per stage per instance (``stages_per_instance``: 1 on Triton, more
+        where a copy or the router's host work runs beside the compute) plus one waiting in Triton's queue.
+        Several router instances answer inline: no other request can reach an instance while its execute waits,
+        so a wait at split 1 could not fill the batch (split 1's delay is 0). A partial batch is sent to a
+        split only while one of its instances is free."""
+        splits = plan.splits
+        inline = plan.router_instances > 1
+        slots = [s.instances // plan.router_instances if s.form == COMPACT else stages_per_instance * s.instances + 1
+                 for s in splits]
+        queues = make_queues([s.batch_size for s in splits], slots,
+                             [0 if inline and i == 0 else s.queue_delay_us for i, s in enumerate(splits)],
+                             [min(s.instances, n) for s, n in zip(splits, slots)])
+        sched = cls(queues, plan.slo_ms / 1e3, plan.slack, watchdog_grace_s, max_queue_inputs)
+        sched.inline, sched.direct = inline, inline and all(n == 1 for n in slots)
+        return sched
 
     # -- admission -----------------------------------------------------------------------------------
     def job(self, handle: Any, n: int, now: float, num_classes: int) -> Job:

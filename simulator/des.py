@@ -79,9 +79,11 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import simpy
 
-from e3.core.plan import COMPACT, Plan
+from e3.core.plan import COMPACT, CONSTANT, Plan
 from e3.core.profile import LatencyProfile
-from e3.serving.scheduler import Scheduler, make_queues
+from e3.core.cost import batch_ms
+from e3.serving.admission import batch_cut
+from e3.serving.scheduler import Scheduler
 
 __all__ = ["Arrivals", "Baseline", "CallCosts", "SimResult", "simulate_plan", "simulate_baseline", "next_enabled_exit",
            "with_host_share", "HostShare"]
@@ -337,11 +339,8 @@ class _TritonQueue:
             while sum(len(r) for _, r, _ in self.items) < enough_rows and self.env.now < deadline:
                 yield self._arrived | self.env.timeout(deadline - self.env.now)
         exceeded = delay_s > 0 and bool(self.items) and self.env.now - self.items[0][0] >= delay_s
-        cap = max_batch if exceeded or enough_rows <= 0 else enough_rows
-        take, rows = [], 0
-        while self.items and (not take or rows + len(self.items[0][1]) <= cap):
-            take.append(self.items.pop(0))
-            rows += len(take[-1][1])
+        n = batch_cut([len(rows) for _, rows, _ in self.items], enough_rows, max_batch, exceeded)
+        take, self.items = self.items[:n], self.items[n:]
         return take
 
 
@@ -352,22 +351,15 @@ class _Router:
                  device: str, num_classes: int, batches: dict[int, list[int]], costs: CallCosts = CallCosts()):
         self.env, self.latency, self.plan, self.device, self.C = env, latency, plan, device, num_classes
         self.costs = costs
-        splits, share = plan.splits, plan.router_instances
-        inline = share > 1
-        # a constant split's batches in flight: one more than its instances (the router's); with stages
-        # beside the compute (a copy in or out, the router's host work), one per stage per instance
-        per_instance = costs.stages_per_instance()
-        slots = [s.instances // share if s.form == COMPACT else per_instance * s.instances + 1 for s in splits]
-        self.sched = Scheduler(make_queues([s.batch_size for s in splits], slots,
-                                           [0 if inline and i == 0 else s.queue_delay_us
-                                            for i, s in enumerate(splits)],
-                                           [min(s.instances, n) for s, n in zip(splits, slots)]),
-                               plan.slo_ms / 1e3, plan.slack)
+        splits = plan.splits
+        # the router's own construction; with stages beside the compute (a copy in or out, the router's host
+        # work), a constant split has one batch in flight per stage per instance
+        self.sched = Scheduler.for_plan(plan, stages_per_instance=costs.stages_per_instance())
+        slots = self.sched.slots
         L = plan.num_blocks
         self.exits = [next_enabled_exit(exit_ramp, s.enabled_ramps, L) for s in splits]
-        self.ramps = [set(r for r in s.enabled_ramps if s.first_block <= r <= s.last_block) for s in splits]
         # inline with one worker per split: the execute thread runs every split's batches (direct)
-        if inline and all(n == 1 for n in slots):
+        if self.sched.direct:
             one = simpy.Resource(env, capacity=1)
             self.workers = [one] * len(splits)
         else:
@@ -420,25 +412,15 @@ class _Router:
         out = self.exits[i][pool_rows]
         leaves = np.where(out <= s.last_block, out, 0)
         ms = 0.0 if self.router_beside(i) else lat.router(dev, n0)
-        if s.form == COMPACT:
-            n = n0
-            if i == 0 and self.costs.input_curve == "tx_in":
-                ms += self.hop_ms(0, n0)   # the router's session copies the model inputs in, in its own call
-            # Decision: priced as its blocks, though the router runs a compact split of independent exit
-            # rules as one composed graph (serving/fused_split.py), 4-8% faster in process. Measured in
-            # serving (bert-ee 80:20, 16 clients), the router's stubs spend 6.07 and 6.11 CPU ms per input
-            # at 1 and 8 inputs per request: the sum of the blocks; the one-graph saving (the stock graph
-            # over its blocks, 0.91) priced it 10% too cheap. The Python around the graph eats the saving.
-            for k in range(s.first_block, s.last_block + 1):
-                ms += lat.block(k, dev, n, with_ramp=k in self.ramps[i])
-                if k in self.ramps[i]:
-                    ms += lat.check(dev, n)
-                    n = int(np.sum(out > k))
-                if n == 0:
-                    break
-        else:
-            ms += sum(lat.block(k, dev, n0, with_ramp=k in self.ramps[i])
-                      for k in range(s.first_block, s.last_block + 1))
+        if s.form == COMPACT and i == 0 and self.costs.input_curve == "tx_in":
+            ms += self.hop_ms(0, n0)   # the router's session copies the model inputs in, in its own call
+        # Decision: a compact split is priced as its blocks, though the router runs a compact split of
+        # independent exit rules as one composed graph (serving/fused_split.py), 4-8% faster in process.
+        # Measured in serving (bert-ee 80:20, 16 clients), the router's stubs spend 6.07 and 6.11 CPU ms per
+        # input at 1 and 8 inputs per request: the sum of the blocks; the one-graph saving (the stock graph
+        # over its blocks, 0.91) priced it 10% too cheap. The Python around the graph eats the saving.
+        ms += batch_ms(lat, dev, s.first_block, s.last_block, out, ramps=s.enabled_ramps, form=s.form)
+        if s.form != COMPACT:
             if not self.costs.overlap_hop:
                 ms += lat.tx(dev, n0) if self.costs.input_curve == "tx" else self.hop_ms(i, n0)
         return ms, leaves
@@ -570,10 +552,10 @@ def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, ar
 
 def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.ndarray, arrivals: Arrivals, *,
                       device: str = "cpu", slo_ms: float | None = None, parallel_efficiency: float = 0.85,
-                      stock_ms: dict[int, float] | None = None, costs: CallCosts = CallCosts()) -> SimResult:
+                      costs: CallCosts = CallCosts()) -> SimResult:
     """``<m>_stock`` or ``<m>_ee`` behind Triton's dynamic batcher (see the module docstring).
-    ``stock_ms``: batch -> ms of the stock model as the one graph it is served as; without it, the
-    profile's ``stock_ms`` curve where measured, else the sum of its blocks (which counts a session call
+    The stock model runs the profile's ``stock_ms`` curve (the one graph it is served as) where measured,
+    else the sum of its blocks (which counts a session call
     per block the one graph does not make). An instance of 2 threads runs the profile's measured gain of
     the second thread (``stock_2t_ms``) at its batch; elsewhere ``threads x parallel_efficiency``.
     ``costs``: what a call and each further request in it cost (:class:`CallCosts`)."""
@@ -596,23 +578,11 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
         n = len(pool_rows)
         ms = costs.input_hop(latency, device, n) + (requests - 1) * costs.per_request(latency, device)
         if base.kind == "stock":
-            if stock_ms is not None:
-                return ms + float(np.interp(n, *zip(*sorted(stock_ms.items())))) / speed(n)
             whole = latency.stock(device, n)
             if whole is not None:
                 return ms + whole / speed(n)
-            return ms + sum(latency.block(k, device, n, with_ramp=False) for k in range(1, L + 1)) / speed(n)
-        first = n
-        out = exits[pool_rows]
-        compute = 0.0
-        for k in range(1, L + 1):
-            compute += latency.block(k, device, n, with_ramp=k in ramps)
-            if k in ramps:
-                compute += latency.check(device, n)
-                n = int(np.sum(out > k))
-            if n == 0:
-                break
-        return ms + compute / speed(first)
+            return ms + batch_ms(latency, device, 1, L, exits[pool_rows], ramps=(), form=CONSTANT) / speed(n)
+        return ms + batch_ms(latency, device, 1, L, exits[pool_rows], ramps=ramps, form=COMPACT) / speed(n)
 
     def instance(device_free: simpy.Resource) -> Iterator:
         while True:

@@ -133,6 +133,30 @@ def split_block_ms(latency: LatencyProfile, device: str, batch_in: np.ndarray, i
     return latency.blocks_at(device, np.broadcast_to(per, (L, L, m.size)), with_ramp=_ramp_mask(latency, ramps))
 
 
+def batch_ms(latency: LatencyProfile, device: str, first: int, last: int, exit_block: np.ndarray, *,
+             ramps: Iterable[int], form: str) -> float:
+    """Compute time (ms) of one batch of rows through blocks ``first..last`` in ``form``, priced as a stage is
+    (module docstring) but at the rows this batch really holds: ``exit_block[r]`` is the block where row r
+    leaves (later than ``last``: it goes on). Constant: every block at the entering batch; compact: block k at
+    the rows that reach it, plus an exit check at every enabled ramp (``ramps``), ending when no row is left.
+    The router's work and the hop are the caller's. The simulator prices every batch it runs here."""
+    enabled = {int(k) for k in ramps if first <= k <= last and k < latency.num_blocks}
+    n = len(exit_block)
+    if form == CONSTANT:
+        return sum(latency.block(k, device, n, with_ramp=k in enabled) for k in range(first, last + 1))
+    if form != COMPACT:
+        raise ValueError(f"form {form!r} is not one of {', '.join(FORMS)}")
+    ms = 0.0
+    for k in range(first, last + 1):
+        ms += latency.block(k, device, n, with_ramp=k in enabled)
+        if k in enabled:
+            ms += latency.check(device, n)
+            n = int(np.sum(exit_block > k))
+        if n == 0:
+            break
+    return ms
+
+
 def _stages(latency: LatencyProfile, device: str, batch_in: np.ndarray, m: np.ndarray, *,
             ramps: Iterable[int] | None, form: str, router: bool) -> tuple[np.ndarray, np.ndarray]:
     """``T`` [a-1, j-1, i] and ``tx`` [a-1, i] of one form for the instance counts ``m`` (see the module doc)."""
