@@ -196,6 +196,7 @@ class SimResult:
     answered_inputs: int = 0
     batches: dict[int, list[int]] = field(default_factory=dict)   # split index -> rows of every batch run
     duration_s: float = 0.0
+    drop_waited_ms: list[float] = field(default_factory=list)   # each dropped request: send to its drop error
 
 
 def next_enabled_exit(exit_ramp: np.ndarray, enabled: Sequence[int], num_blocks: int) -> np.ndarray:
@@ -281,6 +282,7 @@ class _Clock:
         answered = int(rec[ok, 2].sum())
         good = int(rec[ok, 2][lat <= slo_ms].sum()) if slo_ms is not None else answered
         pct = (lambda q: float(np.percentile(lat, q)) if len(lat) else float("nan"))
+        dropped_waited = ((rec[~ok, 1] - rec[~ok, 0]) * 1e3).tolist()
         if self.arrivals.steady and len(rec):
             # a closed loop drains after its last send: count every answer (warm-up requests' too) between
             # the first measured send and the last send
@@ -293,10 +295,11 @@ class _Clock:
                 if slo_ms is not None else answered_rate
             return SimResult(inputs_per_s=answered_rate / span if span > 0 else 0.0, p50_ms=pct(50), p99_ms=pct(99),
                              goodput_ips=good_rate / span if span > 0 else 0.0, dropped_inputs=int(rec[~ok, 2].sum()),
-                             answered_inputs=answered, batches=batches, duration_s=span)
+                             answered_inputs=answered, batches=batches, duration_s=span,
+                             drop_waited_ms=dropped_waited)
         return SimResult(inputs_per_s=answered / span if span > 0 else 0.0, p50_ms=pct(50), p99_ms=pct(99),
                          goodput_ips=good / span if span > 0 else 0.0, dropped_inputs=int(rec[~ok, 2].sum()),
-                         answered_inputs=answered, batches=batches, duration_s=span)
+                         answered_inputs=answered, batches=batches, duration_s=span, drop_waited_ms=dropped_waited)
 
 
 class _TritonQueue:

@@ -1,4 +1,4 @@
-"""Small helpers shared by the end-to-end tests."""
+"""Small helpers and factories shared by the tests (no test file imports another)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
+from dataclasses import replace
+
 import numpy as np
 
 from e3.client.sdk import E3Client
+from e3.core.plan import Plan, default_plan
+from e3.core.profile import DeviceConfig, LatencyProfile
 from e3.core.rows import request_slices
 
 
@@ -107,3 +111,49 @@ def post_until(port: int, model: str, body: str, stop, outcomes: list) -> None:
         conn.request("POST", f"/v2/models/{model}/infer", body=body)
         r = conn.getresponse()
         outcomes.append((r.status, r.read().decode(errors="replace")))
+
+
+# -- the controller's scenarios (test_controller, test_control_e2e, test_simulator) -----------------------
+SLO_MS, RATE_RPS, DEVICES = 1000.0, 2000.0, {"cpu": 2}
+
+
+def synthetic_profile(model: str = "tiny_ee") -> LatencyProfile:
+    """A made-up CPU profile under which EASY and HARD have different optimal plans on cpu:2.
+
+    Per-call cost dominates (2 ms + 0.25 ms per input per block, 0.5 ms per ramp,
+    Tx 1 ms + 0.1 ms per input): with few survivors, cutting after block 1 and
+    pipelining wins; with many, one split 1-4 on both devices does.
+    """
+    sizes = [1, 2, 4, 8, 16, 32]
+    return LatencyProfile(
+        model=model, num_blocks=4, batch_sizes=sizes, devices={"cpu": DeviceConfig("cpu")},
+        block_ms={"cpu": [[2.0 + 0.25 * b for b in sizes] for _ in range(4)]},
+        ramp_ms={"cpu": [[0.5] * len(sizes) for _ in range(3)] + [[0.0] * len(sizes)]},
+        tx_ms={"cpu": [1.0 + 0.1 * b for b in sizes]}, source="synthetic (tests)")
+
+
+# -- device pools (test_pools, test_pools_k8s) ----------------------------------------------------------
+POOL_RAMPS = (1, 2, 3, 4, 5)
+
+
+def make_pools(**router_overrides) -> dict:
+    """Three pools as the chart writes them: a CPU pool serving the router, two GPU pools."""
+    front = {"name": "front", "device": "cpu", "deployment": "demo-e3-triton-front",
+             "grpc_url": "demo-e3-triton-front:8001", "http_url": "demo-e3-triton-front:8000",
+             "devices_per_pod": 4, "min_replicas": 1, "max_replicas": 1, "price": 0.1, "router": True,
+             "pods_host": "demo-e3-triton-front-pods"}
+    front.update(router_overrides)
+    return {"namespace": "e3", "pools": [
+        front,
+        {"name": "t4", "device": "t4", "deployment": "demo-e3-triton-t4", "grpc_url": "demo-e3-triton-t4:8001",
+         "http_url": "demo-e3-triton-t4:8000", "devices_per_pod": 1, "min_replicas": 1, "max_replicas": 4,
+         "price": 0.35, "router": False},
+        {"name": "t4b", "device": "t4", "deployment": "demo-e3-triton-t4b", "grpc_url": "demo-e3-triton-t4b:8001",
+         "http_url": "demo-e3-triton-t4b:8000", "devices_per_pod": 2, "min_replicas": 0, "max_replicas": 3,
+         "price": 0.35, "router": False}]}
+
+
+def make_plan(devices_=("t4", "t4", "t4"), instances=(1, 2, 3), ranges=((1, 2), (3, 4), (5, 6))) -> Plan:
+    plan = default_plan("bert_ee", 6, list(ranges), {"kind": "entropy", "tau_nats": 0.4}, POOL_RAMPS)
+    return replace(plan, splits=tuple(replace(s, device=d, instances=n)
+                                      for s, d, n in zip(plan.splits, devices_, instances)))

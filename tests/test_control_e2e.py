@@ -29,7 +29,7 @@ from e3.core.profile import BatchProfile
 from e3.export.reference import reference_answers
 from helpers import serving_every_range
 from polling import wait_until
-from test_controller import DEVICES, RATE_RPS, SLO_MS, synthetic_profile
+from helpers import DEVICES, RATE_RPS, SLO_MS, synthetic_profile
 
 pytestmark = pytest.mark.e2e
 WINDOW_S = 2.5

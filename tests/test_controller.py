@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import itertools
 import os
 import threading
 
@@ -24,30 +25,16 @@ from e3.controller.report import describe_report, status_lines
 from e3.controller.settings import ControlSettings
 from e3.controller.telemetry import Window
 from e3.controller.triton_applier import probe_inputs, with_split_settings
+from e3.core import cost
 from e3.core.plan import default_plan
-from e3.core.profile import BatchProfile, DeviceConfig, LatencyProfile
+from e3.core.profile import BatchProfile
+from helpers import DEVICES, RATE_RPS, SLO_MS, synthetic_profile
 
 MODEL = "tiny_ee"
 EXIT_RULE = {"kind": "entropy", "tau_nats": 0.7412}
 RAMPS = (1, 2, 3)
 EASY = [1.0, 0.15, 0.10, 0.08]   # most inputs exit at ramp 1
 HARD = [1.0, 0.90, 0.85, 0.80]   # most inputs reach the head
-SLO_MS, RATE_RPS, DEVICES = 1000.0, 2000.0, {"cpu": 2}
-
-
-def synthetic_profile(model: str = MODEL) -> LatencyProfile:
-    """A made-up CPU profile under which EASY and HARD have different optimal plans on cpu:2.
-
-    Per-call cost dominates (2 ms + 0.25 ms per input per block, 0.5 ms per ramp,
-    Tx 1 ms + 0.1 ms per input): with few survivors, cutting after block 1 and
-    pipelining wins; with many, one split 1-4 on both devices does.
-    """
-    sizes = [1, 2, 4, 8, 16, 32]
-    return LatencyProfile(
-        model=model, num_blocks=4, batch_sizes=sizes, devices={"cpu": DeviceConfig("cpu")},
-        block_ms={"cpu": [[2.0 + 0.25 * b for b in sizes] for _ in range(4)]},
-        ramp_ms={"cpu": [[0.5] * len(sizes) for _ in range(3)] + [[0.0] * len(sizes)]},
-        tx_ms={"cpu": [1.0 + 0.1 * b for b in sizes]}, source="synthetic (tests)")
 
 
 def make_planner(latency=None) -> ProfilePlanner:
@@ -102,12 +89,41 @@ def make_controller(tmp_path, reaches, *, applier=None, pinned=None, **overrides
 
 # ------------------------------------------------------------------------------------------- the profile
 
+def _best_layout_by_brute_force(latency, reach, b0, ramps) -> list[tuple[int, int, int]]:
+    """Every way to cut the 4 blocks into constant splits with instances on at most DEVICES' 2 cpus, priced by
+    the cost model at the planner's B0 and ramps, no instance given more inputs than the profile measured: the
+    fastest within SLO x (1 - slack) (ties: fewer splits)."""
+    best, best_key = None, None
+    for mask in range(8):                       # a cut after block k when bit k-1 is set (k = 1..3)
+        cuts = [k for k in (1, 2, 3) if mask >> (k - 1) & 1]
+        bounds = list(zip([1] + [c + 1 for c in cuts], cuts + [4]))
+        for instances in itertools.product((1, 2), repeat=len(bounds)):
+            if sum(instances) > DEVICES["cpu"]:
+                continue
+            layout = [(a, b, m) for (a, b), m in zip(bounds, instances)]
+            pc = cost.plan_cost(latency, reach, [(a, b, "cpu", m) for a, b, m in layout], b0, RATE_RPS, ramps=ramps)
+            if pc.latency_ms > SLO_MS * 0.8 or max(s.batch_per_instance for s in pc.stages) > latency.batch_sizes[-1]:
+                continue
+            key = (round(pc.throughput_rps, 6), -len(layout))
+            if best_key is None or key > best_key:
+                best, best_key = layout, key
+    return best
+
+
 def test_easy_and_hard_mixes_have_different_optimal_plans():
-    planner = make_planner()
-    easy = planner.plan(BatchProfile(MODEL, 8, EASY), DEVICES)
-    hard = planner.plan(BatchProfile(MODEL, 8, HARD), DEVICES)
-    assert ranges(easy) == [(1, 1, 1), (2, 4, 1)]
-    assert ranges(hard) == [(1, 4, 2)]
+    """Each mix's plan is the brute-force best layout at its B0 and ramps, the two differ, and each is the
+    better of the two under its own mix."""
+    latency, planner = synthetic_profile(), make_planner()
+    plans = {}
+    for name, reach in (("easy", EASY), ("hard", HARD)):
+        plan = plans[name] = planner.plan(BatchProfile(MODEL, 8, reach), DEVICES)
+        b0 = float(plan.predicted["input_batch_size"])
+        assert ranges(plan) == _best_layout_by_brute_force(latency, reach, b0, plan.enabled_ramps)
+    assert ranges(plans["easy"]) != ranges(plans["hard"])
+    for name, reach in (("easy", EASY), ("hard", HARD)):
+        other = plans["hard" if name == "easy" else "easy"]
+        mine = score_plan(latency, BatchProfile(MODEL, 8, reach), plans[name], RATE_RPS)
+        assert mine > score_plan(latency, BatchProfile(MODEL, 8, reach), other, RATE_RPS)
 
 
 @pytest.mark.parametrize("reach", [EASY, HARD, [1.0, 0.5, 0.45, 0.4]])

@@ -8,34 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from e3.core.plan import COMPACT, Plan, PlanError, default_plan
+from e3.core.plan import COMPACT, Plan, PlanError
 from e3.controller.planner.placement import place
 from e3.deploy.pools import PoolError, devices, load_pools, pool_models, replicas_needed
+from helpers import make_plan, make_pools
 
-RAMPS = (1, 2, 3, 4, 5)
-
-
-def make_pools(**router_overrides) -> dict:
-    """Three pools as the chart writes them: a CPU pool serving the router, two GPU pools."""
-    front = {"name": "front", "device": "cpu", "deployment": "demo-e3-triton-front",
-             "grpc_url": "demo-e3-triton-front:8001", "http_url": "demo-e3-triton-front:8000",
-             "devices_per_pod": 4, "min_replicas": 1, "max_replicas": 1, "price": 0.1, "router": True,
-             "pods_host": "demo-e3-triton-front-pods"}
-    front.update(router_overrides)
-    return {"namespace": "e3", "pools": [
-        front,
-        {"name": "t4", "device": "t4", "deployment": "demo-e3-triton-t4", "grpc_url": "demo-e3-triton-t4:8001",
-         "http_url": "demo-e3-triton-t4:8000", "devices_per_pod": 1, "min_replicas": 1, "max_replicas": 4,
-         "price": 0.35, "router": False},
-        {"name": "t4b", "device": "t4", "deployment": "demo-e3-triton-t4b", "grpc_url": "demo-e3-triton-t4b:8001",
-         "http_url": "demo-e3-triton-t4b:8000", "devices_per_pod": 2, "min_replicas": 0, "max_replicas": 3,
-         "price": 0.35, "router": False}]}
-
-
-def make_plan(devices_=("t4", "t4", "t4"), instances=(1, 2, 3), ranges=((1, 2), (3, 4), (5, 6))) -> Plan:
-    plan = default_plan("bert_ee", 6, list(ranges), {"kind": "entropy", "tau_nats": 0.4}, RAMPS)
-    return replace(plan, splits=tuple(replace(s, device=d, instances=n)
-                                      for s, d, n in zip(plan.splits, devices_, instances)))
 
 
 def test_pools_json_from_the_chart_is_read_and_checked():

@@ -15,7 +15,7 @@ from e3.controller.k8s_scaler import KubernetesScaler, RecordingScaler, scale_re
 from e3.controller.pooled_applier import PlacingPlanner, PooledApplier
 from e3.controller.planner.placement import place
 from e3.deploy.pools import load_pools
-from test_pools import make_plan, make_pools
+from helpers import make_plan, make_pools
 
 PREFIX = "/apis/apps/v1/namespaces/e3/deployments/"
 

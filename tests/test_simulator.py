@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from e3.core import cost
 from e3.core.plan import COMPACT, default_plan
 import simpy
 
@@ -15,7 +16,7 @@ from e3.simulator.des import (Arrivals, Baseline, CallCosts, _TritonQueue, next_
                               with_host_share)
 from e3.benchmarks.report import validation_table, within_both
 from e3.benchmarks.sim_validation import GOODPUT_TOLERANCE, P99_TOLERANCE, ValidationRow, parse_baseline_config
-from test_controller import synthetic_profile
+from helpers import synthetic_profile
 
 L = 4
 RULE = {"kind": "entropy", "tau_nats": 0.5}
@@ -80,6 +81,16 @@ def test_an_slo_the_plan_cannot_meet_drops_only_late_requests_and_counts_them():
     result = simulate_plan(lat, plan, _exits(easy=0.5), Arrivals(batch=4, requests=300, clients=32))
     assert result.dropped_inputs > 0
     assert result.dropped_inputs + result.answered_inputs == 300 * 4
+    assert len(result.drop_waited_ms) * 4 == result.dropped_inputs
+    # Only late ones: a request is dropped when even its current split would end after the SLO, so it had
+    # waited at least the SLO less one split's time. Bound that time by twice the slowest split at the plan's
+    # batch with its hop (the scheduler learns it online); a request dropped with more time left was not late.
+    slowest = max(s.stage_ms + s.tx_ms for s in (cost.stage_cost(lat, np.ones(L), sp.batch_size, sp.first_block,
+                                                                  sp.last_block, "cpu", sp.instances)
+                                                  for sp in plan.splits))
+    assert 0 < slowest < plan.slo_ms / 2
+    early = [round(w, 1) for w in result.drop_waited_ms if w < plan.slo_ms - 2 * slowest]
+    assert not early, f"dropped after only {early} ms of a {plan.slo_ms:g} ms SLO (a split takes <= {slowest:.1f} ms)"
 
 
 def test_the_validation_table_marks_settings_outside_the_bar():

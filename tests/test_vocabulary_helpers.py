@@ -3,6 +3,7 @@ the Triton dtype map, Prometheus samples, the one interpolation, and the one cos
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import stat
@@ -13,6 +14,7 @@ import pytest
 from e3.core import cost
 from e3.core.files import atomic_path, copy_atomic, write_atomic, write_json_atomic
 from e3.core.names import ramps_in_range
+from e3.core.plan import COMPACT, CONSTANT
 from e3.core.profile import DeviceConfig, LatencyProfile, interp_linear
 from e3.core.rows import request_slices, split_rows
 from e3.core.spec import NUMPY_DTYPES, config_dtype, dtype_from_config
@@ -146,19 +148,42 @@ def test_plan_cost_against_hand_computed_numbers():
     assert shrunk.stages[1].tx_ms == 0 and shrunk.stages[1].form == "compact"
 
 
-def test_stage_table_equals_plan_cost_for_every_split():
-    lat = linear_profile()
+def _stage_by_hand(lat, b, a, j, m, form):
+    """The module docstring's formula, block by block with the profile's scalar curves (not cost._stages):
+    constant T = sum P(k, B_a/m) + R(B_a/m), hop Tx(B_a/m) (Tx_in into split 1); compact T = sum P(k, B_k/m)
+    + check(B_k/m) at every ramp before the head + R(B_a/m), no hop."""
+    per_a = b[a - 1] / m
+    T = float(lat.router("cpu", per_a))
+    for k in range(a, j + 1):
+        at = per_a if form == CONSTANT else b[k - 1] / m
+        T += lat.block(k, "cpu", at, with_ramp=True)
+        if form == COMPACT and k < lat.num_blocks:
+            T += float(lat.check("cpu", at))
+    if form == COMPACT:
+        return T, 0.0
+    return T, float(lat.tx_in("cpu", per_a) if a == 1 else lat.tx("cpu", per_a))
+
+
+@pytest.mark.parametrize("form", [CONSTANT, COMPACT])
+def test_stage_table_equals_the_cost_formula_for_every_split(form):
+    """Every (a, j, m) of the table and of stage_cost against the formula computed by hand, with a router, a
+    check and an input hop curve that differ from the others so a wrong term shows."""
+    lat = dataclasses.replace(linear_profile(), router_ms={"cpu": [0.2 + 0.05 * b for b in (1, 2, 4, 8)]},
+                              check_ms={"cpu": [0.03 * b for b in (1, 2, 4, 8)]},
+                              tx_in_ms={"cpu": [2 + 0.2 * b for b in (1, 2, 4, 8)]})
     reach = np.array([1.0, 0.5, 0.25])
-    T, tx = cost.stage_table(lat, "cpu", 8 * reach, 3)
+    T, tx = cost.stage_table(lat, "cpu", 8 * reach, 3, form=form)
     for a in range(1, 4):
         for j in range(1, 4):
             for m in range(1, 4):
                 if j < a:
                     assert math.isinf(T[a - 1, j - 1, m - 1])
                     continue
-                s = cost.stage_cost(lat, reach, 8, a, j, "cpu", m)
-                assert T[a - 1, j - 1, m - 1] == pytest.approx(s.stage_ms)
-                assert tx[a - 1, m - 1] == pytest.approx(s.tx_ms)
+                want_T, want_tx = _stage_by_hand(lat, 8 * reach, a, j, m, form)
+                assert T[a - 1, j - 1, m - 1] == pytest.approx(want_T), (a, j, m)
+                assert tx[a - 1, m - 1] == pytest.approx(want_tx), (a, m)
+                s = cost.stage_cost(lat, reach, 8, a, j, "cpu", m, form=form)
+                assert (s.stage_ms, s.tx_ms) == pytest.approx((want_T, want_tx)), (a, j, m)
 
 
 def test_plan_cost_rejects_unknown_devices_and_other_models():
