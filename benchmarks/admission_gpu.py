@@ -371,17 +371,9 @@ def run_gpu_admission(settings: GpuAdmissionSettings = GpuAdmissionSettings(), e
     return doc
 
 
-def _sweep_label(system: str) -> str:
-    """The sweep's label of a table row: ``OPT_Wait (500 us)`` ran as ``wait 500 us`` (0 us: NO_Wait)."""
-    if system.startswith("OPT_Wait ("):
-        delay = system[len("OPT_Wait ("):].split()[0]
-        return "NO_Wait" if delay == "0" else f"wait {delay} us"
-    return system
-
-
 def gpu_admission_markdown(doc: dict, command: str) -> str:
     """docs/RESULTS.md's section for the GPU analogue: per model, throughput at the target and the burst."""
-    from e3.benchmarks.admission_report import verdict, burst_rows
+    from e3.benchmarks.admission_report import burst_rows, shown_system, sweep_label, verdict
     out = [f"## Elastic admission (E²bird) on a real GPU, emulated outside Triton (`{command}`)", "",
            f"Commit {doc.get('commit', 'unknown')}. One process: the real N-Ebird / E-Ebird policies and Triton's "
            "dynamic-batcher rule, each batch a CUDA graph (FP16) of the stock model with random weights on the "
@@ -402,9 +394,9 @@ def gpu_admission_markdown(doc: dict, command: str) -> str:
         for r in m["throughput"]:
             ratio = f"{r['throughput_rps'] / opt:.2f}x" if opt else "-"
             mean_b = np.mean([b for b in r.get("mean_batch", []) if b]) if r.get("mean_batch") else float("nan")
-            label = _sweep_label(r["system"])
+            label = sweep_label(r["system"])
             bound = "≥ " if label in m.get("met", {}) and all(m["met"][label]) else ""
-            out.append(f"| {r['system']} | {bound}{r['throughput_rps']:.0f} | {ratio} | {mean_b:.1f} | {r['config']} |")
+            out.append(f"| {shown_system(r['system'])} | {bound}{r['throughput_rps']:.0f} | {ratio} | {mean_b:.1f} | {r['config']} |")
         out += ["", "≥: the target was met at every rate tried, up to "
                 f"{max(m['rates']):.0f}/s ({max(m['rates']) / m['capacity_ips']:.1f} x NO_Wait's capacity): a lower "
                 "bound. Mean batch: inputs per launched batch, over the sweep's rates."]

@@ -70,6 +70,22 @@ def test_the_results_section_has_both_analogues_per_model():
     assert "| E-Ebird | 120.0 | 16.50 |" in text and "start / end: 1.5 / 2.2" in text and "2 rounds" in text
 
 
+def test_a_ratio_the_sweep_cannot_separate_is_said_so_and_opt_wait_at_0_us_is_named_no_wait():
+    from e3.benchmarks.admission_report import verdict, shown_system
+    point = lambda rate, p99: {"offered_rps": rate, "answered_rps": rate, "p99_ms": p99, "failed": 0}  # noqa: E731
+    same = [point(10.0, 50.0), point(20.0, 90.0), point(30.0, 400.0)]
+    m = {"qos_ms": 100.0, "burst": [],
+         "throughput": [{"system": "OPT_Wait (0 us)", "throughput_rps": 20.0},
+                        {"system": "E-Ebird", "throughput_rps": 20.0}],
+         "sweep": {"NO_Wait": {"points": same}, "E-Ebird": {"points": same}}}
+    assert "1.00x OPT_Wait's: **not separated**" in verdict(m)
+    m["sweep"]["E-Ebird"] = {"points": [point(10.0, 50.0), point(20.0, 90.0), point(30.0, 95.0)]}
+    m["throughput"][1]["throughput_rps"] = 30.0
+    assert "1.50x OPT_Wait's (**>=**)" in verdict(m)
+    assert shown_system("OPT_Wait (0 us)") == "OPT_Wait (0 us, the same system as NO_Wait)"
+    assert shown_system("OPT_Wait (500 us)") == "OPT_Wait (500 us)"
+
+
 def test_a_model_whose_server_failed_is_named_not_measured():
     from e3.benchmarks.admission_report import admission_markdown
     text = admission_markdown({"commit": "abc", "models": {"resnet-ee": {"error": "cannot reach 127.0.0.1:1"}}}, "x")
