@@ -302,6 +302,11 @@ def _err(pred: float, meas: float) -> str:
     return "-" if not meas else f"{pred / meas - 1:+.0%}"
 
 
+def _table_head(intro: str, header: str, align: str) -> list[str]:
+    """A table's lines before its rows: a blank line, the sentence that introduces it, its header."""
+    return ["", intro, "", header, align]
+
+
 def format_tables(r: dict) -> str:
     """Markdown: the Table 6 analogue (schedule chosen per bound, measured), RRA against WAA per bound, the
     simulator against the measured runs, and the Fig. 6 analogue."""
@@ -335,11 +340,10 @@ def format_tables(r: dict) -> str:
                        f"{wa['seq_s'] / ra['seq_s']:.2f} | {row['chosen'].get('kind', 'rra').upper()} |")
         if infeasible:
             out += ["", "\\* none of its kind was predicted to meet the bound; its lowest-latency schedule, measured."]
-    out += ["", "The simulator against the measured runs (every schedule measured above; error = predicted / measured "
-            "- 1; the p99-length latency against the measured p99):", "",
-            "| bound (ms) | run | schedule | predicted seq/s | measured seq/s | error | predicted p99 ms | "
-            "measured p99 ms | error | sequences |",
-            "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out += _table_head("The simulator against the measured runs (every schedule measured above; error = predicted / "
+                       "measured - 1; the p99-length latency against the measured p99):",
+                       "| bound (ms) | run | schedule | predicted seq/s | measured seq/s | error | predicted p99 ms | "
+                       "measured p99 ms | error | sequences |", "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for row in r["rows"]:
         for key in ("chosen", "other", "static"):
             c = row.get(key)
@@ -350,11 +354,10 @@ def format_tables(r: dict) -> str:
                        f"{c['predicted_latency_ms']:,.0f} | {c['p99_ms']:,.0f} | "
                        f"{_err(c['predicted_latency_ms'], c['p99_ms'])} | {c['sequences']} |")
     cont = r["continuous"]
-    out += ["", "Against the best static batch under the same bound and continuous batching without a bound "
-            "(Fig. 6 analogue; seq/s measured, server p99 ms in brackets):", "",
-            "| bound (ms) | ExeGPT (chosen) | static batch | chosen / static | continuous batching (no bound) | "
-            "chosen / continuous | continuous meets the bound |",
-            "|---:|---|---|---:|---|---:|:-:|"]
+    out += _table_head("Against the best static batch under the same bound and continuous batching without a bound "
+                       "(Fig. 6 analogue; seq/s measured, server p99 ms in brackets):",
+                       "| bound (ms) | ExeGPT (chosen) | static batch | chosen / static | continuous batching (no bound) "
+                       "| chosen / continuous | continuous meets the bound |", "|---:|---|---|---:|---|---:|:-:|")
     for row in r["rows"]:
         c, st, b = row["chosen"], row.get("static"), row["bound_ms"]
         st_txt = "none meets it" if st is None else (f"B={st['schedule'][0]}: {st['seq_s']:.1f} "

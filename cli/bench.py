@@ -166,6 +166,13 @@ def _bench_exegpt(args) -> int:
     return 0
 
 
+def _closed_loop_flags(p, concurrency: str, inputs: str, repeats: str) -> None:
+    """A closed-loop bench's clients, inputs per run and runs (the same flags and defaults, each bench's help)."""
+    p.add_argument("--concurrency", type=int, default=16, help=concurrency)
+    p.add_argument("--inputs", type=int, default=1600, help=inputs)
+    p.add_argument("--repeats", type=int, default=3, help=repeats)
+
+
 def add_bench(sub, repo_help: str) -> None:
     """`e3 bench`'s arguments."""
     b = sub.add_parser("bench", help="benchmarks: E3 against the stock and early-exit baselines, side by side")
@@ -183,10 +190,8 @@ def add_bench(sub, repo_help: str) -> None:
     sbs.add_argument("--mixes", default="80-20,50-50,20-80", help="easy-hard mixes (default 80-20,50-50,20-80)")
     sbs.add_argument("--batches", default="1,8", help="inputs per request, comma-separated (default 1,8)")
     sbs.add_argument("--cores", type=int, default=2, help="cores every system gets: instances x threads (default 2)")
-    sbs.add_argument("--concurrency", type=int, default=16, help="closed-loop clients (default 16)")
-    sbs.add_argument("--inputs", type=int, default=1600, help="inputs per measured run (default 1600)")
-    sbs.add_argument("--repeats", type=int, default=3,
-                     help="measured runs per system and cell, interleaved; the median is reported (default 3)")
+    _closed_loop_flags(sbs, "closed-loop clients (default 16)", "inputs per measured run (default 1600)",
+                       "measured runs per system and cell, interleaved; the median is reported (default 3)")
     sbs.add_argument("--out", default=None, help="results JSON (default artifacts/results/side_by_side.json)")
     sbs.set_defaults(func=_bench_side_by_side)
     sim = bsub.add_parser("simulator", help="the discrete-event simulator against real runs: every cell of a "
@@ -203,9 +208,8 @@ def add_bench(sub, repo_help: str) -> None:
     prf.add_argument("--model", default="bert-ee", help="zoo model with workload mixes (default bert-ee)")
     prf.add_argument("--mix", default="80-20", help="easy-hard workload mix (default 80-20)")
     prf.add_argument("--batch", type=int, default=8, help="inputs per request (default 8)")
-    prf.add_argument("--concurrency", type=int, default=16, help="requests in flight, both tools (default 16)")
-    prf.add_argument("--inputs", type=int, default=1600, help="inputs per load-generator run (default 1600)")
-    prf.add_argument("--repeats", type=int, default=3, help="runs of each tool, alternating (default 3)")
+    _closed_loop_flags(prf, "requests in flight, both tools (default 16)", "inputs per load-generator run (default 1600)",
+                       "runs of each tool, alternating (default 3)")
     prf.set_defaults(func=_bench_perf)
     gpu = bsub.add_parser("gpu", help="GPU clusters by simulation with MODELLED GPU profiles: goodput against "
                                       "inputs per request on 16 V100s for E3, stock and naive EE, heterogeneity at "

