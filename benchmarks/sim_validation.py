@@ -15,7 +15,8 @@ import numpy as np
 
 from e3.core.plan import Plan
 from e3.core.profile import LatencyProfile
-from e3.simulator.des import Arrivals, Baseline, CallCosts, simulate_baseline, simulate_plan, with_host_share
+from e3.simulator.des import Baseline, CallCosts, simulate_baseline, simulate_plan
+from e3.simulator.load import Arrivals, with_host_share
 
 __all__ = ["ValidationRow", "validate_side_by_side", "parse_baseline_config",
            "GOODPUT_TOLERANCE", "P99_TOLERANCE"]

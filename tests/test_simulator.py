@@ -12,8 +12,9 @@ from e3.core import cost
 from e3.core.plan import COMPACT, default_plan
 import simpy
 
-from e3.simulator.des import (Arrivals, Baseline, CallCosts, _TritonQueue, next_enabled_exit, simulate_baseline, simulate_plan,
-                              with_host_share)
+from e3.simulator.des import (Arrivals, Baseline, CallCosts, _TritonQueue, next_enabled_exit, simulate_baseline,
+                              simulate_plan)
+from e3.simulator.load import with_host_share
 from e3.benchmarks.report import validation_table, within_both
 from e3.benchmarks.sim_validation import GOODPUT_TOLERANCE, P99_TOLERANCE, ValidationRow, parse_baseline_config
 from helpers import synthetic_profile
