@@ -142,8 +142,8 @@ def run_config(model_name: str, cuts: str, config: Config, *, concurrency: int, 
     plan = None
     if config.later_queue_delay_us is not None:  # the router batches with splits[0]'s delay; later splits differ
         card = model.card
-        plan = default_plan(m, card.num_blocks, ranges_from_cuts(cuts, card.num_blocks), card.exit_rule,
-                            card.ramp_blocks, batch_size=config.batch_size, instances=config.split_instances,
+        plan = default_plan(m, card.num_blocks, ranges_from_cuts(cuts, card.num_blocks), exit_rule=card.exit_rule,
+                            ramp_blocks=card.ramp_blocks, batch_size=config.batch_size, instances=config.split_instances,
                             queue_delay_us=config.queue_delay_us, slo_ms=settings.slo_ms)
         plan = replace(plan, splits=(plan.splits[0], *(replace(s, queue_delay_us=config.later_queue_delay_us)
                                                        for s in plan.splits[1:])))

@@ -50,8 +50,8 @@ def run(model_name: str, cut: int, batch_size: int, concurrency: int, requests: 
         train(name)
     model = resolve_model(model_name)
     card, m = model.card, served_name(model_name)
-    plan = default_plan(m, card.num_blocks, [(1, cut), (cut + 1, card.num_blocks)], card.exit_rule,
-                        card.ramp_blocks, batch_size=batch_size, instances=1, queue_delay_us=later_delay_us,
+    plan = default_plan(m, card.num_blocks, [(1, cut), (cut + 1, card.num_blocks)], exit_rule=card.exit_rule,
+                        ramp_blocks=card.ramp_blocks, batch_size=batch_size, instances=1, queue_delay_us=later_delay_us,
                         slo_ms=60_000)
     plan = replace(plan, splits=tuple(replace(s, form=CONSTANT) for s in plan.splits))
     pool = _pool(model_name, model)

@@ -102,7 +102,7 @@ def demo_plan(settings: DemoSettings, model, export: ExportSettings, echo=print)
         from e3.benchmarks.side_by_side import machine_plan
         return machine_plan(settings.model, settings.cores, echo=echo)
     ranges = ranges_from_cuts(parse_cuts(settings.cuts or "", L), L)
-    plan = default_plan(m, L, ranges, card.exit_rule, card.ramp_blocks, batch_size=export.batch_size,
+    plan = default_plan(m, L, ranges, exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks, batch_size=export.batch_size,
                         queue_delay_us=export.queue_delay_us, slo_ms=export.slo_ms)
     form = CONSTANT if settings.cuts else COMPACT
     return replace(plan, splits=tuple(replace(s, instances=n, form=form)

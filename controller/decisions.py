@@ -119,7 +119,7 @@ def score_plan(latency: LatencyProfile, batch: BatchProfile, plan: Plan, rate_rp
         return None
     b0 = float(plan.predicted.get("input_batch_size") or plan.splits[0].batch_size * plan.splits[0].instances)
     splits = [(s.first_block, s.last_block, s.device, s.instances, s.form) for s in plan.splits]
-    cost = plan_cost(latency, batch.reach, splits, b0, rate_rps, pipelined=True, ramps=plan.enabled_ramps)
+    cost = plan_cost(latency, batch.reach, splits, b0=b0, rate_rps=rate_rps, pipelined=True, ramps=plan.enabled_ramps)
     if cost.latency_ms > plan.slo_ms * (1 - plan.slack) * (1 + _REL):
         return 0.0
     return cost.throughput_rps

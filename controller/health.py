@@ -74,7 +74,7 @@ def find_stragglers(before: Mapping[str, SplitStats], after: Mapping[str, SplitS
             continue
         measured_ms = (b.compute_infer_ns - a.compute_infer_ns) / runs / 1e6
         batch = (b.inferences - a.inferences) / runs
-        profiled_ms = stage_cost(latency, every_block, batch, s.first_block, s.last_block, s.device, 1).stage_ms
+        profiled_ms = stage_cost(latency, every_block, batch, first=s.first_block, last=s.last_block, device=s.device, instances=1).stage_ms
         if profiled_ms > 0 and measured_ms > factor * profiled_ms:
             out[s.model] = measured_ms / profiled_ms
     return out

@@ -118,7 +118,7 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
     m = served_name(model_name)
     if plan is None:
         ranges = ranges_from_cuts(cuts, card.num_blocks)
-        plan = default_plan(m, card.num_blocks, ranges, card.exit_rule, card.ramp_blocks,
+        plan = default_plan(m, card.num_blocks, ranges, exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks,
                             batch_size=settings.batch_size, instances=settings.split_instances,
                             queue_delay_us=settings.queue_delay_us, slo_ms=settings.slo_ms)
     plan.validate(card.ramp_blocks)
@@ -132,7 +132,7 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
         extra = SplitPlan(model=split_name(m, a, b), first_block=a, last_block=b,
                           batch_size=plan.splits[0].batch_size, instances=plan.splits[0].instances,
                           queue_delay_us=plan.splits[0].queue_delay_us,
-                          enabled_ramps=ramps_in_range(card.ramp_blocks, a, b, card.num_blocks))
+                          enabled_ramps=ramps_in_range(card.ramp_blocks, a, b, num_blocks=card.num_blocks))
         splits.setdefault(extra.model, extra)
     baselines = [stock_name(m), ee_name(m)] if settings.baselines else []
     steps = [*[(name, "split") for name in splits], (router_name(m), "router"),

@@ -299,7 +299,7 @@ class _Router:
         # Measured in serving (bert-ee 80:20, 16 clients), the router's stubs spend 6.07 and 6.11 CPU ms per
         # input at 1 and 8 inputs per request: the sum of the blocks; the one-graph saving (the stock graph
         # over its blocks, 0.91) priced it 10% too cheap. The Python around the graph eats the saving.
-        ms += batch_ms(lat, dev, s.first_block, s.last_block, out, ramps=s.enabled_ramps, form=s.form)
+        ms += batch_ms(lat, dev, s.first_block, last=s.last_block, exit_block=out, ramps=s.enabled_ramps, form=s.form)
         if s.form != COMPACT:
             if not self.costs.overlap_hop:
                 ms += lat.tx(dev, n0) if self.costs.input_curve == "tx" else self.hop_ms(i, n0)
@@ -461,8 +461,8 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
             whole = latency.stock(device, n)
             if whole is not None:
                 return ms + whole / speed(n)
-            return ms + batch_ms(latency, device, 1, L, exits[pool_rows], ramps=(), form=CONSTANT) / speed(n)
-        return ms + batch_ms(latency, device, 1, L, exits[pool_rows], ramps=ramps, form=COMPACT) / speed(n)
+            return ms + batch_ms(latency, device, 1, last=L, exit_block=exits[pool_rows], ramps=(), form=CONSTANT) / speed(n)
+        return ms + batch_ms(latency, device, 1, last=L, exit_block=exits[pool_rows], ramps=ramps, form=COMPACT) / speed(n)
 
     def instance(device_free: simpy.Resource) -> Iterator:
         while True:

@@ -154,6 +154,6 @@ def make_pools(**router_overrides) -> dict:
 
 
 def make_plan(devices_=("t4", "t4", "t4"), instances=(1, 2, 3), ranges=((1, 2), (3, 4), (5, 6))) -> Plan:
-    plan = default_plan("bert_ee", 6, list(ranges), {"kind": "entropy", "tau_nats": 0.4}, POOL_RAMPS)
+    plan = default_plan("bert_ee", 6, list(ranges), exit_rule={"kind": "entropy", "tau_nats": 0.4}, ramp_blocks=POOL_RAMPS)
     return replace(plan, splits=tuple(replace(s, device=d, instances=n)
                                       for s, d, n in zip(plan.splits, devices_, instances)))

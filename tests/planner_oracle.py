@@ -70,7 +70,7 @@ def oracle_tables(latency, reach, devices, b0, ctx) -> Tables:
     T_l, tx_l, f_l = [], [], []
     for c in configs:
         M = devices[c]
-        priced = {f: stage_table(latency, c, Bk, M, ramps=ramps, form=f) for f in ctx.forms}
+        priced = {f: stage_table(latency, c, Bk, max_instances=M, ramps=ramps, form=f) for f in ctx.forms}
         T, tx, form = np.full((L, L, M), np.inf), np.zeros((L, L, M)), np.zeros((L, L, M), dtype=np.int8)
         for a in range(L):
             for j in range(a, L):

@@ -74,7 +74,7 @@ class FakeClock(Clock):
 
 
 def initial_plan():
-    return default_plan(MODEL, 4, [(1, 2), (3, 4)], EXIT_RULE, RAMPS, batch_size=8)
+    return default_plan(MODEL, 4, [(1, 2), (3, 4)], exit_rule=EXIT_RULE, ramp_blocks=RAMPS, batch_size=8)
 
 
 def make_controller(tmp_path, reaches, *, applier=None, pinned=None, **overrides):
@@ -101,7 +101,7 @@ def _best_layout_by_brute_force(latency, reach, b0, ramps) -> list[tuple[int, in
             if sum(instances) > DEVICES["cpu"]:
                 continue
             layout = [(a, b, m) for (a, b), m in zip(bounds, instances)]
-            pc = cost.plan_cost(latency, reach, [(a, b, "cpu", m) for a, b, m in layout], b0, RATE_RPS, ramps=ramps)
+            pc = cost.plan_cost(latency, reach, [(a, b, "cpu", m) for a, b, m in layout], b0=b0, rate_rps=RATE_RPS, ramps=ramps)
             if pc.latency_ms > SLO_MS * 0.8 or max(s.batch_per_instance for s in pc.stages) > latency.batch_sizes[-1]:
                 continue
             key = (round(pc.throughput_rps, 6), -len(layout))
@@ -140,7 +140,7 @@ def test_score_plan_against_hand_computed_numbers():
     # Synthetic profile: block 2 + 0.25 B ms, ramps 0.5 ms (blocks 1-3), Tx 1 + 0.1 B ms, all linear in B.
     latency, easy = synthetic_profile(), BatchProfile(MODEL, 8, EASY)
     plan = initial_plan()   # no prediction: B0 = first split's batch 8 x 1 instance
-    cut_after_1 = default_plan(MODEL, 4, [(1, 1), (2, 4)], EXIT_RULE, RAMPS, batch_size=8)
+    cut_after_1 = default_plan(MODEL, 4, [(1, 1), (2, 4)], exit_rule=EXIT_RULE, ramp_blocks=RAMPS, batch_size=8)
     # split 1-1 at 8: 4 + 0.5 = 4.5 ms; split 2-4 at 8 x 0.15 = 1.2: 3 x 2.3 + 2 x 0.5 = 7.9 ms, Tx 1.12 ms
     assert score_plan(latency, easy, cut_after_1, RATE_RPS) == pytest.approx(8000 / 7.9)
     # split 1-2 at 8: 2 x 4 + 2 x 0.5 = 9 ms; split 3-4 at 8 x 0.10 = 0.8 (P(1) below batch 1): 2 x 2.25 + 0.5
@@ -149,7 +149,7 @@ def test_score_plan_against_hand_computed_numbers():
     predicted = dataclasses.replace(cut_after_1, predicted={"input_batch_size": 16.0})
     assert score_plan(latency, easy, predicted, RATE_RPS) == pytest.approx(16000 / 8.8)
     # one split 1-4 with 2 instances: B0 = 8 x 2, each instance 8: 4 x 4 + 3 x 0.5 = 17.5 ms
-    wide = default_plan(MODEL, 4, [(1, 4)], EXIT_RULE, RAMPS, batch_size=8, instances=2)
+    wide = default_plan(MODEL, 4, [(1, 4)], exit_rule=EXIT_RULE, ramp_blocks=RAMPS, batch_size=8, instances=2)
     assert score_plan(latency, easy, wide, RATE_RPS) == pytest.approx(16000 / 17.5)
     # worst-case latency of cut_after_1: fill 7 / 2000 s = 3.5 ms + the hop into split 1 (the model inputs,
     # Tx at 8: 1.8 ms) + 4.5 + 7.9 + 1.12 = 18.82 ms
@@ -328,7 +328,7 @@ def test_no_traffic_keeps_everything(tmp_path):
 
 def test_find_stragglers_compares_measured_with_profiled_latency():
     latency = synthetic_profile()
-    plan = default_plan(MODEL, 4, [(1, 4)], EXIT_RULE, RAMPS, batch_size=8, instances=2)
+    plan = default_plan(MODEL, 4, [(1, 4)], exit_rule=EXIT_RULE, ramp_blocks=RAMPS, batch_size=8, instances=2)
     # profiled 1-4 at batch 8: 4 x (2 + 2) + 3 x 0.5 = 17.5 ms per batch
     before = {"tiny_ee_split_1-4": SplitStats(10, 80, 0)}
     ok = {"tiny_ee_split_1-4": SplitStats(20, 160, int(10 * 30e6))}       # 30 ms: 1.7x

@@ -66,7 +66,7 @@ def test_a_hung_split_answers_its_request_at_the_deadline_and_the_router_keeps_s
         HANGING_MODEL.format(split=SPLIT, marker=marker, hang_s=HANG_S, woke=str(woke)))
     config = repo / SPLIT / "config.pbtxt"                     # 2 instances: one hangs, one serves
     config.write_text(config.read_text().replace("count: 1", "count: 2"))
-    plan = default_plan("tiny_ee", card.num_blocks, [(1, 4)], card.exit_rule, card.ramp_blocks,
+    plan = default_plan("tiny_ee", card.num_blocks, [(1, 4)], exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks,
                         batch_size=4, instances=2, slo_ms=SLO_MS, queue_delay_us=0)
     plan = replace(plan, splits=tuple(replace(s, form=CONSTANT) for s in plan.splits))
     ids, mask = (x.numpy() for x in tiny_model.example_inputs(240, seed=13))

@@ -261,7 +261,7 @@ def test_demo_gives_every_system_the_same_core_budget_and_prints_it():
     from e3.core.plan import default_plan
     from e3.cli.demo import core_budgets
     from e3.export.repository import ExportSettings
-    plan = default_plan("m", 4, [(1, 2), (3, 4)], {"kind": "entropy", "tau_nats": 0.3}, (1, 2, 3), instances=1)
+    plan = default_plan("m", 4, [(1, 2), (3, 4)], exit_rule={"kind": "entropy", "tau_nats": 0.3}, ramp_blocks=(1, 2, 3), instances=1)
     budgets = core_budgets(plan, ExportSettings(split_instances=1, baseline_instances=2))
     assert budgets == {"m_router": "2 (1-2 constant x1, 3-4 constant x1; router x1)", "m_ee": "2 (x2 inst.)",
                        "m_stock": "2 (x2 inst.)"}

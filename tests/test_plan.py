@@ -6,7 +6,7 @@ from e3.core.plan import Plan, PlanError, default_plan
 
 
 def make_plan(**overrides):
-    plan = default_plan("m", 6, [(1, 2), (3, 4), (5, 6)], {"kind": "entropy", "tau_nats": 0.3},
+    plan = default_plan("m", 6, [(1, 2), (3, 4), (5, 6)], exit_rule={"kind": "entropy", "tau_nats": 0.3},
                         ramp_blocks=(1, 2, 3, 4, 5), batch_size=16)
     data = plan.to_dict()
     data.update(overrides)
@@ -59,7 +59,7 @@ def test_ramps_checked_against_the_model():
 def test_router_instances_one_scheduler_unless_every_split_is_compact():
     from dataclasses import replace
     from e3.core.plan import COMPACT
-    plan = default_plan("m", 4, [(1, 2), (3, 4)], {"kind": "entropy", "tau_nats": 0.3}, (1, 2, 3), instances=2)
+    plan = default_plan("m", 4, [(1, 2), (3, 4)], exit_rule={"kind": "entropy", "tau_nats": 0.3}, ramp_blocks=(1, 2, 3), instances=2)
     assert plan.router_instances == 1                       # constant splits: one scheduler merges every row
     compact = replace(plan, splits=tuple(replace(s, form=COMPACT) for s in plan.splits))
     assert compact.router_instances == 2                    # compact only: one router per worker set

@@ -32,7 +32,7 @@ def switch_server(tmp_path_factory):
 
 
 def _plan(card, cuts_ranges, batch_size=4):
-    return default_plan("tiny_ee", card.num_blocks, cuts_ranges, card.exit_rule, card.ramp_blocks,
+    return default_plan("tiny_ee", card.num_blocks, cuts_ranges, exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks,
                         batch_size=batch_size)
 
 

@@ -386,7 +386,7 @@ def test_cost_model_reproduces_the_planners_numbers_and_the_brute_force():
     r = best_plan(lat, batch, {"a": 3, "b": 2}, slo_ms=80, rate_rps=800, alpha=None)
     assert {s.form for s in r.splits} == set(FORMS)      # both forms, so both are re-priced
     pc = plan_cost(lat, batch.reach, [(s.first_block, s.last_block, s.device, s.instances, s.form)
-                                      for s in r.splits], r.input_batch_size, 800, ramps=r.enabled_ramps)
+                                      for s in r.splits], b0=r.input_batch_size, rate_rps=800, ramps=r.enabled_ramps)
     assert (pc.throughput_rps, pc.latency_ms, pc.cost) == pytest.approx((r.throughput_rps, r.latency_ms, r.cost))
     assert pc.stages == r.splits
     ranges = [(s.first_block, s.last_block) for s in r.splits]

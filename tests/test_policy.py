@@ -116,7 +116,7 @@ def test_follow_stops_once_every_input_is_answered():
 def test_drops_say_why_with_the_slo_as_configured():
     from e3.core.plan import default_plan
     from e3.serving.policy import DEADLINE, ERROR, drop_for
-    plan = default_plan("m", 4, [(1, 2), (3, 4)], {"kind": "entropy", "tau_nats": 0.3}, (1, 2, 3), slo_ms=0.5)
+    plan = default_plan("m", 4, [(1, 2), (3, 4)], exit_rule={"kind": "entropy", "tau_nats": 0.3}, ramp_blocks=(1, 2, 3), slo_ms=0.5)
     late = drop_for(plan, late=True, detail="m_split_3-4: Request timeout expired")
     assert late.reason == DEADLINE
     assert late.message == ("dropped: m cannot answer within its SLO of 0.5 ms "

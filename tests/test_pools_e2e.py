@@ -87,7 +87,7 @@ def test_splits_on_two_servers_and_a_move_under_load(two_servers, tiny_model, tm
     pools = _pools(a, b)
     # A generous SLO: on this shared 2-core machine a load of the split on A competes with the load test, and
     # the point is that a move fails no request, not the scheduler's drops (tests/test_deadlines.py).
-    base = default_plan(MODEL, card.num_blocks, [(1, 2), (3, 4)], card.exit_rule, card.ramp_blocks, batch_size=4,
+    base = default_plan(MODEL, card.num_blocks, [(1, 2), (3, 4)], exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks, batch_size=4,
                         slo_ms=SLO_MS)
     on_b = place(base, pools, pin={"tiny_ee_split_3-4": "b"})
     b_url = pools.named("b").grpc_url
@@ -176,7 +176,7 @@ def test_a_pool_that_is_down_answers_every_request_with_an_error(two_servers, ti
     monkeypatch.setenv("E3_API_KEY", KEY)
     card = tiny_model.card
     dead = f"127.0.0.1:{free_port()}"
-    base = default_plan(MODEL, card.num_blocks, [(1, 2), (3, 4)], card.exit_rule, card.ramp_blocks, batch_size=4,
+    base = default_plan(MODEL, card.num_blocks, [(1, 2), (3, 4)], exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks, batch_size=4,
                         slo_ms=SLO_MS)
     pools = load_pools({"pools": [
         {"name": "a", "device": "cpu", "deployment": "a", "grpc_url": a.grpc_url, "http_url": a.http_url,

@@ -53,8 +53,8 @@ def _plans(card, original: Plan) -> list[Plan]:
     """``LAYOUTS`` as plans (the session's SLO and exit rule), then ``original``."""
     plans = []
     for layout in LAYOUTS:
-        plan = default_plan(original.model, card.num_blocks, [r for r, _ in layout], card.exit_rule,
-                            card.ramp_blocks, batch_size=4, slo_ms=original.slo_ms)
+        plan = default_plan(original.model, card.num_blocks, [r for r, _ in layout], exit_rule=card.exit_rule,
+                            ramp_blocks=card.ramp_blocks, batch_size=4, slo_ms=original.slo_ms)
         plans.append(dataclasses.replace(plan, splits=tuple(
             dataclasses.replace(s, form=form) for s, (_, form) in zip(plan.splits, layout))))
     return [*plans, original]

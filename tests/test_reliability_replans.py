@@ -30,7 +30,7 @@ LAYOUTS = ([(1, 2), (3, 4)], [(1, 1), (2, 3), (4, 4)], [(1, 3), (4, 4)], [(1, 1)
 
 def test_one_hundred_replans_changing_cuts_under_load_fail_no_request(tmp_path_factory, tiny_model):
     card = tiny_model.card
-    plans = [default_plan("tiny_ee", card.num_blocks, layout, card.exit_rule, card.ramp_blocks, batch_size=4)
+    plans = [default_plan("tiny_ee", card.num_blocks, layout, exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks, batch_size=4)
              for layout in LAYOUTS]
     ids, mask = (x.numpy() for x in tiny_model.example_inputs(3, seed=5))
     body = json_request(ids, mask)

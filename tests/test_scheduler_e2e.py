@@ -33,7 +33,7 @@ def sched_server(tmp_path_factory):
 
 
 def _plan(card, ranges, forms, *, batch_size=8, instances=1, enabled=None, slo_ms=1000.0, delay_us=2000):
-    plan = default_plan("tiny_ee", card.num_blocks, ranges, card.exit_rule, card.ramp_blocks,
+    plan = default_plan("tiny_ee", card.num_blocks, ranges, exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks,
                         batch_size=batch_size, instances=instances, slo_ms=slo_ms, queue_delay_us=delay_us)
     splits = []
     for s, form in zip(plan.splits, forms):

@@ -55,7 +55,7 @@ def test_naive_early_exit_beats_stock_on_easy_inputs_and_not_on_hard_ones():
 
 def test_a_saturated_constant_plan_runs_the_plans_batch_at_every_split_and_answers_everything():
     lat = synthetic_profile()
-    plan = default_plan("tiny_ee", L, [(1, 1), (2, 4)], RULE, (1, 2, 3), batch_size=8, slo_ms=60_000)
+    plan = default_plan("tiny_ee", L, [(1, 1), (2, 4)], exit_rule=RULE, ramp_blocks=(1, 2, 3), batch_size=8, slo_ms=60_000)
     result = simulate_plan(lat, plan, _exits(easy=0.5), Arrivals(batch=4, requests=300, clients=16))
     assert result.answered_inputs == 300 * 4 and result.dropped_inputs == 0
     survivors = np.array(result.batches[1])                  # half of every batch of split 1 goes on
@@ -65,7 +65,7 @@ def test_a_saturated_constant_plan_runs_the_plans_batch_at_every_split_and_answe
 def test_compact_plans_run_in_several_router_instances_and_shrink_inside():
     lat = synthetic_profile()
     # the plan's batch as large as the baseline's largest, so that both amortise the per-call cost alike
-    plan = default_plan("tiny_ee", L, [(1, 4)], RULE, (1, 2, 3), batch_size=64, instances=2, slo_ms=60_000)
+    plan = default_plan("tiny_ee", L, [(1, 4)], exit_rule=RULE, ramp_blocks=(1, 2, 3), batch_size=64, instances=2, slo_ms=60_000)
     plan = dataclasses.replace(plan, splits=(dataclasses.replace(plan.splits[0], form=COMPACT),))
     assert plan.router_instances == 2
     arrivals = Arrivals(batch=8, requests=200, clients=8)
@@ -78,7 +78,7 @@ def test_compact_plans_run_in_several_router_instances_and_shrink_inside():
 
 def test_an_slo_the_plan_cannot_meet_drops_only_late_requests_and_counts_them():
     lat = synthetic_profile()
-    plan = default_plan("tiny_ee", L, [(1, 1), (2, 4)], RULE, (1, 2, 3), batch_size=8, slo_ms=40)
+    plan = default_plan("tiny_ee", L, [(1, 1), (2, 4)], exit_rule=RULE, ramp_blocks=(1, 2, 3), batch_size=8, slo_ms=40)
     result = simulate_plan(lat, plan, _exits(easy=0.5), Arrivals(batch=4, requests=300, clients=32))
     assert result.dropped_inputs > 0
     assert result.dropped_inputs + result.answered_inputs == 300 * 4
@@ -86,8 +86,8 @@ def test_an_slo_the_plan_cannot_meet_drops_only_late_requests_and_counts_them():
     # Only late ones: a request is dropped when even its current split would end after the SLO, so it had
     # waited at least the SLO less one split's time. Bound that time by twice the slowest split at the plan's
     # batch with its hop (the scheduler learns it online); a request dropped with more time left was not late.
-    slowest = max(s.stage_ms + s.tx_ms for s in (cost.stage_cost(lat, np.ones(L), sp.batch_size, sp.first_block,
-                                                                  sp.last_block, "cpu", sp.instances)
+    slowest = max(s.stage_ms + s.tx_ms for s in (cost.stage_cost(lat, np.ones(L), sp.batch_size, first=sp.first_block,
+                                                                  last=sp.last_block, device="cpu", instances=sp.instances)
                                                   for sp in plan.splits))
     assert 0 < slowest < plan.slo_ms / 2
     early = [round(w, 1) for w in result.drop_waited_ms if w < plan.slo_ms - 2 * slowest]

@@ -64,36 +64,36 @@ def test_constant_form_by_hand():
     lat = hand_profile()
     # blocks 1-3 on 2 instances, B0 = 8 -> 4 inputs each; every block at 4: 3 x (1 + 2) = 9, ramps 1 and 2:
     # 0.2, router at 4: 0.28; the hop into split 1 carries the model inputs: tx_in 0.2
-    s = stage_cost(lat, [1.0, 0.5, 0.25], 8, 1, 3, "cpu", 2, ramps=(1, 2), form=CONSTANT)
+    s = stage_cost(lat, [1.0, 0.5, 0.25], 8, first=1, last=3, device="cpu", instances=2, ramps=(1, 2), form=CONSTANT)
     assert (s.form, s.batch_per_instance) == (CONSTANT, 4.0)
     assert s.stage_ms == pytest.approx(9 + 0.2 + 0.28) and s.tx_ms == pytest.approx(0.2)
     # blocks 2-3 on 1 instance: B_2 = 4 enter; no shrinking inside: 2 x 3 + ramp 2 + router(4); hop Tx(4)
-    s = stage_cost(lat, [1.0, 0.5, 0.25], 8, 2, 3, "cpu", 1, ramps=(1, 2), form=CONSTANT)
+    s = stage_cost(lat, [1.0, 0.5, 0.25], 8, first=2, last=3, device="cpu", instances=1, ramps=(1, 2), form=CONSTANT)
     assert s.stage_ms == pytest.approx(6 + 0.1 + 0.28) and s.tx_ms == pytest.approx(1.4)
     # without a tx_in_ms curve the first hop is priced as a cut's
     plain = hand_profile(tx_in_ms={})
-    assert stage_cost(plain, [1.0, 0.5, 0.25], 8, 1, 3, "cpu", 2).tx_ms == pytest.approx(1 + 0.1 * 4)
+    assert stage_cost(plain, [1.0, 0.5, 0.25], 8, first=1, last=3, device="cpu", instances=2).tx_ms == pytest.approx(1 + 0.1 * 4)
 
 
 def test_compact_form_by_hand():
     lat = hand_profile()
     # blocks 1-3 on 2 instances, rows leave between blocks: block 1 at 4 (3 + ramp 0.1 + check(4) 0.09),
     # block 2 at 2 (2 + 0.1 + check(2) 0.07), block 3 at 1 (1.5, the head: no check), router at 4: 0.28
-    s = stage_cost(lat, [1.0, 0.5, 0.25], 8, 1, 3, "cpu", 2, ramps=(1, 2), form=COMPACT)
+    s = stage_cost(lat, [1.0, 0.5, 0.25], 8, first=1, last=3, device="cpu", instances=2, ramps=(1, 2), form=COMPACT)
     assert s.form == COMPACT and s.tx_ms == 0.0
     assert s.stage_ms == pytest.approx(3.19 + 2.17 + 1.5 + 0.28)
     # blocks 2-3 on 1 instance: block 2 at 4 (3 + 0.1 + 0.09), block 3 at 2 (2), router at 4
-    s = stage_cost(lat, [1.0, 0.5, 0.25], 8, 2, 3, "cpu", 1, ramps=(1, 2), form=COMPACT)
+    s = stage_cost(lat, [1.0, 0.5, 0.25], 8, first=2, last=3, device="cpu", instances=1, ramps=(1, 2), form=COMPACT)
     assert s.stage_ms == pytest.approx(3.19 + 2.0 + 0.28) and s.tx_ms == 0.0
     # a disabled ramp is neither computed nor checked, and its exits go on to the next ramp (reach 1, 1, 0.25)
-    s = stage_cost(lat, [1.0, 0.5, 0.25], 8, 1, 3, "cpu", 2, ramps=(2,), form=COMPACT)
+    s = stage_cost(lat, [1.0, 0.5, 0.25], 8, first=1, last=3, device="cpu", instances=2, ramps=(2,), form=COMPACT)
     assert s.stage_ms == pytest.approx(3.0 + (3 + 0.1 + 0.09) + 1.5 + 0.28)
 
 
 def test_plan_cost_mixes_forms_and_takes_the_form_as_a_fifth_element():
     lat = hand_profile()
     reach = [1.0, 0.5, 0.25]
-    pc = plan_cost(lat, reach, [(1, 1, "cpu", 1), (2, 3, "cpu", 1, COMPACT)], 8, 1000, ramps=(1, 2))
+    pc = plan_cost(lat, reach, [(1, 1, "cpu", 1), (2, 3, "cpu", 1, COMPACT)], b0=8, rate_rps=1000, ramps=(1, 2))
     s1, s2 = pc.stages
     # split 1 constant at 8: 5 + ramp 0.1 + router(8) 0.36, hop 0.2; split 2 compact: 3.19 + 2 + 0.28, no hop
     assert (s1.form, s1.stage_ms, s1.tx_ms) == (CONSTANT, pytest.approx(5.46), pytest.approx(0.2))
@@ -101,21 +101,21 @@ def test_plan_cost_mixes_forms_and_takes_the_form_as_a_fifth_element():
     assert pc.cycle_ms == pytest.approx(5.47) and pc.throughput_rps == pytest.approx(8000 / 5.47)
     assert pc.latency_ms == pytest.approx(7.0 + 0.2 + 5.46 + 5.47)      # fill 7 ms at 1000 inputs/s
     with pytest.raises(ValueError, match="form 'fast'"):
-        plan_cost(lat, reach, [(1, 3, "cpu", 1, "fast")], 8, 1000)
+        plan_cost(lat, reach, [(1, 3, "cpu", 1, "fast")], b0=8, rate_rps=1000)
 
 
 def test_form_table_keeps_the_faster_form_and_constant_on_a_tie():
     lat = hand_profile()
     Bk = 8 * np.array([1.0, 0.5, 0.25])
-    T, tx, form = form_table(lat, "cpu", Bk, 2, ramps=(1, 2))
+    T, tx, form = form_table(lat, "cpu", Bk, max_instances=2, ramps=(1, 2))
     # blocks 1-3, 2 instances: compact 7.14 < constant 9.48
     assert FORMS[form[0, 2, 1]] == COMPACT and T[0, 2, 1] == pytest.approx(7.14) and tx[0, 2, 1] == 0.0
     # block 3 alone: no ramp inside, the same work either way: constant (with its hop)
     assert FORMS[form[2, 2, 0]] == CONSTANT and tx[2, 2, 0] == pytest.approx(1 + 0.1 * 2)
-    T1, _, form1 = form_table(lat, "cpu", Bk, 2, ramps=(1, 2), forms=(CONSTANT,))
+    T1, _, form1 = form_table(lat, "cpu", Bk, max_instances=2, ramps=(1, 2), forms=(CONSTANT,))
     assert (form1 == 0).all() and T1[0, 2, 1] == pytest.approx(9.48)
     with pytest.raises(ValueError, match="forms must be"):
-        form_table(lat, "cpu", Bk, 2, forms=("fast",))
+        form_table(lat, "cpu", Bk, max_instances=2, forms=("fast",))
 
 
 # ---------------------------------------------------------------- which form each device gets

@@ -172,7 +172,7 @@ def test_stage_table_equals_the_cost_formula_for_every_split(form):
                               check_ms={"cpu": [0.03 * b for b in (1, 2, 4, 8)]},
                               tx_in_ms={"cpu": [2 + 0.2 * b for b in (1, 2, 4, 8)]})
     reach = np.array([1.0, 0.5, 0.25])
-    T, tx = cost.stage_table(lat, "cpu", 8 * reach, 3, form=form)
+    T, tx = cost.stage_table(lat, "cpu", 8 * reach, max_instances=3, form=form)
     for a in range(1, 4):
         for j in range(1, 4):
             for m in range(1, 4):
@@ -182,13 +182,13 @@ def test_stage_table_equals_the_cost_formula_for_every_split(form):
                 want_T, want_tx = _stage_by_hand(lat, 8 * reach, a, j, m, form)
                 assert T[a - 1, j - 1, m - 1] == pytest.approx(want_T), (a, j, m)
                 assert tx[a - 1, m - 1] == pytest.approx(want_tx), (a, m)
-                s = cost.stage_cost(lat, reach, 8, a, j, "cpu", m, form=form)
+                s = cost.stage_cost(lat, reach, 8, first=a, last=j, device="cpu", instances=m, form=form)
                 assert (s.stage_ms, s.tx_ms) == pytest.approx((want_T, want_tx)), (a, j, m)
 
 
 def test_plan_cost_rejects_unknown_devices_and_other_models():
     lat = linear_profile()
     with pytest.raises(ValueError, match="'tpu' is not in the latency profile"):
-        cost.plan_cost(lat, [1.0, 0.5, 0.25], [(1, 3, "tpu", 1)], 8, 100)
+        cost.plan_cost(lat, [1.0, 0.5, 0.25], [(1, 3, "tpu", 1)], b0=8, rate_rps=100)
     with pytest.raises(ValueError, match="2 blocks"):
-        cost.plan_cost(lat, [1.0, 0.5], [(1, 3, "cpu", 1)], 8, 100)
+        cost.plan_cost(lat, [1.0, 0.5], [(1, 3, "cpu", 1)], b0=8, rate_rps=100)

@@ -72,7 +72,7 @@ def zoo_server(tmp_path_factory):
             # the head. A generous SLO: this test is about answers; deadlines are tested elsewhere.
             card = resolve_model(name).card
             plan = default_plan(served_name(name), card.num_blocks, ranges_from_cuts([2, 4], card.num_blocks),
-                                card.exit_rule, card.ramp_blocks, slo_ms=120_000)
+                                exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks, slo_ms=120_000)
             plan = replace(plan, splits=tuple(replace(s, form=CONSTANT if i == 1 else COMPACT)
                                               for i, s in enumerate(plan.splits)))
             export_repository(name, None, repo, ExportSettings(slo_ms=120_000, baselines=False), plan=plan,

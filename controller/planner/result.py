@@ -85,7 +85,7 @@ class PlannerResult:
                       last_block=s.last_block, batch_size=s.preferred_batch, instances=s.instances,
                       device=s.device,
                       queue_delay_us=entry_queue_delay_us() if s.first_block == 1 else delay_us,
-                      enabled_ramps=ramps_in_range(enabled, s.first_block, s.last_block, num_blocks), form=s.form)
+                      enabled_ramps=ramps_in_range(enabled, s.first_block, s.last_block, num_blocks=num_blocks), form=s.form)
             for s in self.splits)
         predicted = {"throughput_rps": self.throughput_rps, "goodput_rps": self.goodput_rps,
                      "latency_ms": self.latency_ms, "cost": self.cost, "cycle_ms": self.cycle_ms,
@@ -102,7 +102,7 @@ def make_result(stages: Sequence[StageCost], b0: int, prices: Mapping[str, float
                 enabled_ramps: Iterable[int] = (), ramp_verdicts: Sequence[RampVerdict] = ()) -> PlannerResult:
     """The result for priced ``stages`` at input batch ``b0`` (priced with ``enabled_ramps``, as the
     exit-wrapper's ``ramp_verdicts`` decided): its numbers come from E3's cost model."""
-    pc = summarise(stages, b0, ctx.rate_rps, prices, pipelined=ctx.pipelined)
+    pc = summarise(stages, b0, ctx.rate_rps, prices=prices, pipelined=ctx.pipelined)
     return PlannerResult(splits=pc.stages, input_batch_size=int(b0), cycle_ms=pc.cycle_ms,
                          throughput_rps=pc.throughput_rps, goodput_rps=min(pc.throughput_rps, ctx.rate_rps),
                          latency_ms=pc.latency_ms, cost=pc.cost, devices_used=pc.devices_used,

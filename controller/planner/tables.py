@@ -118,7 +118,7 @@ def build_tables(latency: LatencyProfile, reach: np.ndarray, devices: Mapping[st
         m = np.arange(1, M + 1, dtype=float)
         per = Bk[:, None] / m[None, :]             # [a, m] per-instance batch entering a split at a
         legal = (m[None, :] <= np.maximum(1.0, np.ceil(Bk[:, None] - 1e-9))) & (per <= bmax + 1e-9)
-        T, tx, form = form_table(latency, c, Bk, M, ramps=ramps, forms=forms, router=router)
+        T, tx, form = form_table(latency, c, Bk, max_instances=M, ramps=ramps, forms=forms, router=router)
         T = np.where(legal[:, None, :], T, np.inf)
         T_l.append(T)
         tx_l.append(tx)

@@ -118,7 +118,7 @@ def _ramp_mask(latency: LatencyProfile, ramps: Iterable[int] | None) -> np.ndarr
     return mask
 
 
-def split_block_ms(latency: LatencyProfile, device: str, batch_in: np.ndarray, instances: np.ndarray, *,
+def split_block_ms(latency: LatencyProfile, device: str, batch_in: np.ndarray, *, instances: np.ndarray,
                    ramps: Iterable[int] | None = None, shrink: bool = False) -> np.ndarray:
     """``P[k-1, a-1, i]``: latency (ms) of block k (with its ramp if enabled) in a split that starts at block
     a with ``instances[i]`` instances, where ``batch_in[k-1]`` inputs reach block k per cycle. [L, L, len(instances)].
@@ -133,7 +133,7 @@ def split_block_ms(latency: LatencyProfile, device: str, batch_in: np.ndarray, i
     return latency.blocks_at(device, np.broadcast_to(per, (L, L, m.size)), with_ramp=_ramp_mask(latency, ramps))
 
 
-def batch_ms(latency: LatencyProfile, device: str, first: int, last: int, exit_block: np.ndarray, *,
+def batch_ms(latency: LatencyProfile, device: str, first: int, *, last: int, exit_block: np.ndarray,
              ramps: Iterable[int], form: str) -> float:
     """Compute time (ms) of one batch of rows through blocks ``first..last`` in ``form``, priced as a stage is
     (module docstring) but at the rows this batch really holds: ``exit_block[r]`` is the block where row r
@@ -166,7 +166,7 @@ def _stages(latency: LatencyProfile, device: str, batch_in: np.ndarray, m: np.nd
     b = np.asarray(batch_in, dtype=float)
     ramps = None if ramps is None else tuple(ramps)
     compact = form == COMPACT
-    P = split_block_ms(latency, device, b, m, ramps=ramps, shrink=compact)        # [k, a, m]
+    P = split_block_ms(latency, device, b, instances=m, ramps=ramps, shrink=compact)        # [k, a, m]
     if compact:   # the exit check between blocks, at every enabled ramp, on the rows that reached it
         check = np.asarray(latency.check(device, b[:, None] / m[None, :]), dtype=float)   # [k, m]
         P = P + (check * _ramp_mask(latency, ramps)[:, None])[:, None, :]
@@ -185,7 +185,7 @@ def _stages(latency: LatencyProfile, device: str, batch_in: np.ndarray, m: np.nd
     return T, tx
 
 
-def stage_table(latency: LatencyProfile, device: str, batch_in: np.ndarray, max_instances: int, *,
+def stage_table(latency: LatencyProfile, device: str, batch_in: np.ndarray, *, max_instances: int,
                 ramps: Iterable[int] | None = None, form: str = CONSTANT,
                 router: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Every split's stage and hop time in one ``form`` on ``device`` for 1..``max_instances`` instances.
@@ -200,7 +200,7 @@ def stage_table(latency: LatencyProfile, device: str, batch_in: np.ndarray, max_
     return _stages(latency, device, batch_in, m, ramps=ramps, form=form, router=router)
 
 
-def form_table(latency: LatencyProfile, device: str, batch_in: np.ndarray, max_instances: int, *,
+def form_table(latency: LatencyProfile, device: str, batch_in: np.ndarray, *, max_instances: int,
                ramps: Iterable[int] | None = None, forms: Sequence[str] = FORMS,
                router: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`stage_table` of every form in ``forms``, each candidate (a, j, m) in the form with the smaller
@@ -212,7 +212,7 @@ def form_table(latency: LatencyProfile, device: str, batch_in: np.ndarray, max_i
         raise ValueError(f"forms must be some of {', '.join(FORMS)}, got {list(forms)}")
     best_T = best_tx = best_f = None
     for f in chosen:
-        T, tx = stage_table(latency, device, batch_in, max_instances, ramps=ramps, form=f, router=router)
+        T, tx = stage_table(latency, device, batch_in, max_instances=max_instances, ramps=ramps, form=f, router=router)
         tx = np.broadcast_to(tx[:, None, :], T.shape)
         if best_T is None:
             best_T, best_tx, best_f = T, np.array(tx), np.full(T.shape, FORMS.index(f), dtype=np.int8)
@@ -224,8 +224,8 @@ def form_table(latency: LatencyProfile, device: str, batch_in: np.ndarray, max_i
     return best_T, best_tx, best_f
 
 
-def stage_cost(latency: LatencyProfile, reach: Sequence[float], b0: float, first: int, last: int, device: str,
-               instances: int, *, ramps: Iterable[int] | None = None, form: str = CONSTANT) -> StageCost:
+def stage_cost(latency: LatencyProfile, reach: Sequence[float], b0: float, *, first: int, last: int, device: str,
+               instances: int, ramps: Iterable[int] | None = None, form: str = CONSTANT) -> StageCost:
     """One split priced: blocks ``first..last`` on ``device`` with ``instances`` instances in ``form``,
     B0 = ``b0``. ``reach``: the batch profile's (every ramp enabled); ``ramps``: the plan's enabled ramps
     (None: every ramp, reach as given)."""
@@ -236,7 +236,7 @@ def stage_cost(latency: LatencyProfile, reach: Sequence[float], b0: float, first
                      float(tx[first - 1, 0]), form)
 
 
-def summarise(stages: Sequence[StageCost], b0: float, rate_rps: float, prices: Mapping[str, float], *,
+def summarise(stages: Sequence[StageCost], b0: float, rate_rps: float, *, prices: Mapping[str, float],
               pipelined: bool = True) -> PlanCost:
     """Cycle, throughput, worst-case latency and cost of priced ``stages`` (see the module docstring)."""
     pipe = sum(s.stage_ms + s.tx_ms for s in stages)
@@ -250,8 +250,8 @@ def summarise(stages: Sequence[StageCost], b0: float, rate_rps: float, prices: M
                     cost=sum(prices[c] * n for c, n in used.items()), devices_used=used, pipelined=pipelined)
 
 
-def plan_cost(latency: LatencyProfile, reach: Sequence[float], splits: Iterable[tuple], b0: float,
-              rate_rps: float, *, pipelined: bool = True, ramps: Iterable[int] | None = None) -> PlanCost:
+def plan_cost(latency: LatencyProfile, reach: Sequence[float], splits: Iterable[tuple], *, b0: float,
+              rate_rps: float, pipelined: bool = True, ramps: Iterable[int] | None = None) -> PlanCost:
     """Price a plan given as ``(first_block, last_block, device, instances[, form])`` per split, in block
     order (form: CONSTANT when left out). ``reach``: the batch profile's; ``ramps``: the plan's enabled
     ramps (None: every ramp the profile prices, reach as given).
@@ -268,6 +268,6 @@ def plan_cost(latency: LatencyProfile, reach: Sequence[float], splits: Iterable[
         form = split[4] if len(split) > 4 else CONSTANT
         if device not in latency.devices:
             raise ValueError(f"device {device!r} is not in the latency profile ({sorted(latency.devices)})")
-        stages.append(stage_cost(latency, reach, b0, first, last, device, instances, ramps=ramps, form=form))
+        stages.append(stage_cost(latency, reach, b0, first=first, last=last, device=device, instances=instances, ramps=ramps, form=form))
     prices = {c: latency.devices[c].price for c in latency.devices}
-    return summarise(stages, b0, rate_rps, prices, pipelined=pipelined)
+    return summarise(stages, b0, rate_rps, prices=prices, pipelined=pipelined)

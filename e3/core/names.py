@@ -114,7 +114,7 @@ def ranges_from_cuts(cuts: list[int], num_blocks: int) -> list[tuple[int, int]]:
     return [(edges[i] + 1, edges[i + 1]) for i in range(len(edges) - 1)]
 
 
-def ramps_in_range(ramps, first: int, last: int, num_blocks: int | None = None) -> tuple[int, ...]:
+def ramps_in_range(ramps, first: int, last: int, *, num_blocks: int | None = None) -> tuple[int, ...]:
     """The ramps of ``ramps`` that lie in blocks ``first..last`` (inclusive), ascending and distinct.
 
     With ``num_blocks`` (L) given, the final head (block L) is left out: it is

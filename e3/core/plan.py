@@ -232,7 +232,7 @@ def entry_queue_delay_us() -> int:
     return 2000
 
 
-def default_plan(model: str, num_blocks: int, ranges: list[tuple[int, int]], exit_rule: dict[str, Any],
+def default_plan(model: str, num_blocks: int, ranges: list[tuple[int, int]], *, exit_rule: dict[str, Any],
                  ramp_blocks: tuple[int, ...], batch_size: int = 8, instances: int = 1,
                  queue_delay_us: int = 2000, slo_ms: float = 1000.0) -> Plan:
     """A hand-made plan for given block ranges, every ramp enabled (what `e3 export` uses
@@ -240,7 +240,7 @@ def default_plan(model: str, num_blocks: int, ranges: list[tuple[int, int]], exi
     splits = tuple(
         SplitPlan(model=split_name(model, a, b), first_block=a, last_block=b, batch_size=batch_size,
                   instances=instances, queue_delay_us=entry_queue_delay_us() if a == 1 else queue_delay_us,
-                  enabled_ramps=ramps_in_range(ramp_blocks, a, b, num_blocks))
+                  enabled_ramps=ramps_in_range(ramp_blocks, a, b, num_blocks=num_blocks))
         for a, b in ranges)
     plan = Plan(model=model, num_blocks=num_blocks, exit_rule=dict(exit_rule), splits=splits, slo_ms=slo_ms)
     plan.validate(ramp_blocks)

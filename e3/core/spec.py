@@ -115,7 +115,7 @@ class ModelCard:
         """Ramps a split over blocks first..last computes: the enabled ones inside it, and the
         final head (block L) when the split holds it; ascending."""
         from e3.core.names import ramps_in_range
-        inner = ramps_in_range(enabled, first, last, self.num_blocks)
+        inner = ramps_in_range(enabled, first, last, num_blocks=self.num_blocks)
         return (*inner, *((self.num_blocks,) if last == self.num_blocks else ()))
 
     def split_outputs(self, first: int, last: int, enabled: tuple[int, ...] | set[int]) -> list[str]:
