@@ -23,7 +23,8 @@ from e3.controller.triton_api import TritonControl
 from e3.controller.triton_applier import TritonApplier
 from e3.core.exits import make_exit_rule
 from e3.core.plan import default_plan
-from e3.deploy.pools import load_pools, place, pool_models
+from e3.controller.planner.placement import place
+from e3.deploy.pools import load_pools, pool_models
 from e3.export.reference import reference_answers
 from polling import wait_until
 
