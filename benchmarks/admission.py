@@ -143,7 +143,7 @@ def _bench_model(name: str, settings: AdmissionBenchSettings, echo) -> dict:
     repo = artifacts_dir() / "admission-repo" / m
     if not (repo / stock / "1" / "model.onnx").exists():
         echo(f"[setup] exporting {name} into {repo}")
-        export_repository(name, None, repo, ExportSettings(baseline_instances=1), progress=False)
+        export_repository(name, None, repo, settings=ExportSettings(baseline_instances=1), progress=False)
     pool = resolve_model(name).example_arrays(256, seed=0)
     onnx = repo / stock / "1" / "model.onnx"
     qos_ms = settings.qos_ms
@@ -351,7 +351,7 @@ def _bursts(url, systems: dict[str, str], pool, phases, qos_ms, settings, echo):
     for r in range(settings.burst_rounds):
         schedule, which = burst_schedule(phases, seed=1 + r)
         for label in labels[r % len(labels):] + labels[:r % len(labels)]:
-            records, _ = scheduled_records(url, systems[label], pool, schedule, batch=1, workers=settings.workers,
+            records, _ = scheduled_records(url, systems[label], pool, schedule=schedule, batch=1, workers=settings.workers,
                                            shm=settings.shm)
             records.sort(key=lambda rec: rec.index)
             lat = np.array([rec.latency_ms for rec in records])

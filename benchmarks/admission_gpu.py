@@ -110,7 +110,7 @@ class TritonBatcher:
         for e in idle:
             if taken >= staged:
                 break
-            b = dynamic_batch(staged - taken, wait_us(taken), self.max_batch, self.delay_us)
+            b = dynamic_batch(staged - taken, wait_us(taken), self.max_batch, delay_us=self.delay_us)
             if b == 0:
                 break
             out.append((e, b))
@@ -245,7 +245,7 @@ def _offline(module, inputs_of, settings: GpuAdmissionSettings, cuda_settings, e
     many = _Executors(module, inputs_of, per_slot, cuda_settings)
     measured = _run_sets(many, sets, settings.repeats)
     confs = best_worker_sets({w: mean for w, (mean, _) in measured.items()})
-    max_inflight = max_inflight_for_qos({w: slow for w, (_, slow) in measured.items()}, confs, qos, max_bs)
+    max_inflight = max_inflight_for_qos({w: slow for w, (_, slow) in measured.items()}, confs, qos, max_bs=max_bs)
     confs = {t: w for t, w in confs.items() if t <= max_inflight}
     echo(f"[offline] one worker (ms): { {b: round(v, 3) for b, v in latency.items()} }; QoS {qos} ms; "
          f"MaxBS {max_bs}; E-Ebird sets {confs}, MaxInf {max_inflight}")

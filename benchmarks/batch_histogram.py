@@ -147,7 +147,7 @@ def run_config(model_name: str, cuts: str, config: Config, *, concurrency: int, 
                             queue_delay_us=config.queue_delay_us, slo_ms=settings.slo_ms)
         plan = replace(plan, splits=(plan.splits[0], *(replace(s, queue_delay_us=config.later_queue_delay_us)
                                                        for s in plan.splits[1:])))
-    export_repository(model_name, cuts, repo, settings, plan=plan, progress=False)
+    export_repository(model_name, cuts, repo, settings=settings, plan=plan, progress=False)
     if config.router_max_batch_size is not None:
         # Experiment, not an export setting: with max_batch_size == B, Triton's fallback when the queue delay is
         # exceeded ("send everything up to max_batch_size") also sends exactly B. It caps client requests at B.

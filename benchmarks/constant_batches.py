@@ -56,7 +56,7 @@ def run(model_name: str, cut: int, batch_size: int, concurrency: int, requests: 
     plan = replace(plan, splits=tuple(replace(s, form=CONSTANT) for s in plan.splits))
     pool = _pool(model_name, model)
     with tempfile.TemporaryDirectory(prefix="e3-constant-") as tmp:
-        export_repository(model_name, None, Path(tmp), ExportSettings(batch_size=batch_size), plan=plan)
+        export_repository(model_name, None, Path(tmp), settings=ExportSettings(batch_size=batch_size), plan=plan)
         with TritonServer.on_free_ports(tmp, log_file=artifacts_dir() / "logs" / "constant-batches.log") as server:
             closed_loop_records(server.http_url, router_name(m), pool, concurrency=concurrency, batch=1,
                                 requests=4 * concurrency)  # warm-up: the scheduler learns each split's time

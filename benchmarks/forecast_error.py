@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             if prof is not None:
                 fc.observe(prof)
         elapsed = time.perf_counter() - t0
-        rep = forecast_error(forecasts, observed, switch_windows, args.settle_windows)
+        rep = forecast_error(forecasts, observed, switch_windows, settle_windows=args.settle_windows)
         results[n] = {**rep.to_dict(), "seconds_per_window": elapsed / len(observed),
                       "forecasts": [f.reach if f else None for f in forecasts]}
         ramps_txt = "  ".join(f"r{k}={v:.3f}" for k, v in rep.per_ramp_mae.items())

@@ -314,7 +314,7 @@ def simulate_e3(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, batc
     costs = gpu_call_costs(settings.request_ms, router_cores=settings.host_cores(sum(used.values())),
                            out_copy=settings.out_copy, slots_per_instance=settings.router_slots,
                            hop_fixed_latency=settings.hop_fixed_latency)
-    best, sweep = saturate(lambda a: simulate_plan(latency, plan, exit_ramp, a, device=device,
+    best, sweep = saturate(lambda a: simulate_plan(latency, plan, exit_ramp, arrivals=a, device=device,
                                                    slo_ms=settings.slo_ms, costs=costs), batch, settings,
                            start_inflight(settings, sum(used.values())))
     return Cell("e3", batch, best.goodput_ips, best.p99_ms, describe_plan(plan), sweep, _cluster(used),
@@ -328,7 +328,7 @@ def best_baseline(latency: LatencyProfile, kind: str, device: str, gpus: int, ex
     costs = gpu_call_costs(settings.request_ms)
 
     def run(base: Baseline) -> Callable[[Arrivals], SimResult]:
-        return lambda a: simulate_baseline(latency, base, exit_ramp, a, device=device, slo_ms=settings.slo_ms,
+        return lambda a: simulate_baseline(latency, base, exit_ramp, arrivals=a, device=device, slo_ms=settings.slo_ms,
                                            costs=costs)
 
     choices = [Baseline(kind, instances=gpus, max_batch=b, preferred=b, delay_us=d) for b, d in baseline_grid(settings)]

@@ -198,7 +198,7 @@ def _serve(name: str, plans: dict, repo: Path, settings: BenchSettings, echo):
     first = next(iter(plans.values()))
     extra = sorted({(s.first_block, s.last_block) for p in plans.values() for s in p.triton_splits})
     echo(f"[setup] exporting {name} into {repo}")
-    export_repository(name, None, repo, ExportSettings(baseline_instances=settings.cores), plan=first,
+    export_repository(name, None, repo, settings=ExportSettings(baseline_instances=settings.cores), plan=first,
                       extra_ranges=extra)
     log_file = artifacts_dir() / "logs" / "bench-tritonserver.log"
     echo(f"[setup] starting tritonserver (logs: {log_file})")

@@ -97,10 +97,10 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
             costs = CallCosts(service_seed=seed)
             if r["system"] == "e3":
                 plan = Plan.from_dict(doc["plans"][r["mix"]])
-                run = lambda lat, plan=plan, ex=exit_ramp, a=a, c=costs: simulate_plan(lat, plan, ex, a, costs=c)  # noqa: E731
+                run = lambda lat, plan=plan, ex=exit_ramp, a=a, c=costs: simulate_plan(lat, plan, ex, arrivals=a, costs=c)  # noqa: E731
             else:
                 base = parse_baseline_config(r["system"], r["config"])
-                run = lambda lat, base=base, ex=exit_ramp, a=a, c=costs: simulate_baseline(lat, base, ex, a, costs=c)  # noqa: E731
+                run = lambda lat, base=base, ex=exit_ramp, a=a, c=costs: simulate_baseline(lat, base, ex, arrivals=a, costs=c)  # noqa: E731
             outcomes.append(with_host_share(run, latency, batch=r["batch"], cores=cores))
         outcomes.sort(key=lambda o: o[0].goodput_ips)
         result, host = outcomes[len(outcomes) // 2]

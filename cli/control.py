@@ -64,7 +64,7 @@ def _plan(args) -> int:
     except (ProfileError, PlannerError, ValueError) as err:
         print(f"e3 plan: error: {err}", file=sys.stderr)
         return 2
-    for line in planner_result_lines(result, plan, latency, devices, args.slo_ms, args.slack):
+    for line in planner_result_lines(result, plan, latency, devices=devices, slo_ms=args.slo_ms, slack=args.slack):
         print(line)
     if args.out:
         write_atomic(args.out, plan.to_json())
@@ -160,7 +160,7 @@ def _status(args) -> int:
     from e3.core.names import served_name
     applier = TritonApplier(args.url)
     try:
-        for line in status_lines(applier, served_name(args.model), args.state_dir, args.history):
+        for line in status_lines(applier, served_name(args.model), args.state_dir, history_entries=args.history):
             print(line)
     finally:
         applier.close()

@@ -59,7 +59,7 @@ def run_demo(repo: Path, settings: DemoSettings = DemoSettings(), echo=print) ->
     export = ExportSettings(baseline_instances=settings.cores)
     plan = demo_plan(settings, model, export, echo)
     echo(f"[1/3] exporting {settings.model} into {repo}: {_describe(plan)}")
-    plan = export_repository(settings.model, None, repo, export, plan=plan)
+    plan = export_repository(settings.model, None, repo, settings=export, plan=plan)
     m = served_name(settings.model)
     budgets = core_budgets(plan, export)
     pool, labels = _pool(settings, model)

@@ -16,7 +16,7 @@ def _export(args) -> int:
     from e3.export.zoo import resolve_model
     plan = Plan.from_json(Path(args.plan).read_text()) if args.plan else None
     extra = all_ranges(resolve_model(args.model).card.num_blocks) if args.all_ranges else ()
-    plan = export_repository(args.model, args.cuts, Path(args.repo), ExportSettings(
+    plan = export_repository(args.model, args.cuts, Path(args.repo), settings=ExportSettings(
         target=args.target, batch_size=args.batch_size, split_instances=args.instances,
         router_instances=args.router_instances, format=args.format, fp16=args.fp16,
         split_queue_policy=args.split_queue_policy, max_queue_inputs=args.max_queue_inputs),
@@ -58,7 +58,7 @@ def _profile(args) -> int:
         elif args.modelled:
             from e3.export.modelled_profile import model_modelled_profile
             gpus = [g.strip().lower() for g in args.modelled.split(",") if g.strip()]
-            profile = model_modelled_profile(args.model, gpus, batches, parse_prices(args.price))
+            profile = model_modelled_profile(args.model, gpus, batches, prices=parse_prices(args.price))
         else:
             profile = profile_model(args.model, ProfileSettings(
                 batch_sizes=tuple(batches), repeats=args.repeats, warmup=args.warmup, tx=not args.no_tx),

@@ -147,7 +147,7 @@ def percentile_ms(latencies_ms, q: float) -> float:
     return float(np.percentile(latencies_ms, q)) if len(latencies_ms) else float("nan")
 
 
-def percentile_interval_ms(latencies_ms, q: float, level: float = 0.9, resamples: int = 2000,
+def percentile_interval_ms(latencies_ms, q: float, level: float = 0.9, *, resamples: int = 2000,
                            seed: int = 0) -> tuple[float, float]:
     """A bootstrap confidence interval (percentile method, ``scipy.stats.bootstrap``) of the ``q``-th
     percentile of latencies: how far one run's tail figure may move between runs of the same system. A
@@ -315,7 +315,7 @@ def closed_loop_records(url: str, model: str, pool: dict[str, np.ndarray], *, co
                 shm=shm)
 
 
-def scheduled_records(url: str, model: str, pool: dict[str, np.ndarray], schedule: np.ndarray, *, batch: int = 1,
+def scheduled_records(url: str, model: str, pool: dict[str, np.ndarray], *, schedule: np.ndarray, batch: int = 1,
                       workers: int = 64, protocol: str = "http", warmup: int = 1,
                       shm: bool = False) -> tuple[list[RequestRecord], float]:
     """Open loop on a given arrival ``schedule`` (s from the start, increasing; e.g. a burst's phases):

@@ -102,7 +102,7 @@ def plan_diff(current: Plan | None, new: Plan) -> list[str]:
     return lines
 
 
-def score_plan(latency: LatencyProfile, batch: BatchProfile, plan: Plan, rate_rps: float) -> float | None:
+def score_plan(latency: LatencyProfile, batch: BatchProfile, plan: Plan, *, rate_rps: float) -> float | None:
     """Predicted throughput (inputs/s) of a fixed ``plan`` under the batch profile ``batch``.
 
     E3's cost model (:func:`e3.core.cost.plan_cost`, pipelined) on the plan's

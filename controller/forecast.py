@@ -263,7 +263,7 @@ class ForecastReport:
 
 
 def forecast_error(forecasts: Sequence[BatchProfile | None], observed: Sequence[BatchProfile | None],
-                   switch_windows: Sequence[int] = (), settle_windows: int = 2) -> ForecastReport:
+                   switch_windows: Sequence[int] = (), *, settle_windows: int = 2) -> ForecastReport:
     """Scores ``forecasts[i]`` (made before window i) against ``observed[i]``.
 
     Windows where either side is None (no forecast yet, no traffic) are

@@ -50,7 +50,7 @@ class SplitStats:
 
 
 def find_stragglers(before: Mapping[str, SplitStats], after: Mapping[str, SplitStats], plan: Plan,
-                    latency: LatencyProfile, factor: float, min_executions: int = 5) -> dict[str, float]:
+                    *, latency: LatencyProfile, factor: float, min_executions: int = 5) -> dict[str, float]:
     """Splits of ``plan`` whose measured per-batch latency over the window is > ``factor`` x the profiled one.
 
     Measured: delta compute_infer / delta executions (ms per batch), at the

@@ -137,7 +137,7 @@ class ProfilePlanner(Planner):
                               slack=self.slack)
 
     def throughput(self, plan: Plan, forecast: BatchProfile) -> float | None:
-        return score_plan(self.latency, forecast, plan, self.rate_rps)
+        return score_plan(self.latency, forecast, plan, rate_rps=self.rate_rps)
 
 
 @dataclass
@@ -375,7 +375,7 @@ class Controller:
             log.warning("no split statistics (%s); straggler check skipped", err)
             return {}
         before, self._stats = self._stats, now
-        return find_stragglers(before, now, current, self.latency, s.straggler_factor, s.min_executions)
+        return find_stragglers(before, now, current, latency=self.latency, factor=s.straggler_factor, min_executions=s.min_executions)
 
     def _check_health(self, current: Plan | None) -> list[str]:
         """Reload models of the plan in force (and the router) whose Python stub died."""

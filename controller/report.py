@@ -40,7 +40,7 @@ def plan_lines(plan: Plan, indent: str = "  ") -> list[str]:
     return lines
 
 
-def planner_result_lines(result: PlannerResult, plan: Plan, latency: LatencyProfile, devices: Mapping[str, int],
+def planner_result_lines(result: PlannerResult, plan: Plan, latency: LatencyProfile, *, devices: Mapping[str, int],
                          slo_ms: float, slack: float) -> list[str]:
     """What ``e3 plan`` prints: every split's form, instances, batch per instance, stage and hop time, then B0,
     cycle, predicted throughput, goodput, worst-case latency against its budget, cost, the ramps the
@@ -89,7 +89,7 @@ def describe_report(rep: StepReport) -> str:
 
 
 def status_lines(view: ServerView, model: str, state_dir: str | Path | None = None,
-                 history_entries: int = 10) -> list[str]:
+                 *, history_entries: int = 10) -> list[str]:
     """What ``e3 status`` prints for served model ``model``: the live plan, loaded splits, the controller's
     last forecast vs observed, and the last ``history_entries`` applied plans."""
     router = router_name(model)

@@ -183,7 +183,7 @@ class TritonApplier(ServerView, ServerControl):
             raise ControlError(f"split models {[s.model for s in splits]} are not in the repository and no "
                                "repository/model was given to export them; export with --all-ranges")
         try:
-            export_repository(self.zoo_model, None, Path(self.repo), ExportSettings(), plan=plan_in_force,
+            export_repository(self.zoo_model, None, Path(self.repo), settings=ExportSettings(), plan=plan_in_force,
                               progress=False, extra_ranges=[(s.first_block, s.last_block) for s in splits])
         except (ExportError, PlanError, ValueError) as err:
             raise ControlError(f"export of {[s.model for s in splits]} failed: {err}") from None

@@ -55,7 +55,7 @@ def _specs(tensors) -> tuple[TensorSpec, ...]:
                  for t in tensors)
 
 
-def write_admission(repo: str | Path, fronted: str, policy: Mapping[str, Any], name: str | None = None,
+def write_admission(repo: str | Path, fronted: str, policy: Mapping[str, Any], *, name: str | None = None,
                     intra_op_threads: int = 1, worker_processes: int | None = 2, response_threads: int = 2) -> str:
     """Add the admission stage in front of ``fronted`` (a model of ``repo`` with ``1/model.onnx``);
     ``policy``: ``{"kind": "n-ebird"|"e-ebird", "engine": [...], "max_inflight": n, "confs": {...}}``,

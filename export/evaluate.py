@@ -48,7 +48,7 @@ class Evaluation:
                 "sweep": self.sweep}
 
 
-def test_split_logits(name: str, progress: bool = True, limit: int | None = None, desc: str = "evaluate"):
+def test_split_logits(name: str, progress: bool = True, limit: int | None = None, *, desc: str = "evaluate"):
     """Zoo model ``name``, its test inputs and labels, and every exit's logits on them
     (``limit``: first N inputs only)."""
     from e3.export.data import split_inputs

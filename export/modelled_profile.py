@@ -214,10 +214,10 @@ def _state_bytes(card: ModelCard) -> int:
     return _bytes(cut_state(card))
 
 
-def modelled_profile(model: str, batch_sizes: Sequence[int], flops: Sequence[float], ramp_flops: Sequence[float],
+def modelled_profile(model: str, batch_sizes: Sequence[int], flops: Sequence[float], *, ramp_flops: Sequence[float],
                      state_bytes: int, gpus: Sequence[str], curves: Mapping[str, Curve],
                      prices: Mapping[str, float | None] | None = None, tx_fixed_ms: float = TX_FIXED_MS,
-                     tx_gbit_s: float = TX_GBIT_S, *, input_bytes: int | None = None,
+                     tx_gbit_s: float = TX_GBIT_S, input_bytes: int | None = None,
                      router_ms: Sequence[float] | None = None, check_fixed_ms: float = CHECK_FIXED_MS,
                      check_per_row_ms: float = CHECK_PER_ROW_MS) -> LatencyProfile:
     """The modelled profile (module docstring, steps 2-6) of a model with per-input block FLOPs
@@ -276,7 +276,7 @@ def modelled_profile(model: str, batch_sizes: Sequence[int], flops: Sequence[flo
 
 
 def model_modelled_profile(model_name: str, gpus: Sequence[str], batch_sizes: Sequence[int] | None = None,
-                           prices: Mapping[str, float] | None = None, data_file: str | Path | None = None
+                           *, prices: Mapping[str, float] | None = None, data_file: str | Path | None = None
                            ) -> LatencyProfile:
     """:func:`modelled_profile` for a zoo model (or ``package.module:factory``), with ``tx_in_ms`` from its
     inputs' bytes and ``router_ms`` measured on this host (:func:`e3.export.profiler.measure_router`)."""
@@ -292,6 +292,6 @@ def model_modelled_profile(model_name: str, gpus: Sequence[str], batch_sizes: Se
     log.info("block FLOPs per input of %s: %s", model_name, [f"{f:.3g}" for f in flops])
     batches = list(batch_sizes or default_batch_sizes(card.max_batch_size))
     router = [summarize(t).median_ms for t in measure_router(card, batches, repeats=50)]
-    return modelled_profile(served_name(model_name), batches, flops, ramp_flops, _state_bytes(card), gpus,
-                            load_reference_curves(data_file), prices, input_bytes=_bytes(card.inputs),
+    return modelled_profile(served_name(model_name), batches, flops, ramp_flops=ramp_flops, state_bytes=_state_bytes(card), gpus=gpus,
+                            curves=load_reference_curves(data_file), prices=prices, input_bytes=_bytes(card.inputs),
                             router_ms=router)

@@ -46,7 +46,7 @@ def split_inputs(split: SplitModule, n: int, seed: int, device: str | torch.devi
 
 
 def export_onnx(split: SplitModule, path: Path, output_names: list[str] | None = None,
-                max_batch_size: int = 64, seed: int = 0) -> None:
+                *, max_batch_size: int = 64, seed: int = 0) -> None:
     """Write ``split`` to ``path`` as ONNX (dynamic batch axis) and check parity."""
     input_names = [t.name for t in split.input_specs]
     output_names = output_names or split.output_names
@@ -62,7 +62,7 @@ def export_onnx(split: SplitModule, path: Path, output_names: list[str] | None =
 
 
 def check_parity(split: SplitModule, path: Path, output_names: list[str],
-                 batch_sizes: tuple[int, ...] = (1, 64), seed: int = 1) -> float:
+                 *, batch_sizes: tuple[int, ...] = (1, 64), seed: int = 1) -> float:
     """Compare ONNX Runtime with PyTorch; returns the worst relative error seen."""
     import onnxruntime as ort
 

@@ -298,7 +298,7 @@ def _alternate(sessions: dict, feeds: dict, settings: ProfileSettings) -> dict:
 
 
 def measure_blocks(model: "EarlyExitModel", batch_sizes: Sequence[int], settings: ProfileSettings,
-                   workdir: Path, bar=None) -> tuple[list[list[np.ndarray]], list[list[np.ndarray] | None]]:
+                   *, workdir: Path, bar=None) -> tuple[list[list[np.ndarray]], list[list[np.ndarray] | None]]:
     """Timings (ms) of every block without and with its ramp: ([k-1][i] repeats, same or None)."""
     from e3.export.model_api import SplitModule
     from e3.export.onnx_export import export_onnx, split_inputs
@@ -331,7 +331,7 @@ def measure_blocks(model: "EarlyExitModel", batch_sizes: Sequence[int], settings
     return without, with_
 
 
-def measure_stock(model: "EarlyExitModel", batch_sizes: Sequence[int], settings: ProfileSettings, workdir: Path,
+def measure_stock(model: "EarlyExitModel", batch_sizes: Sequence[int], settings: ProfileSettings, *, workdir: Path,
                   threads: Sequence[int] = (1, 2), bar=None) -> dict[int, list[np.ndarray]]:
     """Timings (ms) of the stock graph (blocks 1..L, no ramp) at each batch size, per intra-op thread count:
     {threads: [i] repeats}. The thread counts alternate call by call, as the block variants do."""
@@ -356,7 +356,7 @@ def measure_stock(model: "EarlyExitModel", batch_sizes: Sequence[int], settings:
     return out
 
 
-def measure_jitter(model: "EarlyExitModel", batch_sizes: Sequence[int], settings: ProfileSettings, workdir: Path,
+def measure_jitter(model: "EarlyExitModel", batch_sizes: Sequence[int], settings: ProfileSettings, *, workdir: Path,
                    copies: int = 2, bar=None) -> list[float]:
     """The coefficient of variation (std / mean) of the stock graph's time at each batch size while
     ``copies`` sessions of 1 thread run it at once, one per core, as that many Triton instances do: how much
@@ -426,7 +426,7 @@ def _first_ramp(card: ModelCard) -> int:
     return min(card.ramp_blocks) if card.ramp_blocks else card.num_blocks
 
 
-def measure_check(card: ModelCard, batch_sizes: Sequence[int], repeats: int, warmup: int = 3,
+def measure_check(card: ModelCard, batch_sizes: Sequence[int], repeats: int, *, warmup: int = 3,
                   seed: int = 0) -> list[np.ndarray]:
     """Timings (ms) of one exit check between blocks at each batch size: ``BatchRoute.observe`` on one
     ramp's logits, then the compaction of the survivors' state rows (numpy fancy indexing). In-process."""
@@ -474,7 +474,7 @@ def measure_router(card: ModelCard, batch_sizes: Sequence[int], repeats: int, wa
 
 
 def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings(), progress: bool = True,
-                  tritonserver: str | None = None) -> LatencyProfile:
+                  *, tritonserver: str | None = None) -> LatencyProfile:
     """Measure ``model_name`` on this machine (see the module docstring); returns the profile."""
     import onnxruntime as ort
     from tqdm import tqdm
@@ -492,19 +492,19 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
     total = (card.num_blocks + 1 + (len(threads) > 1)) * len(batches) + (2 * len(batches) if settings.tx else 0)
     with tqdm(total=total, desc=f"profile {served_name(model_name)}", unit="step", disable=not progress) as bar, \
             tempfile.TemporaryDirectory(prefix="e3-profile-") as tmp:
-        without, with_ = measure_blocks(model, batches, settings, Path(tmp), bar)
-        stock = measure_stock(model, batches, settings, Path(tmp), threads, bar)
-        jitter = measure_jitter(model, batches, settings, Path(tmp), len(threads), bar) if len(threads) > 1 else None
+        without, with_ = measure_blocks(model, batches, settings, workdir=Path(tmp), bar=bar)
+        stock = measure_stock(model, batches, settings, workdir=Path(tmp), threads=threads, bar=bar)
+        jitter = measure_jitter(model, batches, settings, workdir=Path(tmp), copies=len(threads), bar=bar) if len(threads) > 1 else None
         request = None
         if settings.tx:
             from e3.export.server_profile import REQUEST_CLIENTS, measure_request, measure_tx, probe_server
-            with probe_server(card, max(batches), settings.warmup, tritonserver) as server:
-                tx = measure_tx(card, batches, tx_repeats, settings.warmup, bar, server=server)
+            with probe_server(card, max(batches), settings.warmup, tritonserver=tritonserver) as server:
+                tx = measure_tx(card, batches, tx_repeats, warmup=settings.warmup, bar=bar, server=server)
                 request = measure_request(card, batches, bar=bar, server=server)
         else:
             log.warning("Tx not measured (tx=False): the profile records a hop as 0 ms (and no request CPU)")
             tx = [[0.0] for _ in batches]
-        check = measure_check(card, batches, router_repeats, settings.warmup, settings.seed)
+        check = measure_check(card, batches, router_repeats, warmup=settings.warmup, seed=settings.seed)
         router = measure_router(card, batches, router_repeats, settings.warmup, settings.seed)
     source = (f"measured: ONNX Runtime {ort.__version__} CPUExecutionProvider, 1 intra-op thread, sequential; "
               f"{settings.repeats} repeats after {settings.warmup} warmup calls, medians, spread = IQR; "

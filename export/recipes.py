@@ -79,7 +79,7 @@ def _stage1(quick: bool, progress: bool):
     model = build_minilm_ee("bert-stage1", {"kind": "entropy", "tau_nats": 0.0})
     settings = dict(epochs=1, lr=5e-5, batch_size=32, seed=0, freeze_embeddings=True)
     ids, mask, labels = data["train"]
-    losses = finetune_head(model, ids, mask, labels, progress=progress, **settings)
+    losses = finetune_head(model, ids, mask, labels=labels, progress=progress, **settings)
     meta = {"quick": quick, "data_sha256": sha, "recipe": RECIPE_VERSION, "settings": settings,
             "final_loss": float(np.mean(losses[-20:])),
             "seconds": time.perf_counter() - start, "train_examples": int(len(ids))}
@@ -213,7 +213,7 @@ def missing_checkpoints(name: str) -> list[str]:
     return [n for n in needed if not (checkpoint_dir(n) / "meta.json").exists()]
 
 
-def train(name: str, quick: bool = False, progress: bool = True, retune: bool = False) -> TrainReport:
+def train(name: str, quick: bool = False, progress: bool = True, *, retune: bool = False) -> TrainReport:
     """Train zoo model ``name`` (cached: stage 1 is shared and reused). ``retune``: keep the
     trained weights of resnet-ee and choose its τ again (BERT models retrain only their ramps anyway)."""
     if name not in RECIPES:

@@ -103,7 +103,7 @@ def all_ranges(num_blocks: int) -> list[tuple[int, int]]:
 
 
 def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
-                      settings: ExportSettings = ExportSettings(), plan: Plan | None = None,
+                      *, settings: ExportSettings = ExportSettings(), plan: Plan | None = None,
                       progress: bool = True, extra_ranges: list[tuple[int, int]] = ()) -> Plan:
     """Export ``model_name`` cut at ``cuts`` (or as ``plan`` says) into ``repo``; returns the plan.
 
@@ -264,7 +264,7 @@ def _write_onnx_model(module: SplitModule, out: Path, desc: ModelDescription, se
         engine = tensorrt.EngineSettings(opt_batch=min(preferred or (desc.max_batch_size,)),
                                          max_batch=desc.max_batch_size, fp16=settings.fp16)
         try:  # the parity-checked ONNX file is the engine's source; Triton loads only the plan
-            tensorrt.build_engine(out / "1" / "model.onnx", out / "1" / "model.plan", desc.inputs, engine)
+            tensorrt.build_engine(out / "1" / "model.onnx", out / "1" / "model.plan", desc.inputs, settings=engine)
         except tensorrt.TensorRTError as err:
             raise ExportError(f"{desc.name}: {err}") from None
         (out / "1" / "model.onnx").unlink()

@@ -53,7 +53,7 @@ def _tx_repository(repo: Path, card: ModelCard, max_batch: int, warmup: int) -> 
 
 
 @contextlib.contextmanager
-def probe_server(card: ModelCard, max_batch: int, warmup: int = 3, tritonserver: str | None = None):
+def probe_server(card: ModelCard, max_batch: int, warmup: int = 3, *, tritonserver: str | None = None):
     """A real tritonserver serving the probes (:func:`measure_tx`, :func:`measure_request`) for ``card``."""
     from e3.deploy.server import TritonServer
 
@@ -66,15 +66,15 @@ def probe_server(card: ModelCard, max_batch: int, warmup: int = 3, tritonserver:
             yield server
 
 
-def measure_tx(card: ModelCard, batch_sizes: Sequence[int], repeats: int, warmup: int = 3,
+def measure_tx(card: ModelCard, batch_sizes: Sequence[int], repeats: int, *, warmup: int = 3,
                bar=None, tritonserver: str | None = None, server=None) -> list[np.ndarray]:
     """Timings (ms) of one BLS hop carrying the heaviest cut's tensors (:func:`cut_state`) at each
     batch size, on a real tritonserver (``server``: a running :func:`probe_server`, else one of its own)."""
     import tritonclient.http as httpclient
 
     if server is None:
-        with probe_server(card, max(batch_sizes), warmup, tritonserver) as server:
-            return measure_tx(card, batch_sizes, repeats, warmup, bar, server=server)
+        with probe_server(card, max(batch_sizes), warmup, tritonserver=tritonserver) as server:
+            return measure_tx(card, batch_sizes, repeats, warmup=warmup, bar=bar, server=server)
     state = cut_state(card)
     client = httpclient.InferenceServerClient(server.http_url, network_timeout=300)
     try:
@@ -97,7 +97,7 @@ def measure_tx(card: ModelCard, batch_sizes: Sequence[int], repeats: int, warmup
     return result
 
 
-def measure_request(card: ModelCard, batch_sizes: Sequence[int], requests: int = 800, bar=None,
+def measure_request(card: ModelCard, batch_sizes: Sequence[int], requests: int = 800, *, bar=None,
                     tritonserver: str | None = None, server=None) -> list[tuple[float, float]]:
     """Host CPU (ms) per request of B inputs outside every instance, at each batch size: the real load
     generator (:data:`REQUEST_CLIENTS` clients, a closed loop) against the ``front`` probe on a real
@@ -109,7 +109,7 @@ def measure_request(card: ModelCard, batch_sizes: Sequence[int], requests: int =
 
     if server is None:
         with probe_server(card, max(batch_sizes), tritonserver=tritonserver) as server:
-            return measure_request(card, batch_sizes, requests, bar, server=server)
+            return measure_request(card, batch_sizes, requests, bar=bar, server=server)
     rng = np.random.default_rng(0)
     pool = {t.name: (rng.integers(int((t.bounds or (0, 1))[0]), int((t.bounds or (0, 1))[1]) + 1,
                                   size=(256, *t.shape)) if t.dtype.startswith("INT")

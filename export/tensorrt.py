@@ -90,7 +90,7 @@ def import_tensorrt() -> ModuleType:
     return tensorrt
 
 
-def configure_builder(trt: Any, builder: Any, shapes: Sequence[ShapeProfile], settings: EngineSettings) -> Any:
+def configure_builder(trt: Any, builder: Any, shapes: Sequence[ShapeProfile], *, settings: EngineSettings) -> Any:
     """The builder config: workspace limit, precision, one optimisation profile over ``shapes``."""
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, settings.workspace_mb << 20)
@@ -109,7 +109,7 @@ def configure_builder(trt: Any, builder: Any, shapes: Sequence[ShapeProfile], se
 
 
 def build_engine(onnx_path: str | os.PathLike, plan_path: str | os.PathLike, inputs: Sequence[TensorSpec],
-                 settings: EngineSettings, trt: Any = None) -> Path:
+                 *, settings: EngineSettings, trt: Any = None) -> Path:
     """Parse ``onnx_path``, build a serialized engine and write it to ``plan_path`` (atomically).
 
     ``inputs``: the split's input specs (batch dimension excluded), which must
@@ -128,7 +128,7 @@ def build_engine(onnx_path: str | os.PathLike, plan_path: str | os.PathLike, inp
     if sorted(graph_inputs) != sorted(s.name for s in shapes):
         raise TensorRTError(f"{onnx_path} has inputs {graph_inputs}, the split's description has "
                             f"{[s.name for s in shapes]}")
-    config = configure_builder(trt, builder, shapes, settings)
+    config = configure_builder(trt, builder, shapes, settings=settings)
     log.info("building TensorRT engine %s (batch %d/%d/%d, fp16=%s)", plan_path, settings.min_batch,
              settings.opt_batch, settings.max_batch, settings.fp16)
     serialized = builder.build_serialized_network(network, config)

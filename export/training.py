@@ -38,7 +38,7 @@ def bf16_available() -> bool:
 
 @torch.no_grad()
 def all_exit_logits(model: EarlyExitModel, inputs: tuple[np.ndarray, ...], batch_size: int = 128,
-                    progress: bool = False, desc: str = "evaluate") -> dict[int, np.ndarray]:
+                    *, progress: bool = False, desc: str = "evaluate") -> dict[int, np.ndarray]:
     """Logits of every ramp and the head for every input: block -> [N, C] (fp32, eval mode)."""
     model.eval()
     n = len(inputs[0])
@@ -53,7 +53,7 @@ def all_exit_logits(model: EarlyExitModel, inputs: tuple[np.ndarray, ...], batch
 
 
 def simulate_exits(logits: dict[int, np.ndarray], rule: ExitRule, num_blocks: int,
-                   enabled: tuple[int, ...] | None = None) -> BatchRoute:
+                   *, enabled: tuple[int, ...] | None = None) -> BatchRoute:
     """Apply ``rule`` to precomputed ramp logits exactly as the router would (one block per step)."""
     n, c = next(iter(logits.values())).shape
     route = BatchRoute(n, c, num_blocks, rule)
@@ -77,7 +77,7 @@ def summarize_exits(route: BatchRoute, labels: np.ndarray, num_blocks: int) -> E
 
 
 def choose_tau(dev_logits: dict[int, np.ndarray], labels: np.ndarray, num_blocks: int,
-               max_drop: float = 0.015, reference_accuracy: float | None = None) -> tuple[float, ExitSummary]:
+               *, max_drop: float = 0.015, reference_accuracy: float | None = None) -> tuple[float, ExitSummary]:
     """The largest τ (most compute saved) whose dev accuracy is within ``max_drop`` of the
     reference: the stock model's dev accuracy when given, else the EE model's own head.
 
@@ -98,7 +98,7 @@ def choose_tau(dev_logits: dict[int, np.ndarray], labels: np.ndarray, num_blocks
 
 
 def choose_patience(dev_logits: dict[int, np.ndarray], labels: np.ndarray, num_blocks: int,
-                    max_drop: float = 0.015) -> tuple[int, ExitSummary]:
+                    *, max_drop: float = 0.015) -> tuple[int, ExitSummary]:
     """The smallest patience (most compute saved) whose dev accuracy is within ``max_drop`` of the head's."""
     head_acc = float((dev_logits[num_blocks].argmax(1) == labels).mean())
     for patience in range(1, num_blocks):
@@ -122,7 +122,7 @@ def _batches(n: int, batch_size: int, rng: np.random.Generator, lengths: np.ndar
     return batches
 
 
-def finetune_head(model, ids: np.ndarray, mask: np.ndarray, labels: np.ndarray, *, epochs: int = 1,
+def finetune_head(model, ids: np.ndarray, mask: np.ndarray, *, labels: np.ndarray, epochs: int = 1,
                   lr: float = 5e-5, batch_size: int = 32, seed: int = 0, freeze_embeddings: bool = True,
                   progress: bool = True) -> list[float]:
     """DeeBERT stage 1 (encoder models): fine-tune backbone + final head on the head's loss.
@@ -197,7 +197,7 @@ def _step(opt, sched, loss, losses: list[float], bar) -> None:
 
 
 @torch.no_grad()
-def encoder_pooled_features(model, ids: np.ndarray, mask: np.ndarray, batch_size: int = 128,
+def encoder_pooled_features(model, ids: np.ndarray, mask: np.ndarray, *, batch_size: int = 128,
                             progress: bool = True, desc: str = "cache pooled states") -> dict[int, np.ndarray]:
     """Encoder models: what a ramp's pooler reads after every block ([CLS] or masked mean),
     block -> [N, H]. Batches trimmed to their longest input."""

@@ -40,7 +40,7 @@ def _mix_name(easy: int, hard: int) -> str:
     return f"mix-{easy}-{hard}"
 
 
-def build_workloads(name: str, out_dir: Path, count: int = 1000, rate_rps: float = 50.0, seed: int = 0,
+def build_workloads(name: str, out_dir: Path, count: int = 1000, *, rate_rps: float = 50.0, seed: int = 0,
                     progress: bool = True) -> list[Path]:
     """Write the three mixes and the switching stream for zoo model ``name``; returns the .npz paths."""
     from e3.export.evaluate import test_split_logits
@@ -79,7 +79,7 @@ def _phase(easy, hard, start, count, rate_rps):
     return {"mix": f"{easy}:{hard}", "start_index": start, "count": count, "start_s": start / rate_rps}
 
 
-def batch_profile_of(exit_ramps: np.ndarray, num_blocks: int, model: str, batch_size: int = 8,
+def batch_profile_of(exit_ramps: np.ndarray, num_blocks: int, model: str, *, batch_size: int = 8,
                      source: str = "") -> BatchProfile:
     """The batch profile a stream of exit ramps implies: reach[k-1] = share of inputs entering block k."""
     reach = [float((exit_ramps >= k).mean()) for k in range(1, num_blocks + 1)]

@@ -240,7 +240,7 @@ def max_batch_for_qos(latency_ms: Mapping[int, float], qos_ms: float) -> int:
     return max(fits)
 
 
-def batch_cut(sizes: Sequence[int], preferred: int, max_batch: int, exceeded: bool) -> int:
+def batch_cut(sizes: Sequence[int], preferred: int, max_batch: int, *, exceeded: bool) -> int:
     """Triton's dynamic batcher (``GetDynamicBatch``), the one model of it here: how many of the queued requests
     (``sizes``: inputs of each, oldest first) an idle instance puts into one batch once it stops waiting. At
     least one; more while their inputs stay within the preferred batch (``max_batch`` when ``preferred`` is 0),
@@ -254,7 +254,7 @@ def batch_cut(sizes: Sequence[int], preferred: int, max_batch: int, exceeded: bo
     return take
 
 
-def dynamic_batch(staged: int, oldest_wait_us: float, max_batch: int, delay_us: float) -> int:
+def dynamic_batch(staged: int, oldest_wait_us: float, max_batch: int, *, delay_us: float) -> int:
     """Triton's dynamic batcher (preferred batch = max batch, one input per request), the baselines' rule
     where they are emulated outside Triton (``e3 bench admission --cuda``): how many of ``staged`` queued
     inputs an idle instance takes now (0: it waits). A full batch goes at once; less goes once the oldest
@@ -264,7 +264,7 @@ def dynamic_batch(staged: int, oldest_wait_us: float, max_batch: int, delay_us: 
     if staged <= 0:
         return 0
     if staged >= max_batch or oldest_wait_us >= delay_us:
-        return batch_cut([1] * min(staged, max_batch), max_batch, max_batch, oldest_wait_us >= delay_us > 0)
+        return batch_cut([1] * min(staged, max_batch), max_batch, max_batch, exceeded=oldest_wait_us >= delay_us > 0)
     return 0
 
 
@@ -279,7 +279,7 @@ def naive_engine(max_bs: int) -> list[int]:
 
 
 def max_inflight_for_qos(slowest_ms: Mapping[tuple[int, ...], float], confs: Mapping[int, Sequence[int]],
-                         qos_ms: float, max_bs: int) -> int:
+                         qos_ms: float, *, max_bs: int) -> int:
     """E-Ebird's MaxInf read off its offline profile: the largest profiled TotalBS whose chosen worker set,
     launched at once, has its slowest worker end within half the target (``2 x slowest <= qos_ms``, the
     rule :func:`max_batch_for_qos` applies to one worker), and never below ``max_bs``.

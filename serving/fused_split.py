@@ -78,7 +78,7 @@ class ComposedSplit:
         return None if route.done else {s: out[state_output(s)] for s in self.state_names}
 
 
-def compose_split(folder: str | os.PathLike, card, first: int, last: int, enabled_ramps: tuple[int, ...],
+def compose_split(folder: str | os.PathLike, card, first: int, *, last: int, enabled_ramps: tuple[int, ...],
                   tau_nats: float) -> ComposedSplit:
     """Blocks ``first..last`` of the model ``card`` describes, from the block files in ``folder`` (the
     router's version folder: ``block_<k>[_ramp].onnx``), with the ramps in ``enabled_ramps``, composed for an
@@ -88,8 +88,8 @@ def compose_split(folder: str | os.PathLike, card, first: int, last: int, enable
     ramps = card.split_ramps(first, last, tuple(enabled_ramps))
     state_names = tuple(t.name for t in card.state)
     graph = fuse_blocks([(k, onnx.load(os.path.join(folder, block_file(k, ramp=k in enabled))))
-                         for k in range(first, last + 1)], L, card.num_classes, ramps, tau_nats,
-                        [t.name for t in (card.inputs if first == 1 else card.state)], list(state_names))
+                         for k in range(first, last + 1)], L, card.num_classes, ramps=ramps, tau_nats=tau_nats,
+                        input_names=[t.name for t in (card.inputs if first == 1 else card.state)], state_names=list(state_names))
     outputs = (*FUSED_OUTPUTS, *((SURVIVORS, *map(state_output, state_names)) if last < L else ()))
     return ComposedSplit(graph.SerializeToString(), outputs, tuple(ramps), state_names)
 
@@ -163,7 +163,7 @@ class _Spec:
 
 
 def fuse_blocks(blocks: list[tuple[int, onnx.ModelProto]], num_blocks: int, num_classes: int,
-                ramps: tuple[int, ...], tau_nats: float, input_names: list[str],
+                *, ramps: tuple[int, ...], tau_nats: float, input_names: list[str],
                 state_names: list[str]) -> onnx.ModelProto:
     """Compose ``blocks`` (``(k, block k's exported graph)`` for consecutive k, each with its ramp when k is
     in ``ramps`` or is the last block ``num_blocks``) into one graph as the module docstring describes.

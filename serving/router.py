@@ -362,8 +362,8 @@ class TritonPythonModel:
         (:mod:`e3.serving.fused_split`)."""
         from e3.core.session import make_session
         C, L = self.card.num_classes, self.card.num_blocks
-        composed = compose_split(self.version_dir, self.card, split.first_block, split.last_block,
-                                 split.enabled_ramps, self.rule.tau_nats)
+        composed = compose_split(self.version_dir, self.card, split.first_block, last=split.last_block,
+                                 enabled_ramps=split.enabled_ramps, tau_nats=self.rule.tau_nats)
         names = list(composed.outputs)
         free: queue.Queue = queue.Queue()
         for _ in range(split.instances // self.share):  # one session per instance: instances mean cores

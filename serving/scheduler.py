@@ -264,7 +264,7 @@ class Scheduler:
                  for s in splits]
         queues = make_queues([s.batch_size for s in splits], slots,
                              [0 if inline and i == 0 else s.queue_delay_us for i, s in enumerate(splits)],
-                             [min(s.instances, n) for s, n in zip(splits, slots)])
+                             partial_slots=[min(s.instances, n) for s, n in zip(splits, slots)])
         sched = cls(queues, plan.slo_ms / 1e3, plan.slack, watchdog_grace_s, max_queue_inputs)
         sched.inline, sched.direct = inline, inline and all(n == 1 for n in slots)
         return sched
@@ -490,7 +490,7 @@ def _head(rows: deque, n: int = 8):
 
 
 def make_queues(batch_sizes: list[int], slots: list[int], delays_us: list[int],
-                partial_slots: list[int] | None = None) -> list[SplitQueue]:
+                *, partial_slots: list[int] | None = None) -> list[SplitQueue]:
     """One :class:`SplitQueue` per split from the plan's numbers."""
     partial = partial_slots or [None] * len(slots)
     return [SplitQueue(b, s, d / 1e6, p) for b, s, d, p in zip(batch_sizes, slots, delays_us, partial)]

@@ -129,7 +129,7 @@ def split_responses(got: Gathered, outputs: dict[str, np.ndarray]) -> list:
     return got.responses
 
 
-def bls(model: str, inputs: dict[str, np.ndarray], outputs: list[str], timeout_us: int = 0) -> dict[str, np.ndarray]:
+def bls(model: str, inputs: dict[str, np.ndarray], outputs: list[str], *, timeout_us: int = 0) -> dict[str, np.ndarray]:
     """Run ``model`` on ``inputs`` through BLS and return the requested ``outputs``.
 
     Raises :class:`BlsTimeout` when the callee's queue rejected the request because

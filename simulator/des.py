@@ -219,7 +219,7 @@ class _TritonQueue:
             while sum(len(r) for _, r, _ in self.items) < enough_rows and self.env.now < deadline:
                 yield self._arrived | self.env.timeout(deadline - self.env.now)
         exceeded = delay_s > 0 and bool(self.items) and self.env.now - self.items[0][0] >= delay_s
-        n = batch_cut([len(rows) for _, rows, _ in self.items], enough_rows, max_batch, exceeded)
+        n = batch_cut([len(rows) for _, rows, _ in self.items], enough_rows, max_batch, exceeded=exceeded)
         take, self.items = self.items[:n], self.items[n:]
         return take
 
@@ -375,7 +375,7 @@ class _Router:
         self.pump()
 
 
-def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, arrivals: Arrivals, *,
+def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, *, arrivals: Arrivals,
                   device: str = "cpu", num_classes: int = 2, slo_ms: float | None = None,
                   max_batch: int = 64, costs: CallCosts = CallCosts()) -> SimResult:
     """E3 serving ``plan`` (the router's scheduler, its splits and instances); ``exit_ramp``: [pool] the
@@ -430,7 +430,7 @@ def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, ar
     return clock.result(slo_ms, batches)
 
 
-def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.ndarray, arrivals: Arrivals, *,
+def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.ndarray, *, arrivals: Arrivals,
                       device: str = "cpu", slo_ms: float | None = None, parallel_efficiency: float = 0.85,
                       costs: CallCosts = CallCosts()) -> SimResult:
     """``<m>_stock`` or ``<m>_ee`` behind Triton's dynamic batcher (see the module docstring).

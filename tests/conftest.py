@@ -30,7 +30,7 @@ def tiny_repo(tmp_path_factory):
     (test_deadlines.py, test_hung_split.py, test_scheduler_e2e.py)."""
     from e3.export.repository import ExportSettings, export_repository
     repo = tmp_path_factory.mktemp("repo")
-    export_repository(TINY, TINY_CUTS, repo, ExportSettings(slo_ms=10_000.0), progress=False)
+    export_repository(TINY, TINY_CUTS, repo, settings=ExportSettings(slo_ms=10_000.0), progress=False)
     return repo
 
 

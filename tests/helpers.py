@@ -41,7 +41,7 @@ def serving_every_range(tmp_path_factory, name: str) -> Iterator:
     from e3.export.repository import ExportSettings, all_ranges, export_repository
     from e3.export.zoo import resolve_model
     repo = tmp_path_factory.mktemp(name)
-    export_repository("tiny-ee", "2", repo, ExportSettings(), progress=False,
+    export_repository("tiny-ee", "2", repo, settings=ExportSettings(), progress=False,
                       extra_ranges=all_ranges(resolve_model("tiny-ee").card.num_blocks))
     with serving(repo, name=name) as server:
         yield server

@@ -63,7 +63,7 @@ def oracle_tables(latency, reach, devices, b0, ctx) -> Tables:
     (compact only when faster by more than FORM_TIE_REL; tie: constant)."""
     ramps, verdicts = ctx.ramp_blocks, ()
     if ctx.exit_wrapper:
-        ramps, verdicts = wrap_for_devices(latency, reach, list(devices), b0, ramps=ramps)
+        ramps, verdicts = wrap_for_devices(latency, reach, list(devices), b0=b0, ramps=ramps)
     Bk = b0 * effective_reach(reach, ramps)
     L, bmax = latency.num_blocks, float(latency.batch_sizes[-1])
     configs = list(devices)
@@ -113,25 +113,25 @@ def solve_b0(t: Tables, budget: float, cost_bound: float | None, max_bound: floa
         else:
             lo = mid + 1
     f = latency_dp(t, float(cands[lo]))
-    got = best_cell(t, f, grid, cost_ok, budget)
+    got = best_cell(t, f, grid, cost_ok=cost_ok, budget=budget)
     if got is not None:
         return Found(float(cands[lo]), f, *got)
     # latency binds: search the bounds above with the latency DP
     f_top = latency_dp(t, float(cands[-1]))
-    got_top = best_cell(t, f_top, grid, cost_ok, budget)
+    got_top = best_cell(t, f_top, grid, cost_ok=cost_ok, budget=budget)
     if got_top is None:
         return None
     lo, hi, best = lo + 1, cands.size - 1, Found(float(cands[-1]), f_top, *got_top)
     while lo < hi:
         mid = (lo + hi) // 2
         f = latency_dp(t, float(cands[mid]))
-        got = best_cell(t, f, grid, cost_ok, budget)
+        got = best_cell(t, f, grid, cost_ok=cost_ok, budget=budget)
         if got is not None:
             hi, best = mid, Found(float(cands[mid]), f, *got)
         else:
             lo = mid + 1
     if best.bound != float(cands[lo]):
         f = latency_dp(t, float(cands[lo]))
-        best = Found(float(cands[lo]), f, *best_cell(t, f, grid, cost_ok, budget))
+        best = Found(float(cands[lo]), f, *best_cell(t, f, grid, cost_ok=cost_ok, budget=budget))
     return best
 

@@ -26,7 +26,7 @@ POLICIES = {"n": {"kind": "n-ebird", "engine": [1, 1, 2, 4, 8], "max_inflight": 
 @pytest.fixture(scope="module")
 def admission_server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("admission-repo")
-    export_repository("tiny-ee", None, repo, ExportSettings(), progress=False)
+    export_repository("tiny-ee", None, repo, settings=ExportSettings(), progress=False)
     names = {k: write_admission(repo, "tiny_ee_stock", p, name=f"tiny_ee_stock_admission_{k}")
              for k, p in POLICIES.items()}
     # the stage of "n" loads its workers' model itself on its first batch; "e"'s is loaded up front

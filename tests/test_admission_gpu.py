@@ -15,14 +15,14 @@ NO_GPU = "needs an NVIDIA GPU that PyTorch can use (torch.cuda.is_available() is
 
 
 def test_dynamic_batch_takes_a_full_batch_at_once_and_less_only_after_the_delay():
-    assert dynamic_batch(0, 1e9, 8, 0) == 0
-    assert dynamic_batch(3, 0, 8, 0) == 3            # no delay: what is queued, at once
-    assert dynamic_batch(20, 0, 8, 0) == 8           # never more than the max batch
-    assert dynamic_batch(3, 100, 8, 500) == 0        # the oldest has waited 100 of 500 us: wait
-    assert dynamic_batch(3, 500, 8, 500) == 3
-    assert dynamic_batch(8, 0, 8, 500) == 8          # a full batch does not wait
+    assert dynamic_batch(0, 1e9, 8, delay_us=0) == 0
+    assert dynamic_batch(3, 0, 8, delay_us=0) == 3            # no delay: what is queued, at once
+    assert dynamic_batch(20, 0, 8, delay_us=0) == 8           # never more than the max batch
+    assert dynamic_batch(3, 100, 8, delay_us=500) == 0        # the oldest has waited 100 of 500 us: wait
+    assert dynamic_batch(3, 500, 8, delay_us=500) == 3
+    assert dynamic_batch(8, 0, 8, delay_us=500) == 8          # a full batch does not wait
     with pytest.raises(ValueError, match="max_batch"):
-        dynamic_batch(1, 0, 0, 0)
+        dynamic_batch(1, 0, 0, delay_us=0)
 
 
 class _Clock:

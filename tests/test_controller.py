@@ -122,8 +122,8 @@ def test_easy_and_hard_mixes_have_different_optimal_plans():
     assert ranges(plans["easy"]) != ranges(plans["hard"])
     for name, reach in (("easy", EASY), ("hard", HARD)):
         other = plans["hard" if name == "easy" else "easy"]
-        mine = score_plan(latency, BatchProfile(MODEL, 8, reach), plans[name], RATE_RPS)
-        assert mine > score_plan(latency, BatchProfile(MODEL, 8, reach), other, RATE_RPS)
+        mine = score_plan(latency, BatchProfile(MODEL, 8, reach), plans[name], rate_rps=RATE_RPS)
+        assert mine > score_plan(latency, BatchProfile(MODEL, 8, reach), other, rate_rps=RATE_RPS)
 
 
 @pytest.mark.parametrize("reach", [EASY, HARD, [1.0, 0.5, 0.45, 0.4]])
@@ -133,7 +133,7 @@ def test_score_plan_reproduces_the_planners_prediction(reach):
     result = best_plan(latency, batch, DEVICES, slo_ms=SLO_MS, rate_rps=RATE_RPS)
     plan = result.to_plan(model=MODEL, num_blocks=4, exit_rule=EXIT_RULE, ramp_blocks=RAMPS, slo_ms=SLO_MS,
                           slack=0.2)
-    assert score_plan(latency, batch, plan, RATE_RPS) == pytest.approx(result.throughput_rps, rel=1e-9)
+    assert score_plan(latency, batch, plan, rate_rps=RATE_RPS) == pytest.approx(result.throughput_rps, rel=1e-9)
 
 
 def test_score_plan_against_hand_computed_numbers():
@@ -142,27 +142,27 @@ def test_score_plan_against_hand_computed_numbers():
     plan = initial_plan()   # no prediction: B0 = first split's batch 8 x 1 instance
     cut_after_1 = default_plan(MODEL, 4, [(1, 1), (2, 4)], exit_rule=EXIT_RULE, ramp_blocks=RAMPS, batch_size=8)
     # split 1-1 at 8: 4 + 0.5 = 4.5 ms; split 2-4 at 8 x 0.15 = 1.2: 3 x 2.3 + 2 x 0.5 = 7.9 ms, Tx 1.12 ms
-    assert score_plan(latency, easy, cut_after_1, RATE_RPS) == pytest.approx(8000 / 7.9)
+    assert score_plan(latency, easy, cut_after_1, rate_rps=RATE_RPS) == pytest.approx(8000 / 7.9)
     # split 1-2 at 8: 2 x 4 + 2 x 0.5 = 9 ms; split 3-4 at 8 x 0.10 = 0.8 (P(1) below batch 1): 2 x 2.25 + 0.5
-    assert score_plan(latency, easy, plan, RATE_RPS) == pytest.approx(8000 / 9.0)
+    assert score_plan(latency, easy, plan, rate_rps=RATE_RPS) == pytest.approx(8000 / 9.0)
     # B0 comes from the plan's prediction when it has one: 16 -> split 2-4 at 2.4: 3 x 2.6 + 1 = 8.8 ms
     predicted = dataclasses.replace(cut_after_1, predicted={"input_batch_size": 16.0})
-    assert score_plan(latency, easy, predicted, RATE_RPS) == pytest.approx(16000 / 8.8)
+    assert score_plan(latency, easy, predicted, rate_rps=RATE_RPS) == pytest.approx(16000 / 8.8)
     # one split 1-4 with 2 instances: B0 = 8 x 2, each instance 8: 4 x 4 + 3 x 0.5 = 17.5 ms
     wide = default_plan(MODEL, 4, [(1, 4)], exit_rule=EXIT_RULE, ramp_blocks=RAMPS, batch_size=8, instances=2)
-    assert score_plan(latency, easy, wide, RATE_RPS) == pytest.approx(16000 / 17.5)
+    assert score_plan(latency, easy, wide, rate_rps=RATE_RPS) == pytest.approx(16000 / 17.5)
     # worst-case latency of cut_after_1: fill 7 / 2000 s = 3.5 ms + the hop into split 1 (the model inputs,
     # Tx at 8: 1.8 ms) + 4.5 + 7.9 + 1.12 = 18.82 ms
-    assert score_plan(latency, easy, dataclasses.replace(cut_after_1, slo_ms=23.5), RATE_RPS) == 0.0   # 18.8 ms
-    assert score_plan(latency, easy, dataclasses.replace(cut_after_1, slo_ms=23.6), RATE_RPS) > 0    # 18.88 ms
+    assert score_plan(latency, easy, dataclasses.replace(cut_after_1, slo_ms=23.5), rate_rps=RATE_RPS) == 0.0   # 18.8 ms
+    assert score_plan(latency, easy, dataclasses.replace(cut_after_1, slo_ms=23.6), rate_rps=RATE_RPS) > 0    # 18.88 ms
     # a batch profile of another model length cannot be scored
-    assert score_plan(latency, BatchProfile(MODEL, 8, [1.0, 0.5, 0.2]), plan, RATE_RPS) is None
+    assert score_plan(latency, BatchProfile(MODEL, 8, [1.0, 0.5, 0.2]), plan, rate_rps=RATE_RPS) is None
 
 
 def test_score_plan_cannot_score_unknown_devices():
     plan = initial_plan()
     object.__setattr__(plan.splits[0], "device", "v100")
-    assert score_plan(synthetic_profile(), BatchProfile(MODEL, 8, EASY), plan, RATE_RPS) is None
+    assert score_plan(synthetic_profile(), BatchProfile(MODEL, 8, EASY), plan, rate_rps=RATE_RPS) is None
 
 
 # ------------------------------------------------------------------------------------------- decide
@@ -333,13 +333,13 @@ def test_find_stragglers_compares_measured_with_profiled_latency():
     before = {"tiny_ee_split_1-4": SplitStats(10, 80, 0)}
     ok = {"tiny_ee_split_1-4": SplitStats(20, 160, int(10 * 30e6))}       # 30 ms: 1.7x
     slow = {"tiny_ee_split_1-4": SplitStats(20, 160, int(10 * 40e6))}     # 40 ms: 2.3x
-    assert find_stragglers(before, ok, plan, latency, 2.0) == {}
-    got = find_stragglers(before, slow, plan, latency, 2.0)
+    assert find_stragglers(before, ok, plan, latency=latency, factor=2.0) == {}
+    got = find_stragglers(before, slow, plan, latency=latency, factor=2.0)
     assert got["tiny_ee_split_1-4"] == pytest.approx(40 / 17.5)
     few = {"tiny_ee_split_1-4": SplitStats(12, 96, int(2 * 40e6))}        # 2 executions: no evidence
-    assert find_stragglers(before, few, plan, latency, 2.0) == {}
+    assert find_stragglers(before, few, plan, latency=latency, factor=2.0) == {}
     reset = {"tiny_ee_split_1-4": SplitStats(6, 48, int(6 * 40e6))}       # reloaded: counters went down
-    assert find_stragglers(before, reset, plan, latency, 2.0) == {}
+    assert find_stragglers(before, reset, plan, latency=latency, factor=2.0) == {}
     assert exclude_stragglers({"cpu": 2}, plan, got) == {"cpu": 1}
     assert exclude_stragglers({"cpu": 1}, plan, got) == {"cpu": 1}        # never below one
 

@@ -22,7 +22,7 @@ def test_requests_past_their_slo_are_dropped_explicitly_and_counted(tmp_path, ti
     # An SLO of 0.5 ms: a batch cannot get through two BLS hops in time, so (nearly) every request
     # must come back as a "dropped" error (from a split's queue, or from the scheduler once it knows
     # what a split takes), never silently.
-    export_repository("tiny-ee", "2", tmp_path, ExportSettings(slo_ms=0.5), progress=False)
+    export_repository("tiny-ee", "2", tmp_path, settings=ExportSettings(slo_ms=0.5), progress=False)
     ids, mask = (x.numpy() for x in tiny_model.example_inputs(30, seed=4))
     with serving(tmp_path, ["tiny_ee_split_1-2", "tiny_ee_split_3-4", "tiny_ee_router"], name="deadlines") as server:
         # the configured SLO, written as configured (not rounded to "0 ms" or "1 ms"), and why
@@ -57,7 +57,7 @@ def test_a_split_queue_rejecting_an_expired_call_is_a_deadline_drop(tmp_path, ti
     # rejection as a deadline drop (BlsTimeout), not a failing split; a batch that exits whole in split
     # 1-2 is answered.
     # The splits' queue policy is opt-in (ExportSettings.split_queue_policy; off by default, see there).
-    export_repository("tiny-ee", "2", tmp_path, ExportSettings(slo_ms=200, queue_delay_us=0, split_queue_policy=True),
+    export_repository("tiny-ee", "2", tmp_path, settings=ExportSettings(slo_ms=200, queue_delay_us=0, split_queue_policy=True),
                       progress=False)
     # Triton rejects the expired call only when its batcher wakes (0.4 s), after the router's watchdog
     # would have answered it at the deadline (+50 ms; tests/test_hung_split.py): the watchdog's grace is

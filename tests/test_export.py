@@ -107,7 +107,7 @@ def test_split_config_matches_golden(tiny_repo, target, tmp_path):
     if target == "embedded":
         text = (tiny_repo / "tiny_ee_split_1-2" / "config.pbtxt").read_text()
     else:
-        export_repository("tiny-ee", "2", tmp_path, ExportSettings(target="ngc"), progress=False)
+        export_repository("tiny-ee", "2", tmp_path, settings=ExportSettings(target="ngc"), progress=False)
         text = (tmp_path / "tiny_ee_split_1-2" / "config.pbtxt").read_text()
         assert not (tmp_path / "tiny_ee_split_1-2" / "1" / "model.py").exists()
     golden = GOLDEN / f"tiny_ee_split_1-2.{target}.pbtxt"

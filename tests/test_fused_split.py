@@ -52,7 +52,7 @@ def _block_by_block(folder, card, rule, first, last, enabled, feed):
 
 def _fused(folder, card, rule, first, last, enabled, feed):
     """The router's composed form: compose_split and ComposedSplit.advance, as serving/router.py calls them."""
-    composed = compose_split(folder, card, first, last, tuple(sorted(enabled)), rule.tau_nats)
+    composed = compose_split(folder, card, first, last=last, enabled_ramps=tuple(sorted(enabled)), tau_nats=rule.tau_nats)
     names = list(composed.outputs)
     out = dict(zip(names, make_session(composed.graph).run(names, feed)))
     route = BatchRoute(ROWS, card.num_classes, card.num_blocks, rule)
@@ -100,5 +100,5 @@ def test_blocks_must_be_consecutive(tiny_model, blocks):
     card = tiny_model.card
     models = [(k, onnx.load(str(blocks / block_file(k, ramp=True)))) for k in (1, 3)]
     with pytest.raises(ValueError, match="consecutive"):
-        fuse_blocks(models, 4, card.num_classes, (1, 3), 0.5, ["input_ids", "attention_mask"],
-                    ["hidden", "attention_mask"])
+        fuse_blocks(models, 4, card.num_classes, ramps=(1, 3), tau_nats=0.5, input_names=["input_ids", "attention_mask"],
+                    state_names=["hidden", "attention_mask"])

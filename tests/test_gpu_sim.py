@@ -103,7 +103,7 @@ def test_a_constant_splits_stages_beside_the_gpu_overlap_its_compute_with_a_batc
     copy_in, copy_out = lat.tx_in("g1", 64), 0.001 * 64
 
     def rate(**kw) -> float:
-        return simulate_plan(lat, _one_split(), ex, arrivals, device="g1", costs=gpu_call_costs(**kw)).inputs_per_s
+        return simulate_plan(lat, _one_split(), ex, arrivals=arrivals, device="g1", costs=gpu_call_costs(**kw)).inputs_per_s
 
     assert rate(router_cores=4, out_copy=True) == pytest.approx(64e3 / compute_ms, rel=0.05)
     assert rate(router_cores=4, out_copy=True, slots_per_instance=1) == pytest.approx(
@@ -134,9 +134,9 @@ def test_overlapped_input_copies_raise_a_baselines_throughput_by_the_copy_time()
     lat = gpu_profile(tx_fixed_ms=0.5)
     ex, _ = exits()
     arrivals = Arrivals(batch=64, requests=300, clients=4, warmup=4, client_ms=0.0, steady=True)
-    serial = simulate_baseline(lat, Baseline("stock", instances=1, max_batch=64), ex, arrivals, device="g1",
+    serial = simulate_baseline(lat, Baseline("stock", instances=1, max_batch=64), ex, arrivals=arrivals, device="g1",
                                costs=CallCosts(input_curve="tx_in", request_ms=0.0))
-    overlapped = simulate_baseline(lat, Baseline("stock", instances=1, max_batch=64), ex, arrivals, device="g1",
+    overlapped = simulate_baseline(lat, Baseline("stock", instances=1, max_batch=64), ex, arrivals=arrivals, device="g1",
                                    costs=gpu_call_costs())
     compute_ms = sum(lat.block(k, "g1", 64, with_ramp=False) for k in range(1, L + 1))
     assert serial.inputs_per_s == pytest.approx(64e3 / (compute_ms + lat.tx_in("g1", 64)), rel=0.02)

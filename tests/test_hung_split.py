@@ -61,7 +61,7 @@ def test_a_hung_split_answers_its_request_at_the_deadline_and_the_router_keeps_s
     card = tiny_model.card
     marker = card.inputs[0].bounds[1]                          # the largest token id, in every position
     repo, woke = tmp_path / "repo", tmp_path / "woke"
-    export_repository("tiny-ee", "2", repo, ExportSettings(), progress=False, extra_ranges=[(1, 4)])
+    export_repository("tiny-ee", "2", repo, settings=ExportSettings(), progress=False, extra_ranges=[(1, 4)])
     (repo / SPLIT / "1" / "model.py").write_text(
         HANGING_MODEL.format(split=SPLIT, marker=marker, hang_s=HANG_S, woke=str(woke)))
     config = repo / SPLIT / "config.pbtxt"                     # 2 instances: one hangs, one serves

@@ -53,7 +53,7 @@ def test_reference_layer_flops_match_a_counted_bert_base_layer():
 def test_modelled_profile_scales_by_flops_as_an_equivalent_batch():
     curves = {"v100": Curve((1, 8), (12.0, 96.0), "test curve"), "t4": Curve((1, 8), (24.0, 192.0), "t4 curve")}
     flops = [REF_LAYER_FLOPS, REF_LAYER_FLOPS / 1000]  # one BERT-base layer; a tiny block
-    p = modelled_profile("m", [1, 4, 8], flops, [REF_LAYER_FLOPS / 10, 0.0], state_bytes=1000,
+    p = modelled_profile("m", [1, 4, 8], flops, ramp_flops=[REF_LAYER_FLOPS / 10, 0.0], state_bytes=1000,
                          gpus=["V100", "t4"], curves=curves, tx_fixed_ms=0.2, tx_gbit_s=8.0)
     assert p.block_ms["v100"][0] == pytest.approx([12 / REF_LAYERS, 48 / REF_LAYERS, 96 / REF_LAYERS])
     assert p.block_ms["v100"][1] == pytest.approx([1.0, 1.0, 1.0])  # tiny: the flat (batch-1) region
@@ -72,22 +72,22 @@ def test_modelled_profile_scales_by_flops_as_an_equivalent_batch():
 
 def test_modelled_profile_has_the_inputs_hop_and_the_routers_cpu_work():
     curves = {"v100": Curve((1, 8), (12.0, 96.0), "test curve")}
-    p = modelled_profile("m", [1, 4, 8], [REF_LAYER_FLOPS], [0.0], state_bytes=1000, gpus=["v100"], curves=curves,
+    p = modelled_profile("m", [1, 4, 8], [REF_LAYER_FLOPS], ramp_flops=[0.0], state_bytes=1000, gpus=["v100"], curves=curves,
                          tx_fixed_ms=0.2, tx_gbit_s=8.0, input_bytes=100, router_ms=[0.1, 0.2, 0.3])
     assert p.tx_in_ms["v100"] == pytest.approx([0.2 + 1e-4, 0.2 + 4e-4, 0.2 + 8e-4])   # 100 B/input at 8 Gbit/s
     assert p.router_ms["v100"] == [0.1, 0.2, 0.3]
     assert "router work measured on this host CPU" in p.source
     with pytest.raises(ProfileError, match="router_ms must hold one latency per batch size"):
-        modelled_profile("m", [1, 4, 8], [REF_LAYER_FLOPS], [0.0], 1000, ["v100"], curves, router_ms=[0.1])
+        modelled_profile("m", [1, 4, 8], [REF_LAYER_FLOPS], ramp_flops=[0.0], state_bytes=1000, gpus=["v100"], curves=curves, router_ms=[0.1])
 
 
 def test_modelled_profile_rejects_unknown_gpus_and_missing_prices():
     curves = load_reference_curves() if default_data_file().exists() else {}
     with pytest.raises(ProfileError, match="modelled GPUs are"):
-        modelled_profile("m", [1], [1.0], [0.0], 0, ["p100"], curves)
+        modelled_profile("m", [1], [1.0], ramp_flops=[0.0], state_bytes=0, gpus=["p100"], curves=curves)
     with pytest.raises(ProfileError, match="no price for a30"):
-        modelled_profile("m", [1], [1.0], [0.0], 0, ["a30"], {"a30": Curve((1,), (1.0,), "")})
-    p = modelled_profile("m", [1], [1.0], [0.0], 0, ["a30"], {"a30": Curve((1,), (1.0,), "")}, prices={"a30": 1.5})
+        modelled_profile("m", [1], [1.0], ramp_flops=[0.0], state_bytes=0, gpus=["a30"], curves={"a30": Curve((1,), (1.0,), "")})
+    p = modelled_profile("m", [1], [1.0], ramp_flops=[0.0], state_bytes=0, gpus=["a30"], curves={"a30": Curve((1,), (1.0,), "")}, prices={"a30": 1.5})
     assert p.devices["a30"].price == 1.5
 
 

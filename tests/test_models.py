@@ -123,7 +123,7 @@ def test_tiny_two_stage_training_learns():
                            ramp_blocks=(1, 2), dropout=0.0)
     model = EncoderEE("tiny", config, exit_rule={"kind": "entropy", "tau_nats": 0.3})
     ids, mask, labels = _separable(512, 0)
-    finetune_head(model, ids, mask, labels, epochs=6, lr=2e-3, batch_size=32, freeze_embeddings=False,
+    finetune_head(model, ids, mask, labels=labels, epochs=6, lr=2e-3, batch_size=32, freeze_embeddings=False,
                   progress=False)
     feats = encoder_pooled_features(model, ids, mask, progress=False)
     train_ramps_on_pooled(model, feats, labels, blocks=(1, 2), epochs=30, lr=3e-3, progress=False)

@@ -104,7 +104,7 @@ def enumerate_plans(lat: LatencyProfile, batch: BatchProfile, res: dict[str, int
     for b0 in b0s:
         ramps = () if stock else candidate_ramps(lat, batch)
         if exit_wrapper and not stock:
-            ramps = wrap_for_devices(lat, batch.reach, configs, b0, ramps=ramps)[0]
+            ramps = wrap_for_devices(lat, batch.reach, configs, b0=b0, ramps=ramps)[0]
         Bk = b0 * effective_reach(batch.reach, ramps)
 
         @lru_cache(maxsize=None)

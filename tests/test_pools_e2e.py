@@ -44,7 +44,7 @@ def two_servers(tmp_path_factory):
     from e3.export.repository import ExportSettings, export_repository
     from e3.paths import artifacts_dir
     repo = tmp_path_factory.mktemp("pools-repo")
-    export_repository("tiny-ee", "2", repo, ExportSettings(), progress=False)
+    export_repository("tiny-ee", "2", repo, settings=ExportSettings(), progress=False)
     logs = Path(artifacts_dir()) / "logs"
     a = TritonServer.on_free_ports(repo, [ROUTER, "tiny_ee_split_1-2", "tiny_ee_split_3-4"], exit_timeout_s=3,
                                    log_file=logs / f"test-tritonserver-pool-a-{os.getpid()}.log")

@@ -141,8 +141,8 @@ def test_export_writes_the_limit_into_the_routers_config_and_refuses_a_bad_one(t
     from e3.export.repository import ExportError, ExportSettings, export_repository
     from e3.serving.scheduler import MAX_QUEUE_INPUTS
     with pytest.raises(ExportError, match="max_queue_inputs must be at least 1"):
-        export_repository("tiny-ee", "2", tmp_path / "bad", ExportSettings(max_queue_inputs=0), progress=False)
-    export_repository("tiny-ee", "2", tmp_path / "repo", ExportSettings(max_queue_inputs=96, baselines=False),
+        export_repository("tiny-ee", "2", tmp_path / "bad", settings=ExportSettings(max_queue_inputs=0), progress=False)
+    export_repository("tiny-ee", "2", tmp_path / "repo", settings=ExportSettings(max_queue_inputs=96, baselines=False),
                       progress=False)
     config = (tmp_path / "repo" / "tiny_ee_router" / "config.pbtxt").read_text()
     assert f'key: "{MAX_QUEUE_INPUTS}"\n  value {{\n    string_value: "96"' in config

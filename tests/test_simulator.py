@@ -37,7 +37,7 @@ def test_next_enabled_exit_moves_an_input_to_the_next_ramp_that_runs():
 def test_one_client_on_the_stock_model_runs_at_the_profiles_rate_exactly():
     lat = synthetic_profile()
     arrivals = Arrivals(batch=4, requests=50, clients=1, warmup=0, client_ms=0.0)
-    result = simulate_baseline(lat, Baseline("stock", instances=1), _exits(), arrivals)
+    result = simulate_baseline(lat, Baseline("stock", instances=1), _exits(), arrivals=arrivals)
     per_request_ms = lat.tx("cpu", 4) + sum(lat.block(k, "cpu", 4, with_ramp=False) for k in range(1, L + 1))
     assert result.p50_ms == pytest.approx(per_request_ms)
     assert result.inputs_per_s == pytest.approx(4 / (per_request_ms / 1e3), rel=1e-6)
@@ -48,15 +48,15 @@ def test_naive_early_exit_beats_stock_on_easy_inputs_and_not_on_hard_ones():
     arrivals = Arrivals(batch=8, requests=200, clients=8)
     easy, hard = _exits(easy=0.8), _exits(easy=0.0)
     # batches of up to 64 rows (preferred 64), where the profile's per-call cost no longer dominates
-    stock = simulate_baseline(lat, Baseline("stock", preferred=64), easy, arrivals).inputs_per_s
-    assert simulate_baseline(lat, Baseline("ee", preferred=64), easy, arrivals).inputs_per_s > 1.5 * stock
-    assert simulate_baseline(lat, Baseline("ee", preferred=64), hard, arrivals).inputs_per_s < stock   # ramps cost, none exits
+    stock = simulate_baseline(lat, Baseline("stock", preferred=64), easy, arrivals=arrivals).inputs_per_s
+    assert simulate_baseline(lat, Baseline("ee", preferred=64), easy, arrivals=arrivals).inputs_per_s > 1.5 * stock
+    assert simulate_baseline(lat, Baseline("ee", preferred=64), hard, arrivals=arrivals).inputs_per_s < stock   # ramps cost, none exits
 
 
 def test_a_saturated_constant_plan_runs_the_plans_batch_at_every_split_and_answers_everything():
     lat = synthetic_profile()
     plan = default_plan("tiny_ee", L, [(1, 1), (2, 4)], exit_rule=RULE, ramp_blocks=(1, 2, 3), batch_size=8, slo_ms=60_000)
-    result = simulate_plan(lat, plan, _exits(easy=0.5), Arrivals(batch=4, requests=300, clients=16))
+    result = simulate_plan(lat, plan, _exits(easy=0.5), arrivals=Arrivals(batch=4, requests=300, clients=16))
     assert result.answered_inputs == 300 * 4 and result.dropped_inputs == 0
     survivors = np.array(result.batches[1])                  # half of every batch of split 1 goes on
     assert np.mean(survivors == 8) >= 0.9, np.bincount(survivors)   # merged into the plan's batch
@@ -69,9 +69,9 @@ def test_compact_plans_run_in_several_router_instances_and_shrink_inside():
     plan = dataclasses.replace(plan, splits=(dataclasses.replace(plan.splits[0], form=COMPACT),))
     assert plan.router_instances == 2
     arrivals = Arrivals(batch=8, requests=200, clients=8)
-    compact = simulate_plan(lat, plan, _exits(easy=0.8), arrivals)
+    compact = simulate_plan(lat, plan, _exits(easy=0.8), arrivals=arrivals)
     ee = simulate_baseline(lat, Baseline("ee", delay_us=plan.router_queue_delay_us, preferred=64), _exits(easy=0.8),
-                           arrivals)   # the same wait in Triton's queue as the router instances get
+                           arrivals=arrivals)   # the same wait in Triton's queue as the router instances get
     assert compact.answered_inputs == 1600
     assert compact.inputs_per_s == pytest.approx(ee.inputs_per_s, rel=0.15)   # the same work, the router's on top
 
@@ -79,7 +79,7 @@ def test_compact_plans_run_in_several_router_instances_and_shrink_inside():
 def test_an_slo_the_plan_cannot_meet_drops_only_late_requests_and_counts_them():
     lat = synthetic_profile()
     plan = default_plan("tiny_ee", L, [(1, 1), (2, 4)], exit_rule=RULE, ramp_blocks=(1, 2, 3), batch_size=8, slo_ms=40)
-    result = simulate_plan(lat, plan, _exits(easy=0.5), Arrivals(batch=4, requests=300, clients=32))
+    result = simulate_plan(lat, plan, _exits(easy=0.5), arrivals=Arrivals(batch=4, requests=300, clients=32))
     assert result.dropped_inputs > 0
     assert result.dropped_inputs + result.answered_inputs == 300 * 4
     assert len(result.drop_waited_ms) * 4 == result.dropped_inputs
@@ -171,23 +171,23 @@ def test_the_stock_baseline_runs_the_profiles_one_graph_and_the_measured_second_
     lat.stock_ms = {"cpu": [10.0 * b for b in B]}
     lat.stock_2t_ms = {"cpu": [10.0 * b / 1.6 for b in B]}   # the second thread: 1.6x at every batch
     arrivals = Arrivals(batch=4, requests=50, clients=1, warmup=0, client_ms=0.0)
-    one = simulate_baseline(lat, Baseline("stock", instances=1), _exits(), arrivals)
+    one = simulate_baseline(lat, Baseline("stock", instances=1), _exits(), arrivals=arrivals)
     assert one.p50_ms == pytest.approx(lat.tx("cpu", 4) + 40.0)
-    two = simulate_baseline(lat, Baseline("stock", instances=1, threads=2), _exits(), arrivals)
+    two = simulate_baseline(lat, Baseline("stock", instances=1, threads=2), _exits(), arrivals=arrivals)
     assert two.p50_ms == pytest.approx(lat.tx("cpu", 4) + 40.0 / 1.6)
 
 
 def test_the_load_generators_cpu_runs_one_request_at_a_time():
     lat = synthetic_profile()
     arrivals = Arrivals(batch=1, requests=400, clients=16, client_ms=0.0, client_cpu_ms=2.0)
-    result = simulate_baseline(lat, Baseline("ee", instances=2), _exits(easy=1.0), arrivals)
+    result = simulate_baseline(lat, Baseline("ee", instances=2), _exits(easy=1.0), arrivals=arrivals)
     assert result.inputs_per_s == pytest.approx(1000 / 2.0, rel=0.05)   # bound by the one GIL: 500 requests/s
 
 
 def test_host_share_is_the_fixed_point_of_the_request_rate_times_its_cpu():
     lat = synthetic_profile()
     arrivals = Arrivals(batch=1, requests=300, clients=16)
-    run = lambda p: simulate_baseline(p, Baseline("ee", instances=2), _exits(), arrivals)  # noqa: E731
+    run = lambda p: simulate_baseline(p, Baseline("ee", instances=2), _exits(), arrivals=arrivals)  # noqa: E731
     plain = run(lat)
     lat.request_ms = {"cpu": [0.5] * len(lat.batch_sizes)}
     result, host = with_host_share(run, lat, batch=1, cores=2)
@@ -225,13 +225,13 @@ def test_jitter_spreads_a_closed_loops_latencies_and_keeps_its_rate():
     lat = synthetic_profile()
     arrivals = Arrivals(batch=8, requests=400, clients=16, client_ms=0.0)
     base = Baseline("stock", instances=2, max_batch=8)
-    steady = simulate_baseline(lat, base, _exits(), arrivals)
+    steady = simulate_baseline(lat, base, _exits(), arrivals=arrivals)
     assert steady.p99_ms == pytest.approx(steady.p50_ms)          # one request per batch: all alike
     lat.jitter_cv = {"cpu": [0.3] * len(lat.batch_sizes)}          # the profile's measured CV
-    jittered = simulate_baseline(lat, base, _exits(), arrivals)
+    jittered = simulate_baseline(lat, base, _exits(), arrivals=arrivals)
     assert jittered.p99_ms > 1.1 * jittered.p50_ms
     assert jittered.inputs_per_s == pytest.approx(steady.inputs_per_s, rel=0.05)
-    off = simulate_baseline(lat, base, _exits(), arrivals, costs=CallCosts(service_cv=0.0))   # overridden
+    off = simulate_baseline(lat, base, _exits(), arrivals=arrivals, costs=CallCosts(service_cv=0.0))   # overridden
     assert off.p99_ms == pytest.approx(off.p50_ms)
     with pytest.raises(ValueError, match="service_cv"):
         CallCosts(service_cv=-0.1)

@@ -133,7 +133,7 @@ def v100_profile(curves) -> LatencyProfile:
     """tiny-ee-sized blocks (a thousandth of a BERT-base layer: the GPU's flat region) on a modelled V100,
     with the router measured-like on a CPU."""
     B = [1, 2, 4, 8, 16, 32, 64]
-    return modelled_profile("toy", B, [REF_LAYER_FLOPS / 1000] * 4, [REF_LAYER_FLOPS / 100000] * 3 + [0.0],
+    return modelled_profile("toy", B, [REF_LAYER_FLOPS / 1000] * 4, ramp_flops=[REF_LAYER_FLOPS / 100000] * 3 + [0.0],
                             state_bytes=16 * 32 * 4 + 16 * 8, gpus=["v100"], curves=curves, input_bytes=2 * 16 * 8,
                             router_ms=[0.09 + 0.006 * b for b in B])
 
@@ -220,7 +220,7 @@ def test_effective_reach_moves_a_disabled_ramps_exits_to_the_next_ramp():
 
 def test_a_ramp_without_exits_is_disabled_and_one_with_many_exits_kept():
     lat = hand_profile()
-    verdicts = judge_ramps(lat, batch([1.0, 1.0, 0.5]), "cpu", 8)
+    verdicts = judge_ramps(lat, batch([1.0, 1.0, 0.5]), "cpu", b0=8)
     v1, v2 = verdicts
     # ramp 1: 8 inputs reach it, none exits; it costs ramp 0.1 + check(8) 0.13
     assert (v1.block, v1.kept, v1.exits, v1.saving_ms) == (1, False, 0.0, 0.0)
@@ -228,7 +228,7 @@ def test_a_ramp_without_exits_is_disabled_and_one_with_many_exits_kept():
     # ramp 2: 4 of 8 exit and skip block 3, which costs (1 + 0.5 x 4) / 4 = 0.75 ms per input at its batch of 4
     assert (v2.block, v2.kept, v2.reached, v2.exits) == (2, True, 8.0, 4.0)
     assert v2.saving_ms == pytest.approx(4 * 0.75) and v2.cost_ms == pytest.approx(0.23)
-    assert ramps_worth_keeping(lat, batch([1.0, 1.0, 0.5]), "cpu", 8) == (2,)
+    assert ramps_worth_keeping(lat, batch([1.0, 1.0, 0.5]), "cpu", b0=8) == (2,)
     assert "ramp 1 disabled on cpu: saves 0.000 ms, costs 0.230 ms" in v1.describe()
 
 
@@ -236,7 +236,7 @@ def test_inputs_of_a_disabled_ramp_exit_at_the_next_and_its_saving_grows():
     # ramp 1 is made useless by a huge cost; its exits (0.5) then count at ramp 2, which saves more
     lat = hand_profile(4, ramp_ms={"cpu": [[50.0] * 4, [0.1] * 4, [0.1] * 4, [0.0] * 4]})
     reach = [1.0, 0.5, 0.4, 0.3]
-    v = {x.block: x for x in judge_ramps(lat, reach, "cpu", 8)}
+    v = {x.block: x for x in judge_ramps(lat, reach, "cpu", b0=8)}
     assert not v[1].kept and v[2].kept and v[3].kept
     # with ramp 1 off, 8 inputs reach ramp 2 and 8 x (1 - 0.4) = 4.8 leave there, skipping block 3 at its
     # batch of 3.2 (the next enabled ramp is 3): (1 + 0.5 x 3.2) / 3.2 per input
@@ -252,9 +252,9 @@ def test_the_wrapper_keeps_a_ramp_any_configuration_keeps():
     lat.tx_ms["gpu"] = list(lat.tx_ms["cpu"])
     lat.validate()
     reach = [1.0, 0.9, 0.5]
-    assert ramps_worth_keeping(lat, reach, "gpu", 8) == (2,)
-    assert ramps_worth_keeping(lat, reach, "cpu", 8) == (1, 2)
-    kept, verdicts = wrap_for_devices(lat, reach, ["gpu", "cpu"], 8)
+    assert ramps_worth_keeping(lat, reach, "gpu", b0=8) == (2,)
+    assert ramps_worth_keeping(lat, reach, "cpu", b0=8) == (1, 2)
+    kept, verdicts = wrap_for_devices(lat, reach, ["gpu", "cpu"], b0=8)
     assert kept == (1, 2) and [(v.block, v.device) for v in verdicts] == [(1, "cpu"), (2, "gpu")]
 
 
@@ -262,7 +262,7 @@ def test_candidate_ramps_are_priced_ramps_and_blocks_where_inputs_exit():
     lat = hand_profile(4, ramp_ms={"cpu": [[0.1] * 4, [0.0] * 4, [0.0] * 4, [0.0] * 4]})
     assert candidate_ramps(lat, [1.0, 1.0, 0.5, 0.5]) == (1, 2)
     with pytest.raises(ValueError, match="not in the latency profile"):
-        judge_ramps(lat, [1.0, 1.0, 0.5, 0.5], "tpu", 8)
+        judge_ramps(lat, [1.0, 1.0, 0.5, 0.5], "tpu", b0=8)
 
 
 def test_e3_plan_prints_the_disabled_ramps(tmp_path, capsys):

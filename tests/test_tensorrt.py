@@ -103,35 +103,35 @@ def test_optimisation_profile_from_the_model_card(tiny_model):
 def test_builder_config_sets_workspace_fp16_and_the_profile():
     trt = FakeTensorRT()
     shapes = [ShapeProfile("x", (1, 3), (8, 3), (64, 3))]
-    configure_builder(trt, trt.Builder(None), shapes, EngineSettings(8, 64, fp16=True, workspace_mb=256))
+    configure_builder(trt, trt.Builder(None), shapes, settings=EngineSettings(8, 64, fp16=True, workspace_mb=256))
     assert ("pool", "WORKSPACE", 256 << 20) in trt.calls
     assert ("flag", "FP16") in trt.calls
     assert ("shape", "x", (1, 3), (8, 3), (64, 3)) in trt.calls
     assert [c[0] for c in trt.calls].count("add_profile") == 1
     fp32 = FakeTensorRT()
-    configure_builder(fp32, fp32.Builder(None), shapes, EngineSettings(8, 64))
+    configure_builder(fp32, fp32.Builder(None), shapes, settings=EngineSettings(8, 64))
     assert not [c for c in fp32.calls if c[0] == "flag"]
 
 
 def test_fp16_on_tensorrt_11_is_refused_with_the_reason():
     trt = FakeTensorRT(fp16_flag=False)
     with pytest.raises(TensorRTError, match="removed in TensorRT 11"):
-        configure_builder(trt, trt.Builder(None), [], EngineSettings(1, 1, fp16=True))
+        configure_builder(trt, trt.Builder(None), [], settings=EngineSettings(1, 1, fp16=True))
 
 
 def test_build_engine_writes_the_plan_and_reports_failures(tiny_model, tmp_path):
     inputs = tiny_model.card.inputs
     trt = FakeTensorRT()
-    plan = build_engine(tmp_path / "model.onnx", tmp_path / "1" / "model.plan", inputs, EngineSettings(8, 64), trt)
+    plan = build_engine(tmp_path / "model.onnx", tmp_path / "1" / "model.plan", inputs, settings=EngineSettings(8, 64), trt=trt)
     assert plan.read_bytes() == b"ENGINE" and not list((tmp_path / "1").glob(".*"))
     assert ("network", 0) in trt.calls and ("build",) in trt.calls
     with pytest.raises(TensorRTError, match="cannot parse .*FancyOp"):
-        build_engine(tmp_path / "m.onnx", tmp_path / "x.plan", inputs, EngineSettings(1, 1), FakeTensorRT(parse_ok=False))
+        build_engine(tmp_path / "m.onnx", tmp_path / "x.plan", inputs, settings=EngineSettings(1, 1), trt=FakeTensorRT(parse_ok=False))
     with pytest.raises(TensorRTError, match="has inputs"):
-        build_engine(tmp_path / "m.onnx", tmp_path / "x.plan", inputs, EngineSettings(1, 1),
-                     FakeTensorRT(inputs=("hidden", "attention_mask")))
+        build_engine(tmp_path / "m.onnx", tmp_path / "x.plan", inputs, settings=EngineSettings(1, 1),
+                     trt=FakeTensorRT(inputs=("hidden", "attention_mask")))
     with pytest.raises(TensorRTError, match="could not build"):
-        build_engine(tmp_path / "m.onnx", tmp_path / "x.plan", inputs, EngineSettings(1, 1), FakeTensorRT(build_ok=False))
+        build_engine(tmp_path / "m.onnx", tmp_path / "x.plan", inputs, settings=EngineSettings(1, 1), trt=FakeTensorRT(build_ok=False))
     assert not (tmp_path / "x.plan").exists()
 
 
@@ -150,14 +150,14 @@ def test_tensorrt_config_is_a_gpu_tensorrt_plan_on_ngc_only():
 
 def test_export_tensorrt_needs_ngc_and_tensorrt(tmp_path):
     with pytest.raises(ExportError, match="needs --target ngc"):
-        export_repository("tiny-ee", "2", tmp_path, ExportSettings(format="tensorrt"), progress=False)
+        export_repository("tiny-ee", "2", tmp_path, settings=ExportSettings(format="tensorrt"), progress=False)
     with pytest.raises(ExportError, match="unknown format"):
-        export_repository("tiny-ee", "2", tmp_path, ExportSettings(format="plan"), progress=False)
+        export_repository("tiny-ee", "2", tmp_path, settings=ExportSettings(format="plan"), progress=False)
     try:
         import tensorrt  # noqa: F401
     except ImportError:
         with pytest.raises(ExportError, match="optional `gpu` extra"):
-            export_repository("tiny-ee", "2", tmp_path, ExportSettings(target="ngc", format="tensorrt"),
+            export_repository("tiny-ee", "2", tmp_path, settings=ExportSettings(target="ngc", format="tensorrt"),
                               progress=False)
     assert not list(tmp_path.iterdir())  # nothing written
 
@@ -173,7 +173,7 @@ def test_export_ngc_tensorrt_writes_plans_and_configs(tmp_path, monkeypatch):
 
     monkeypatch.setattr(trt_path, "import_tensorrt", lambda: FakeTensorRT())
     monkeypatch.setattr(trt_path, "build_engine", fake_build)
-    export_repository("tiny-ee", "2", tmp_path, ExportSettings(target="ngc", format="tensorrt", batch_size=4,
+    export_repository("tiny-ee", "2", tmp_path, settings=ExportSettings(target="ngc", format="tensorrt", batch_size=4,
                                                                fp16=True), progress=False)
     names = sorted(b[0] for b in built)
     assert len(names) == 3 and all(n.startswith(".tiny_ee_") for n in names)  # staged, then moved into place
@@ -205,7 +205,7 @@ def test_real_engine_build_of_a_tiny_split(tiny_model, tmp_path):
     split = SplitModule(tiny_model, 1, 2, tiny_model.card.ramp_blocks)
     export_onnx(split, tmp_path / "model.onnx", max_batch_size=64)
     plan = build_engine(tmp_path / "model.onnx", tmp_path / "model.plan", split.input_specs,
-                        EngineSettings(opt_batch=8, max_batch=64))
+                        settings=EngineSettings(opt_batch=8, max_batch=64))
     assert plan.stat().st_size > 0
     import tensorrt as trt
     engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(plan.read_bytes())

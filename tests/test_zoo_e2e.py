@@ -75,7 +75,7 @@ def zoo_server(tmp_path_factory):
                                 exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks, slo_ms=120_000)
             plan = replace(plan, splits=tuple(replace(s, form=CONSTANT if i == 1 else COMPACT)
                                               for i, s in enumerate(plan.splits)))
-            export_repository(name, None, repo, ExportSettings(slo_ms=120_000, baselines=False), plan=plan,
+            export_repository(name, None, repo, settings=ExportSettings(slo_ms=120_000, baselines=False), plan=plan,
                               progress=False)
         with serving(repo, name="zoo") as server:
             yield server, texts, ids, mask, pixels

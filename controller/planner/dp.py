@@ -19,7 +19,7 @@ __all__ = ["cost_grid", "cost_ok_grid", "feasible_ignoring_latency", "latency_dp
            "Found", "best_cell", "result_of", "solve_unpipelined"]
 
 
-def shift(c: int, m: int, ndim: int, src: bool) -> tuple:
+def shift(c: int, m: int, ndim: int, *, src: bool) -> tuple:
     """Index that moves a grid by m devices along axis c (src: the cells m lower; dst: the cells from m up)."""
     sl = [slice(None)] * ndim
     sl[c] = slice(None, -m) if src else slice(m, None)
@@ -51,7 +51,7 @@ def feasible_ignoring_latency(t: Tables, bound: float, cost_ok: np.ndarray) -> b
                 if m > t.caps[c]:
                     continue
                 rows = np.nonzero(has & (mmin == m))[0]
-                fj[shift(c, m, nd, False)] |= F[rows].any(axis=0)[shift(c, m, nd, True)]
+                fj[shift(c, m, nd, src=False)] |= F[rows].any(axis=0)[shift(c, m, nd, src=True)]
     return bool((F[L] & cost_ok).any())
 
 
@@ -76,8 +76,8 @@ def latency_dp(t: Tables, bound: float) -> np.ndarray:
                 for m0 in np.nonzero(useful.any(axis=0))[0]:
                     rows = np.nonzero(useful[:, m0])[0]
                     add = lat[rows, m0].reshape((-1,) + (1,) * nd)
-                    cand = (f[rows][(slice(None),) + shift(c, m0 + 1, nd, True)] + add).min(axis=0)
-                    dst = best[shift(c, m0 + 1, nd, False)]
+                    cand = (f[rows][(slice(None),) + shift(c, m0 + 1, nd, src=True)] + add).min(axis=0)
+                    dst = best[shift(c, m0 + 1, nd, src=False)]
                     np.minimum(dst, cand, out=dst)
                 continue
             a0, mi = np.nonzero(useful)
@@ -100,7 +100,7 @@ def latency_dp(t: Tables, bound: float) -> np.ndarray:
     return f
 
 
-def backtrack(t: Tables, f: np.ndarray, bound: float, u: tuple[int, ...]) -> list[tuple[int, int, int, int]]:
+def backtrack(t: Tables, f: np.ndarray, bound: float, *, u: tuple[int, ...]) -> list[tuple[int, int, int, int]]:
     """Recover the splits (a, j, c, m) of the plan whose value is f[L, u]."""
     L, nd = f.shape[0] - 1, f.ndim - 1
     j, u = L, list(u)
@@ -150,7 +150,7 @@ class Found:
     latency: float
 
 
-def best_cell(t: Tables, f: np.ndarray, cost_grid: np.ndarray, cost_ok: np.ndarray, budget: float):
+def best_cell(t: Tables, f: np.ndarray, cost_grid: np.ndarray, *, cost_ok: np.ndarray, budget: float):
     ok = cost_ok & (f[-1] <= budget)
     if not ok.any():
         return None
@@ -167,8 +167,8 @@ def result_of(t: Tables, found: Found, ctx: SearchContext) -> PlannerResult:
     """The plan whose value is ``found``, priced."""
     stages = [StageCost(a, j, t.configs[c], m, float(t.batch_in[a - 1] / m), float(t.T[c][a - 1, j - 1, m - 1]),
                         float(t.tx[c][a - 1, j - 1, m - 1]), FORMS[int(t.form[c][a - 1, j - 1, m - 1])])
-              for a, j, c, m in backtrack(t, found.f, found.bound, found.cell)]
-    return make_result(stages, t.b0, {c: float(p) for c, p in zip(t.configs, t.prices)}, ctx,
+              for a, j, c, m in backtrack(t, found.f, found.bound, u=found.cell)]
+    return make_result(stages, t.b0, {c: float(p) for c, p in zip(t.configs, t.prices)}, ctx=ctx,
                        enabled_ramps=t.ramps, ramp_verdicts=t.verdicts)
 
 
@@ -178,7 +178,7 @@ def cost_ok_grid(t: Tables, cost_bound: float | None) -> np.ndarray:
     return np.ones_like(grid, dtype=bool) if cost_bound is None else grid <= cost_bound * (1 + REL) + 1e-12
 
 
-def solve_unpipelined(t: Tables, budget: float, cost_bound: float | None, max_cycle: float) -> Found | None:
+def solve_unpipelined(t: Tables, budget: float, cost_bound: float | None, *, max_cycle: float) -> Found | None:
     """Without pipelining the cycle is the pipeline latency itself: least latency within ``budget`` and
     ``max_cycle``, then least cost."""
     ok_cost = cost_ok_grid(t, cost_bound)
@@ -187,5 +187,5 @@ def solve_unpipelined(t: Tables, budget: float, cost_bound: float | None, max_cy
     if not ok.any():
         return None
     least = f[-1][ok].min()
-    got = best_cell(t, f, cost_grid(t), ok_cost, least * (1 + 1e-12))
+    got = best_cell(t, f, cost_grid(t), cost_ok=ok_cost, budget=least * (1 + 1e-12))
     return None if got is None else Found(np.inf, f, *got)

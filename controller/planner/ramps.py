@@ -97,7 +97,7 @@ def _verdict(latency: LatencyProfile, reach: np.ndarray, device: str, b0: float,
                        saving_ms=float(exits * per_input), cost_ms=float(cost))
 
 
-def judge_ramps(latency: LatencyProfile, batch: BatchProfile | Sequence[float], device: str, b0: float, *,
+def judge_ramps(latency: LatencyProfile, batch: BatchProfile | Sequence[float], device: str, *, b0: float,
                 ramps: Iterable[int] | None = None) -> tuple[RampVerdict, ...]:
     """Every candidate ramp's verdict on ``device`` at input batch ``b0`` (see the module docstring), in block
     order. ``ramps``: the candidates (default :func:`candidate_ramps`); blocks >= L are ignored."""
@@ -119,14 +119,14 @@ def judge_ramps(latency: LatencyProfile, batch: BatchProfile | Sequence[float], 
     return tuple(sorted([*verdicts.values(), *disabled.values()], key=lambda v: v.block))
 
 
-def ramps_worth_keeping(latency: LatencyProfile, batch: BatchProfile | Sequence[float], device: str, b0: float, *,
+def ramps_worth_keeping(latency: LatencyProfile, batch: BatchProfile | Sequence[float], device: str, *, b0: float,
                         ramps: Iterable[int] | None = None) -> tuple[int, ...]:
     """The exit-wrapper: the ramps (blocks, ascending) worth keeping on ``device`` at input batch ``b0``."""
-    return tuple(v.block for v in judge_ramps(latency, batch, device, b0, ramps=ramps) if v.kept)
+    return tuple(v.block for v in judge_ramps(latency, batch, device, b0=b0, ramps=ramps) if v.kept)
 
 
 def wrap_for_devices(latency: LatencyProfile, batch: BatchProfile | Sequence[float], devices: Iterable[str],
-                     b0: float, *, ramps: Iterable[int] | None = None
+                     *, b0: float, ramps: Iterable[int] | None = None
                      ) -> tuple[tuple[int, ...], tuple[RampVerdict, ...]]:
     """The planner's use of the wrapper when a plan may use several configurations: a ramp stays enabled
     unless every configuration disables it (one batch profile holds for the whole plan, so one set of
@@ -134,7 +134,7 @@ def wrap_for_devices(latency: LatencyProfile, batch: BatchProfile | Sequence[flo
     ``devices`` order) that keeps it, else the first one's."""
     devices = list(devices)
     per_device: Mapping[str, tuple[RampVerdict, ...]] = {
-        d: judge_ramps(latency, batch, d, b0, ramps=ramps) for d in devices}
+        d: judge_ramps(latency, batch, d, b0=b0, ramps=ramps) for d in devices}
     blocks = sorted({v.block for vs in per_device.values() for v in vs})
     chosen = []
     for k in blocks:

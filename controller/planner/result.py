@@ -98,7 +98,7 @@ class PlannerResult:
         return plan
 
 
-def make_result(stages: Sequence[StageCost], b0: int, prices: Mapping[str, float], ctx: SearchContext, *,
+def make_result(stages: Sequence[StageCost], b0: int, prices: Mapping[str, float], *, ctx: SearchContext,
                 enabled_ramps: Iterable[int] = (), ramp_verdicts: Sequence[RampVerdict] = ()) -> PlannerResult:
     """The result for priced ``stages`` at input batch ``b0`` (priced with ``enabled_ramps``, as the
     exit-wrapper's ``ramp_verdicts`` decided): its numbers come from E3's cost model."""

@@ -57,7 +57,7 @@ class _B0Search:
     def probe(self, i: int) -> None:
         """The exact latency DP at cands[i] (the reference's own test)."""
         f = latency_dp(self.t, float(self.cands[i]))
-        got = best_cell(self.t, f, self.cost_grid, self.cost_ok, self.budget)
+        got = best_cell(self.t, f, self.cost_grid, cost_ok=self.cost_ok, budget=self.budget)
         if got is None:
             self.lo = i + 1
         else:
@@ -207,18 +207,18 @@ def stock_baseline(latency: LatencyProfile, devices: Mapping[str, int], *, slo_m
     """Cost_baseline's plan: the cheapest one-split plan of the *stock* model (no ramps, no exits) on one
     configuration with instances whose throughput reaches ``rate_rps`` within SLO*(1-slack); if none reaches
     it, the one with the highest throughput (ties: cheaper); None if no stock plan meets the latency budget."""
-    res = check_inputs(latency, None, devices, slo_ms, slack, rate_rps)
+    res = check_inputs(latency, None, devices, slo_ms=slo_ms, slack=slack, rate_rps=rate_rps)
     ctx = SearchContext(rate_rps=rate_rps, latency_budget_ms=slo_ms * (1 - slack))
     reach = np.ones(latency.num_blocks)
     L = latency.num_blocks
     best, best_key = None, None
-    for b0 in (b0s if b0s is not None else b0_candidates(latency, res, rate_rps, ctx.latency_budget_ms)):
-        t = build_tables(latency, reach, res, int(b0), ramps=(), forms=(CONSTANT,), router=False)
+    for b0 in (b0s if b0s is not None else b0_candidates(latency, res, rate_rps, latency_budget_ms=ctx.latency_budget_ms)):
+        t = build_tables(latency, reach, res, b0=int(b0), ramps=(), forms=(CONSTANT,), router=False)
         for ci, c in enumerate(t.configs):
             T = t.T[ci][0, L - 1]                          # [m-1]
             for mi in np.nonzero(np.isfinite(T))[0]:
                 stage = StageCost(1, L, c, int(mi + 1), float(b0 / (mi + 1)), float(T[mi]), 0.0)
-                r = make_result((stage,), int(b0), {c: float(t.prices[ci])}, ctx)
+                r = make_result((stage,), int(b0), {c: float(t.prices[ci])}, ctx=ctx)
                 if r.latency_ms > ctx.latency_budget_ms * (1 + 1e-12):
                     continue
                 meets = r.throughput_rps >= rate_rps * (1 - REL)
@@ -250,7 +250,7 @@ def best_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str
     reach = np.asarray(batch.reach, dtype=float)
 
     def build(b0: int) -> Tables:
-        return plan_tables(latency, reach, res, int(b0), ctx)
+        return plan_tables(latency, reach, res, b0=int(b0), ctx=ctx)
 
     if pipelined:
         paid = () if exit_wrapper else ctx.ramp_blocks
@@ -260,7 +260,7 @@ def best_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str
         for b0 in cands:
             t = build(b0)
             max_cycle = math.inf if best is None else 1e3 * b0 / best.throughput_rps * (1 + 1e-9)
-            found = solve_unpipelined(t, ctx.latency_budget_ms - fill_ms(b0, rate_rps), ctx.cost_bound, max_cycle)
+            found = solve_unpipelined(t, ctx.latency_budget_ms - fill_ms(b0, rate_rps), ctx.cost_bound, max_cycle=max_cycle)
             if found is not None:
                 r = result_of(t, found, ctx)
                 if best is None or better(r, best):
@@ -280,11 +280,11 @@ def plan_context(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[
     """The search context (cost bound from alpha x the stock baseline unless given; forms, exit-wrapper and
     ramps as given), the B0 candidates and the checked devices
     (:func:`~e3.controller.planner.tables.check_inputs`)."""
-    res = check_inputs(latency, batch, devices, slo_ms, slack, rate_rps)
+    res = check_inputs(latency, batch, devices, slo_ms=slo_ms, slack=slack, rate_rps=rate_rps)
     forms = parse_forms(forms)
     ramps = candidate_ramps(latency, batch) if ramp_blocks is None else tuple(sorted({int(k) for k in ramp_blocks}))
     budget = slo_ms * (1 - slack)
-    cands = list(b0s) if b0s is not None else b0_candidates(latency, res, rate_rps, budget)
+    cands = list(b0s) if b0s is not None else b0_candidates(latency, res, rate_rps, latency_budget_ms=budget)
     notes: list[str] = []
     baseline_cost = None
     if cost_bound is None and alpha is not None:
@@ -322,7 +322,7 @@ def cheapest_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping
     reach = np.asarray(batch.reach, dtype=float)
     cheapest = math.inf
     for b0 in cands:
-        t = plan_tables(latency, reach, res, int(b0), ctx)
+        t = plan_tables(latency, reach, res, b0=int(b0), ctx=ctx)
         cycle = 1e3 * b0 / goodput_rps * (1 + 1e-12)
         f = latency_dp(t, cycle if pipelined else np.inf)
         ok = f[-1] <= budget - fill_ms(b0, rate) + 1e-9 * budget

@@ -55,7 +55,7 @@ def parse_forms(text: str | Sequence[str]) -> tuple[str, ...]:
 
 
 def check_inputs(latency: LatencyProfile, batch: BatchProfile | None, devices: Mapping[str, int],
-                 slo_ms: float, slack: float, rate_rps: float) -> dict[str, int]:
+                 *, slo_ms: float, slack: float, rate_rps: float) -> dict[str, int]:
     """The devices with a count > 0; raises :class:`PlannerError` naming what the planner cannot use."""
     unknown = sorted(set(devices) - set(latency.devices))
     if unknown:
@@ -75,7 +75,7 @@ def check_inputs(latency: LatencyProfile, batch: BatchProfile | None, devices: M
 
 
 def b0_candidates(latency: LatencyProfile, devices: Mapping[str, int], rate_rps: float,
-                  latency_budget_ms: float) -> list[int]:
+                  *, latency_budget_ms: float) -> list[int]:
     """Powers of two up to max measured batch x total devices whose fill time (B0-1)/R fits the budget."""
     top = latency.batch_sizes[-1] * max(1, sum(devices.values()))
     out, b = [], 1
@@ -101,7 +101,7 @@ class Tables:
     verdicts: tuple[RampVerdict, ...] = ()  # the exit-wrapper's verdicts at this B0 (empty: wrapper off)
 
 
-def build_tables(latency: LatencyProfile, reach: np.ndarray, devices: Mapping[str, int], b0: int, *,
+def build_tables(latency: LatencyProfile, reach: np.ndarray, devices: Mapping[str, int], *, b0: int,
                  ramps: Iterable[int] | None = None, forms: Sequence[str] = FORMS, router: bool = True,
                  verdicts: Sequence[RampVerdict] = ()) -> Tables:
     """One B0's table with the ramps ``ramps`` enabled (None: every ramp the profile prices, ``reach`` as
@@ -131,7 +131,7 @@ def build_tables(latency: LatencyProfile, reach: np.ndarray, devices: Mapping[st
                   all_ramps, tuple(verdicts))
 
 
-def plan_tables(latency: LatencyProfile, reach: np.ndarray, devices: Mapping[str, int], b0: int,
+def plan_tables(latency: LatencyProfile, reach: np.ndarray, devices: Mapping[str, int], *, b0: int,
                 ctx: SearchContext) -> Tables:
     """One B0's table as a search needs it: the exit-wrapper (when ``ctx.exit_wrapper``) picks the ramps of
     ``ctx.ramp_blocks`` worth keeping at this B0 on ``devices``, the table is priced with them and
@@ -139,5 +139,5 @@ def plan_tables(latency: LatencyProfile, reach: np.ndarray, devices: Mapping[str
     ramps = candidate_ramps(latency, reach) if ctx.ramp_blocks is None else ctx.ramp_blocks
     verdicts: tuple[RampVerdict, ...] = ()
     if ctx.exit_wrapper:
-        ramps, verdicts = wrap_for_devices(latency, reach, list(devices), b0, ramps=ramps)
-    return build_tables(latency, reach, devices, int(b0), ramps=ramps, forms=ctx.forms, verdicts=verdicts)
+        ramps, verdicts = wrap_for_devices(latency, reach, list(devices), b0=b0, ramps=ramps)
+    return build_tables(latency, reach, devices, b0=int(b0), ramps=ramps, forms=ctx.forms, verdicts=verdicts)
