@@ -364,7 +364,7 @@ def _bursts(url, systems: dict[str, str], pool, phases, qos_ms, settings, echo):
     rows = []
     for label in systems:
         lat, failed, which = (np.concatenate(x) for x in zip(*pooled[label]))
-        rows += [{"system": label, **row} for row in phase_latencies(lat, which, failed, phases, qos_ms)]
+        rows += [{"system": label, **row} for row in phase_latencies(lat, which, failed, phases=phases, qos_ms=qos_ms)]
     return rows, traces
 
 

@@ -348,7 +348,7 @@ def _bench_model(name: str, settings: GpuAdmissionSettings, echo) -> dict:
     burst = []
     for s, lb in shown.items():
         lat, failed, _ = run(lb, arrivals)
-        burst += [{"system": s, **r} for r in phase_latencies(lat, phase, failed, phases, qos)]
+        burst += [{"system": s, **r} for r in phase_latencies(lat, phase, failed, phases=phases, qos_ms=qos)]
     echo("; ".join(f"{r['system']} {r['phase']} p99 {r['p99_ms']:.2f}" for r in burst))
     return {"stock": name, "device": torch.cuda.get_device_name(), "device_label": device_label(torch.cuda.get_device_name()),
             "qos_ms": qos, "offline": offline, "capacity_ips": capacity, "rates": rates,
@@ -405,7 +405,7 @@ def gpu_admission_markdown(doc: dict, command: str) -> str:
     return "\n".join(out)
 
 
-def write_gpu_admission(doc: dict, out=None, command: str = "e3 bench admission --cuda", results_md=None) -> None:
+def write_gpu_admission(doc: dict, out=None, command: str = "e3 bench admission --cuda", *, results_md=None) -> None:
     """Write the run's JSON (default ``artifacts/results/admission_gpu.json``) and its section of
     ``docs/RESULTS.md`` (between its own markers; the rest of the file is left alone)."""
     from pathlib import Path

@@ -48,7 +48,7 @@ def burst_schedule(phases: Sequence[Phase], seed: int = 0) -> tuple[np.ndarray, 
     return np.concatenate(times), np.concatenate(labels)
 
 
-def phase_latencies(latency_ms: np.ndarray, phase: np.ndarray, failed: np.ndarray, phases: Sequence[Phase],
+def phase_latencies(latency_ms: np.ndarray, phase: np.ndarray, failed: np.ndarray, *, phases: Sequence[Phase],
                     qos_ms: float) -> list[dict]:
     """Per phase: requests, failed, p50 / p99 (ms) of the answered ones, and whether p99 <= ``qos_ms``
     with none failed."""

@@ -35,7 +35,7 @@ from e3.core.plan import CONSTANT, default_plan
 from e3.paths import artifacts_dir
 
 
-def run(model_name: str, cut: int, batch_size: int, concurrency: int, requests: int,
+def run(model_name: str, cut: int, batch_size: int, *, concurrency: int, requests: int,
         later_delay_us: int = 2_000_000) -> dict:
     """``later_delay_us``: the scheduler's longest wait at split 2. E3 §4 waits until the batch is full or
     the SLO forces it; survivors of bert-ee's split 1 (about 2 of 8 inputs per batch) need about four
@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the scheduler's longest wait for a full batch at split 2 (default 2000)")
     p.add_argument("--out", default=str(artifacts_dir() / "results" / "constant_batches.json"))
     args = p.parse_args(argv)
-    res = run(args.model, args.cut, args.batch_size, args.concurrency, args.requests,
-              int(args.later_delay_ms * 1000))
+    res = run(args.model, args.cut, args.batch_size, concurrency=args.concurrency, requests=args.requests,
+              later_delay_us=int(args.later_delay_ms * 1000))
     print(report(res))
     write_json_atomic(args.out, res)
     print(f"wrote {args.out}")

@@ -100,11 +100,11 @@ class Calibration:
         """The simulator's prediction for ``schedule`` on these profiles (WAA on RRA's before WAA has run)."""
         if schedule.kind == "waa":
             return predict_waa(self.waa or self.rra, prompt_tokens, lengths,
-                               (schedule.batch_size, schedule.micro_batches), self.waa_tail or self.rra_tail)
-        return predict(self.rra, prompt_tokens, lengths, (schedule.batch_size, schedule.decode_iters), self.rra_tail)
+                               schedule=(schedule.batch_size, schedule.micro_batches), latency_profile=self.waa_tail or self.rra_tail)
+        return predict(self.rra, prompt_tokens, lengths, schedule=(schedule.batch_size, schedule.decode_iters), latency_profile=self.rra_tail)
 
 
-def calibrate(http_url: str, grpc_url: str, door: str, lengths: LengthDistribution, prompt_tokens: int, vocab: int,
+def calibrate(http_url: str, grpc_url: str, door: str, *, lengths: LengthDistribution, prompt_tokens: int, vocab: int,
               batches: tuple[int, ...] = (16, 8, 4), phases: int = 3,
               rra_iters: tuple[int, ...] = (2,), waa_batches: tuple[int, ...] = (16, 4)) -> Calibration:
     """Pin static batches of ``batches`` and drive ``phases`` phases of each, so that the door times pure prefill
@@ -125,7 +125,7 @@ def calibrate(http_url: str, grpc_url: str, door: str, lengths: LengthDistributi
         runs.append((["waa", b, 1], phases * c, c))
     for sched, requests, concurrency in runs:
         control(http_url, door, {"schedule": sched})
-        run = drive(grpc_url, door, lengths, prompt_tokens, requests, concurrency, vocab,
+        run = drive(grpc_url, door, lengths, prompt_tokens=prompt_tokens, requests=requests, concurrency=concurrency, vocab=vocab,
                     seed=sched[1] * 100 + sched[2] + (50 if sched[0] == "waa" else 0))
         if run.errors:
             raise RuntimeError(f"calibration failed: {run.first_error}")
@@ -141,7 +141,7 @@ def calibrate(http_url: str, grpc_url: str, door: str, lengths: LengthDistributi
                        None if waa is None else LayerProfile.from_dict(status["waa_served_latency_profile"]))
 
 
-def measure(http_url: str, grpc_url: str, door: str, schedule: RraSchedule | WaaSchedule,
+def measure(http_url: str, grpc_url: str, door: str, *, schedule: RraSchedule | WaaSchedule,
             predicted_decode_batch: float, lengths: LengthDistribution, prompt_tokens: int, vocab: int, phases: int,
             seed: int = 0, measure_s: float | None = None) -> Run:
     """Pin ``schedule`` (RRA or WAA) on the door and drive it in a closed loop kept full (see
@@ -149,7 +149,7 @@ def measure(http_url: str, grpc_url: str, door: str, schedule: RraSchedule | Waa
     as a warm-up."""
     control(http_url, door, {"schedule": schedule.as_list()})
     c = concurrency_for(schedule.batch_size, predicted_decode_batch)
-    return drive(grpc_url, door, lengths, prompt_tokens, (phases + 1) * c, c, vocab, warmup=c, seed=seed,
+    return drive(grpc_url, door, lengths, prompt_tokens=prompt_tokens, requests=(phases + 1) * c, concurrency=c, vocab=vocab, warmup=c, seed=seed,
                  measure_s=measure_s)
 
 
@@ -182,7 +182,7 @@ def run_exegpt_bench(settings: ExegptBenchSettings = ExegptBenchSettings(), echo
     spec = EngineSpec.from_dict(json.loads((repo / f"{m}_generation.json").read_text()))
     lengths = _lengths(s)
     offline = _offline_profile(repo, spec)
-    door = export_exegpt_door(repo, s.model, offline, lengths, s.prompt_tokens, s.batch_sizes,
+    door = export_exegpt_door(repo, s.model, offline, lengths=lengths, prompt_tokens=s.prompt_tokens, batch_sizes=s.batch_sizes,
                               policy=ReplanPolicy(slack=s.slack), stop_at_eos=False)
     continuous = router_names(s.model)["continuous"]
     vocab = spec.vocab_size or 1000
@@ -193,13 +193,13 @@ def run_exegpt_bench(settings: ExegptBenchSettings = ExegptBenchSettings(), echo
                                     exit_timeout_s=10) as server:
         http, grpc = server.http_url, server.grpc_url
         echo("calibrating: the door times its own steps under pinned static batches, RRA and WAA ...")
-        cal = calibrate(http, grpc, door, lengths, s.prompt_tokens, vocab, s.calibration_batches,
-                        s.calibration_phases, waa_batches=s.calibration_waa_batches)
+        cal = calibrate(http, grpc, door, lengths=lengths, prompt_tokens=s.prompt_tokens, vocab=vocab, batches=s.calibration_batches,
+                        phases=s.calibration_phases, waa_batches=s.calibration_waa_batches)
         served, tail = cal.rra, cal.rra_tail
         results["served_profile"], results["served_latency_profile"] = served.to_dict(), tail.to_dict()
         if cal.waa is not None:
             results["waa_served_profile"] = cal.waa.to_dict()
-        floor = predict(served, s.prompt_tokens, lengths, (1, lengths.lengths[-1]), tail).latency_ms
+        floor = predict(served, s.prompt_tokens, lengths, schedule=(1, lengths.lengths[-1]), latency_profile=tail).latency_ms
         bounds = [round(f * floor) for f in s.factors] + ([math.inf] if s.unbounded else [])
         for bound in bounds:
             status = control(http, door, {"bound_ms": None if math.isinf(bound) else bound})
@@ -210,8 +210,8 @@ def run_exegpt_bench(settings: ExegptBenchSettings = ExegptBenchSettings(), echo
                                throughput_seq_s=plan["predicted_seq_s"], latency_ms=plan["predicted_latency_ms"])
             echo(f"bound {_b(bound)} ms: the door chose {_sched(chosen)} (profiles: RRA {status['profile']}, WAA "
                  f"{status['waa_profile']}); measuring ...")
-            run_c = measure(http, grpc, door, chosen, p_chosen.detail["decode_batch"], lengths, s.prompt_tokens,
-                            vocab, s.phases, measure_s=s.measure_s)
+            run_c = measure(http, grpc, door, schedule=chosen, predicted_decode_batch=p_chosen.detail["decode_batch"], lengths=lengths, prompt_tokens=s.prompt_tokens,
+                            vocab=vocab, phases=s.phases, measure_s=s.measure_s)
             row = {"bound_ms": None if math.isinf(bound) else bound, "feasible": status["feasible"],
                    "chosen": _measured(chosen, p_chosen, run_c)}
             other = "waa" if chosen.kind == "rra" else "rra"
@@ -229,22 +229,22 @@ def run_exegpt_bench(settings: ExegptBenchSettings = ExegptBenchSettings(), echo
                     p_alt = cal.predict(alt, s.prompt_tokens, lengths)
                     echo(f"  no {other.upper()} schedule is predicted to meet the bound; its lowest-latency one, "
                          f"{_sched(alt)}; measuring ...")
-                run_a = measure(http, grpc, door, alt, p_alt.detail["decode_batch"], lengths, s.prompt_tokens,
-                                vocab, s.phases, measure_s=s.measure_s)
+                run_a = measure(http, grpc, door, schedule=alt, predicted_decode_batch=p_alt.detail["decode_batch"], lengths=lengths, prompt_tokens=s.prompt_tokens,
+                                vocab=vocab, phases=s.phases, measure_s=s.measure_s)
                 row["other"] = {**_measured(alt, p_alt, run_a), "predicted_feasible": cand is not None}
             net = bound * (1 - s.slack)
-            p_static = best_static(served, s.prompt_tokens, lengths, net, s.batch_sizes, latency_profile=tail)
+            p_static = best_static(served, s.prompt_tokens, lengths, bound_ms=net, batch_sizes=s.batch_sizes, latency_profile=tail)
             if p_static is not None:
                 st = RraSchedule(*p_static.config)
                 echo(f"  static batch B={st.batch_size}; measuring ...")
-                run_s = measure(http, grpc, door, st, p_static.detail["decode_batch"], lengths, s.prompt_tokens,
-                                vocab, s.phases, measure_s=s.measure_s)
+                run_s = measure(http, grpc, door, schedule=st, predicted_decode_batch=p_static.detail["decode_batch"], lengths=lengths, prompt_tokens=s.prompt_tokens,
+                                vocab=vocab, phases=s.phases, measure_s=s.measure_s)
                 row["static"] = _measured(st, p_static, run_s)
             results["rows"].append(row)
             _save(s, results)   # a run cut short keeps the rows measured so far
         echo(f"continuous batching ({continuous}, max_active {s.max_active}, no bound); measuring ...")
         c = concurrency_for(s.max_active, s.max_active)
-        run = drive(grpc, continuous, lengths, s.prompt_tokens, (s.phases + 1) * c, c, vocab, warmup=c,
+        run = drive(grpc, continuous, lengths, prompt_tokens=s.prompt_tokens, requests=(s.phases + 1) * c, concurrency=c, vocab=vocab, warmup=c,
                     measure_s=s.measure_s)
         results["continuous"] = {"max_active": s.max_active, **run.to_dict()}
         results["door_status"] = control(http, door, {})
@@ -270,8 +270,8 @@ def _offline_profile(repo: Path, spec) -> LayerProfile:
     first, last = spec.ranges[-1]
     onnx = repo / f"{spec.model}_split_{first}-{last}" / "1" / "model.onnx"
     per_layer = cached_profile(onnx, last - first + 1, last,
-                               artifacts_dir() / "generation" / "exegpt" / f"{spec.model}_profile.json",
-                               ProfileSettings(), progress=False, final_head=True).fitted()
+                               cache=artifacts_dir() / "generation" / "exegpt" / f"{spec.model}_profile.json",
+                               settings=ProfileSettings(), progress=False, final_head=True).fitted()
     L = per_layer.num_layers
     return LayerProfile(1, per_layer.prefill_tokens, tuple(L * v for v in per_layer.prefill_ms),
                         per_layer.decode_batch, tuple(L * v + per_layer.head_call_ms(b)
@@ -400,4 +400,4 @@ def write_results_section(path: Path, results: dict) -> None:
             f"latency of a static batch of one{', and none' if s.get('unbounded', True) else ''}; each run "
             f"measured over at most {s['measure_s']:.0f} s after a warm-up as large as its concurrency.\n")
     from e3.benchmarks.report import write_section
-    write_section(path, BEGIN, END, f"{head}\n{format_tables(results)}")
+    write_section(path, BEGIN, END, section=f"{head}\n{format_tables(results)}")

@@ -84,7 +84,7 @@ def load_workload(path: Path) -> tuple[list[int], list[int]]:
     return ramps, switches
 
 
-def replay_windows(ramps: list[int], window_inputs: int, num_blocks: int, batch_size: int):
+def replay_windows(ramps: list[int], window_inputs: int, num_blocks: int, *, batch_size: int):
     """Per-window batch profiles, built by diffing cumulative router counters like live telemetry."""
     reached = np.zeros(num_blocks + 1)
     exited = np.zeros(num_blocks + 1)
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             ap.error(str(err))
 
-    observed = replay_windows(ramps, args.window_inputs, L, args.batch_size)
+    observed = replay_windows(ramps, args.window_inputs, L, batch_size=args.batch_size)
     if len(observed) < 2:
         ap.error(f"{len(ramps)} inputs make {len(observed)} windows of {args.window_inputs}; need at least 2")
     results = {}

@@ -105,7 +105,7 @@ def _cost(exit_layers: list[int], config, calm: bool) -> float:
     return statistics.mean(per) if per else 0.0
 
 
-def engine_tokens(spec, files, prompts, new_tokens, mode, tau, draft_tokens=4):
+def engine_tokens(spec, files, prompts, *, new_tokens, mode, tau, draft_tokens=4):
     from e3.generation.engine import GenerationEngine, GenRequest, OrtRunner
     engine = GenerationEngine(spec, OrtRunner(files))
     for i, p in enumerate(prompts):
@@ -150,11 +150,11 @@ def run_generate_bench(settings: GenerateBenchSettings = GenerateBenchSettings()
                      "head_layer_equivalents": layer_costs(model.config)[0]}
 
     echo(f"quality: {len(prompts)} prompts x {s.new_tokens} tokens, in-process engine over the served splits")
-    full, stats = engine_tokens(spec, files, prompts, s.new_tokens, "full", 2.0)
+    full, stats = engine_tokens(spec, files, prompts, new_tokens=s.new_tokens, mode="full", tau=2.0)
     full_tokens = [f.tokens for f in full]
     rows = [("full", None, full, stats)]
     for tau in s.taus:
-        rows.append(("calm", tau, *engine_tokens(spec, files, prompts, s.new_tokens, "calm", tau)))
+        rows.append(("calm", tau, *engine_tokens(spec, files, prompts, new_tokens=s.new_tokens, mode="calm", tau=tau)))
     for kind, tau, got, stats in rows:
         exits_at = [e for f in got for e in f.exit_layers[1:]]
         row = {"system": kind, "tau": tau,
@@ -296,4 +296,4 @@ def _reading(results: dict) -> list[str]:
 def write_results_section(path: Path, results: dict) -> None:
     """Replace (or append) this benchmark's section of ``path``, between its markers; the rest is kept."""
     from e3.benchmarks.report import write_section
-    write_section(path, BEGIN, END, f"## Early-exit generation (issue 14)\n\n{format_tables(results)}")
+    write_section(path, BEGIN, END, section=f"## Early-exit generation (issue 14)\n\n{format_tables(results)}")

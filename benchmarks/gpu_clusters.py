@@ -226,7 +226,7 @@ def start_inflight(settings: GpuSimSettings, gpus: int) -> int:
     return max(64, settings.inflight_start * gpus // settings.gpus)
 
 
-def saturate(run: Callable[[Arrivals], SimResult], batch: int, settings: GpuSimSettings, start: int | None = None
+def saturate(run: Callable[[Arrivals], SimResult], batch: int, settings: GpuSimSettings, *, start: int | None = None
              ) -> tuple[SimResult, list[tuple[int, float]]]:
     """Run a closed loop at doubling loads from ``start`` inputs in flight (default ``inflight_start``)
     until goodput stops rising (module docstring); the best result and every level's (inputs in flight,
@@ -245,7 +245,7 @@ def saturate(run: Callable[[Arrivals], SimResult], batch: int, settings: GpuSimS
 
 
 def plan_for(latency: LatencyProfile, batch_profile: BatchProfile, devices: Mapping[str, int],
-             settings: GpuSimSettings, *, exit_rule: Mapping | None = None,
+             *, settings: GpuSimSettings, exit_rule: Mapping | None = None,
              ramp_blocks: Sequence[int] | None = None, forms: Sequence[str] | None = None) -> Plan:
     """The planner's best plan for ``devices`` (no cost bound), served with the bench's SLO; ``forms``:
     the split forms it may choose (None: both). With the router's work beside the GPUs
@@ -304,7 +304,7 @@ def _cost(latency: LatencyProfile, devices: Mapping[str, int]) -> float:
     return float(sum(latency.devices[d].price * n for d, n in devices.items()))
 
 
-def simulate_e3(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, batch: int,
+def simulate_e3(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, *, batch: int,
                 settings: GpuSimSettings) -> Cell:
     """E3 serving ``plan`` at saturation; the router's work on ``settings.host_cores`` of the plan's GPUs."""
     device = plan.splits[0].device
@@ -316,12 +316,12 @@ def simulate_e3(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, batc
                            hop_fixed_latency=settings.hop_fixed_latency)
     best, sweep = saturate(lambda a: simulate_plan(latency, plan, exit_ramp, arrivals=a, device=device,
                                                    slo_ms=settings.slo_ms, costs=costs), batch, settings,
-                           start_inflight(settings, sum(used.values())))
+                           start=start_inflight(settings, sum(used.values())))
     return Cell("e3", batch, best.goodput_ips, best.p99_ms, describe_plan(plan), sweep, _cluster(used),
                 _cost(latency, used), plan.predicted.get("throughput_rps", float("nan")))
 
 
-def best_baseline(latency: LatencyProfile, kind: str, device: str, gpus: int, exit_ramp: np.ndarray, batch: int,
+def best_baseline(latency: LatencyProfile, kind: str, device: str, *, gpus: int, exit_ramp: np.ndarray, batch: int,
                   settings: GpuSimSettings) -> Cell:
     """``kind`` ("stock" | "ee") on ``gpus`` x ``device``, one instance per GPU, in the grid configuration
     with the highest goodput at saturation (each configuration saturated on its own)."""
@@ -333,7 +333,7 @@ def best_baseline(latency: LatencyProfile, kind: str, device: str, gpus: int, ex
 
     choices = [Baseline(kind, instances=gpus, max_batch=b, preferred=b, delay_us=d) for b, d in baseline_grid(settings)]
     start = start_inflight(settings, gpus)
-    scored = [(saturate(run(base), batch, settings, start), -i, base) for i, base in enumerate(choices)]
+    scored = [(saturate(run(base), batch, settings, start=start), -i, base) for i, base in enumerate(choices)]
     (best, sweep), _, chosen = max(scored, key=lambda x: (x[0][0].goodput_ips, x[1]))
     config = f"{gpus} inst, max batch {chosen.max_batch}, delay {chosen.delay_us} us"
     return Cell(kind, batch, best.goodput_ips, best.p99_ms, config, sweep, f"{gpus} x {device}",
@@ -341,17 +341,17 @@ def best_baseline(latency: LatencyProfile, kind: str, device: str, gpus: int, ex
 
 
 def goodput_vs_batch(latency: LatencyProfile, batch_profile: BatchProfile, exit_ramp: np.ndarray,
-                     settings: GpuSimSettings, *, progress: Callable[[str], None] | None = None,
+                     *, settings: GpuSimSettings, progress: Callable[[str], None] | None = None,
                      plan_kw: Mapping | None = None) -> tuple[list[Cell], Plan]:
     """(1): stock, naive EE and E3 on ``settings.gpus`` x ``settings.device`` per request size."""
-    plan = plan_for(latency, batch_profile, {settings.device: settings.gpus}, settings, **(plan_kw or {}))
+    plan = plan_for(latency, batch_profile, {settings.device: settings.gpus}, settings=settings, **(plan_kw or {}))
     cells = []
     for batch in settings.batches:
         for system in ("e3", "stock", "ee"):
             if system == "e3":
-                cell = simulate_e3(latency, plan, exit_ramp, batch, settings)
+                cell = simulate_e3(latency, plan, exit_ramp, batch=batch, settings=settings)
             else:
-                cell = best_baseline(latency, system, settings.device, settings.gpus, exit_ramp, batch, settings)
+                cell = best_baseline(latency, system, settings.device, gpus=settings.gpus, exit_ramp=exit_ramp, batch=batch, settings=settings)
             cells.append(cell)
             if progress:
                 progress(f"batch {batch} {system}: {cell.goodput_ips:,.0f} inputs/s")
@@ -359,7 +359,7 @@ def goodput_vs_batch(latency: LatencyProfile, batch_profile: BatchProfile, exit_
 
 
 def clusters_at_budget(latency: LatencyProfile, budget_per_hour: float, types: Sequence[str],
-                       max_per_type: int = 64) -> list[dict[str, int]]:
+                       *, max_per_type: int = 64) -> list[dict[str, int]]:
     """Fig. 13's clusters: each GPU type alone, as many as the budget buys, and every pair of types
     splitting the budget in half (as many of each as its half buys, the rest of the budget spent on the
     cheaper type). Clusters of fewer than 1 GPU of a type are left out."""
@@ -380,17 +380,17 @@ def clusters_at_budget(latency: LatencyProfile, budget_per_hour: float, types: S
 
 
 def heterogeneity(latency: LatencyProfile, batch_profile: BatchProfile, exit_ramp: np.ndarray,
-                  settings: GpuSimSettings, *, progress: Callable[[str], None] | None = None,
+                  *, settings: GpuSimSettings, progress: Callable[[str], None] | None = None,
                   plan_kw: Mapping | None = None) -> dict:
     """(2a) Fig. 13: goodput of E3 (and the baselines on homogeneous clusters) at one hourly budget."""
     budget = settings.budget_gpus * latency.devices[settings.device].price
     rows = []
-    for devices in clusters_at_budget(latency, budget, settings.hetero_types, settings.max_per_type):
-        plan = plan_for(latency, batch_profile, devices, settings, **(plan_kw or {}))
-        cells = [simulate_e3(latency, plan, exit_ramp, settings.hetero_batch, settings)]
+    for devices in clusters_at_budget(latency, budget, settings.hetero_types, max_per_type=settings.max_per_type):
+        plan = plan_for(latency, batch_profile, devices, settings=settings, **(plan_kw or {}))
+        cells = [simulate_e3(latency, plan, exit_ramp, batch=settings.hetero_batch, settings=settings)]
         if len(devices) == 1:
             (device, n), = devices.items()
-            cells += [best_baseline(latency, kind, device, n, exit_ramp, settings.hetero_batch, settings)
+            cells += [best_baseline(latency, kind, device, gpus=n, exit_ramp=exit_ramp, batch=settings.hetero_batch, settings=settings)
                       for kind in ("stock", "ee")]
         rows.append({"cluster": _cluster(devices), "cost_per_hour": _cost(latency, devices),
                      "cells": [c.to_dict() for c in cells]})
@@ -403,13 +403,13 @@ def _fewest_gpus(latency: LatencyProfile, kind: str, device: str, exit_ramp: np.
                  settings: GpuSimSettings, probe_gpus: int = 4) -> Cell | None:
     """The fewest ``device`` GPUs on which baseline ``kind`` reaches ``target`` goodput (None: not within
     ``settings.max_per_type``)."""
-    probe = best_baseline(latency, kind, device, probe_gpus, exit_ramp, settings.hetero_batch, settings)
+    probe = best_baseline(latency, kind, device, gpus=probe_gpus, exit_ramp=exit_ramp, batch=settings.hetero_batch, settings=settings)
     if probe.goodput_ips <= 0:
         return None
     n = max(1, math.ceil(target / (probe.goodput_ips / probe_gpus)))
     tried: dict[int, Cell] = {}
     while 1 <= n <= settings.max_per_type and n not in tried:
-        cell = tried[n] = best_baseline(latency, kind, device, n, exit_ramp, settings.hetero_batch, settings)
+        cell = tried[n] = best_baseline(latency, kind, device, gpus=n, exit_ramp=exit_ramp, batch=settings.hetero_batch, settings=settings)
         if cell.goodput_ips >= target:
             if n - 1 in tried or n == 1:
                 return cell
@@ -442,8 +442,8 @@ def _cheapest(latency: LatencyProfile, batch_profile: BatchProfile, devices: Map
     return min(found, key=lambda r: (r.cost, -r.throughput_rps))
 
 
-def cost_at_goodput(latency: LatencyProfile, batch_profile: BatchProfile, exit_ramp: np.ndarray, target_ips: float,
-                    settings: GpuSimSettings, *, progress: Callable[[str], None] | None = None,
+def cost_at_goodput(latency: LatencyProfile, batch_profile: BatchProfile, exit_ramp: np.ndarray, *, target_ips: float,
+                    settings: GpuSimSettings, progress: Callable[[str], None] | None = None,
                     plan_kw: Mapping | None = None) -> dict:
     """(2b) Figs. 14-15: the cheapest cluster reaching ``target_ips`` for E3 (the planner's
     ``cheapest_plan`` over ``hetero_types``, then simulated) and for each baseline (per GPU type).
@@ -466,7 +466,7 @@ def cost_at_goodput(latency: LatencyProfile, batch_profile: BatchProfile, exit_r
                               exit_rule=dict(kw.get("exit_rule") or {"kind": "entropy", "tau_nats": 0.0}),
                               ramp_blocks=list(kw.get("ramp_blocks") or latency.ramp_blocks()),
                               slo_ms=settings.slo_ms, slack=settings.slack)
-        cell = simulate_e3(latency, plan, exit_ramp, settings.hetero_batch, settings)
+        cell = simulate_e3(latency, plan, exit_ramp, batch=settings.hetero_batch, settings=settings)
         attempts.append({"asked_ips": target_ips * factor, "cluster": cell.cluster, "goodput_ips": cell.goodput_ips})
         if cell.goodput_ips >= target_ips:
             rows.append({"system": "e3", "gpu": "any", **cell.to_dict(), "reaches": True, "attempts": attempts})
@@ -558,7 +558,7 @@ def goodput_ratios(cells: Sequence[Cell], batches: Sequence[int]) -> dict[str, d
     return ratios
 
 
-def results_document(settings: GpuSimSettings, latency: LatencyProfile, cells: Sequence[Cell], plan: Plan,
+def results_document(settings: GpuSimSettings, latency: LatencyProfile, cells: Sequence[Cell], *, plan: Plan,
                      hetero: Mapping | None, cost: Mapping | None, **extra) -> dict:
     """``artifacts/results/gpu_sim.json``: every figure, with MODELLED and the profile's source."""
     ratios = goodput_ratios(cells, settings.batches)

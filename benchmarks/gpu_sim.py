@@ -95,10 +95,10 @@ def _sensitivity(modelled, batch_profile, exit_ramp, settings, plan_kw, echo) ->
         if scale != 1.0:
             lat = copy.deepcopy(lat)
             lat.router_ms = {d: [x * scale for x in ys] for d, ys in lat.router_ms.items()}
-        plan = plan_for(lat, batch_profile, {st.device: st.gpus}, st, forms=forms, **plan_kw)
-        e3 = simulate_e3(lat, plan, exit_ramp, st.hetero_batch, st)
+        plan = plan_for(lat, batch_profile, {st.device: st.gpus}, settings=st, forms=forms, **plan_kw)
+        e3 = simulate_e3(lat, plan, exit_ramp, batch=st.hetero_batch, settings=st)
         if gbit not in baselines:   # the baselines see only the link (their inputs' copy)
-            baselines[gbit] = [best_baseline(lat, k, st.device, st.gpus, exit_ramp, st.hetero_batch, st)
+            baselines[gbit] = [best_baseline(lat, k, st.device, gpus=st.gpus, exit_ramp=exit_ramp, batch=st.hetero_batch, settings=st)
                                for k in ("stock", "ee")]
         stock, ee = baselines[gbit]
         rows.append({"variant": label, "plan": describe_plan(plan), "predicted_ips": e3.predicted_ips,
@@ -148,7 +148,7 @@ def _sensitivity_table(rows) -> str:
 
 
 def run_gpu_bench(quick: bool = False, model: str = "bert-ee", mix: tuple[int, int] = (80, 20),
-                  out: Path | None = None, results_md: Path | None = None, figure: Path | None = None,
+                  *, out: Path | None = None, results_md: Path | None = None, figure: Path | None = None,
                   docs: bool = True, echo: Callable[[str], None] = print) -> dict:
     """Run every GPU simulation (module docstring); returns the results document."""
     from e3.benchmarks.report import commit
@@ -164,16 +164,16 @@ def run_gpu_bench(quick: bool = False, model: str = "bert-ee", mix: tuple[int, i
     cluster = f"{settings.gpus} x {settings.device}"
     echo(f"[gpu] MODELLED profiles ({', '.join(MODELLED_GPUS)}), {model} {mix[0]}:{mix[1]}, {cluster}"
          + (" (quick)" if quick else ""))
-    cells, plan = goodput_vs_batch(latency, batch_profile, exit_ramp, settings, progress=say, plan_kw=plan_kw)
-    hetero = heterogeneity(latency, batch_profile, exit_ramp, settings, progress=lambda m: echo(f"[fixed cost] {m}"),
+    cells, plan = goodput_vs_batch(latency, batch_profile, exit_ramp, settings=settings, progress=say, plan_kw=plan_kw)
+    hetero = heterogeneity(latency, batch_profile, exit_ramp, settings=settings, progress=lambda m: echo(f"[fixed cost] {m}"),
                            plan_kw=plan_kw)
     e3_at = next(c for c in cells if c.system == "e3" and c.batch == settings.hetero_batch) \
         if settings.hetero_batch in settings.batches else cells[0]
     target = round(settings.goodput_share * e3_at.goodput_ips, -3)
-    cost = cost_at_goodput(latency, batch_profile, exit_ramp, target, settings,
+    cost = cost_at_goodput(latency, batch_profile, exit_ramp, target_ips=target, settings=settings,
                            progress=lambda m: echo(f"[fixed goodput] {m}"), plan_kw=plan_kw)
     sensitivity = _sensitivity(modelled, batch_profile, exit_ramp, settings, plan_kw, echo)
-    doc = results_document(settings, latency, cells, plan, hetero, cost, commit=commit(), quick=quick,
+    doc = results_document(settings, latency, cells, plan=plan, hetero=hetero, cost=cost, commit=commit(), quick=quick,
                            mix=f"{mix[0]}:{mix[1]}", sensitivity=sensitivity,
                            seconds=round(time.monotonic() - started, 1))
     out = out or artifacts_dir() / "results" / "gpu_sim.json"
@@ -268,7 +268,7 @@ def run_gpu_bench(quick: bool = False, model: str = "bert-ee", mix: tuple[int, i
 MEASURED_BEGIN, MEASURED_END = "<!-- gpu-measured:begin -->", "<!-- gpu-measured:end -->"
 
 
-def beside_table(measured: list, modelled, block: int = 2, batches=(1, 8, 32, 64)) -> str:
+def beside_table(measured: list, modelled, block: int = 2, *, batches=(1, 8, 32, 64)) -> str:
     """Block ``block``'s latency and the stock graph's (ms) at ``batches`` on every measured profile's device
     and on every modelled GPU, one row each: the measured curves beside the modelled ones. Pure."""
     def at(profile, dev, curve, b):
@@ -292,7 +292,7 @@ def beside_table(measured: list, modelled, block: int = 2, batches=(1, 8, 32, 64
 
 
 def run_measured_gpu_bench(profile_path: Path, quick: bool = False, model: str = "bert-ee",
-                           mix: tuple[int, int] = (80, 20), beside: tuple[Path, ...] = (), docs: bool = True,
+                           *, mix: tuple[int, int] = (80, 20), beside: tuple[Path, ...] = (), docs: bool = True,
                            echo: Callable[[str], None] = print) -> dict:
     """`e3 bench gpu --measured PROFILE`: goodput against inputs per request for E3, stock and naive EE on 16
     GPUs of the profile's MEASURED device (``e3 profile --cuda``), simulated as the modelled run is (same
@@ -316,7 +316,7 @@ def run_measured_gpu_bench(profile_path: Path, quick: bool = False, model: str =
     batch_profile, exit_ramp, plan_kw = _workload(model, mix, echo)
     cluster = f"{settings.gpus} x {device}"
     echo(f"[gpu measured] {device} from {profile_path}, {model} {mix[0]}:{mix[1]}, {cluster}")
-    cells, plan = goodput_vs_batch(measured, batch_profile, exit_ramp, settings, plan_kw=plan_kw,
+    cells, plan = goodput_vs_batch(measured, batch_profile, exit_ramp, settings=settings, plan_kw=plan_kw,
                                    progress=lambda m: echo(f"[goodput vs batch, {device}] {m}"))
     ratios = goodput_ratios(cells, settings.batches)
     doc = {"commit": commit(), "quick": quick, "device": device, "profile": str(profile_path),

@@ -141,7 +141,7 @@ def run_helios_bench(settings: HeliosBenchSettings = HeliosBenchSettings(), echo
             spec = EngineSpec.from_dict(json.loads((repo / f"{s.models[0].replace('-', '_')}_generation.json")
                                                    .read_text()))
             echo(f"the full model's greedy tokens for {len(prompts)} prompts (in-process, the same splits) ...")
-            full, _ = engine_tokens(spec, onnx_files(repo, spec), prompts, s.new_tokens, "full", 2.0)
+            full, _ = engine_tokens(spec, onnx_files(repo, spec), prompts, new_tokens=s.new_tokens, mode="full", tau=2.0)
             full_tokens = [f.tokens for f in full]
         echo(f"serving on one tritonserver ({budget}); {len(prompts)} prompts, {s.clients} clients, tau {tau}")
         results["runs"].append({"tau": tau, "systems": _serve_all(s, repo, doors, prompts, full_tokens, echo)})
@@ -238,4 +238,4 @@ def write_results_section(path: Path, results: dict) -> None:
     """Replace (or append) this benchmark's section of ``path``, between its markers; the rest is kept."""
     from e3.benchmarks.report import write_section
     write_section(path, BEGIN, END,
-                  f"## HELIOS: candidates, partial loading, breach counter (issue 15)\n\n{format_tables(results)}")
+                  section=f"## HELIOS: candidates, partial loading, breach counter (issue 15)\n\n{format_tables(results)}")

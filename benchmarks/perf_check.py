@@ -88,7 +88,7 @@ def perf_input_document(pool: Mapping[str, np.ndarray], rows: int | None = None)
                       for name, x in pool.items()} for i in range(rows)]}
 
 
-def perf_arguments(url: str, model: str, batch: int, concurrency: int, input_data: str | Path, *,
+def perf_arguments(url: str, model: str, batch: int, *, concurrency: int, input_data: str | Path,
                    csv_path: str | Path | None = None, protocol: str = "http", window_requests: int = 50,
                    windows: int = 3) -> list[str]:
     """perf_analyzer's arguments for one measurement (what follows ``e3 perf --``): ``concurrency`` requests

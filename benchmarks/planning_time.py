@@ -65,7 +65,7 @@ def _reference():
     return reference_best_plan
 
 
-def run_case(layers: int, devices: int, n_configs: int, repeats: int, reference: bool = False) -> dict:
+def run_case(layers: int, devices: int, n_configs: int, *, repeats: int, reference: bool = False) -> dict:
     configs = list(GPU_SHAPES)[:n_configs]
     lat, batch = synthetic_profile(layers, configs), synthetic_batch(layers)
     res = split_devices(devices, configs)
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'layers':>6} {'devices':>7} {'configs':>7} {'seconds':>8} {'splits':>6} {'B0':>5} "
           f"{'thr (in/s)':>11} {'lat ms':>7} {'cost':>7}")
     for layers, devices, n_configs in grid:
-        row = run_case(layers, devices, n_configs, args.repeats, args.reference)
+        row = run_case(layers, devices, n_configs, repeats=args.repeats, reference=args.reference)
         rows.append(row)
         print(f"{layers:>6} {devices:>7} {n_configs:>7} {row['seconds_median']:>8.3f} {row['splits']:>6} "
               f"{row['input_batch_size']:>5} {row['throughput_rps']:>11.0f} {row['latency_ms']:>7.1f} "

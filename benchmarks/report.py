@@ -95,7 +95,7 @@ def replace_between(document: str, begin: str, end: str, section: str, name: str
     return head + block + tail
 
 
-def write_section(path, begin: str, end: str, section: str) -> None:
+def write_section(path, begin: str, end: str, *, section: str) -> None:
     """Replace (or append) the section between ``begin`` and ``end`` in the file ``path``, atomically; the rest
     of the file is kept."""
     from pathlib import Path

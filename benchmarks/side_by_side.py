@@ -123,7 +123,7 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
     table = format_rows(rows, settings.cores, ideal)
     echo("")
     echo(table)
-    doc = results_document(name, settings.cores, ideal, rows, commit=commit(),
+    doc = results_document(name, settings.cores, ideal, rows=rows, commit=commit(),
                            plans={mix_label(mix): plan.to_dict() for mix, plan in plans.items()},
                            baseline_configs={k: {str(b): c.describe() for b, c in v.items()}
                                              for k, v in baseline_choice.items()},
@@ -136,7 +136,7 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
     return doc
 
 
-def machine_plan(name: str, cores: int, mix: tuple[int, int] = (50, 50), echo=print) -> Plan:
+def machine_plan(name: str, cores: int, mix: tuple[int, int] = (50, 50), *, echo=print) -> Plan:
     """The planner's plan for zoo model ``name`` on this machine's ``cores`` for one workload mix: what
     `e3 demo` serves (the measured latency profile and the mix's batch profile, measured or built when
     missing)."""
@@ -321,7 +321,7 @@ def _perf_measure(url: str, plan: Plan, wl: dict, data: Path, settings: PerfSett
     from e3.benchmarks.perf_check import PerfCheck, perf_arguments, read_perf_csv, steady_ips
     check = PerfCheck(router_name(plan.model), settings.batch, settings.concurrency)
     check.command = "e3 perf -- " + " ".join(perf_arguments(
-        "localhost:8000", check.model, settings.batch, settings.concurrency, data,
+        "localhost:8000", check.model, settings.batch, concurrency=settings.concurrency, input_data=data,
         window_requests=settings.window_requests, windows=settings.windows))
     with TritonControl(url) as control:
         _switch(control, plan)
@@ -337,7 +337,7 @@ def _perf_measure(url: str, plan: Plan, wl: dict, data: Path, settings: PerfSett
             check.loadgen_ips.append(steady_ips(records))
             check.loadgen_whole_ips.append(sum(rec.inputs for rec in records) / wall)
             report = Path(tmp) / f"perf-{r}.csv"
-            args = perf_arguments(url, check.model, settings.batch, settings.concurrency, data, csv_path=report,
+            args = perf_arguments(url, check.model, settings.batch, concurrency=settings.concurrency, input_data=data, csv_path=report,
                                   window_requests=settings.window_requests, windows=settings.windows)
             done = subprocess.run([perf_analyzer_binary(), *args], env=tool_env(), capture_output=True, text=True,
                                   timeout=600)
@@ -398,7 +398,7 @@ def run_perf_check(settings: PerfSettings = PerfSettings(), echo=print) -> dict:
     return _perf_document(plan, settings, check, echo)
 
 
-def run_evaluation(quick: bool = False, model: str = "bert-ee", results_md: Path | None = None, echo=print) -> dict:
+def run_evaluation(quick: bool = False, model: str = "bert-ee", results_md: Path | None = None, *, echo=print) -> dict:
     """`e3 bench`: goodput against inputs per request for E3, stock and naive EE on one server at equal
     cores (the side-by-side, its JSON in ``artifacts/results/bench_side_by_side.json``), the simulator
     validated against those runs (``artifacts/results/simulator_validation.json``), both written as

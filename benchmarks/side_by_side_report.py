@@ -101,7 +101,7 @@ def baseline_configs(cores: int, delays_us: Sequence[int] = (0, 2000)) -> list[B
     return [BaselineConfig(i, cores // i, d) for i in range(1, cores + 1) if cores % i == 0 for d in delays_us]
 
 
-def ideal_speedup(latency: LatencyProfile, reach: Sequence[float], batch: int, device: str = "cpu",
+def ideal_speedup(latency: LatencyProfile, reach: Sequence[float], batch: int, *, device: str = "cpu",
                   enabled_ramps: Sequence[int] | None = None) -> float:
     """Stock per-input compute over expected early-exit per-input compute (DESIGN §5, "the limit").
 
@@ -157,7 +157,7 @@ def _x(v: float) -> str:
     return "-" if v is None or math.isnan(v) else f"{v:.2f}x"
 
 
-def results_document(model: str, cores: int, ideal: dict[str, float], rows: Sequence[Row], **extra) -> dict:
+def results_document(model: str, cores: int, ideal: dict[str, float], *, rows: Sequence[Row], **extra) -> dict:
     """The JSON document ``artifacts/results/side_by_side.json`` holds (``extra``: plans, commit, ...)."""
     def clean(v):
         if isinstance(v, tuple):

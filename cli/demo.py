@@ -57,7 +57,7 @@ def run_demo(repo: Path, settings: DemoSettings = DemoSettings(), echo=print) ->
         echo(f"      {name} trained in {report.seconds / 60:.1f} min")
     model = resolve_model(settings.model)
     export = ExportSettings(baseline_instances=settings.cores)
-    plan = demo_plan(settings, model, export, echo)
+    plan = demo_plan(settings, model, export, echo=echo)
     echo(f"[1/3] exporting {settings.model} into {repo}: {_describe(plan)}")
     plan = export_repository(settings.model, None, repo, settings=export, plan=plan)
     m = served_name(settings.model)
@@ -92,7 +92,7 @@ def _describe(plan: Plan) -> str:
                       for s in plan.splits)
 
 
-def demo_plan(settings: DemoSettings, model, export: ExportSettings, echo=print) -> Plan:
+def demo_plan(settings: DemoSettings, model, export: ExportSettings, *, echo=print) -> Plan:
     """E3's plan for the demo (see the module docstring)."""
     from e3.export.zoo import ZOO
     card = model.card

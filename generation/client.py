@@ -63,7 +63,7 @@ def generate(url: str, model: str, prompt: list[int] | str, max_new_tokens: int 
                      float(r.as_numpy("ttft_ms")[0]), float(r.as_numpy("total_ms")[0]))
 
 
-def generate_stream(url: str, model: str, prompt: list[int] | str, max_new_tokens: int = 32, mode: str = "calm",
+def generate_stream(url: str, model: str, prompt: list[int] | str, *, max_new_tokens: int = 32, mode: str = "calm",
                     tau: float = 0.9, draft_tokens: int = 4, timeout_s: float = 120.0):
     """Yield (tokens, exit_layers) chunks as the decoupled ``model`` streams them over gRPC (``url`` = host:port)."""
     from tritonclient import grpc

@@ -187,7 +187,7 @@ def attention_mask(key_valid: torch.Tensor, chunk: int) -> torch.Tensor:
 
 
 def tiny_decoder(exit_layers: tuple[int, ...] = (1, 2), num_layers: int = 4, vocab_size: int = 64,
-                 seed: int = 0) -> Decoder:
+                 *, seed: int = 0) -> Decoder:
     """A random-weight decoder small enough for unit tests (hidden 32, 4 heads, 2 kv heads), adapters random too
     so that exit heads differ from the final head."""
     torch.manual_seed(seed)
@@ -206,7 +206,7 @@ BAND_TOKENS = {1: range(0, 8), 2: range(8, 16), 3: range(16, 24)}
 
 
 def banded_decoder(first_confident: tuple[int, ...], final_confident: tuple[int, ...], seed: int = 0,
-                   scale: float = 4.0, common: float = 1.0) -> Decoder:
+                   *, scale: float = 4.0, common: float = 1.0) -> Decoder:
     """A 2-layer decoder (an exit after layer 1, vocabulary 64) whose confidence is set by the prompt's
     **band**: band r holds token ids ``BAND_TOKENS[r]`` (r = 1, 2, 3), embedded as ``scale`` times a one-hot in
     hidden dims 8(r-1)..8r-1, plus ``common`` in dims 28-31 shared by every token. Every layer's weights are

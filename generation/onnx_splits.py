@@ -155,7 +155,7 @@ def _check(module: nn.Module, path: Path, examples: list[tuple]) -> float:
     return worst
 
 
-def export_split(model: Decoder, first: int, last: int, path: Path) -> float:
+def export_split(model: Decoder, first: int, last: int, *, path: Path) -> float:
     """Write split first..last to ``path`` and check it against PyTorch (decode and prefill shapes); returns
     the worst relative error."""
     split = DecodeSplit(model, first, last).eval()
@@ -168,7 +168,7 @@ def export_split(model: Decoder, first: int, last: int, path: Path) -> float:
     return _check(split, path, [_example_split(split, 1, 0, 5, 1), _example_split(split, 3, 7, 1, 2)])
 
 
-def export_kvfill(model: Decoder, first: int, last: int, path: Path) -> float:
+def export_kvfill(model: Decoder, first: int, last: int, *, path: Path) -> float:
     """Write the kv-fill model of layers first..last to ``path`` and check it; returns the worst relative error."""
     fill = KvFill(model, first, last).eval()
     c = model.config

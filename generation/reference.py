@@ -90,13 +90,13 @@ def _done(out: Generation, max_new_tokens: int, eos_id: int | None) -> bool:
 
 
 @torch.no_grad()
-def generate_full(model: Decoder, prompt: list[int], max_new_tokens: int, eos_id: int | None = None) -> Generation:
+def generate_full(model: Decoder, prompt: list[int], max_new_tokens: int, *, eos_id: int | None = None) -> Generation:
     """Greedy decoding with every layer."""
     return generate_early_exit(model, prompt, max_new_tokens, tau=float("inf"), eos_id=eos_id)
 
 
 @torch.no_grad()
-def generate_early_exit(model: Decoder, prompt: list[int], max_new_tokens: int, tau: float,
+def generate_early_exit(model: Decoder, prompt: list[int], max_new_tokens: int, *, tau: float,
                         eos_id: int | None = None, kv_fill: str = "copy",
                         exit_layers: tuple[int, ...] | None = None, depth: int | None = None) -> Generation:
     """Greedy CALM decoding (see the module docstring); ``exit_layers`` (default: all the model's heads)
@@ -174,7 +174,7 @@ def _run_with_pending(model: Decoder, cache: KVCache, h: torch.Tensor, position:
 
 
 @torch.no_grad()
-def generate_self_speculative(model: Decoder, prompt: list[int], max_new_tokens: int, draft_layer: int,
+def generate_self_speculative(model: Decoder, prompt: list[int], max_new_tokens: int, *, draft_layer: int,
                               draft_tokens: int = 4, eos_id: int | None = None) -> Generation:
     """Lossless self-speculative greedy decoding (see the module docstring); equals :func:`generate_full`."""
     L = model.config.num_layers

@@ -71,7 +71,7 @@ def _write(out: Path, desc: ModelDescription, module: str) -> None:
     (out / "config.pbtxt").write_text(render_config(desc, "embedded"))
 
 
-def export_generation_repository(model: str, repo: Path, max_active: int = 16, progress: bool = True,
+def export_generation_repository(model: str, repo: Path, max_active: int = 16, *, progress: bool = True,
                                  tokenizer: bool = True) -> EngineSpec:
     """Export ``model`` (see :mod:`e3.generation.models`) into ``repo``; returns the engine spec the routers use.
 
@@ -89,14 +89,14 @@ def export_generation_repository(model: str, repo: Path, max_active: int = 16, p
         out = repo / name
         shutil.rmtree(out, ignore_errors=True)
         if kind == "split":
-            export_split(gm.decoder, a, b, out / "1" / "model.onnx")
+            export_split(gm.decoder, a, b, path=out / "1" / "model.onnx")
             inputs = (TensorSpec("input_ids", "INT64", (-1, -1)) if a == 1 else TensorSpec("hidden", "FP32", (-1, -1, -1)),
                       TensorSpec("positions", "INT64", (-1, -1)), TensorSpec("past_kv", "FP32", (-1,) * 6),
                       TensorSpec("key_valid", "BOOL", (-1, -1)), TensorSpec("head_index", "INT64", (-1, -1)))
             outputs = (TensorSpec("hidden_out", "FP32", (-1, -1, -1)), TensorSpec("new_kv", "FP32", (-1,) * 6),
                        TensorSpec("token", "INT64", (-1, -1)), TensorSpec("confidence", "FP32", (-1, -1)))
         else:
-            export_kvfill(gm.decoder, a, b, out / "1" / "model.onnx")
+            export_kvfill(gm.decoder, a, b, path=out / "1" / "model.onnx")
             inputs = (TensorSpec("hidden", "FP32", (-1, -1, -1)), TensorSpec("positions", "INT64", (-1, -1)))
             outputs = (TensorSpec("new_kv", "FP32", (-1,) * 6),)
         _write(out, ModelDescription(name=name, kind="onnx", max_batch_size=0, inputs=inputs, outputs=outputs,

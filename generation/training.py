@@ -97,7 +97,7 @@ def _collect(model: Decoder, batches: list[list[list[int]]], s: TrainSettings, p
 
 
 def train_exit_heads(model: Decoder, tokenizer, settings: TrainSettings = TrainSettings(),
-                     progress: bool = True) -> dict:
+                     *, progress: bool = True) -> dict:
     """Train every adapter of ``model`` in place; returns a summary (positions, loss per exit, agreement of
     each head's top-1 with the full model's on the candidates, teacher mass)."""
     torch.manual_seed(settings.seed)

@@ -26,10 +26,10 @@ def test_phase_latencies_judge_each_phase_by_its_own_p99_and_failures():
     lat = np.array([10.0] * 100 + [10.0] * 98 + [500.0, 500.0])
     which = np.array([0] * 100 + [1] * 100)
     failed = np.zeros(200, bool)
-    rows = phase_latencies(lat, which, failed, phases, qos_ms=100)
+    rows = phase_latencies(lat, which, failed, phases=phases, qos_ms=100)
     assert [r["meets_qos"] for r in rows] == [True, False] and rows[1]["p99_ms"] > 100
     failed[3] = True
-    assert phase_latencies(lat, which, failed, phases, qos_ms=100)[0]["meets_qos"] is False
+    assert phase_latencies(lat, which, failed, phases=phases, qos_ms=100)[0]["meets_qos"] is False
 
 
 def test_throughput_at_qos_is_the_last_rate_met_before_the_first_miss():

@@ -225,7 +225,7 @@ def test_branch_and_bound_finds_the_grid_optimum_with_fewer_evaluations(workers)
 
 def test_an_impossible_bound_has_no_schedule():
     w = make_workload(workers=2)
-    r = plan(w, 1.0, tuple(range(1, 9)), tuple(range(1, 9)))
+    r = plan(w, 1.0, tuple(range(1, 9)), decode_iters=tuple(range(1, 9)))
     assert r["best"].best is None and r["rra"].best is None and r["waa"].best is None
 
 
@@ -233,7 +233,7 @@ def test_plan_takes_the_faster_schedule_and_relaxing_the_bound_never_lowers_thro
     w = make_workload(workers=4)
     last = 0.0
     for bound in BOUNDS_MS[1:]:
-        r = plan(w, bound, tuple(range(1, 33)), tuple(range(1, 65)))
+        r = plan(w, bound, tuple(range(1, 33)), decode_iters=tuple(range(1, 65)))
         best = r["best"].best
         assert best is not None and best.meets(bound)
         assert best.throughput_seq_s == max(x.best.throughput_seq_s for k, x in r.items()
@@ -270,7 +270,7 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="decode_iters"):
         simulate_rra(w, 4, 0)
     with pytest.raises(ValueError, match="unknown method"):
-        plan(w, 10.0, (1,), (1,), method="bayes")
+        plan(w, 10.0, (1,), decode_iters=(1,), method="bayes")
     with pytest.raises(ValueError, match="strictly increasing"):
         Variable("b", (2, 1), 1, 1)
 

@@ -22,20 +22,20 @@ def tiny_split(tmp_path_factory):
     from e3.generation.decoder import tiny_decoder
     from e3.generation.onnx_splits import export_split
     path = tmp_path_factory.mktemp("split") / "model.onnx"
-    export_split(tiny_decoder(), 3, 4, path)
+    export_split(tiny_decoder(), 3, 4, path=path)
     return path
 
 
 def test_profile_of_a_real_split_is_positive_and_cached(tiny_split, tmp_path):
     cache = tmp_path / "profile.json"
-    p = cached_profile(tiny_split, 2, 4, cache, SMALL, progress=False)
+    p = cached_profile(tiny_split, 2, 4, cache=cache, settings=SMALL, progress=False)
     assert p.num_layers == 4 and p.prefill_tokens == (8.0, 32.0) and p.decode_batch == (1.0, 8.0)
     assert all(ms > 0 for ms in p.prefill_ms + p.decode_ms)
     stamp = cache.stat().st_mtime_ns
-    assert cached_profile(tiny_split, 2, 4, cache, SMALL, progress=False) == p      # reused, not re-measured
+    assert cached_profile(tiny_split, 2, 4, cache=cache, settings=SMALL, progress=False) == p      # reused, not re-measured
     assert cache.stat().st_mtime_ns == stamp
     other = ProfileSettings(**{**SMALL.__dict__, "decode_batches": (1, 2, 8)})
-    with_head = cached_profile(tiny_split, 2, 4, cache, other, progress=False, final_head=True)
+    with_head = cached_profile(tiny_split, 2, 4, cache=cache, settings=other, progress=False, final_head=True)
     assert with_head.decode_batch == (1.0, 2.0, 8.0) and with_head.head_batch == (1.0, 2.0, 8.0)
     assert all(ms >= 0 for ms in with_head.head_ms)
     assert LayerProfile.from_dict(with_head.to_dict()) == with_head
@@ -45,9 +45,9 @@ def test_the_first_split_is_refused_with_a_reason(tmp_path):
     from e3.generation.decoder import tiny_decoder
     from e3.generation.onnx_splits import export_split
     path = tmp_path / "first.onnx"
-    export_split(tiny_decoder(), 1, 1, path)
+    export_split(tiny_decoder(), 1, 1, path=path)
     with pytest.raises(ValueError, match="does not hold layer 1"):
-        cached_profile(path, 1, 4, tmp_path / "c.json", SMALL, progress=False)
+        cached_profile(path, 1, 4, cache=tmp_path / "c.json", settings=SMALL, progress=False)
 
 
 def _cpu_like_profile() -> LayerProfile:
@@ -61,7 +61,7 @@ def test_tables_hold_both_searches_per_bound():
     bs, nd = tuple(range(1, 17)), tuple(range(1, 33))
     bounds = default_bounds_ms(w, bs, nd)
     assert len(bounds) == 5 and math.isinf(bounds[-1]) and list(bounds) == sorted(bounds)
-    rows = plan_rows(w, bounds, bs, nd, throughput_tol=0.05, latency_tol=0.05)
+    rows = plan_rows(w, bounds, bs, decode_iters=nd, throughput_tol=0.05, latency_tol=0.05)
     assert all(r.same_optimum() for r in rows)
     assert all(r.bnb.evaluations < r.grid.evaluations for r in rows)
     assert all(r.bnb.best.latency_ms <= r.bound_ms for r in rows)
@@ -109,4 +109,4 @@ def test_rra_run_by_the_engine_admits_per_phase_and_measures_the_p99_sequences(t
     assert m.throughput_seq_s > 0 and math.isfinite(m.latency_ms) and m.latency_ms > 0
     with pytest.raises(ValueError, match="workers=1"):
         validate_rra(tmp_path, "tiny-gen", Workload(w.profile, w.input_lengths, w.output_lengths, workers=2),
-                     [(1, 1)], 6)
+                     configs=[(1, 1)], phases=6)

@@ -83,7 +83,7 @@ def test_plans_meet_the_bound_net_of_slack_and_beat_the_static_batch():
     assert not s.pinned and s.feasible and s.history[-1]["profile"] == "offline"
     chosen = simulate_rra(w, s.schedule.batch_size, s.schedule.decode_iters)
     assert chosen.latency_ms <= 0.8 * 5 * floor
-    static = best_static(served_like(), 8, LENGTHS, 0.8 * 5 * floor, BATCHES)
+    static = best_static(served_like(), 8, LENGTHS, bound_ms=0.8 * 5 * floor, batch_sizes=BATCHES)
     assert static.config[1] == 16 and chosen.throughput_seq_s >= static.throughput_seq_s
     assert chosen.config[1] < 16    # with a large fixed cost per step, refilling the batch pays
     # a looser bound never lowers throughput; a bound nothing meets puts the lowest-latency schedule in force
@@ -120,12 +120,12 @@ def test_a_length_shift_re_plans_with_the_same_branch_and_bound():
     h = s.history[-1]
     assert h["reason"].startswith("lengths shifted") and h["p99_length"] == 32
     seen = LengthDistribution.from_samples(short + [32])
-    assert s.schedule == RraSchedule(*choose_rra(served_like(), 8, seen, 0.8 * bound, BATCHES).config)
+    assert s.schedule == RraSchedule(*choose_rra(served_like(), 8, seen, bound_ms=0.8 * bound, batch_sizes=BATCHES).config)
     # then every sequence is long: after min_samples more, the mean has moved too, and it re-plans again
     replans = [s.finished(32) for _ in range(20)]
     assert replans == [False] * 19 + [True] and s.status()["replans"] == 2
     long = LengthDistribution.fixed(32)
-    assert s.schedule == RraSchedule(*choose_rra(served_like(), 8, long, 0.8 * bound, BATCHES).config)
+    assert s.schedule == RraSchedule(*choose_rra(served_like(), 8, long, bound_ms=0.8 * bound, batch_sizes=BATCHES).config)
     assert s.schedule != before and s.watch.planned == long
     # a pinned schedule is held whatever the lengths do
     s.pin(RraSchedule(2, 2))
@@ -175,9 +175,9 @@ def test_the_planner_chooses_rra_or_waa_by_the_same_branch_and_bound():
     waa = s.waa_steps.profile()
     tail = s.waa_steps.profile(s.policy.latency_quantile)
     net = 0.8 * 8 * floor
-    best = choose_waa(waa, 8, LENGTHS, net, BATCHES, latency_profile=tail)
+    best = choose_waa(waa, 8, LENGTHS, bound_ms=net, batch_sizes=BATCHES, latency_profile=tail)
     grid = grid_search(None, waa_space(BATCHES, 1), net,
-                       evaluate=lambda c: predict_waa(waa, 8, LENGTHS, c, tail)).best
+                       evaluate=lambda c: predict_waa(waa, 8, LENGTHS, schedule=c, latency_profile=tail)).best
     assert s.history[-1]["candidates"]["waa"]["schedule"] == list(best.config)
     assert best.throughput_seq_s >= 0.95 * grid.throughput_seq_s
     # fast WAA iterations: WAA again, and admissions go to the encode worker, B_E per decode iteration

@@ -33,7 +33,7 @@ def door(tmp_path_factory):
     start = LayerProfile.from_dict({"num_layers": 1, "prefill": {"tokens": [8, 128], "ms": [5, 8]},
                                     "decode": {"batch": [1, 16], "ms": [5, 7]}})
     lengths = LengthDistribution.from_samples(list(range(2, 17)))
-    name = export_exegpt_door(repo, "tiny-gen", start, lengths, PROMPT, BATCHES, stop_at_eos=False,
+    name = export_exegpt_door(repo, "tiny-gen", start, lengths=lengths, prompt_tokens=PROMPT, batch_sizes=BATCHES, stop_at_eos=False,
                               policy=ReplanPolicy(window=60, min_samples=30, threshold=0.25))
     with serving(repo, door_models(repo, "tiny-gen"), name="exegpt") as server:
         yield server, name, lengths
@@ -44,17 +44,17 @@ def test_the_chosen_schedule_meets_the_bound_and_beats_the_best_static_batch(doo
     from e3.generation.exegpt.scheduler import RraSchedule, best_static, predict
     from e3.benchmarks.exegpt import calibrate, chosen_of, measure
     server, name, lengths = door
-    cal = calibrate(server.http_url, server.grpc_url, name, lengths, PROMPT, 64, batches=(16, 8, 4), phases=3)
+    cal = calibrate(server.http_url, server.grpc_url, name, lengths=lengths, prompt_tokens=PROMPT, vocab=64, batches=(16, 8, 4), phases=3)
     served, tail = cal.rra, cal.rra_tail
     # a bound loose enough that refilling the batch between decode steps can pay (tighter, the best RRA schedule
     # is the static batch itself and the two runs would measure one schedule twice)
-    bound = 5 * predict(served, PROMPT, lengths, (1, 16), tail).latency_ms
+    bound = 5 * predict(served, PROMPT, lengths, schedule=(1, 16), latency_profile=tail).latency_ms
     status = control(server.http_url, name, {"bound_ms": bound})
     assert status["profile"] == "served" and status["waa_profile"] == "served-waa"
     assert status["feasible"] and not status["pinned"]
     chosen = chosen_of(status)     # RRA or WAA, whichever B&B found faster
     p_chosen = cal.predict(chosen, PROMPT, lengths)
-    p_static = best_static(served, PROMPT, lengths, 0.8 * bound, BATCHES, latency_profile=tail)
+    p_static = best_static(served, PROMPT, lengths, bound_ms=0.8 * bound, batch_sizes=BATCHES, latency_profile=tail)
     assert p_chosen.latency_ms <= 0.8 * bound * 1.05   # B&B's latency tolerance
     assert chosen != RraSchedule(p_static.config[0], 16) and p_chosen.throughput_seq_s > p_static.throughput_seq_s
     static = RraSchedule(*p_static.config)
@@ -64,8 +64,8 @@ def test_the_chosen_schedule_meets_the_bound_and_beats_the_best_static_batch(doo
     runs = {"chosen": [], "static": []}
     for _ in range(2):
         for key, sched, pred in (("chosen", chosen, p_chosen), ("static", static, p_static)):
-            runs[key].append(measure(server.http_url, server.grpc_url, name, sched, pred.detail["decode_batch"],
-                                     lengths, PROMPT, 64, phases=2))
+            runs[key].append(measure(server.http_url, server.grpc_url, name, schedule=sched, predicted_decode_batch=pred.detail["decode_batch"],
+                                     lengths=lengths, prompt_tokens=PROMPT, vocab=64, phases=2))
     run_chosen, run_static = (max(runs[k], key=lambda r: r.seq_s) for k in ("chosen", "static"))
     report = (f"bound {bound:.0f} ms: chosen {chosen} {run_chosen}; predicted {p_chosen.throughput_seq_s:.1f} "
               f"seq/s, {p_chosen.latency_ms:.0f} ms | static {static} {run_static}; predicted "
@@ -131,7 +131,7 @@ def test_the_door_re_plans_when_the_output_lengths_shift(door):
     server, name, lengths = door
     before = control(server.http_url, name, {"bound_ms": None})    # planned for lengths 2..16, unpinned
     assert before["planned_lengths"]["p99"] == 16 and not before["pinned"]
-    run = drive(server.grpc_url, name, LengthDistribution.fixed(40), PROMPT, 40, 16, 64)
+    run = drive(server.grpc_url, name, LengthDistribution.fixed(40), prompt_tokens=PROMPT, requests=40, concurrency=16, vocab=64)
     assert run.errors == 0
     after = control(server.http_url, name, {})
     assert after["replans"] > before["replans"]

@@ -91,7 +91,7 @@ def test_naive_router_and_stream_give_the_same_tokens(gen_server):
     p = _prompts(3)[2]
     plain = generate(server.http_url, names["continuous"], p, NEW_TOKENS, tau=TAU)
     naive = generate(server.http_url, names["naive"], p, NEW_TOKENS, tau=TAU)
-    chunks = list(generate_stream(server.grpc_url, names["stream"], p, NEW_TOKENS, tau=TAU))
+    chunks = list(generate_stream(server.grpc_url, names["stream"], p, max_new_tokens=NEW_TOKENS, tau=TAU))
     assert naive.tokens == plain.tokens
     assert len(chunks) >= 2   # one response per step, not one at the end
     assert [t for c, _ in chunks for t in c] == plain.tokens

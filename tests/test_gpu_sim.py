@@ -55,10 +55,10 @@ SMALL = GpuSimSettings(device="g1", gpus=8, batches=(8,), slo_ms=200.0, inflight
 def test_where_batching_pays_e3_beats_naive_early_exit_and_stock_at_batch_8():
     lat = gpu_profile()
     ex, bp = exits()
-    plan = plan_for(lat, bp, {"g1": 8}, SMALL)
-    e3 = simulate_e3(lat, plan, ex, 8, SMALL)
-    ee = best_baseline(lat, "ee", "g1", 8, ex, 8, SMALL)
-    stock = best_baseline(lat, "stock", "g1", 8, ex, 8, SMALL)
+    plan = plan_for(lat, bp, {"g1": 8}, settings=SMALL)
+    e3 = simulate_e3(lat, plan, ex, batch=8, settings=SMALL)
+    ee = best_baseline(lat, "ee", "g1", gpus=8, exit_ramp=ex, batch=8, settings=SMALL)
+    stock = best_baseline(lat, "stock", "g1", gpus=8, exit_ramp=ex, batch=8, settings=SMALL)
     # the ideal here: stock runs 4 blocks per batch, E3 1 + 0.5 + 0.25 + 0.25 = 2 blocks per input batch
     assert e3.goodput_ips > 1.3 * ee.goodput_ips
     assert e3.goodput_ips > 1.3 * stock.goodput_ips
@@ -73,11 +73,11 @@ def test_a_router_slower_than_the_blocks_costs_e3_its_advantage_only_where_it_wa
     again; on one host core it caps E3 at 64 rows per 3 ms, whatever the GPUs."""
     lat = gpu_profile(router_ms=3.0)
     ex, bp = exits()
-    ee = best_baseline(lat, "ee", "g1", 8, ex, 8, SMALL)
+    ee = best_baseline(lat, "ee", "g1", gpus=8, exit_ramp=ex, batch=8, settings=SMALL)
 
     def e3(**changes):
         settings = dataclasses.replace(SMALL, **changes)
-        return simulate_e3(lat, plan_for(lat, bp, {"g1": 8}, settings), ex, 8, settings)
+        return simulate_e3(lat, plan_for(lat, bp, {"g1": 8}, settings=settings), ex, batch=8, settings=settings)
 
     assert e3(router_cores_per_gpu=0.0).goodput_ips < ee.goodput_ips
     beside = e3()
@@ -188,8 +188,8 @@ def test_tables_and_document_say_modelled_and_carry_the_ratios():
     assert MODELLED in table
     lat = gpu_profile()
     ex, bp = exits()
-    plan = plan_for(lat, bp, {"g1": 8}, SMALL)
-    doc = results_document(SMALL, lat, cells, plan, None, None, commit="abc")
+    plan = plan_for(lat, bp, {"g1": 8}, settings=SMALL)
+    doc = results_document(SMALL, lat, cells, plan=plan, hetero=None, cost=None, commit="abc")
     assert doc["label"] == MODELLED and doc["ratios"]["8"] == {"e3_over_ee": 1.5, "e3_over_stock": 2.0}
     hetero = {"rows": [{"cluster": "4 x g1", "cost_per_hour": 12.0, "cells": [c.to_dict() for c in cells]},
                        {"cluster": "2 x g1 + 6 x g2", "cost_per_hour": 12.0, "cells": [cells[0].to_dict()]}]}
@@ -219,9 +219,9 @@ def test_cost_at_goodput_finds_clusters_that_reach_the_target_and_e3_is_cheapest
     # tested above); the search is what this test is about
     settings = GpuSimSettings(**{**SMALL.__dict__, "hetero_types": ("g1", "g2"), "max_per_type": 16,
                                  "router_cores_per_gpu": 0.0})
-    e3_on_8 = simulate_e3(lat, plan_for(lat, bp, {"g1": 8}, settings), ex, 8, settings)
+    e3_on_8 = simulate_e3(lat, plan_for(lat, bp, {"g1": 8}, settings=settings), ex, batch=8, settings=settings)
     target = 0.5 * e3_on_8.goodput_ips
-    doc = cost_at_goodput(lat, bp, ex, target, settings)
+    doc = cost_at_goodput(lat, bp, ex, target_ips=target, settings=settings)
     rows = {(r["system"], r["gpu"]): r for r in doc["rows"]}
     reached = {k: r for k, r in rows.items() if r["reaches"]}
     assert ("e3", "any") in reached and ("stock", "g1") in reached and ("stock", "g2") in reached
@@ -232,4 +232,4 @@ def test_cost_at_goodput_finds_clusters_that_reach_the_target_and_e3_is_cheapest
     # a baseline's cluster is the fewest GPUs: one fewer does not reach the target
     stock = rows[("stock", "g1")]
     n = int(stock["cluster"].split(" x ")[0])
-    assert n == 1 or best_baseline(lat, "stock", "g1", n - 1, ex, 8, settings).goodput_ips < target
+    assert n == 1 or best_baseline(lat, "stock", "g1", gpus=n - 1, exit_ramp=ex, batch=8, settings=settings).goodput_ips < target

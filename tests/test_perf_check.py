@@ -34,7 +34,7 @@ def test_the_input_file_holds_one_step_per_input_without_the_batch_dimension(tmp
 
 
 def test_the_command_measures_one_concurrency_with_real_data_and_no_stability_wait():
-    args = perf_arguments("localhost:8000", "bert_ee_router", 8, 16, "in.json", csv_path="out.csv",
+    args = perf_arguments("localhost:8000", "bert_ee_router", 8, concurrency=16, input_data="in.json", csv_path="out.csv",
                           window_requests=40, windows=3)
     flags = dict(zip(args[::2], args[1::2]))
     assert flags["-m"] == "bert_ee_router" and flags["-b"] == "8" and flags["--concurrency-range"] == "16"
@@ -42,7 +42,7 @@ def test_the_command_measures_one_concurrency_with_real_data_and_no_stability_wa
     assert flags["--measurement-request-count"] == "40" and flags["--max-trials"] == "3"
     assert flags["--stability-percentage"] == "999"
     with pytest.raises(ValueError):
-        perf_arguments("u", "m", 0, 16, "in.json")
+        perf_arguments("u", "m", 0, concurrency=16, input_data="in.json")
 
 
 def test_the_report_gives_inputs_per_second(tmp_path):

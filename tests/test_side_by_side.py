@@ -55,7 +55,7 @@ def test_table_shows_e3_against_the_best_baseline_and_its_share_of_the_ideal(tmp
     e3_line = next(line for line in text.splitlines() if " e3 " in line)
     assert "2.40x" in e3_line and "0.96x" in e3_line and "96%" in e3_line
     assert "every system on 2 cores" in text
-    doc = results_document("bert-ee", 2, {"80:20": 2.5}, rows, commit="abc")
+    doc = results_document("bert-ee", 2, {"80:20": 2.5}, rows=rows, commit="abc")
     path = write_results(tmp_path / "r.json", doc)
     back = json.loads(path.read_text())
     assert back["model"] == "bert-ee" and back["cores"] == 2 and back["ideal_speedup"] == {"80:20": 2.5}

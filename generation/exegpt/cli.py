@@ -97,7 +97,7 @@ def _profile(args):
     onnx = repo / f"{m}_split_{first}-{last}" / "1" / "model.onnx"
     settings = ProfileSettings(prompt_tokens=args.prompt_tokens)
     return cached_profile(onnx, last - first + 1, last,
-                          artifacts_dir() / "generation" / "exegpt" / f"{m}_profile.json", settings,
+                          cache=artifacts_dir() / "generation" / "exegpt" / f"{m}_profile.json", settings=settings,
                           final_head=True)
 
 
@@ -117,7 +117,7 @@ def _validate(args, workload) -> list[dict]:
         raise SystemExit(f"plan-generate: error: --validate needs the exported model; run `e3 export-generate "
                          f"{args.model}` first")
     one = Workload(workload.profile, workload.input_lengths, _output_lengths(args.validate_lengths), workers=1)
-    rows = validate_rra(repo, args.model, one, list(VALIDATE_CONFIGS), args.validate_phases)
+    rows = validate_rra(repo, args.model, one, configs=list(VALIDATE_CONFIGS), phases=args.validate_phases)
     print("\nSimulator against measured RRA runs (engine in process, one core; output lengths "
           f"{args.validate_lengths}, p99 {one.output_lengths.quantile(0.99)}):\n")
     print("| B_E | N_D | predicted seq/s | measured seq/s | error | predicted p99-length latency (ms) | "
@@ -183,7 +183,7 @@ def run(args) -> int:
             raise SystemExit(f"plan-generate: error: --bounds-ms must be numbers or inf, got {args.bounds_ms!r}")
     else:
         bounds = default_bounds_ms(workload, batch_sizes, decode_iters)
-    rows = plan_rows(workload, bounds, batch_sizes, decode_iters, args.throughput_tol, args.latency_tol)
+    rows = plan_rows(workload, bounds, batch_sizes, decode_iters=decode_iters, throughput_tol=args.throughput_tol, latency_tol=args.latency_tol)
     p = workload.profile
     print(f"profile ({'as measured' if args.raw_profile else 'least-squares lines'}): {p.num_layers} layers; "
           f"per layer: decode {p.decode_ms[0]:.2f} ms at batch {p.decode_batch[0]:g} .. {p.decode_ms[-1]:.2f} ms "

@@ -75,7 +75,7 @@ def _export_encoder(repo: Path, model: str, spec: EngineSpec) -> None:
                "e3.generation.generate_split")
 
 
-def export_exegpt_door(repo: Path, model: str, profile: LayerProfile, lengths: LengthDistribution,
+def export_exegpt_door(repo: Path, model: str, profile: LayerProfile, *, lengths: LengthDistribution,
                        prompt_tokens: float, batch_sizes: tuple[int, ...], bound_ms: float = math.inf,
                        policy: ReplanPolicy = ReplanPolicy(), schedule: RraSchedule | WaaSchedule | None = None,
                        stop_at_eos: bool = True, name: str | None = None,

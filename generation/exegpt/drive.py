@@ -66,7 +66,7 @@ class Run:
         return dict(self.__dict__)
 
 
-def drive(grpc_url: str, door: str, lengths: LengthDistribution, prompt_tokens: int, requests: int, concurrency: int,
+def drive(grpc_url: str, door: str, lengths: LengthDistribution, *, prompt_tokens: int, requests: int, concurrency: int,
           vocab: int, warmup: int = 0, seed: int = 0, mode: str = "full", timeout_s: float = 600.0,
           measure_s: float | None = None) -> Run:
     """``requests`` generations kept ``concurrency`` in flight (a closed loop over gRPC, asynchronous: one client,

@@ -70,7 +70,7 @@ def _fastest_ms(session, inputs: dict, repeats: int) -> float:
 
 
 def profile_split(onnx_path: str | Path, split_layers: int, num_layers: int,
-                  settings: ProfileSettings = ProfileSettings(), progress: bool = True,
+                  *, settings: ProfileSettings = ProfileSettings(), progress: bool = True,
                   final_head: bool = False) -> LayerProfile:
     """Measure one split (``split_layers`` layers of a ``num_layers``-layer decoder) and return the per-layer
     profile; with ``final_head`` (the split holds layer L) also the final head's cost per decode batch, as the
@@ -105,7 +105,7 @@ def profile_split(onnx_path: str | Path, split_layers: int, num_layers: int,
                         tuple(decode_ms), 0.0, batches if final_head else (), tuple(head_ms))
 
 
-def cached_profile(onnx_path: str | Path, split_layers: int, num_layers: int, cache: Path,
+def cached_profile(onnx_path: str | Path, split_layers: int, num_layers: int, *, cache: Path,
                    settings: ProfileSettings = ProfileSettings(), progress: bool = True,
                    final_head: bool = False) -> LayerProfile:
     """:func:`profile_split`, reusing ``cache`` when it was measured from the same file with the same settings.
@@ -122,7 +122,7 @@ def cached_profile(onnx_path: str | Path, split_layers: int, num_layers: int, ca
                 return LayerProfile.from_dict(doc["profile"])
         except (ValueError, KeyError) as e:
             log.warning("ignoring unreadable profile cache %s (%s)", cache, e)
-    profile = profile_split(onnx_path, split_layers, num_layers, settings, progress, final_head)
+    profile = profile_split(onnx_path, split_layers, num_layers, settings=settings, progress=progress, final_head=final_head)
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(".tmp")
     tmp.write_text(json.dumps({"key": key, "profile": profile.to_dict()}, indent=1))

@@ -29,7 +29,7 @@ class PlanRow:
 
 
 def default_bounds_ms(workload: Workload, batch_sizes: tuple[int, ...], decode_iters: tuple[int, ...],
-                      factors: tuple[float, ...] = (1.2, 2.0, 4.0, 8.0)) -> tuple[float, ...]:
+                      *, factors: tuple[float, ...] = (1.2, 2.0, 4.0, 8.0)) -> tuple[float, ...]:
     """Bounds relative to the lowest p99-length latency any schedule of the space reaches (it is at the
     smallest batch size), plus no bound (inf)."""
     b = batch_sizes[0]
@@ -41,13 +41,13 @@ def default_bounds_ms(workload: Workload, batch_sizes: tuple[int, ...], decode_i
 
 
 def plan_rows(workload: Workload, bounds_ms: tuple[float, ...], batch_sizes: tuple[int, ...],
-              decode_iters: tuple[int, ...], throughput_tol: float = 0.0,
+              *, decode_iters: tuple[int, ...], throughput_tol: float = 0.0,
               latency_tol: float = 0.0) -> list[PlanRow]:
     """Both searches at every bound."""
     rows = []
     for bound in bounds_ms:
-        bnb = plan(workload, bound, batch_sizes, decode_iters, throughput_tol, latency_tol, method="bnb")["best"]
-        grid = plan(workload, bound, batch_sizes, decode_iters, method="grid")["best"]
+        bnb = plan(workload, bound, batch_sizes, decode_iters=decode_iters, throughput_tol=throughput_tol, latency_tol=latency_tol, method="bnb")["best"]
+        grid = plan(workload, bound, batch_sizes, decode_iters=decode_iters, method="grid")["best"]
         rows.append(PlanRow(bound, bnb, grid, max(1e-3, throughput_tol)))
     return rows
 

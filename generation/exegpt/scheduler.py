@@ -260,7 +260,7 @@ def _workload(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistri
     return Workload(profile, prompt, lengths, workers=1)
 
 
-def predict(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistribution, schedule: tuple[int, int],
+def predict(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistribution, *, schedule: tuple[int, int],
             latency_profile: LayerProfile | None = None) -> Prediction:
     """RRA's prediction on one worker; with ``latency_profile``, its latency is read from that profile (the
     door's: step times at a high quantile) and its throughput from ``profile`` (their medians)."""
@@ -271,7 +271,7 @@ def predict(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistribu
     return replace(p, latency_ms=tail.latency_ms)
 
 
-def predict_waa(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistribution, schedule: tuple[int, int],
+def predict_waa(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistribution, *, schedule: tuple[int, int],
                 latency_profile: LayerProfile | None = None) -> Prediction:
     """WAA's prediction on :data:`WAA_WORKERS` workers (``schedule`` = (B_E, B_m)); ``latency_profile`` as in
     :func:`predict`."""
@@ -283,33 +283,33 @@ def predict_waa(profile: LayerProfile, prompt_tokens: float, lengths: LengthDist
     return replace(p, latency_ms=tail.latency_ms)
 
 
-def choose_waa(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistribution, bound_ms: float,
+def choose_waa(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistribution, *, bound_ms: float,
                batch_sizes: tuple[int, ...], tolerance: float = 0.05,
                latency_profile: LayerProfile | None = None) -> Prediction | None:
     """WAA's best schedule under ``bound_ms`` (already net of slack) by branch-and-bound over B_E and B_m
     (1..decode workers). None if nothing meets the bound."""
     space = waa_space(batch_sizes, WAA_WORKERS - 1)
-    return branch_and_bound(_workload(profile, prompt_tokens, lengths), space, bound_ms, tolerance, tolerance,
-                            evaluate=lambda c: predict_waa(profile, prompt_tokens, lengths, c, latency_profile)).best
+    return branch_and_bound(_workload(profile, prompt_tokens, lengths), space, bound_ms, throughput_tol=tolerance, latency_tol=tolerance,
+                            evaluate=lambda c: predict_waa(profile, prompt_tokens, lengths, schedule=c, latency_profile=latency_profile)).best
 
 
-def choose_rra(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistribution, bound_ms: float,
+def choose_rra(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistribution, *, bound_ms: float,
                batch_sizes: tuple[int, ...], tolerance: float = 0.05,
                latency_profile: LayerProfile | None = None) -> Prediction | None:
     """RRA's best schedule on one worker under ``bound_ms`` (already net of slack) by branch-and-bound; N_D over
     1..the longest length (``latency_profile``: see :func:`predict`). None if nothing meets the bound."""
     space = rra_space(batch_sizes, tuple(range(1, lengths.lengths[-1] + 1)))
-    return branch_and_bound(_workload(profile, prompt_tokens, lengths), space, bound_ms, tolerance, tolerance,
-                            evaluate=lambda c: predict(profile, prompt_tokens, lengths, c, latency_profile)).best
+    return branch_and_bound(_workload(profile, prompt_tokens, lengths), space, bound_ms, throughput_tol=tolerance, latency_tol=tolerance,
+                            evaluate=lambda c: predict(profile, prompt_tokens, lengths, schedule=c, latency_profile=latency_profile)).best
 
 
-def best_static(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistribution, bound_ms: float,
+def best_static(profile: LayerProfile, prompt_tokens: float, lengths: LengthDistribution, *, bound_ms: float,
                 batch_sizes: tuple[int, ...], latency_profile: LayerProfile | None = None) -> Prediction | None:
     """The best static batch under ``bound_ms``: admit B, decode until all have finished (RRA with N_D = the
     longest length), the baseline ``e3 plan-generate --validate`` measures. None if none meets it."""
     space = rra_space(batch_sizes, (lengths.lengths[-1],))
     return grid_search(_workload(profile, prompt_tokens, lengths), space, bound_ms,
-                       evaluate=lambda c: predict(profile, prompt_tokens, lengths, c, latency_profile)).best
+                       evaluate=lambda c: predict(profile, prompt_tokens, lengths, schedule=c, latency_profile=latency_profile)).best
 
 
 class ExegptScheduler:
@@ -367,11 +367,11 @@ class ExegptScheduler:
         lengths = lengths or self.watch.planned
         if schedule.kind == "waa":
             profile, tail, _ = self.waa_profiles()
-            return predict_waa(profile, self.prompt_tokens, lengths, (schedule.batch_size, schedule.micro_batches),
-                               tail)
+            return predict_waa(profile, self.prompt_tokens, lengths, schedule=(schedule.batch_size, schedule.micro_batches),
+                               latency_profile=tail)
         profile, source = self.profile()
-        return predict(profile, self.prompt_tokens, lengths, (schedule.batch_size, schedule.decode_iters),
-                       self.latency_profile() if source == "served" else None)
+        return predict(profile, self.prompt_tokens, lengths, schedule=(schedule.batch_size, schedule.decode_iters),
+                       latency_profile=self.latency_profile() if source == "served" else None)
 
     def replan(self, reason: str, lengths: LengthDistribution | None = None) -> RraSchedule | WaaSchedule:
         """Plan again (for ``lengths``, default those planned for last) under the bound net of slack, over every
@@ -382,17 +382,17 @@ class ExegptScheduler:
         tail = self.latency_profile() if source == "served" else None
         found, w_source = {}, source
         if "rra" in self.schedules:
-            found["rra"] = choose_rra(profile, self.prompt_tokens, lengths, net, self.batch_sizes,
+            found["rra"] = choose_rra(profile, self.prompt_tokens, lengths, bound_ms=net, batch_sizes=self.batch_sizes,
                                       latency_profile=tail)
         if "waa" in self.schedules:
             w_profile, w_tail, w_source = self.waa_profiles()
-            found["waa"] = choose_waa(w_profile, self.prompt_tokens, lengths, net, self.batch_sizes,
+            found["waa"] = choose_waa(w_profile, self.prompt_tokens, lengths, bound_ms=net, batch_sizes=self.batch_sizes,
                                       latency_profile=w_tail)
         feasible = [p for p in found.values() if p is not None]
         best = max(feasible, key=lambda p: p.throughput_seq_s) if feasible else None
         self.feasible = best is not None
         if best is None:    # the lowest-latency schedule: a static batch of the smallest size
-            best = predict(profile, self.prompt_tokens, lengths, (self.batch_sizes[0], lengths.lengths[-1]), tail)
+            best = predict(profile, self.prompt_tokens, lengths, schedule=(self.batch_sizes[0], lengths.lengths[-1]), latency_profile=tail)
         self.pinned = False
         self.prediction = best
         self.schedule = RraSchedule(*best.config) if best.schedule == "rra" else WaaSchedule(*best.config)

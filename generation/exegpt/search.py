@@ -122,7 +122,7 @@ def _point_fn(workload: Workload, space: SearchSpace) -> Callable[[tuple], Predi
 
 
 def grid_search(workload: Workload, space: SearchSpace, latency_bound_ms: float,
-                evaluate: Callable[[tuple], Prediction] | None = None) -> SearchResult:
+                *, evaluate: Callable[[tuple], Prediction] | None = None) -> SearchResult:
     """Every point of ``space``; the highest throughput meeting ``latency_bound_ms`` (ties: first found)."""
     t0 = time.perf_counter()
     ev = _Evaluator(space, evaluate or _point_fn(workload, space))
@@ -136,7 +136,7 @@ def grid_search(workload: Workload, space: SearchSpace, latency_bound_ms: float,
 
 
 def branch_and_bound(workload: Workload, space: SearchSpace, latency_bound_ms: float,
-                     throughput_tol: float = 0.0, latency_tol: float = 0.0,
+                     *, throughput_tol: float = 0.0, latency_tol: float = 0.0,
                      evaluate: Callable[[tuple], Prediction] | None = None) -> SearchResult:
     """Algorithm 1 over ``space`` (module doc for the choices made). ``evaluate`` replaces the simulator
     (tests use it to count or to feed non-monotonic functions)."""
@@ -215,7 +215,7 @@ def branch_and_bound(workload: Workload, space: SearchSpace, latency_bound_ms: f
 
 
 def plan(workload: Workload, latency_bound_ms: float, batch_sizes: tuple[int, ...],
-         decode_iters: tuple[int, ...], throughput_tol: float = 0.0, latency_tol: float = 0.0,
+         *, decode_iters: tuple[int, ...], throughput_tol: float = 0.0, latency_tol: float = 0.0,
          method: str = "bnb") -> dict[str, SearchResult]:
     """Search RRA (and WAA where ``workload.workers`` >= 2) with ``method`` ("bnb" or "grid").
 
@@ -231,7 +231,7 @@ def plan(workload: Workload, latency_bound_ms: float, batch_sizes: tuple[int, ..
         if method == "grid":
             out[s.schedule] = grid_search(workload, s, latency_bound_ms)
         else:
-            out[s.schedule] = branch_and_bound(workload, s, latency_bound_ms, throughput_tol, latency_tol)
+            out[s.schedule] = branch_and_bound(workload, s, latency_bound_ms, throughput_tol=throughput_tol, latency_tol=latency_tol)
     feasible = [r.best for r in out.values() if r.best is not None]
     best = max(feasible, key=lambda p: p.throughput_seq_s) if feasible else None
     out["best"] = SearchResult(best, sum(r.evaluations for r in out.values()),

@@ -83,7 +83,7 @@ def measure_rra(repo: Path, model: str, workload: Workload, batch_size: int, dec
                     statistics.mean(lat99) if lat99 else float("nan"), finished, seconds)
 
 
-def validate_rra(repo: Path, model: str, workload: Workload, configs: list[tuple[int, int]], phases: int,
+def validate_rra(repo: Path, model: str, workload: Workload, *, configs: list[tuple[int, int]], phases: int,
                  progress: bool = True) -> list[tuple[Prediction, Measured]]:
     """Predicted against measured for every ``(batch_size, decode_iters)`` of ``configs`` (workers must be 1)."""
     from tqdm import tqdm
