@@ -77,34 +77,20 @@ def _profile(args) -> int:
 
 
 def _admission(args) -> int:
-    import numpy as np
-    from e3.export.admission import naive_engine, profile_admission, workers_name, write_admission
+    from e3.export.admission import profile_served_model, stage_policy, workers_name, write_admission
     from e3.export.repository import ExportError
-    from e3.export.triton_config import parse_config
-    from e3.core.spec import NUMPY_DTYPES, dtype_from_config
-    from tritonclient.grpc import model_config_pb2 as mc
     repo = Path(args.repo)
     try:
         if args.max_workers is None:     # more workers than processes would only queue for one
             args.max_workers = args.worker_processes or 4
         if args.qos_ms <= 0 or args.max_workers < 1 or args.worker_processes < 0:
             raise ValueError("--qos-ms must be > 0, --max-workers >= 1 and --worker-processes >= 0")
-        config_file = repo / args.model / "config.pbtxt"
-        if not config_file.exists():
-            raise ExportError(f"{config_file} does not exist: name a model of {repo} (e3 export writes them)")
-        cfg = parse_config(config_file.read_text())
-        # latency does not depend on the values: zeros of the model's shapes (token 0 is padding)
-        example = {t.name: np.zeros((32, *t.dims), NUMPY_DTYPES[dtype_from_config(mc.DataType.Name(t.data_type))])
-                   for t in cfg.input}
-        profile = profile_admission(repo / args.model / "1" / "model.onnx", example, args.qos_ms,
-                                    max_workers=args.max_workers)
-        max_bs = profile["max_bs"]
-        print(f"one worker (ms per batch): {profile['latency_ms']}; MaxBS for p99 <= {args.qos_ms:g} ms: {max_bs}")
-        if args.policy == "n-ebird":
-            policy = {"kind": "n-ebird", "engine": naive_engine(max_bs), "max_inflight": max_bs}
-        else:
+        profile = profile_served_model(repo, args.model, args.qos_ms, max_workers=args.max_workers)
+        print(f"one worker (ms per batch): {profile['latency_ms']}; MaxBS for p99 <= {args.qos_ms:g} ms: "
+              f"{profile['max_bs']}")
+        if args.policy != "n-ebird":
             print(f"E-Ebird's best worker set per TotalBS: {profile['confs']}")
-            policy = {"kind": "e-ebird", "confs": profile["confs"], "max_inflight": max_bs}
+        policy = stage_policy(args.policy, profile)
         name = write_admission(repo, args.model, policy, name=args.name,
                                worker_processes=args.worker_processes or None)
     except (ValueError, ExportError) as err:

@@ -29,14 +29,15 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from e3.core.files import write_atomic
 from e3.core.manifest import read_manifest, write_manifest
-from e3.core.spec import TensorSpec, dtype_from_config
+from e3.core.spec import NUMPY_DTYPES, TensorSpec, dtype_from_config
 from e3.export.repository import SERVING, ExportError, _check_owned, _staging, _write_model_py
 from e3.export.triton_config import DynamicBatching, ModelDescription, parse_config, render_config
 from e3.serving.admission import (PROFILED_TOTALS, best_worker_sets, engine_for, make_policy, max_batch_for_qos,
                                   naive_engine, worker_sets)
 from e3.core.session import make_session
 
-__all__ = ["admission_name", "workers_name", "write_admission", "profile_admission", "naive_engine"]
+__all__ = ["admission_name", "workers_name", "write_admission", "profile_admission", "profile_served_model",
+           "stage_policy", "naive_engine"]
 
 
 def admission_name(fronted: str) -> str:
@@ -184,3 +185,25 @@ def profile_admission(onnx_file: str | Path, example: Mapping[str, np.ndarray], 
             "max_bs": max_bs, "max_workers": max_workers,
             "sets_ms": {",".join(map(str, w)): round(ms, 3) for w, ms in measured.items()},
             "confs": {str(t): list(w) for t, w in confs.items()}, "engine": list(engine_for(confs)) if confs else []}
+
+
+def profile_served_model(repo: Path, model: str, qos_ms: float, *, max_workers: int) -> dict:
+    """:func:`profile_admission` of ``model``, a model of the repository ``repo`` (its ``config.pbtxt`` and
+    ``1/model.onnx``), on zeros of its inputs' shapes: a latency does not depend on the values (token 0 is
+    padding)."""
+    config_file = Path(repo) / model / "config.pbtxt"
+    if not config_file.exists():
+        raise ExportError(f"{config_file} does not exist: name a model of {repo} (e3 export writes them)")
+    cfg = parse_config(config_file.read_text())
+    example = {t.name: np.zeros((32, *t.dims), NUMPY_DTYPES[dtype_from_config(mc.DataType.Name(t.data_type))])
+               for t in cfg.input}
+    return profile_admission(Path(repo) / model / "1" / "model.onnx", example, qos_ms, max_workers=max_workers)
+
+
+def stage_policy(kind: str, profile: Mapping[str, Any]) -> dict:
+    """The admission stage's policy document for ``kind`` (``n-ebird`` or ``e-ebird``) from the offline
+    ``profile`` (:func:`profile_admission`): MaxBS caps the inputs in flight."""
+    max_bs = profile["max_bs"]
+    if kind == "n-ebird":
+        return {"kind": "n-ebird", "engine": naive_engine(max_bs), "max_inflight": max_bs}
+    return {"kind": "e-ebird", "confs": profile["confs"], "max_inflight": max_bs}

@@ -84,3 +84,19 @@ def test_inputs_staged_through_system_shared_memory_get_the_same_answers(admissi
         assert any(r["name"] == region for r in plain._client.get_system_shared_memory_status())
     with E3Client(server.http_url) as after:
         assert all(r["name"] != region for r in after._client.get_system_shared_memory_status())
+
+
+def test_the_offline_phase_profiles_a_served_model_from_its_config_and_picks_the_policy(tiny_repo, tmp_path):
+    """`e3 admission`'s work below the CLI: the model's config gives the inputs' shapes; MaxBS caps the inputs in
+    flight of either policy."""
+    import shutil
+    from e3.export.admission import profile_served_model, stage_policy
+    from e3.export.repository import ExportError
+    shutil.copytree(tiny_repo / "tiny_ee_stock", tmp_path / "tiny_ee_stock")
+    profile = profile_served_model(tmp_path, "tiny_ee_stock", 5000.0, max_workers=2)
+    assert profile["max_bs"] >= 1 and set(profile["latency_ms"])
+    naive, elastic = stage_policy("n-ebird", profile), stage_policy("e-ebird", profile)
+    assert naive["kind"] == "n-ebird" and naive["max_inflight"] == profile["max_bs"] and min(naive["engine"]) == 1
+    assert elastic == {"kind": "e-ebird", "confs": profile["confs"], "max_inflight": profile["max_bs"]}
+    with pytest.raises(ExportError, match="does not exist"):
+        profile_served_model(tmp_path, "no_such_model", 100.0, max_workers=1)
