@@ -14,52 +14,15 @@ from e3.paths import default_repository
 
 def _serve(args) -> int:
     from e3.controller.triton_api import api_key_headers
-    from e3.deploy.guard import Guard
-    from e3.deploy.server import ServerError, TritonServer, free_port, port_taken
-    from e3.deploy.supervisor import GaveUp, Supervisor
-    models = args.models.split(",") if args.models else None
-    headers = api_key_headers()
-    if headers is None and args.host not in ("127.0.0.1", "localhost", "::1"):
-        raise ServerError(f"--host {args.host} makes the server reachable by others: set E3_API_HEADER and "
-                          "E3_API_KEY so that model control, model configs and shared memory need the key")
-    guarded = not args.no_guard
-    if guarded and port_taken(args.host, args.http_port):
-        raise ServerError(f"HTTP port {args.http_port} on {args.host} is already in use; "
-                          "choose another with --http-port")
-    server = TritonServer(args.repo, models, host=args.host, http_port=free_port() if guarded else args.http_port,
-                          http_host="127.0.0.1" if guarded else None, grpc_port=args.grpc_port,
-                          metrics_port=args.metrics_port, tritonserver=args.tritonserver, echo_logs=True,
-                          api_key=next(iter(headers.items())) if headers else None)
-    supervisor = Supervisor(server, headers=headers, start_timeout_s=args.timeout)
+    from e3.deploy.serve import serve_until_stopped
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    server.start(timeout_s=args.timeout)
-    guard = None
-    code = 0
-    try:
-        if guarded:
-            guard = Guard(server.http_url, host=args.host, port=args.http_port,
-                          unhealthy=lambda: supervisor.unhealthy).start()
-            supervisor.on_stub_death = guard.abort
-        http = guard.url if guard else server.http_url
-        print(f"serving {args.repo}: HTTP {http}{' (guarded)' if guard else ''}, gRPC {server.grpc_url}, "
-              f"metrics {server.metrics_url}{'' if args.no_restart else ', restarted if it dies'} (Ctrl-C stops)",
-              flush=True)
-        if args.no_restart:
-            while not stop.is_set() and server.alive():
-                stop.wait(0.5)
-        else:
-            supervisor.run(stop)
-    except GaveUp as err:
-        print(f"e3 serve: {err}", file=sys.stderr)
-        code = 1
-    finally:
-        if guard:
-            guard.stop()
-        exit_code = server.stop()
-    print(f"tritonserver stopped (exit code {exit_code})")
-    return code
+    return serve_until_stopped(
+        args.repo, args.models.split(",") if args.models else None, stop, host=args.host, http_port=args.http_port,
+        grpc_port=args.grpc_port, metrics_port=args.metrics_port, tritonserver=args.tritonserver,
+        timeout_s=args.timeout, headers=api_key_headers(), guarded=not args.no_guard, restart=not args.no_restart,
+        echo=lambda text: print(text, flush=True), complain=lambda text: print(text, file=sys.stderr))
 
 
 def _infer(args) -> int:

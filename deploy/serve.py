@@ -1,0 +1,64 @@
+"""`e3 serve`'s loop: a tritonserver on a repository, guarded and supervised, until ``stop`` is set.
+
+The supervisor (:mod:`e3.deploy.supervisor`) restarts the server when it dies and reloads a model whose stub
+died; the guard (:mod:`e3.deploy.guard`) is the public HTTP port in front of it, refusing what would reach a
+model being reloaded. ``restart=False`` only watches the server until it exits.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from e3.deploy.guard import Guard
+from e3.deploy.server import ServerError, TritonServer, free_port, port_taken
+from e3.deploy.supervisor import GaveUp, Supervisor
+
+__all__ = ["serve_until_stopped"]
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def serve_until_stopped(repo: str | Path, models: Sequence[str] | None, stop: threading.Event, *, host: str,
+                        http_port: int, grpc_port: int, metrics_port: int, tritonserver: str | None,
+                        timeout_s: float, headers: Mapping[str, str] | None, guarded: bool = True,
+                        restart: bool = True, echo: Callable[[str], None] = print,
+                        complain: Callable[[str], None] = print) -> int:
+    """Serve ``repo`` (``models``; None: its manifest's) until ``stop`` is set; 0, or 1 when the supervisor
+    gave up. ``headers``: the API key header every control call must carry (None: none, loopback only)."""
+    if headers is None and host not in LOOPBACK:
+        raise ServerError(f"--host {host} makes the server reachable by others: set E3_API_HEADER and "
+                          "E3_API_KEY so that model control, model configs and shared memory need the key")
+    if guarded and port_taken(host, http_port):
+        raise ServerError(f"HTTP port {http_port} on {host} is already in use; choose another with --http-port")
+    server = TritonServer(repo, list(models) if models else None, host=host,
+                          http_port=free_port() if guarded else http_port,
+                          http_host="127.0.0.1" if guarded else None, grpc_port=grpc_port,
+                          metrics_port=metrics_port, tritonserver=tritonserver, echo_logs=True,
+                          api_key=next(iter(headers.items())) if headers else None)
+    supervisor = Supervisor(server, headers=headers, start_timeout_s=timeout_s)
+    server.start(timeout_s=timeout_s)
+    guard = None
+    code = 0
+    try:
+        if guarded:
+            guard = Guard(server.http_url, host=host, port=http_port, unhealthy=lambda: supervisor.unhealthy).start()
+            supervisor.on_stub_death = guard.abort
+        http = guard.url if guard else server.http_url
+        echo(f"serving {repo}: HTTP {http}{' (guarded)' if guard else ''}, gRPC {server.grpc_url}, "
+             f"metrics {server.metrics_url}{', restarted if it dies' if restart else ''} (Ctrl-C stops)")
+        if restart:
+            supervisor.run(stop)
+        else:
+            while not stop.is_set() and server.alive():
+                stop.wait(0.5)
+    except GaveUp as err:
+        complain(f"e3 serve: {err}")
+        code = 1
+    finally:
+        if guard:
+            guard.stop()
+        exit_code = server.stop()
+    echo(f"tritonserver stopped (exit code {exit_code})")
+    return code
