@@ -166,6 +166,11 @@ def _bench_exegpt(args) -> int:
     return 0
 
 
+def _model_flag(p, note: str = "") -> None:
+    """``--model``: the zoo model whose workload mixes a bench runs."""
+    p.add_argument("--model", default="bert-ee", help=f"zoo model with workload mixes (default bert-ee{note})")
+
+
 def _closed_loop_flags(p, concurrency: str, inputs: str, repeats: str) -> None:
     """A closed-loop bench's clients, inputs per run and runs (the same flags and defaults, each bench's help)."""
     p.add_argument("--concurrency", type=int, default=16, help=concurrency)
@@ -185,8 +190,7 @@ def add_bench(sub, repo_help: str) -> None:
                                  "simulator's validation and the perf_analyzer check, written into docs/RESULTS.md")
     sbs = bsub.add_parser("side-by-side", help="E3, <m>_stock and <m>_ee on one server at one core budget, per mix "
                                                "and request size; writes artifacts/results/side_by_side.json")
-    sbs.add_argument("--model", default="bert-ee", help="zoo model with workload mixes (default bert-ee; trained "
-                                                        "when missing)")
+    _model_flag(sbs, "; trained when missing")
     sbs.add_argument("--mixes", default="80-20,50-50,20-80", help="easy-hard mixes (default 80-20,50-50,20-80)")
     sbs.add_argument("--batches", default="1,8", help="inputs per request, comma-separated (default 1,8)")
     sbs.add_argument("--cores", type=int, default=2, help="cores every system gets: instances x threads (default 2)")
@@ -205,7 +209,7 @@ def add_bench(sub, repo_help: str) -> None:
                                        "same concurrency, inputs per request and inputs, alternating runs: agree "
                                        "within 10%%; writes artifacts/results/perf_check.json and perf_analyzer's "
                                        "input data artifacts/results/perf_input_<m>.json")
-    prf.add_argument("--model", default="bert-ee", help="zoo model with workload mixes (default bert-ee)")
+    _model_flag(prf)
     prf.add_argument("--mix", default="80-20", help="easy-hard workload mix (default 80-20)")
     prf.add_argument("--batch", type=int, default=8, help="inputs per request (default 8)")
     _closed_loop_flags(prf, "requests in flight, both tools (default 16)", "inputs per load-generator run (default 1600)",
@@ -215,7 +219,7 @@ def add_bench(sub, repo_help: str) -> None:
                                       "inputs per request on 16 V100s for E3, stock and naive EE, heterogeneity at "
                                       "fixed cost, cost at fixed goodput; writes artifacts/results/gpu_sim.json, "
                                       "docs/figures/gpu_goodput_vs_batch.png and a section of docs/RESULTS.md")
-    gpu.add_argument("--model", default="bert-ee", help="zoo model with workload mixes (default bert-ee)")
+    _model_flag(gpu)
     gpu.add_argument("--quick", action="store_true", help="fewer saturation levels and baseline configurations, "
                                                           "shorter simulations (a few minutes)")
     gpu.add_argument("--out", default=None, help="results JSON (default artifacts/results/gpu_sim.json)")
