@@ -30,7 +30,7 @@ from e3.core.manifest import ManifestError, read_manifest, write_manifest
 from e3.core.names import (block_file, ee_name, preprocess_name, ramp_output, ramps_in_range,
                            ranges_from_cuts, router_name, served_name, split_name, state_output, stock_name)
 from e3.core.plan import Plan, SplitPlan, default_plan
-from e3.core.spec import ModelCard, TensorSpec
+from e3.core.spec import ModelCard, TensorSpec, answer_specs
 from e3.export.model_api import EarlyExitModel, SplitModule
 from e3.export.onnx_export import export_onnx
 from e3.export.triton_config import DynamicBatching, ModelDescription, render_config
@@ -89,12 +89,6 @@ def _check_settings(settings: ExportSettings) -> None:
             tensorrt.import_tensorrt()  # fail before anything is written
         except tensorrt.TensorRTError as err:
             raise ExportError(str(err)) from None
-
-
-def answer_specs(card: ModelCard) -> tuple[TensorSpec, ...]:
-    """The front door's answer tensors (DESIGN §2)."""
-    return (TensorSpec("label", "INT64", (1,)), TensorSpec("exit_ramp", "INT32", (1,)),
-            TensorSpec("probs", "FP32", (card.num_classes,)))
 
 
 def all_ranges(num_blocks: int) -> list[tuple[int, int]]:
