@@ -71,7 +71,7 @@ class Settings:
     models: tuple[str, ...] = ("bert-base-ee", "bert-ee")
     batches: tuple[int, ...] = (8, 32, 128)
     mixes: tuple[str, ...] = ("80-20", "50-50")
-    concurrency: tuple[int, ...] = (2, 8, 32, 128)   # requests in flight (of 8 inputs); the last saturates
+    concurrency: tuple[int, ...] = (4, 24, 128)      # requests in flight (of 8 inputs); the last saturates
     instances: tuple[int, ...] = (1, 2)              # the baselines' instance counts tried
     duration_s: float = 1.2
     warmup_s: float = 0.3
@@ -437,6 +437,11 @@ def measure_model(name: str, settings: Settings, results: Results, binary: Path 
             names[("e3", mix, B, 1)] = write_device_model(repo, e3, card)
             results.doc["plans"].append({"model": reported, "mix": mix, "max_batch": B, "cuts": list(plans[(mix, B)]),
                                          "batch_sizes": [B] * (len(plans[(mix, B)]) + 1), "enabled_ramps": list(enabled)})
+    # E3 once more at full precision (FP32, no reduced-precision kernels): its answers are checked exactly
+    check_mix = settings.mixes[0]
+    names[("check", check_mix, min(settings.batches), 1)] = write_device_model(repo, DeviceModel(
+        system="e3", max_batch=min(settings.batches), cuts=plans[(check_mix, min(settings.batches))], slo_ms=1000.0,
+        variant="fp32", precision="fp32", **base), card)
     models = sorted(set(names.values()))
     env_path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join([*stub_first, env_path] if env_path else stub_first) or env_path
@@ -449,10 +454,54 @@ def measure_model(name: str, settings: Settings, results: Results, binary: Path 
     echo(f"  ready after {time.monotonic() - t:.0f} s")
     load = LoadPool(server.grpc_url, settings.processes)
     try:
+        check_answers(name, reported, settings, results, server.grpc_url, names, pools[check_mix], rule, enabled, echo)
         _sweep(reported, settings, results, load, names, pools, echo)
     finally:
         load.close()
         server.stop()
+
+
+def check_answers(name: str, reported: str, settings: Settings, results: Results, url: str, names: dict, pool: dict,
+                  rule, enabled: tuple[int, ...], echo) -> None:
+    """Every system's answers through Triton against the PyTorch reference (FP32, one input at a time, on the
+    CPU): labels and exit ramps. The FP32 E3 model must match exactly; the FP16 models are reported."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    from e3.export.reference import reference_answers
+    from e3.serving.device.executor import build_model
+
+    model = build_model(name, seed=settings.seed, trained=False)
+    card, L = model.card, model.card.num_blocks
+    count = 32 if not settings.cpu else 48
+    inputs = {k: v[:count] for k, v in pool.items()}
+    ref = reference_answers(model, tuple(inputs[s.name] for s in card.inputs), rule, enabled)
+    stock_ref = reference_answers(model, tuple(inputs[s.name] for s in card.inputs), rule, ())
+    client = grpcclient.InferenceServerClient(url)
+    checks = {}
+    for (system, mix, B, k), served in names.items():
+        if (system != "check" and B != max(settings.batches)) or (mix not in (None, settings.mixes[0]) and system != "check"):
+            continue
+        label, exit_ramp = [], []
+        for at in range(0, count, INPUTS_PER_REQUEST):
+            xs = []
+            for spec in card.inputs:
+                x = grpcclient.InferInput(spec.name, [INPUTS_PER_REQUEST, *spec.shape], "INT64")
+                x.set_data_from_numpy(np.ascontiguousarray(inputs[spec.name][at:at + INPUTS_PER_REQUEST]))
+                xs.append(x)
+            res = client.infer(served, xs)
+            label.append(res.as_numpy("label").reshape(-1))
+            exit_ramp.append(res.as_numpy("exit_ramp").reshape(-1))
+        want = stock_ref if system == "stock" else ref
+        label, exit_ramp = np.concatenate(label), np.concatenate(exit_ramp)
+        checks[served] = {"system": system, "inputs": count, "label_equal": float(np.mean(label == want.label)),
+                          "exit_ramp_equal": float(np.mean(exit_ramp == want.exit_ramp)),
+                          "precision": "fp32" if system == "check" or settings.cpu else "fp16"}
+        echo(f"  answers of {served}: labels {checks[served]['label_equal']:.0%} and exit ramps "
+             f"{checks[served]['exit_ramp_equal']:.0%} equal to the reference ({checks[served]['precision']})")
+    client.close()
+    results.doc.setdefault("answers", {})[reported] = checks
+    results.save()
 
 
 def _sweep(reported: str, settings: Settings, results: Results, load: LoadPool, names: dict, pools: dict, echo) -> None:
@@ -528,6 +577,10 @@ def run(settings: Settings, echo=print) -> dict:
                                "warmup_s": settings.warmup_s, "torch": torch.__version__,
                                "precision": "fp32" if settings.cpu else "fp16", "graphs": not settings.cpu}
     for name in settings.models:
+        if settings.left_s() < 150:
+            echo(f"== {name}: skipped, the time budget is spent")
+            results.doc.setdefault("skipped", []).append(name)
+            continue
         echo(f"== {name}")
         try:
             measure_model(name, settings, results, binary, stub_first, echo)

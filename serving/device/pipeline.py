@@ -54,6 +54,7 @@ __all__ = ["DevicePipeline", "StockRunner", "NaiveRunner", "Answer", "segments_a
 log = logging.getLogger(__name__)
 
 EWMA_ALPHA = 0.2   # weight of the newest run in a split's expected time
+DEPTH = 2          # split runs in flight on a GPU: the device runs one while the host decides the other
 
 
 @dataclass
@@ -95,6 +96,22 @@ class _Chunk:
         tail = _Chunk(tuple(t[m:] for t in self.tensors), self.jobs[m:], self.index[m:], self.target[m:],
                       {k: v[m:] for k, v in self.rule.items()})
         return head, tail
+
+
+@dataclass(eq=False)
+class _Run:
+    """One split run launched on the device and not yet decided."""
+    split: int
+    n: int
+    jobs: np.ndarray
+    index: np.ndarray
+    target: np.ndarray
+    rule_state: dict
+    started: float
+    state: tuple = ()                        # the state it hands on (device; its own copy on CUDA)
+    logits: torch.Tensor | None = None       # [ramps, n, C] float32 on the host (pinned on CUDA)
+    event: Any = None                        # CUDA event after the logits' copy (None on the CPU)
+    error: str | None = None
 
 
 class _Queue:
@@ -179,6 +196,8 @@ class DevicePipeline:
         self.slo_s, self.slack = slo_ms / 1e3, slack
         self.answer_cb, self.fail_cb, self.clock = answer, fail, clock
         self.inbox: deque = deque()
+        self.pending: deque[_Run] = deque()   # runs launched, not yet decided (at most ``depth``)
+        self.depth = DEPTH if settings.cuda else 1
         self.cond = threading.Condition()
         self.stopping = False
         self.thread: threading.Thread | None = None
@@ -217,6 +236,8 @@ class DevicePipeline:
             self.cond.notify()
         if self.thread is not None:
             self.thread.join(timeout_s)
+        while self.pending:
+            self._complete(self.pending.popleft())
         self._drain()
         for q in self.queues:
             for c in q.take(q.rows):
@@ -239,65 +260,104 @@ class DevicePipeline:
                 self.cond.wait(None if wake is None else max(0.0, wake - self.clock()))
 
     def step(self) -> float | None | bool:
-        """Admit what arrived, drop what can no longer make it, run at most one split. Returns False when a split
-        ran (call again), else when a partial batch becomes forced (None: only an arrival changes anything)."""
+        """Admit what arrived, drop what can no longer make it, then launch one split run or complete the
+        oldest one in flight. Returns False when it did either (call again), else when a partial batch becomes
+        forced (None: only an arrival changes anything).
+
+        Up to ``DEPTH`` runs are in flight: while the host decides one run's exits, the device already runs
+        the next full batch (its rows do not depend on the run being decided). A partial batch is launched only
+        when nothing is in flight, since a run in flight may still add rows to its queue."""
         self._drain()
         now = self.clock()
         self._drop_late(now)
         views = [QueueView(q.rows, q.batch, q.oldest_target(), q.expected_s) for q in self.queues]
         choice = choose(views, now)
-        if choice.split is None:
-            return choice.wake_s
-        self._run(choice.split, self.queues[choice.split].take(choice.rows))
-        return False
+        if choice.split is not None and (not self.pending or (len(self.pending) < self.depth
+                                                              and choice.rows == self.queues[choice.split].batch)):
+            self.pending.append(self._launch(choice.split, self.queues[choice.split].take(choice.rows)))
+            return False
+        if self.pending:
+            self._complete(self.pending.popleft())
+            return False
+        return choice.wake_s
 
     def idle(self) -> bool:
         with self.cond:
-            return not self.inbox and all(q.rows == 0 for q in self.queues)
+            return not self.inbox and not self.pending and all(q.rows == 0 for q in self.queues)
 
     # -- one split execution -------------------------------------------------------------------------------
     @torch.inference_mode()
-    def _run(self, s: int, chunks: list[_Chunk]) -> None:
-        start = time.perf_counter()
+    def _launch(self, s: int, chunks: list[_Chunk]) -> _Run:
+        """Enqueue one run of split ``s`` on the device: its rows into the executor, the state it hands on into
+        a buffer of its own (the executor's next replay overwrites its outputs), the ramps' logits into host
+        memory, an event after them. Nothing here waits for the device."""
         n = sum(len(c) for c in chunks)
-        jobs = np.concatenate([c.jobs for c in chunks])
-        index = np.concatenate([c.index for c in chunks])
-        target = np.concatenate([c.target for c in chunks])
-        rule_state = {k: np.concatenate([c.rule[k] for c in chunks]) for k in chunks[0].rule}
+        run = _Run(s, n, np.concatenate([c.jobs for c in chunks]), np.concatenate([c.index for c in chunks]),
+                   np.concatenate([c.target for c in chunks]),
+                   {k: np.concatenate([c.rule[k] for c in chunks]) for k in chunks[0].rule}, time.perf_counter())
         try:
             outs = self.executors[s].run([c.tensors for c in chunks], n)
             last = s == len(self.ranges) - 1
             state = () if last else outs[:self.state_count]
             ramp_out = outs[len(state):]
-            # the one sync: every computed ramp's logits, as float32, in one copy to the host (a split without
-            # a ramp decides nothing: no sync)
-            logits = torch.stack([o.float() for o in ramp_out]).cpu().numpy() if ramp_out else None
+            run.state = tuple(t.clone() for t in state) if self.settings.cuda else state
+            if ramp_out:
+                logits = torch.stack([o.float() for o in ramp_out])
+                if self.settings.cuda:
+                    run.logits = torch.empty(logits.shape, dtype=torch.float32, pin_memory=True)
+                    run.logits.copy_(logits, non_blocking=True)
+                    run.event = torch.cuda.Event()
+                    run.event.record()
+                else:
+                    run.logits = logits
         except Exception as err:  # noqa: BLE001 - a failed run answers its requests, the worker goes on
             log.exception("split %d-%d failed", *self.ranges[s])
-            self._fail_rows(jobs, f"split {self.ranges[s][0]}-{self.ranges[s][1]} failed: {err}")
+            run.error = f"split {self.ranges[s][0]}-{self.ranges[s][1]} failed: {err}"
+        return run
+
+    @torch.inference_mode()
+    def _complete(self, run: _Run) -> None:
+        """Wait for a launched run (the one sync), decide its exits on the host, answer the requests whose last
+        row it decided, gather the survivors' state on the device into the next split's queue."""
+        s, n = run.split, run.n
+        try:
+            if run.event is not None:
+                run.event.synchronize()
+            logits = run.logits.numpy() if run.logits is not None else None
+        except Exception as err:  # noqa: BLE001
+            run.error = f"split {self.ranges[s][0]}-{self.ranges[s][1]} failed: {err}"
+        if run.error is not None:
+            self._fail_rows(run.jobs, run.error)
             return
-        route = BatchRoute(n, self.card.num_classes, self.card.num_blocks, self.rule, rule_state)
-        keep = route.observe({k: logits[i] for i, k in enumerate(self.ramps[s])}) if ramp_out else np.ones(n, bool)
-        for i in np.flatnonzero(~keep):
-            job = jobs[i]
-            if not job.live:
-                continue
-            r = index[i]
-            job.answer.label[r], job.answer.exit_ramp[r], job.answer.probs[r] = \
-                route.label[i], route.exit_ramp[i], route.probs[i]
-            job.pending -= 1
-            if job.pending == 0:
-                job.live = False
-                self.answer_cb(job.handle, job.answer.outputs())
+        route = BatchRoute(n, self.card.num_classes, self.card.num_blocks, self.rule, run.rule_state)
+        keep = route.observe({k: logits[i] for i, k in enumerate(self.ramps[s])}) if logits is not None \
+            else np.ones(n, bool)
+        decided = np.flatnonzero(~keep)
+        if decided.size:
+            # one group per request (rows of a request are few and mostly adjacent)
+            order = decided[np.argsort(np.fromiter((id(j) for j in run.jobs[decided]), np.int64, decided.size),
+                                       kind="stable")]
+            ids = np.fromiter((id(j) for j in run.jobs[order]), np.int64, order.size)
+            for group in np.split(order, np.flatnonzero(np.diff(ids)) + 1):
+                job = run.jobs[group[0]]
+                if not job.live:
+                    continue
+                r = run.index[group]
+                job.answer.label[r], job.answer.exit_ramp[r], job.answer.probs[r] = \
+                    route.label[group], route.exit_ramp[group], route.probs[group]
+                job.pending -= group.size
+                if job.pending == 0:
+                    job.live = False
+                    self.answer_cb(job.handle, job.answer.outputs())
         if keep.any():
             idx = np.flatnonzero(keep)
             where = torch.from_numpy(idx).to(self.settings.device, non_blocking=True)
-            survivors = tuple(t.index_select(0, where) for t in state)
-            self.queues[s + 1].push(_Chunk(survivors, jobs[idx], index[idx], target[idx],
+            survivors = tuple(t.index_select(0, where) for t in run.state)
+            self.queues[s + 1].push(_Chunk(survivors, run.jobs[idx], run.index[idx], run.target[idx],
                                            {k: v[idx] for k, v in route.rule_state.items()}))
         self.counts["runs"][s] += 1
         self.counts["rows"][s] += n
-        self.queues[s].learn(time.perf_counter() - start)
+        self.queues[s].learn(time.perf_counter() - run.started)
 
     # -- drops -------------------------------------------------------------------------------------------------
     def _drop_late(self, now: float) -> None:
