@@ -96,6 +96,20 @@ def namespace() -> Path:
     return ns
 
 
+def _install_wheel(wheel: Path, site: Path) -> None:
+    """What pip does for a wheel that needs no build, without pip: unzip it and move its ``<dist>.data/purelib``
+    and ``platlib`` trees to the top (where the tritonclient wheel keeps its package)."""
+    zipfile.ZipFile(wheel).extractall(site)
+    for data in site.glob("*.data"):
+        for kind in ("purelib", "platlib"):
+            for item in (data / kind).glob("*") if (data / kind).is_dir() else ():
+                target = site / item.name
+                if target.exists():
+                    shutil.rmtree(target) if target.is_dir() else target.unlink()
+                shutil.move(str(item), str(target))
+        shutil.rmtree(data)
+
+
 def unpack_host(wheels: Path, work: Path) -> tuple[Path, list[str]]:
     """Unpack the server and the client on a bare host. Returns (the tritonserver binary, folders the model
     processes must import first: numpy<2 for the Python-backend stub)."""
@@ -120,7 +134,7 @@ def unpack_host(wheels: Path, work: Path) -> tuple[Path, list[str]]:
     site = work / "site"
     for pattern in ("tritonclient-*.whl", "python_rapidjson-*.whl"):
         for w in wheels.glob(pattern):
-            zipfile.ZipFile(w).extractall(site)
+            _install_wheel(w, site)
     sys.path.insert(0, str(site))
     stub_first = []
     tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
