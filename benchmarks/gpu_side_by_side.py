@@ -52,6 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ROOMS = ("export", "serving", "controller", "client", "deploy", "generation", "simulator")
 INPUTS_PER_REQUEST = 8
+REQUEST_TIMEOUT_S = 10.0   # a request not answered by then counts as an error (a stuck server ends the run, not the bench)
 
 # The forced exit distributions (share of inputs reaching each block; the rule of the served models):
 # bert-ee's is its 80:20 workload's batch profile as recorded for the GPU reference measurement
@@ -145,6 +146,26 @@ def unpack_host(wheels: Path, work: Path) -> tuple[Path, list[str]]:
     return binary, stub_first
 
 
+PTH_NAME = "e3_gpu_side_by_side.pth"
+
+
+def _model_process_path(folders: list[str]) -> None:
+    """Put ``folders`` first on the path of every Python process started from now on with this interpreter's
+    site-packages: a ``.pth`` file there, removed when this process exits.
+
+    Measured on the lent GPU host: the Python-backend stub ignores ``PYTHONPATH`` (its model imports failed
+    with "No module named 'e3'" while the variable named the package's folder), yet it reads this
+    interpreter's site-packages (it imports torch from there), whose ``.pth`` files run before the stub
+    imports numpy. So the project's namespace and numpy<2 reach the model processes this way."""
+    import atexit
+    import site
+    if not folders:
+        return
+    pth = Path(site.getsitepackages()[0]) / PTH_NAME
+    pth.write_text(f"import sys; sys.path[:0] = {folders!r}\n")
+    atexit.register(lambda: pth.unlink(missing_ok=True))
+
+
 # -- load ------------------------------------------------------------------------------------------------------
 def _client_worker(url: str, commands, results) -> None:
     """One client process: for each command, ``threads`` closed-loop gRPC clients for warmup + duration."""
@@ -177,7 +198,8 @@ def _client_worker(url: str, commands, results) -> None:
                     inputs.append(x)
                 sent = time.monotonic()
                 try:
-                    res = client.infer(model, inputs, outputs=[grpcclient.InferRequestedOutput("exit_ramp")])
+                    res = client.infer(model, inputs, outputs=[grpcclient.InferRequestedOutput("exit_ramp")],
+                                       client_timeout=REQUEST_TIMEOUT_S)
                     done = time.monotonic()
                     if sent >= t0 and done <= t1:
                         mine.append(done - sent)
@@ -224,7 +246,7 @@ class LoadPool:
                 used += 1
         lat, errors, exits = [], [], {}
         for _ in range(used):
-            part_lat, part_err, part_exits = self.results.get(timeout=warmup_s + duration_s + 120)
+            part_lat, part_err, part_exits = self.results.get(timeout=warmup_s + duration_s + REQUEST_TIMEOUT_S + 60)
             lat += part_lat
             errors += part_err
             for k, v in part_exits.items():
@@ -570,19 +592,22 @@ def _sweep(reported: str, settings: Settings, results: Results, load: LoadPool, 
 
 def run(settings: Settings, echo=print) -> dict:
     settings.out.mkdir(parents=True, exist_ok=True)
-    binary, stub_first = None, []
+    binary, stub_first, ns = None, [], None
     try:
         import e3  # noqa: F401 - installed (a development machine)
     except ImportError:
-        sys.path.insert(0, str(namespace()))
+        ns = namespace()
+        sys.path.insert(0, str(ns))
     if not settings.cpu or settings.wheels:
-        wheels = settings.wheels or ROOT / ".gpu_wheels"
+        wheels = (settings.wheels or ROOT / ".gpu_wheels").resolve()
         binary, stub_first = unpack_host(wheels, Path(tempfile.gettempdir()) / "e3-gpu-host")
         os.environ.setdefault("E3_ARTIFACTS", str(Path(tempfile.gettempdir()) / "e3-gpu-artifacts"))
-        ns = next((p for p in sys.path if p.startswith(tempfile.gettempdir()) and "e3-ns-" in p), None)
-        import site
-        extra = [p for p in (ns, *site.getsitepackages()) if p]
-        os.environ["PYTHONPATH"] = os.pathsep.join([*extra, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        _model_process_path([*stub_first, *([str(ns)] if ns else [])])
+        stub_first = []
+    # the model processes start in this folder: not in the checkout, whose e3/ (the floor alone) would
+    # shadow the namespace
+    settings.out = settings.out.resolve()
+    os.chdir(settings.out)
     import torch
     device = "cpu" if settings.cpu else torch.cuda.get_device_name()
     results = Results(settings.out / "side_by_side.json", device, settings)

@@ -181,7 +181,7 @@ class DevicePipeline:
     def __init__(self, model: EarlyExitModel, *, cuts: tuple[int, ...], batch_sizes: list[int],
                  enabled_ramps: tuple[int, ...], rule: ExitRule, settings: DeviceSettings, slo_ms: float,
                  slack: float = 0.2, answer: Callable[[Any, dict], None], fail: Callable[[Any, str], None],
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, depth: int | None = None):
         card = model.card
         self.card, self.rule, self.settings = card, rule, settings
         self.ranges = segments_at(card.num_blocks, cuts)
@@ -197,7 +197,7 @@ class DevicePipeline:
         self.answer_cb, self.fail_cb, self.clock = answer, fail, clock
         self.inbox: deque = deque()
         self.pending: deque[_Run] = deque()   # runs launched, not yet decided (at most ``depth``)
-        self.depth = DEPTH if settings.cuda else 1
+        self.depth = depth or (DEPTH if settings.cuda else 1)
         self.cond = threading.Condition()
         self.stopping = False
         self.thread: threading.Thread | None = None
@@ -284,6 +284,10 @@ class DevicePipeline:
     def idle(self) -> bool:
         with self.cond:
             return not self.inbox and not self.pending and all(q.rows == 0 for q in self.queues)
+
+    def busy(self) -> bool:
+        """Rows queued or runs in flight (what :meth:`step` can still work on)."""
+        return not self.idle()
 
     # -- one split execution -------------------------------------------------------------------------------
     @torch.inference_mode()

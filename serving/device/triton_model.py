@@ -13,9 +13,19 @@ test``). String parameters of the config:
 * ``exit_rule`` and ``enabled_ramps`` (JSON), and for ``e3``: ``cuts`` and ``batch_sizes`` (JSON lists),
   ``slo_ms`` and ``slack``.
 
-``e3`` answers every request later from its device worker (one response sender thread,
-:class:`~e3.serving.triton_io.ResponseSender`); ``stock`` and ``ee`` answer within ``execute``, their batch
-formed by Triton's dynamic batcher. All three answer ``label``, ``exit_ramp`` and ``probs``.
+All three answer within ``execute``, their requests batched by Triton's dynamic batcher, and answer
+``label``, ``exit_ramp`` and ``probs``. ``e3`` admits every request of the execute into its pipeline and
+steps the pipeline in the execute's own thread until each of them is answered (or dropped): the rows of all
+those requests are merged into the splits' constant batches, and the execute returns their responses.
+
+Decision, from a measurement: the first design answered from a worker thread through response senders (as
+the CPU router does) and returned from ``execute`` at once, so that survivors of later executes could merge
+with earlier ones. On the H200 host that router answered single requests correctly but stopped answering
+under 4 concurrent clients (no error logged; the same pipeline ran to completion in a plain process on the
+same GPU, with two split runs in flight). The inline form has no thread besides Triton's own; at load,
+Triton's batcher hands it the queued requests together (up to ``ROUTER_MAX_BATCH`` rows), which is what fills
+the constant batches; what it gives up is merging across executes (each execute ends with its partial
+batches).
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ import torch
 from e3.core.exits import make_exit_rule
 from e3.serving.device.executor import DeviceSettings, build_model, prepare_model
 from e3.serving.device.pipeline import DevicePipeline, NaiveRunner, StockRunner
-from e3.serving.triton_io import ResponseSender, gather, model_parameters, tensor_response
+from e3.serving.triton_io import error_response, gather, model_parameters, tensor_response
 
 ROLES = ("e3", "stock", "ee")
 
@@ -50,11 +60,12 @@ class TritonPythonModel:
         rule = make_exit_rule(json.loads(params["exit_rule"]))
         enabled = tuple(json.loads(params["enabled_ramps"]))
         if self.role == "e3":
-            self.outbox = ResponseSender(f"{params['model']} e3")
+            self.answers: dict[int, object] = {}
             self.pipeline = DevicePipeline(
                 model, cuts=tuple(json.loads(params["cuts"])), batch_sizes=json.loads(params["batch_sizes"]),
                 enabled_ramps=enabled, rule=rule, settings=settings, slo_ms=float(params["slo_ms"]),
-                slack=float(params.get("slack", "0.2")), answer=self.outbox.put, fail=self.outbox.put).start()
+                slack=float(params.get("slack", "0.2")), answer=self.answers.__setitem__,
+                fail=self.answers.__setitem__, depth=int(params["depth"]) if params.get("depth") else None)
         elif self.role == "stock":
             self.runner = StockRunner(model, settings)
         else:
@@ -63,14 +74,17 @@ class TritonPythonModel:
     def execute(self, requests):
         got = gather(requests, self.card.inputs)
         if self.role == "e3":
-            for request, response in zip(requests, got.responses):
-                if response is not None:   # malformed: answered now, the others go on
-                    self.outbox.put(request, response)
             at = 0
             for i, n in zip(got.valid, got.sizes):
-                self.pipeline.admit(requests[i], {k: v[at:at + n] for k, v in got.arrays.items()})
+                self.pipeline.admit(i, {k: v[at:at + n] for k, v in got.arrays.items()})
                 at += n
-            return None
+            while any(i not in self.answers for i in got.valid):
+                if self.pipeline.step() is not False and not self.pipeline.busy():
+                    break   # nothing left to run: cannot happen while rows wait (dispatch always runs one)
+            for i in got.valid:
+                what = self.answers.pop(i, "the router lost this request (a bug): nothing answered it")
+                got.responses[i] = tensor_response(what) if isinstance(what, dict) else error_response(what)
+            return got.responses
         if got.valid:
             answer = self.runner.run(got.arrays)
             at = 0
@@ -79,7 +93,3 @@ class TritonPythonModel:
                 at += n
         return got.responses
 
-    def finalize(self):
-        if self.role == "e3":
-            self.pipeline.stop()
-            self.outbox.close()
