@@ -639,6 +639,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default=None)
     p.add_argument("--batches", default=None)
     p.add_argument("--mixes", default=None)
+    p.add_argument("--instances", default=None, help="the baselines' instance counts to try (default 1,2)")
     p.add_argument("--wheels", type=Path, default=None,
                    help="folder with the server and client to unpack (default .gpu_wheels/; with --cpu only if given)")
     p.add_argument("--budget-s", type=float, default=None, help="start no new batch size past this many seconds")
@@ -655,6 +656,8 @@ def main(argv: list[str] | None = None) -> int:
         s.batches = tuple(int(b) for b in a.batches.split(","))
     if a.mixes:
         s.mixes = tuple(a.mixes.split(","))
+    if a.instances:
+        s.instances = tuple(int(k) for k in a.instances.split(","))
     doc = run(s)
     return 1 if doc.get("failed") or not doc["rows"] else 0
 
