@@ -594,7 +594,10 @@ def run(settings: Settings, echo=print) -> dict:
     settings.out.mkdir(parents=True, exist_ok=True)
     binary, stub_first, ns = None, [], None
     try:
-        import e3  # noqa: F401 - installed (a development machine)
+        import e3   # installed (a development machine), or a namespace a caller made (gpu_host.py)
+        root = Path(e3.__file__).resolve().parent
+        if (root / "serving").is_dir():   # a namespace folder: e3/ with the rooms inside it
+            ns = root.parent
     except ImportError:
         ns = namespace()
         sys.path.insert(0, str(ns))
