@@ -22,25 +22,23 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ROOMS = ("export", "serving", "controller", "client", "deploy", "generation", "simulator")
 
 
-def _namespace() -> Path:
-    """A temporary folder holding ``e3`` as the installed package lays it out (e3/ plus the rooms)."""
-    ns = Path(tempfile.mkdtemp(prefix="e3-ns-"))
-    shutil.copytree(ROOT / "e3", ns / "e3")
-    for room in ROOMS:
-        (ns / "e3" / room).symlink_to(ROOT / room)
-    return ns
+def _runner():
+    """benchmarks/gpu_side_by_side.py, loaded from beside this file (it also makes the ``e3`` namespace)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpu_side_by_side", ROOT / "benchmarks" / "gpu_side_by_side.py")
+    runner = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = runner   # dataclasses look their module up while the class is made
+    spec.loader.exec_module(runner)
+    return runner
 
 
 def _step(name: str, fn) -> None:
@@ -59,7 +57,7 @@ DEFAULT_STEPS = ("side-by-side", "profiles", "admission")
 
 def main(out: Path, steps: tuple[str, ...] = DEFAULT_STEPS) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(_namespace()))
+    sys.path.insert(0, str(_runner().namespace()))
     try:
         info = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv"],
                               capture_output=True, text=True).stdout
@@ -88,10 +86,7 @@ def main(out: Path, steps: tuple[str, ...] = DEFAULT_STEPS) -> int:
 
     if "side-by-side" in steps:
         def side_by_side():
-            import importlib.util
-            spec = importlib.util.spec_from_file_location("gpu_side_by_side", ROOT / "benchmarks" / "gpu_side_by_side.py")
-            runner = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(runner)
+            runner = _runner()
             runner.run(runner.Settings(out.resolve(), budget_s=420.0))
         _step("E3 vs stock vs naive early exit through Triton (side by side)", side_by_side)
     if "profiles" in steps:

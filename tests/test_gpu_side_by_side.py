@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _module(name: str):
     spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
