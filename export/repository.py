@@ -5,7 +5,8 @@ For model ``m`` (served name ``<m>``) and a plan with splits S1..Sn it writes:
 * ``<m>_split_<a>-<b>``  one ONNX split per plan split (dynamic batching, instance group)
 * ``<m>_router``         the E3 router (Python backend, BLS), the plan in its parameters
 * ``<m>_stock``          the stock model (no ramps), one ONNX file
-* ``<m>_ee``             the naive in-process early-exit baseline (one ONNX file per block)
+* ``<m>_ee``             the naive in-process early-exit baseline (one ONNX file per block, named as the
+                         router's, composed into one graph at load under an entropy rule)
 * ``e3_repository.json`` the manifest: models e3 created, the current plan, the model card
 
 Each model is written into a temporary directory and moved into place, so a
@@ -186,8 +187,9 @@ def _write_ee(model: EarlyExitModel, plan: Plan, name: str, out: Path, settings:
     card = model.card
     enabled = plan.enabled_ramps
     for k in range(1, card.num_blocks + 1):
-        export_onnx(SplitModule(model, k, k, tuple(r for r in enabled if r == k)), out / "1" / f"block_{k}.onnx",
-                    max_batch_size=card.max_batch_size)
+        # named as the router's blocks: its compact split's code runs them (serving/compact.py)
+        export_onnx(SplitModule(model, k, k, tuple(r for r in enabled if r == k)),
+                    out / "1" / block_file(k, ramp=k in enabled), max_batch_size=card.max_batch_size)
     _write_python_model(out, ModelDescription(
         name=name, kind="python", max_batch_size=card.max_batch_size, inputs=card.inputs,
         outputs=answer_specs(card), instances=settings.baseline_instances,
