@@ -14,9 +14,9 @@ for every model:
    (:mod:`e3.controller.planner.device`), and the inputs/s of the stock model, the naive early-exit model and
    E3's pipeline with nothing around them.
 2. **Through Triton**: one ``tritonserver`` with every system as a KIND_GPU model (:mod:`e3.export.
-   device_repository`): E3's router holding its constant splits on the device (one instance), the stock model
-   (one graph per bucket) and the naive early-exit model (compacting on the device), each at Triton max batch
-   B, the baselines with 1 and 2 instances (the better one is kept: their best configuration). Closed-loop
+   device_repository`): E3's router holding its constant splits on the device (split batches B), the stock
+   model (one graph per bucket) and the naive early-exit model (compacting on the device), each at Triton max
+   batch B; every system with 1 and 2 instances (the better one is kept: its best configuration). Closed-loop
    gRPC clients send requests of 8 inputs; each system runs alone on the GPU, one after the other. At the
    highest concurrency the load saturates every system (the saturating rows, ``slo_ms`` null); lower
    concurrencies trace p99 against goodput, and the goodput at a p99 SLO is the best goodput among the
@@ -468,9 +468,10 @@ def measure_model(name: str, settings: Settings, results: Results, binary: Path 
             for k in settings.instances:
                 # the naive model's rule is the model's; only the e3 router differs per mix (its cuts)
                 names[("ee", mix, B, k)] = write_device_model(repo, DeviceModel(system="ee", max_batch=B, instances=k, **base), card)
-            e3 = DeviceModel(system="e3", max_batch=B, cuts=plans[(mix, B)], slo_ms=1000.0, variant=mix.replace("-", "_"),
-                             **base)
-            names[("e3", mix, B, 1)] = write_device_model(repo, e3, card)
+            for k in settings.instances:
+                e3 = DeviceModel(system="e3", max_batch=B, cuts=plans[(mix, B)], slo_ms=1000.0, instances=k,
+                                 variant=mix.replace("-", "_"), **base)
+                names[("e3", mix, B, k)] = write_device_model(repo, e3, card)
             results.doc["plans"].append({"model": reported, "mix": mix, "max_batch": B, "cuts": list(plans[(mix, B)]),
                                          "batch_sizes": [B] * (len(plans[(mix, B)]) + 1), "enabled_ramps": list(enabled)})
     # E3 once more at full precision (FP32, no reduced-precision kernels): its answers are checked exactly
@@ -573,21 +574,24 @@ def _sweep(reported: str, settings: Settings, results: Results, load: LoadPool, 
         if settings.left_s() < 30:
             echo("  time budget spent: stopping here")
             return
-        for system, mixes in (("stock", [None]), ("ee", list(settings.mixes))):
+        for system, mixes in (("stock", [None]), ("ee", list(settings.mixes)), ("e3", list(settings.mixes))):
             for mix in mixes:
                 pool = pools[mix or settings.mixes[0]]
+                # every system at its better instance count on the GPU (E3 too: a second router process overlaps
+                # its host work with the first one's device work, as a second baseline instance does)
                 cal = {k: one(system, mix, B, k, sat, pool) for k in settings.instances}
                 best_k = max(cal, key=lambda k: cal[k]["inputs_per_s"] if not cal[k]["errors"] else -1)
                 curve = [cal[best_k]] + [one(system, mix, B, best_k, c, pool)
                                          for c in settings.concurrency if c != sat]
-                config = {"instances": best_k, "tried": {str(k): cal[k]["inputs_per_s"] for k in cal},
-                          "queue_delay_us": 0}
+                config = {"instances": best_k, "tried": {str(k): cal[k]["inputs_per_s"] for k in cal}}
+                if system == "e3":
+                    plan = next(p for p in results.doc["plans"]
+                                if p["model"] == reported and p["mix"] == mix and p["max_batch"] == B)
+                    config.update(cuts=plan["cuts"], batch_sizes=plan["batch_sizes"])
+                else:
+                    config["queue_delay_us"] = 0
                 for m in ([mix] if mix else list(settings.mixes)):
                     add_rows(system, m, B, config, curve)
-        for mix in settings.mixes:
-            curve = [one("e3", mix, B, 1, c, pools[mix]) for c in settings.concurrency]
-            plan = next(p for p in results.doc["plans"] if p["model"] == reported and p["mix"] == mix and p["max_batch"] == B)
-            add_rows("e3", mix, B, {"instances": 1, "cuts": plan["cuts"], "batch_sizes": plan["batch_sizes"]}, curve)
 
 
 def run(settings: Settings, echo=print) -> dict:

@@ -33,7 +33,7 @@ class DeviceModel:
     exit_rule: dict                  # the rule every system applies (forced exits on random weights)
     enabled_ramps: tuple[int, ...]   # ramps computed by E3 and by the naive model
     gpu: bool = False                # KIND_GPU on GPU 0, else KIND_CPU
-    instances: int = 1               # Triton instances (baselines; E3 runs one per GPU)
+    instances: int = 1               # Triton instances (each E3 instance holds its own pipeline)
     queue_delay_us: int = 0          # the baselines' dynamic batcher delay
     cuts: tuple[int, ...] = ()       # E3: blocks after which the model is cut
     batch_sizes: tuple[int, ...] = ()  # E3: each split's batch (default B for every split)
@@ -46,7 +46,7 @@ class DeviceModel:
 
     @property
     def name(self) -> str:
-        name = device_model_name(self.model, self.system, self.max_batch, self.instances if self.system != "e3" else 1)
+        name = device_model_name(self.model, self.system, self.max_batch, self.instances)
         return f"{name}_{self.variant}" if self.variant else name
 
 
