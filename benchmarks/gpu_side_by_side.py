@@ -235,7 +235,7 @@ class LoadPool:
         for p in self.procs:
             p.start()
 
-    def run(self, model: str, concurrency: int, pool: dict, warmup_s: float, duration_s: float) -> dict:
+    def run(self, model: str, concurrency: int, pool: dict, *, warmup_s: float, duration_s: float) -> dict:
         import numpy as np
         share = [concurrency // len(self.commands) + (1 if i < concurrency % len(self.commands) else 0)
                  for i in range(len(self.commands))]
@@ -283,7 +283,7 @@ def slo_rows(runs: list[dict], slo_ms: float) -> dict | None:
 
 
 # -- inputs ------------------------------------------------------------------------------------------------------
-def mixed_pool(model, rule, easy_share: float, size: int, seed: int) -> dict:
+def mixed_pool(model, rule, easy_share: float, *, size: int, seed: int) -> dict:
     """``size`` inputs of which ``easy_share`` exit before the head under ``rule`` (forced exits), shuffled."""
     import numpy as np
     L = model.card.num_blocks
@@ -323,7 +323,7 @@ def _timed(fn, reps: int, sync) -> float:
     return float(np.median(ts)) * 1e3
 
 
-def in_process(model, rule, enabled: tuple[int, ...], device_settings, pools: dict[str, dict], B: int,
+def in_process(model, rule, enabled: tuple[int, ...], *, device_settings, pools: dict[str, dict], B: int,
                reps: int, echo) -> dict:
     """Prices at batch B, E3's cuts per mix, and the in-process inputs/s of the three systems."""
     import dataclasses
@@ -345,7 +345,7 @@ def in_process(model, rule, enabled: tuple[int, ...], device_settings, pools: di
     block_ms, state, at_ramp = [], feed, None
     first_ramp = min(enabled) if enabled else L
     for k in range(1, L + 1):
-        ex = make_executor(model, k, k, card.split_ramps(k, k, enabled), at_b)
+        ex = make_executor(model, k, k, ramps=card.split_ramps(k, k, enabled), settings=at_b)
         outs = ex.run([state], B)
         block_ms.append(_timed(lambda: ex.run([state], B), reps, sync))
         if k == first_ramp:
@@ -372,7 +372,7 @@ def in_process(model, rule, enabled: tuple[int, ...], device_settings, pools: di
     naive = NaiveRunner(model, enabled_ramps=enabled, rule=rule, settings=full)
     for mix, pool in pools.items():
         reach = reach_of(rule, pool, L)
-        plan = choose_device_cuts(reach, block_ms, run_ms, enabled, stock_ms)
+        plan = choose_device_cuts(reach, block_ms, run_ms, enabled_ramps=enabled, stock_ms=stock_ms)
         batch = {k: v[:B] for k, v in pool.items()}
         naive_ms = _timed(lambda: naive.run(batch), reps, sync)
         n_req = max(4, 12 * B // INPUTS_PER_REQUEST)
@@ -418,7 +418,7 @@ class Results:
         tmp.replace(self.path)
 
 
-def measure_model(name: str, settings: Settings, results: Results, binary: Path | None, stub_first: list[str],
+def measure_model(name: str, settings: Settings, results: Results, *, binary: Path | None, stub_first: list[str],
                   echo) -> None:
     import numpy as np
     import torch
@@ -439,12 +439,13 @@ def measure_model(name: str, settings: Settings, results: Results, binary: Path 
     model = prepare_model(build_model(name, seed=settings.seed, trained=False), dev_settings)
     if settings.cpu:
         torch.set_num_threads(1)
-    pools = {mix: mixed_pool(model, rule, MIXES[mix], 1024 if not settings.cpu else 128, settings.seed + 7)
+    pools = {mix: mixed_pool(model, rule, MIXES[mix], size=1024 if not settings.cpu else 128, seed=settings.seed + 7)
              for mix in settings.mixes}
     plans: dict[tuple[str, int], tuple[int, ...]] = {}
     with torch.inference_mode():
         for B in settings.batches:
-            lim = in_process(model, rule, enabled, dev_settings, pools, B, settings.limit_reps, echo)
+            lim = in_process(model, rule, enabled, device_settings=dev_settings, pools=pools, B=B, reps=settings.limit_reps,
+                             echo=echo)
             for mix, m in lim["mixes"].items():
                 plans[(mix, B)] = tuple(m["cuts"])
                 results.doc["limit"].append({"model": reported, "mix": mix, "max_batch": B, "stock": lim["stock_ips"],
@@ -491,14 +492,15 @@ def measure_model(name: str, settings: Settings, results: Results, binary: Path 
     echo(f"  ready after {time.monotonic() - t:.0f} s")
     load = LoadPool(server.grpc_url, settings.processes)
     try:
-        check_answers(name, reported, settings, results, server.grpc_url, names, pools[check_mix], rule, enabled, echo)
+        check_answers(name, reported, settings, results=results, url=server.grpc_url, names=names, pool=pools[check_mix],
+                      rule=rule, enabled=enabled, echo=echo)
         _sweep(reported, settings, results, load, names, pools, echo)
     finally:
         load.close()
         server.stop()
 
 
-def check_answers(name: str, reported: str, settings: Settings, results: Results, url: str, names: dict, pool: dict,
+def check_answers(name: str, reported: str, settings: Settings, *, results: Results, url: str, names: dict, pool: dict,
                   rule, enabled: tuple[int, ...], echo) -> None:
     """Every system's answers through Triton against the PyTorch reference (FP32, one input at a time, on the
     CPU): labels and exit ramps. The FP32 E3 model must match exactly; the FP16 models are reported."""
@@ -546,7 +548,7 @@ def _sweep(reported: str, settings: Settings, results: Results, load: LoadPool, 
 
     def one(system: str, mix: str | None, B: int, k: int, c: int, pool: dict) -> dict:
         model = names[(system, mix, B, k)]
-        r = load.run(model, c, pool, settings.warmup_s, settings.duration_s)
+        r = load.run(model, c, pool, warmup_s=settings.warmup_s, duration_s=settings.duration_s)
         r["duration_s"] = settings.duration_s
         row = {k2: v for k2, v in r.items() if k2 != "latencies_ms"}
         row.update(model=reported, system=system, mix=mix, max_batch=B, instances=k, served=model)
@@ -629,7 +631,7 @@ def run(settings: Settings, echo=print) -> dict:
             continue
         echo(f"== {name}")
         try:
-            measure_model(name, settings, results, binary, stub_first, echo)
+            measure_model(name, settings, results, binary=binary, stub_first=stub_first, echo=echo)
         except Exception:   # noqa: BLE001 - report, keep what was measured, go on with the next model
             traceback.print_exc()
             results.doc.setdefault("failed", []).append(name)

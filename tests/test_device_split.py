@@ -75,8 +75,8 @@ def test_cut_search_is_the_brute_force_minimum_and_the_dp_agrees():
         reach = [1.0] + sorted(rng.uniform(0.0, 1.0, L - 1), reverse=True)
         run_ms = float(rng.uniform(0.0, 0.5))
         enabled = tuple(k for k in range(1, L) if rng.random() < 0.7)
-        got = choose_device_cuts(reach, block, run_ms, enabled)
-        best = min(plan_time_ms(c, reach, block, run_ms)
+        got = choose_device_cuts(reach, block, run_ms, enabled_ramps=enabled)
+        best = min(plan_time_ms(c, reach, block, run_ms=run_ms)
                    for r in range(len(enabled) + 1) for c in itertools.combinations(enabled, r))
         assert got.time_ms == pytest.approx(best)
         # the DP fallback (used past 14 ramps) finds the same minimum
@@ -84,7 +84,7 @@ def test_cut_search_is_the_brute_force_minimum_and_the_dp_agrees():
         old = device.EXHAUSTIVE_MAX_RAMPS
         device.EXHAUSTIVE_MAX_RAMPS = -1
         try:
-            assert choose_device_cuts(reach, block, run_ms, enabled).time_ms == pytest.approx(best)
+            assert choose_device_cuts(reach, block, run_ms, enabled_ramps=enabled).time_ms == pytest.approx(best)
         finally:
             device.EXHAUSTIVE_MAX_RAMPS = old
 
@@ -92,12 +92,12 @@ def test_cut_search_is_the_brute_force_minimum_and_the_dp_agrees():
 def test_cut_search_cuts_where_most_inputs_leave_and_not_where_nobody_does():
     block = [1.0] * 12
     reach = [1.0, 1.0] + [0.2] * 10   # 80% leave after block 2
-    assert choose_device_cuts(reach, block, 0.1, tuple(range(1, 12))).cuts == (2,)
-    assert choose_device_cuts([1.0] * 12, block, 0.1, tuple(range(1, 12))).cuts == ()
+    assert choose_device_cuts(reach, block, 0.1, enabled_ramps=tuple(range(1, 12))).cuts == (2,)
+    assert choose_device_cuts([1.0] * 12, block, 0.1, enabled_ramps=tuple(range(1, 12))).cuts == ()
 
 
 def test_plan_time_counts_each_split_at_the_share_reaching_it():
-    assert plan_time_ms((2,), [1.0, 1.0, 0.5, 0.5], [1.0, 1.0, 1.0, 1.0], 0.5) == pytest.approx(2.5 + 0.5 * 2.5)
+    assert plan_time_ms((2,), [1.0, 1.0, 0.5, 0.5], [1.0, 1.0, 1.0, 1.0], run_ms=0.5) == pytest.approx(2.5 + 0.5 * 2.5)
 
 
 # -- forced exits -------------------------------------------------------------------------------------------------

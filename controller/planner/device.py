@@ -36,7 +36,7 @@ class DeviceCuts:
         return self.stock_ms / self.time_ms if self.time_ms > 0 else float("inf")
 
 
-def plan_time_ms(cuts: tuple[int, ...], reach: list[float], block_ms: list[float], run_ms: float) -> float:
+def plan_time_ms(cuts: tuple[int, ...], reach: list[float], block_ms: list[float], *, run_ms: float) -> float:
     """Device time per B inputs of the plan cut at ``cuts`` (module docstring). ``reach[k-1]``: share reaching
     block k; ``block_ms[k-1]``: block k's time at B."""
     L = len(block_ms)
@@ -47,7 +47,7 @@ def plan_time_ms(cuts: tuple[int, ...], reach: list[float], block_ms: list[float
     return total
 
 
-def choose_device_cuts(reach: list[float], block_ms: list[float], run_ms: float, enabled_ramps: tuple[int, ...],
+def choose_device_cuts(reach: list[float], block_ms: list[float], run_ms: float, *, enabled_ramps: tuple[int, ...],
                        stock_ms: float = 0.0) -> DeviceCuts:
     """The cuts (a subset of ``enabled_ramps`` below L) with the least device time per B inputs."""
     L = len(block_ms)
@@ -56,8 +56,8 @@ def choose_device_cuts(reach: list[float], block_ms: list[float], run_ms: float,
     candidates = tuple(k for k in sorted(enabled_ramps) if 1 <= k < L)
     if len(candidates) <= EXHAUSTIVE_MAX_RAMPS:
         best = min((c for r in range(len(candidates) + 1) for c in itertools.combinations(candidates, r)),
-                   key=lambda c: (plan_time_ms(c, reach, block_ms, run_ms), len(c)))
-        return DeviceCuts(best, plan_time_ms(best, reach, block_ms, run_ms), stock_ms)
+                   key=lambda c: (plan_time_ms(c, reach, block_ms, run_ms=run_ms), len(c)))
+        return DeviceCuts(best, plan_time_ms(best, reach, block_ms, run_ms=run_ms), stock_ms)
     # f[j] = least time of blocks 1..j cut after j (j a candidate or 0): f[j] = min_i f[i] + reach[i] (sum + run)
     points = [0, *candidates]
     f = {0: (0.0, ())}

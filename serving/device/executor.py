@@ -165,7 +165,7 @@ def _torch_dtype(triton_dtype: str, float_dtype: torch.dtype) -> torch.dtype:
     return {"INT64": torch.int64, "INT32": torch.int32, "BOOL": torch.bool, "UINT8": torch.uint8}[triton_dtype]
 
 
-def make_executor(model: EarlyExitModel, first: int, last: int, ramps: tuple[int, ...],
+def make_executor(model: EarlyExitModel, first: int, last: int, *, ramps: tuple[int, ...],
                   settings: DeviceSettings) -> SplitExecutor:
     """The executor for one split of ``model`` (already on the device, :func:`prepare_model`): CUDA graphs
     on a GPU with ``settings.graphs``, eager PyTorch otherwise."""

@@ -190,7 +190,7 @@ class DevicePipeline:
         if max(batch_sizes) > settings.max_batch:
             raise ValueError(f"split batches {batch_sizes} exceed the executors' max batch {settings.max_batch}")
         self.ramps = [card.split_ramps(a, b, enabled_ramps) for a, b in self.ranges]
-        self.executors = [make_executor(model, a, b, r, settings) for (a, b), r in zip(self.ranges, self.ramps)]
+        self.executors = [make_executor(model, a, b, ramps=r, settings=settings) for (a, b), r in zip(self.ranges, self.ramps)]
         self.queues = [_Queue(b) for b in batch_sizes]
         self.state_count = len(card.state)
         self.slo_s, self.slack = slo_ms / 1e3, slack
@@ -392,7 +392,7 @@ class StockRunner:
     def __init__(self, model: EarlyExitModel, settings: DeviceSettings):
         self.card, self.settings = model.card, settings
         L = model.card.num_blocks
-        self.executor = make_executor(model, 1, L, (L,), settings)
+        self.executor = make_executor(model, 1, L, ramps=(L,), settings=settings)
 
     @torch.inference_mode()
     def run(self, arrays: dict[str, np.ndarray]) -> Answer:
@@ -424,7 +424,7 @@ class NaiveRunner:
         cuts = tuple(k for k in sorted(enabled_ramps) if k < model.card.num_blocks)
         self.ranges = segments_at(model.card.num_blocks, cuts)
         self.ramps = [model.card.split_ramps(a, b, enabled_ramps) for a, b in self.ranges]
-        self.executors = [make_executor(model, a, b, r, settings) for (a, b), r in zip(self.ranges, self.ramps)]
+        self.executors = [make_executor(model, a, b, ramps=r, settings=settings) for (a, b), r in zip(self.ranges, self.ramps)]
 
     @torch.inference_mode()
     def run(self, arrays: dict[str, np.ndarray]) -> Answer:
