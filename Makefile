@@ -8,13 +8,14 @@ SETUP_INPUTS := requirements.txt requirements-nodeps.txt requirements.lock pypro
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export E3_DEPS_DIR := $(CURDIR)/.deps
 
-.PHONY: setup demo test reliability clean help
+.PHONY: setup demo test reliability clean help gpu-wheels
 
 help:
 	@echo "make demo       set up, export the demo model, serve it on the embedded Triton, print a side-by-side table"
 	@echo "make test       set up and run the test suite (unit + end-to-end on the real tritonserver)"
 	@echo "make reliability  long fault, fuzz and security runs; one line per item with its figure (docs/reliability.md)"
 	@echo "make setup      create .venv with the pinned dependencies (idempotent)"
+	@echo "make gpu-wheels the server and client a bare GPU host needs, into .gpu_wheels/ (docs/gpu.md)"
 	@echo "make clean      remove generated artifacts (keeps .venv)"
 
 setup: $(STAMP)
@@ -54,6 +55,10 @@ test: setup
 # e.g. make reliability RELIABILITY_ARGS="--items 8,9 --soak-requests 50000".
 reliability: setup
 	$(BIN)/python benchmarks/reliability.py $(RELIABILITY_ARGS)
+
+# The server and client a bare GPU host needs for benchmarks/gpu_side_by_side.py (docs/gpu.md), into .gpu_wheels/.
+gpu-wheels: setup
+	bash benchmarks/gpu_wheels.sh .gpu_wheels
 
 clean:
 	@if [ -x $(BIN)/e3 ]; then $(BIN)/e3 clean; else rm -rf artifacts; fi

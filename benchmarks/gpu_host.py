@@ -1,10 +1,13 @@
-"""What runs on a lent NVIDIA GPU host, in one go: ``python3 benchmarks/gpu_host.py OUT_DIR [profiles,admission]``.
+"""What runs on a lent NVIDIA GPU host, in one go: ``python3 benchmarks/gpu_host.py OUT_DIR [side-by-side,profiles,admission]``.
 
 Such a host has PyTorch with CUDA and no package registry; the repository travels without its virtual
 environment. So this needs only torch, numpy and tqdm, and imports the project from the checkout through a
 temporary ``e3`` namespace (the folders as ``pyproject.toml`` maps them), nothing installed. It writes into
 OUT_DIR (each step on its own; one failing does not stop the others):
 
+* ``side_by_side.json``: E3 against the stock and naive early-exit models through Triton's gRPC front door on
+  this GPU, with the in-process limit beside it (``benchmarks/gpu_side_by_side.py``, which needs the server and
+  client brought in ``.gpu_wheels/``: ``make gpu-wheels``); ``e3 bench gpu --measured OUT_DIR`` renders it;
 * ``<m>.<gpu>.json``: the latency profiles of bert-ee and resnet-ee measured on the GPU (``e3 profile --cuda
   --untrained``: FP16, one CUDA graph per call), and bert-ee's eager FP32 one beside it;
 * ``admission_gpu.json``: the E²bird analogues on the GPU (``e3 bench admission --cuda``);
@@ -19,25 +22,23 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ROOMS = ("export", "serving", "controller", "client", "deploy", "generation", "simulator")
 
 
-def _namespace() -> Path:
-    """A temporary folder holding ``e3`` as the installed package lays it out (e3/ plus the rooms)."""
-    ns = Path(tempfile.mkdtemp(prefix="e3-ns-"))
-    shutil.copytree(ROOT / "e3", ns / "e3")
-    for room in ROOMS:
-        (ns / "e3" / room).symlink_to(ROOT / room)
-    return ns
+def _runner():
+    """benchmarks/gpu_side_by_side.py, loaded from beside this file (it also makes the ``e3`` namespace)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpu_side_by_side", ROOT / "benchmarks" / "gpu_side_by_side.py")
+    runner = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = runner   # dataclasses look their module up while the class is made
+    spec.loader.exec_module(runner)
+    return runner
 
 
 def _step(name: str, fn) -> None:
@@ -51,9 +52,12 @@ def _step(name: str, fn) -> None:
         print(f"== {name}: FAILED after {time.perf_counter() - start:.0f} s", flush=True)
 
 
-def main(out: Path, steps: tuple[str, ...] = ("profiles", "admission")) -> int:
+DEFAULT_STEPS = ("side-by-side", "profiles", "admission")
+
+
+def main(out: Path, steps: tuple[str, ...] = DEFAULT_STEPS) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(_namespace()))
+    sys.path.insert(0, str(_runner().namespace()))
     try:
         info = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv"],
                               capture_output=True, text=True).stdout
@@ -80,13 +84,18 @@ def main(out: Path, steps: tuple[str, ...] = ("profiles", "admission")) -> int:
             print(format_table(p), flush=True)
         return run
 
+    if "side-by-side" in steps:
+        def side_by_side():
+            runner = _runner()
+            runner.run(runner.Settings(out.resolve(), budget_s=420.0))
+        _step("E3 vs stock vs naive early exit through Triton (side by side)", side_by_side)
     if "profiles" in steps:
         _step("profile bert-ee (FP16, CUDA graphs)", profile("bert-ee"))
         _step("profile resnet-ee (FP16, CUDA graphs)", profile("resnet-ee"))
         _step("profile bert-ee (FP32, eager)", profile("bert-ee", precision="fp32", graphs=False))
 
     def admission():
-        from e3.admission_gpu import GpuAdmissionSettings, run_gpu_admission
+        from e3.benchmarks.admission_gpu import GpuAdmissionSettings, run_gpu_admission
         doc = run_gpu_admission(GpuAdmissionSettings(), echo=lambda m: print(m, flush=True))
         (out / "admission_gpu.json").write_text(json.dumps(doc, indent=1, default=float))
     if "admission" in steps:
@@ -98,4 +107,4 @@ if __name__ == "__main__":
     if len(sys.argv) not in (2, 3):
         print(__doc__, file=sys.stderr)
         sys.exit(2)
-    sys.exit(main(Path(sys.argv[1]), tuple(sys.argv[2].split(",")) if len(sys.argv) == 3 else ("profiles", "admission")))
+    sys.exit(main(Path(sys.argv[1]), tuple(sys.argv[2].split(",")) if len(sys.argv) == 3 else DEFAULT_STEPS))

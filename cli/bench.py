@@ -65,6 +65,12 @@ def _bench_perf(args) -> int:
 
 def _bench_gpu(args) -> int:
     from e3.benchmarks.gpu_sim import run_gpu_bench, run_measured_gpu_bench
+    from e3.benchmarks import gpu_side_by_side_report as sbs
+    if args.measured and sbs.is_side_by_side(args.measured):   # a run of benchmarks/gpu_side_by_side.py
+        def render():
+            print(sbs.render_side_by_side(sbs.load_side_by_side(args.measured)) if args.no_docs else
+                  sbs.write_side_by_side_section(Path(args.measured)), end="")
+        return _refusing("e3 bench gpu", render)
     if args.measured:
         return _refusing("e3 bench gpu", lambda: run_measured_gpu_bench(
             Path(args.measured), quick=args.quick, model=args.model, beside=tuple(Path(p) for p in args.beside),
@@ -224,9 +230,11 @@ def add_bench(sub, repo_help: str) -> None:
                                                           "shorter simulations (a few minutes)")
     gpu.add_argument("--out", default=None, help="results JSON (default artifacts/results/gpu_sim.json)")
     gpu.add_argument("--no-docs", action="store_true", help="do not write the plot or docs/RESULTS.md")
-    gpu.add_argument("--measured", default=None, metavar="PROFILE",
+    gpu.add_argument("--measured", default=None, metavar="PROFILE|RUN_DIR",
                      help="instead: simulate 16 GPUs of a MEASURED GPU profile (e3 profile --cuda) and write it "
-                          "beside the modelled ones (artifacts/results/gpu_sim_measured.json, its own section)")
+                          "beside the modelled ones (artifacts/results/gpu_sim_measured.json, its own section); "
+                          "or, given the folder (or side_by_side.json) of benchmarks/gpu_side_by_side.py, render "
+                          "that side-by-side run into its section of docs/RESULTS.md")
     gpu.add_argument("--beside", action="append", default=[], metavar="PROFILE",
                      help="with --measured: more measured profiles for the side-by-side table (repeatable)")
     gpu.set_defaults(func=_bench_gpu)

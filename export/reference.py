@@ -44,7 +44,7 @@ def reference_answers(model: EarlyExitModel, inputs: tuple[np.ndarray, ...] | tu
     one = np.zeros(1, dtype=np.int64)
     for i in range(n):
         state = model.stem(*(t[i:i + 1] for t in tensors))
-        rule_state = rule.init_state(1)
+        rule_state = rule.init_state_for({spec.name: np.asarray(t[i:i + 1]) for spec, t in zip(card.inputs, tensors)}, 1)
         for k in range(1, L + 1):
             state = model.block(k, *state)
             if k != L and k not in ramps:

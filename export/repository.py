@@ -5,7 +5,8 @@ For model ``m`` (served name ``<m>``) and a plan with splits S1..Sn it writes:
 * ``<m>_split_<a>-<b>``  one ONNX split per plan split (dynamic batching, instance group)
 * ``<m>_router``         the E3 router (Python backend, BLS), the plan in its parameters
 * ``<m>_stock``          the stock model (no ramps), one ONNX file
-* ``<m>_ee``             the naive in-process early-exit baseline (one ONNX file per block)
+* ``<m>_ee``             the naive in-process early-exit baseline (one ONNX file per block, named as the
+                         router's, composed into one graph at load under an entropy rule)
 * ``e3_repository.json`` the manifest: models e3 created, the current plan, the model card
 
 Each model is written into a temporary directory and moved into place, so a
@@ -30,7 +31,7 @@ from e3.core.manifest import ManifestError, read_manifest, write_manifest
 from e3.core.names import (block_file, ee_name, preprocess_name, ramp_output, ramps_in_range,
                            ranges_from_cuts, router_name, served_name, split_name, state_output, stock_name)
 from e3.core.plan import Plan, SplitPlan, default_plan
-from e3.core.spec import ModelCard, TensorSpec
+from e3.core.spec import ModelCard, TensorSpec, answer_specs
 from e3.export.model_api import EarlyExitModel, SplitModule
 from e3.export.onnx_export import export_onnx
 from e3.export.triton_config import DynamicBatching, ModelDescription, render_config
@@ -89,12 +90,6 @@ def _check_settings(settings: ExportSettings) -> None:
             tensorrt.import_tensorrt()  # fail before anything is written
         except tensorrt.TensorRTError as err:
             raise ExportError(str(err)) from None
-
-
-def answer_specs(card: ModelCard) -> tuple[TensorSpec, ...]:
-    """The front door's answer tensors (DESIGN §2)."""
-    return (TensorSpec("label", "INT64", (1,)), TensorSpec("exit_ramp", "INT32", (1,)),
-            TensorSpec("probs", "FP32", (card.num_classes,)))
 
 
 def all_ranges(num_blocks: int) -> list[tuple[int, int]]:
@@ -192,8 +187,9 @@ def _write_ee(model: EarlyExitModel, plan: Plan, name: str, out: Path, settings:
     card = model.card
     enabled = plan.enabled_ramps
     for k in range(1, card.num_blocks + 1):
-        export_onnx(SplitModule(model, k, k, tuple(r for r in enabled if r == k)), out / "1" / f"block_{k}.onnx",
-                    max_batch_size=card.max_batch_size)
+        # named as the router's blocks: its compact split's code runs them (serving/compact.py)
+        export_onnx(SplitModule(model, k, k, tuple(r for r in enabled if r == k)),
+                    out / "1" / block_file(k, ramp=k in enabled), max_batch_size=card.max_batch_size)
     _write_python_model(out, ModelDescription(
         name=name, kind="python", max_batch_size=card.max_batch_size, inputs=card.inputs,
         outputs=answer_specs(card), instances=settings.baseline_instances,

@@ -68,18 +68,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from e3.core.exits import make_exit_rule
-from e3.core.names import block_file
 from e3.core.plan import COMPACT, Plan, SplitPlan
 from e3.core.rows import request_slices
 from e3.core.spec import ModelCard
-from e3.serving.fused_split import can_fuse, compose_split
+from e3.serving.compact import CompactRunner
 from e3.serving.policy import DEADLINE, ERROR, BatchRoute, drop_for
 from e3.serving.remote import RemoteSplit
 from e3.serving.router_metrics import RouterMetrics
@@ -328,54 +326,10 @@ class TritonPythonModel:
 
     def _compact_runner(self, split: SplitPlan):
         """Blocks first..last in this process, the batch shrinking at every enabled ramp: one composed graph
-        (:mod:`e3.serving.fused_split`) where the exit rule allows, else block by block."""
-        if can_fuse(self.rule):
-            try:
-                return self._fused_runner(split)
-            except ValueError as e:   # a model whose block graphs do not compose
-                log.warning("split %d-%d runs block by block: its blocks do not compose into one graph (%s)",
-                            split.first_block, split.last_block, e)
-        from e3.core.session import make_session
-        C, L = self.card.num_classes, self.card.num_blocks
-        blocks = range(split.first_block, split.last_block + 1)
-        enabled = set(split.enabled_ramps)
-        free: queue.Queue = queue.Queue()
-        for _ in range(split.instances // self.share):  # one session set per instance: instances mean cores
-            free.put({k: make_session(os.path.join(self.version_dir, block_file(k, ramp=k in enabled)))
-                      for k in blocks})
-        outputs = {k: self.card.split_outputs(k, k, enabled) for k in blocks}   # state out, then its ramp
-        ramps = {k: self.card.split_ramps(k, k, enabled) for k in blocks}
-
-        def run(feed, rule_state, timeout_us):
-            route = BatchRoute(len(next(iter(feed.values()))), C, L, self.rule, rule_state)
-            sessions = free.get()
-            try:
-                steps = ((ramps[k], lambda x, k=k: dict(zip(outputs[k], sessions[k].run(outputs[k], x))))
-                         for k in blocks)
-                return route, route.follow(feed, steps, self.state_names)
-            finally:
-                free.put(sessions)
-        return run
-
-    def _fused_runner(self, split: SplitPlan):
-        """A compact split as one ONNX graph: blocks, exit tests and compaction in one ONNX Runtime call
-        (:mod:`e3.serving.fused_split`)."""
-        from e3.core.session import make_session
-        C, L = self.card.num_classes, self.card.num_blocks
-        composed = compose_split(self.version_dir, self.card, split.first_block, last=split.last_block,
-                                 enabled_ramps=split.enabled_ramps, tau_nats=self.rule.tau_nats)
-        names = list(composed.outputs)
-        free: queue.Queue = queue.Queue()
-        for _ in range(split.instances // self.share):  # one session per instance: instances mean cores
-            free.put(make_session(composed.graph))
-
-        def run(feed, rule_state, timeout_us):
-            route = BatchRoute(len(next(iter(feed.values()))), C, L, self.rule, rule_state)
-            session = free.get()
-            try:
-                out = dict(zip(names, session.run(names, feed)))
-            finally:
-                free.put(session)
-            return route, composed.advance(route, out)
-        return run
+        (:mod:`e3.serving.fused_split`) where the exit rule allows, else block by block
+        (:class:`~e3.serving.compact.CompactRunner`, which ``<m>_ee`` runs too)."""
+        # one session (set) per instance: instances mean cores
+        runner = CompactRunner(self.version_dir, self.card, self.rule, split.first_block, split.last_block,
+                               split.enabled_ramps, copies=split.instances // self.share)
+        return lambda feed, rule_state, timeout_us: runner(feed, rule_state)
 

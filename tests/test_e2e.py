@@ -55,6 +55,12 @@ def test_served_answers_equal_the_pytorch_reference(server, inputs, reference, m
     assert set(np.unique(ramp)) == {1, 2, 3, 4}
 
 
+def test_the_ee_baseline_runs_as_one_composed_graph(server):
+    """<m>_ee runs E3's compact split code over the whole model: one graph under tiny-ee's entropy rule (its
+    answers are checked above; tests/test_compact.py checks both forms in process)."""
+    assert "tiny_ee_ee: blocks 1-4 run composed (one graph)" in server.log_file.read_text()
+
+
 def test_stock_baseline_equals_pytorch_final_head(server, tiny_model, inputs):
     split = SplitModule(tiny_model, 1, tiny_model.card.num_blocks, ())
     with torch.no_grad():

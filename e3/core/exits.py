@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ExitRule", "EntropyRule", "PatienceRule", "make_exit_rule", "softmax", "entropy_nats"]
+__all__ = ["ExitRule", "EntropyRule", "PatienceRule", "ForcedRule", "make_exit_rule", "softmax", "entropy_nats",
+           "row_uniform"]
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -49,6 +50,11 @@ class ExitRule(abc.ABC):
     def init_state(self, n: int) -> dict[str, np.ndarray]:
         """Per-input state for ``n`` inputs before block 1 (empty for independent rules)."""
         return {}
+
+    def init_state_for(self, inputs: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+        """Per-input state for the ``n`` inputs ``inputs`` (name -> [n, ...]) before block 1. Only a rule
+        whose decision depends on the input itself (:class:`ForcedRule`) reads them."""
+        return self.init_state(n)
 
     @abc.abstractmethod
     def decide(self, block: int, logits: np.ndarray, state: dict[str, np.ndarray],
@@ -131,7 +137,70 @@ class PatienceRule(ExitRule):
         return {"kind": self.kind, "patience": self.patience}
 
 
-_RULES = {"entropy": lambda d: EntropyRule(d["tau_nats"]), "patience": lambda d: PatienceRule(d["patience"])}
+def row_uniform(inputs: dict[str, np.ndarray], n: int) -> np.ndarray:
+    """A number in [0, 1) per input row, a fixed function of the row's bytes (every input tensor, in name
+    order): the same input draws the same number in every process and every system."""
+    h = np.zeros(n, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for name in sorted(inputs):
+            x = np.ascontiguousarray(inputs[name]).reshape(n, -1)
+            words = x.view(np.uint8).reshape(n, -1).astype(np.uint64)
+            weights = (np.arange(1, words.shape[1] + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) | np.uint64(1)
+            h = h * np.uint64(0x100000001B3) + (words * weights).sum(axis=1, dtype=np.uint64)
+        h ^= h >> np.uint64(33)                      # splitmix64's finaliser: spread every bit over the top ones
+        h *= np.uint64(0xFF51AFD7ED558CCD)
+        h ^= h >> np.uint64(33)
+    return (h >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+class ForcedRule(ExitRule):
+    """Exits drawn from a stated distribution, for speed runs of models with random weights.
+
+    ``reach[k-1]`` is the share of inputs that reach block k (``reach[0] == 1``; non-increasing), as a
+    workload's batch profile states it. Each input's exit block is fixed by :func:`row_uniform` of its own
+    bytes: it leaves at the first block k whose ramp is computed with k >= its drawn block (a disabled
+    ramp passes it on), the head answering the rest. So the same inputs exit at the same blocks in E3,
+    in the naive early-exit model and in the reference, and the workload's exit distribution is the
+    stated one in expectation. The answer (label, probabilities) is still the ramp's own output.
+
+    Decision (the papers are silent): random weights make an entropy rule exit almost nothing or almost
+    everything, so a speed run on an untrained architecture states its exits instead; results measured
+    this way are labelled "forced exits" wherever they are reported, and never used to check accuracy.
+    """
+
+    kind = "forced"
+
+    def __init__(self, reach):
+        r = [float(x) for x in reach]
+        if not r or abs(r[0] - 1.0) > 1e-9 or any(b > a + 1e-12 for a, b in zip(r, r[1:])) or min(r) < 0:
+            raise ValueError(f"reach must start at 1 and never increase (share of inputs reaching each block), "
+                             f"got {list(reach)!r}")
+        self.reach = tuple(r)
+
+    def exit_blocks(self, u: np.ndarray) -> np.ndarray:
+        """The block each input with draw ``u`` exits after (1..len(reach); len(reach) = the head)."""
+        past = np.asarray(self.reach[1:] + (0.0,))   # share going past block k, k = 1..L
+        # an input exits after block k when its draw lies in [past[k], reach[k-1]): count the blocks it passes
+        return (1 + (u[:, None] < past[None, :-1]).sum(axis=1)).astype(np.int64)
+
+    def init_state(self, n):
+        raise ValueError("forced exits are drawn from the inputs themselves: use init_state_for(inputs, n)")
+
+    def init_state_for(self, inputs, n):
+        return {"exit_at": self.exit_blocks(row_uniform(inputs, n))}
+
+    def decide(self, block, logits, state, rows):
+        return state["exit_at"][rows] <= block
+
+    def margin(self, block, logits, state, rows):
+        return np.full(len(rows), np.inf)   # a stated exit never ties
+
+    def to_dict(self):
+        return {"kind": self.kind, "reach": list(self.reach)}
+
+
+_RULES = {"entropy": lambda d: EntropyRule(d["tau_nats"]), "patience": lambda d: PatienceRule(d["patience"]),
+          "forced": lambda d: ForcedRule(d["reach"])}
 
 
 def make_exit_rule(config: dict[str, Any]) -> ExitRule:

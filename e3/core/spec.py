@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["TensorSpec", "ModelCard", "NUMPY_DTYPES", "dtype_from_config", "config_dtype"]
+__all__ = ["TensorSpec", "ModelCard", "NUMPY_DTYPES", "dtype_from_config", "config_dtype", "answer_specs"]
 
 # Triton datatype name (the protocol's, as tritonclient writes it) -> numpy dtype name.
 NUMPY_DTYPES = {
@@ -145,3 +145,9 @@ class ModelCard:
         d["ramp_blocks"] = tuple(d["ramp_blocks"])
         d["state_shapes"] = {int(k): tuple(tuple(s) for s in v) for k, v in d.get("state_shapes", {}).items()}
         return cls(**d)
+
+
+def answer_specs(card: ModelCard) -> tuple[TensorSpec, ...]:
+    """The front door's answer tensors (DESIGN §2)."""
+    return (TensorSpec("label", "INT64", (1,)), TensorSpec("exit_ramp", "INT32", (1,)),
+            TensorSpec("probs", "FP32", (card.num_classes,)))

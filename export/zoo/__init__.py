@@ -44,6 +44,22 @@ def _encoder(name: str, meta: dict, ramps: tuple[int, ...]) -> EarlyExitModel:
                      exit_rule=meta.get("exit_rule") or {"kind": "entropy", "tau_nats": 0.0}, preprocess="minilm")
 
 
+# BERT-base's shape (12 layers x 768, 12 heads, FFN 3072) at 128 tokens, ramps after layers 1-11: the
+# GPU side-by-side's larger model (docs/gpu.md). Random weights: speed only, with exits stated (the
+# GPU runs' 80:20 mix: easy inputs leave after layer 2); never trained, never evaluated.
+BERT_BASE = dict(vocab_size=30522, hidden=768, layers=12, heads=12, ffn=3072, max_seq_len=128, num_classes=2)
+BERT_BASE_REACH = {"80-20": [1.0, 1.0] + [0.2] * 10, "50-50": [1.0, 1.0] + [0.5] * 10}
+
+
+def _bert_base() -> EarlyExitModel:
+    import torch
+    from e3.export.zoo.encoder import EncoderConfig, EncoderEE
+    torch.manual_seed(0)
+    config = EncoderConfig(**BERT_BASE, ramp_blocks=tuple(range(1, 12)))
+    return EncoderEE("bert-base-ee", config, exit_rule={"kind": "forced", "reach": BERT_BASE_REACH["80-20"]},
+                     max_batch_size=256)
+
+
 def _resnet(name: str, meta: dict, ramps: tuple[int, ...]) -> EarlyExitModel:
     from e3.export.zoo.resnet import ResNetEE
     return ResNetEE(name, meta.get("exit_rule") or {"kind": "entropy", "tau_nats": 0.0}, ramps=ramps)
@@ -73,6 +89,8 @@ def _stock_entry(name: str, summary: str, architecture, data: str) -> ZooEntry:
 
 ZOO: dict[str, ZooEntry] = {e.name: e for e in (
     ZooEntry("tiny-ee", "4-layer transformer encoder, random weights, ramps after layers 1-3 (demo/tests)", _tiny),
+    ZooEntry("bert-base-ee", "BERT-base-sized encoder (12 x 768, 128 tokens), random weights, ramps after layers "
+             "1-11, forced exits (GPU speed runs only)", _bert_base),
     _ee_entry("bert-ee", "all-MiniLM-L6-v2 + DeeBERT ramps after layers 1-5, entropy exits; Rotten Tomatoes "
               "(`e3 train bert-ee`)", _encoder, "bert-stock", "rotten-tomatoes"),
     _stock_entry("bert-stock", "all-MiniLM-L6-v2 fine-tuned, final classifier only (the stock baseline)",

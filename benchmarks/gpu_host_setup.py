@@ -1,0 +1,92 @@
+"""A bare GPU host made ready for the side-by-side (``benchmarks/gpu_side_by_side.py``): the project as an ``e3``
+namespace from the checkout, the server and client unpacked from ``.gpu_wheels/``, and the model processes'
+path. Standard library only: it runs before anything of the project can be imported."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ROOMS = ("export", "serving", "controller", "client", "deploy", "generation", "simulator", "benchmarks", "cli")
+
+
+def namespace() -> Path:
+    """A temporary folder holding ``e3`` as the installed package lays it out (e3/ plus the rooms)."""
+    ns = Path(tempfile.mkdtemp(prefix="e3-ns-"))
+    shutil.copytree(ROOT / "e3", ns / "e3")
+    for room in ROOMS:
+        (ns / "e3" / room).symlink_to(ROOT / room)
+    return ns
+
+
+def _install_wheel(wheel: Path, site: Path) -> None:
+    """What pip does for a wheel that needs no build, without pip: unzip it and move its ``<dist>.data/purelib``
+    and ``platlib`` trees to the top (where the tritonclient wheel keeps its package)."""
+    zipfile.ZipFile(wheel).extractall(site)
+    for data in site.glob("*.data"):
+        for kind in ("purelib", "platlib"):
+            for item in (data / kind).glob("*") if (data / kind).is_dir() else ():
+                target = site / item.name
+                if target.exists():
+                    shutil.rmtree(target) if target.is_dir() else target.unlink()
+                shutil.move(str(item), str(target))
+        shutil.rmtree(data)
+
+
+def unpack_host(wheels: Path, work: Path) -> tuple[Path, list[str]]:
+    """Unpack the server and the client on a bare host. Returns (the tritonserver binary, folders the model
+    processes must import first: numpy<2 for the Python-backend stub)."""
+    work.mkdir(parents=True, exist_ok=True)
+    server = work / "pt"
+    tars = sorted(wheels.glob("tritonserver-*.tar.xz"))
+    whls = sorted(wheels.glob("nvidia_pytriton-*.whl"))
+    if not (server / "pytriton").is_dir():
+        if tars:
+            import tarfile
+            with tarfile.open(tars[-1]) as t:
+                t.extractall(server)
+        elif whls:
+            zipfile.ZipFile(whls[-1]).extractall(server)
+        else:
+            raise SystemExit(f"no tritonserver-*.tar.xz or nvidia_pytriton-*.whl in {wheels}: run `make gpu-wheels` "
+                             "on a machine with the package registry and carry .gpu_wheels/")
+    binary = server / "pytriton" / "tritonserver" / "bin" / "tritonserver"
+    binary.chmod(0o755)
+    for stub in (server / "pytriton" / "tritonserver" / "python_backend_stubs").glob("*/triton_python_backend_stub"):
+        stub.chmod(0o755)
+    site = work / "site"
+    for pattern in ("tritonclient-*.whl", "python_rapidjson-*.whl"):
+        for w in wheels.glob(pattern):
+            _install_wheel(w, site)
+    sys.path.insert(0, str(site))
+    stub_first = []
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    for w in wheels.glob(f"numpy-1*-{tag}-*.whl"):
+        np1 = work / "np1"
+        zipfile.ZipFile(w).extractall(np1)
+        stub_first.append(str(np1))
+    return binary, stub_first
+
+
+PTH_NAME = "e3_gpu_side_by_side.pth"
+
+
+def model_process_path(folders: list[str]) -> None:
+    """Put ``folders`` first on the path of every Python process started from now on with this interpreter's
+    site-packages: a ``.pth`` file there, removed when this process exits.
+
+    Measured on the lent GPU host: the Python-backend stub ignores ``PYTHONPATH`` (its model imports failed
+    with "No module named 'e3'" while the variable named the package's folder), yet it reads this
+    interpreter's site-packages (it imports torch from there), whose ``.pth`` files run before the stub
+    imports numpy. So the project's namespace and numpy<2 reach the model processes this way."""
+    import atexit
+    import site
+    if not folders:
+        return
+    pth = Path(site.getsitepackages()[0]) / PTH_NAME
+    pth.write_text(f"import sys; sys.path[:0] = {folders!r}\n")
+    atexit.register(lambda: pth.unlink(missing_ok=True))

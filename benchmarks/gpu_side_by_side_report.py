@@ -1,0 +1,129 @@
+"""The GPU side-by-side (``benchmarks/gpu_side_by_side.py``'s ``side_by_side.json``) as a section of
+docs/RESULTS.md: ``e3 bench gpu --measured OUT_DIR``. Pure: a document in, markdown out.
+
+Tables: the in-process limit (the same executors with nothing around them), the saturating runs through
+Triton with E3's ratio to the best baseline and its share of its in-process limit, goodput at each p99 SLO,
+and every served system's answers against the reference. A setting with no measurement says so (and the
+run's ``failed`` list says which models stopped early): nothing is filled in.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["load_side_by_side", "render_side_by_side", "is_side_by_side", "write_side_by_side_section", "SECTION"]
+
+SECTION = "gpu-side-by-side"
+SYSTEMS = ("e3", "stock", "ee")
+
+
+def load_side_by_side(path: str | Path) -> dict:
+    """``side_by_side.json`` from a run folder or the file itself; a clear error if it is not one."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "side_by_side.json"
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} does not exist: give the folder benchmarks/gpu_side_by_side.py wrote, "
+                                f"or its side_by_side.json")
+    doc = json.loads(p.read_text())
+    for key in ("device", "rows", "limit"):
+        if key not in doc:
+            raise ValueError(f"{p} is not a GPU side-by-side run (no {key!r})")
+    return doc
+
+
+def is_side_by_side(path: str | Path) -> bool:
+    """Whether ``path`` is a side-by-side run (its folder or its ``side_by_side.json``), not a latency profile."""
+    p = Path(path)
+    return (p / "side_by_side.json").is_file() if p.is_dir() else p.name.startswith("side_by_side")
+
+
+def write_side_by_side_section(path: str | Path, results_md: Path | None = None) -> str:
+    """Render the run at ``path`` into its section of docs/RESULTS.md (the rest of the file kept); returns the
+    section's text."""
+    from e3.benchmarks.report import markers, write_section
+    from e3.paths import project_root
+    doc = load_side_by_side(path)
+    p = Path(path)
+    try:
+        source = str((p if p.is_file() else p / "side_by_side.json").resolve().relative_to(project_root()))
+    except ValueError:
+        source = str(p)
+    text = "### GPU side by side: E3, the stock model and naive early exit through Triton\n\n" + \
+        render_side_by_side(doc, source=source)
+    write_section(results_md or project_root() / "docs" / "RESULTS.md", *markers("e3 bench gpu --measured"),
+                  section=text)
+    return text
+
+
+def _f(x, digits=0) -> str:
+    return "—" if x is None else f"{x:,.{digits}f}"
+
+
+def _ratio(a, b) -> str:
+    return "—" if not a or not b else f"{a / b:.2f}x"
+
+
+def render_side_by_side(doc: dict, *, source: str = "") -> str:
+    """The section's markdown (without the section markers)."""
+    lines = [f"Measured on **{doc['device']}**{f' ({source})' if source else ''}: "
+             f"{doc.get('budget', 'one device, one system at a time')}; exits **{doc.get('exits', 'model rule')}**; "
+             f"requests of {doc.get('inputs_per_request', 8)} inputs through Triton's gRPC front door. "
+             f"Settings: `{json.dumps(doc.get('settings', {}))}`.", ""]
+    failed = doc.get("failed", [])
+    if failed:
+        lines += [f"Stopped early: {', '.join(failed)} (the notes below the tables say why).", ""]
+    lines += ["**In process** (the same executors and the same GPU, nothing around them; inputs/s):", "",
+              "| model | mix | B | stock | naive EE | E3 | E3 / stock | E3 / naive | ideal | E3's cuts |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in doc["limit"]:
+        lines.append(f"| {r['model']} | {r['mix']} | {r['max_batch']} | {_f(r['stock'])} | {_f(r['ee'])} | "
+                     f"{_f(r['e3'])} | {_ratio(r['e3'], r['stock'])} | {_ratio(r['e3'], r['ee'])} | "
+                     f"{r['ideal']:.2f}x | {r['cuts']} |")
+    sat = {(r["model"], r["mix"], r["max_batch"], r["system"]): r for r in doc["rows"] if r["slo_ms"] is None}
+    limit = {(r["model"], r["mix"], r["max_batch"]): r for r in doc["limit"]}
+    keys = sorted({k[:3] for k in limit} | {k[:3] for k in sat}, key=lambda k: (k[0], k[1] != "80-20", k[2]))
+    lines += ["", "**Through Triton, saturating load** (inputs/s; p99 ms; each baseline at its better instance "
+              "count):", "",
+              "| model | mix | B | stock | naive EE | E3 | E3 / best baseline | E3's share of its in-process figure |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for k in keys:
+        cell = {s: sat.get((*k, s)) for s in SYSTEMS}
+
+        def show(s):
+            r = cell[s]
+            if r is None:
+                return "not measured"
+            inst = r["config"].get("instances")
+            return f"{_f(r['goodput'])} (p99 {_f(r['p99_ms'], 1)}{f', x{inst}' if inst and s != 'e3' else ''})"
+        best = max((cell[s]["goodput"] for s in ("stock", "ee") if cell[s]), default=None)
+        e3 = cell["e3"]["goodput"] if cell["e3"] else None
+        share = _ratio(e3, limit[k]["e3"]) if k in limit and e3 else "—"
+        lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {show('stock')} | {show('ee')} | {show('e3')} | "
+                     f"{_ratio(e3, best)} | {share} |")
+    slo_rows = [r for r in doc["rows"] if r["slo_ms"] is not None]
+    if slo_rows:
+        slos = sorted({r["slo_ms"] for r in slo_rows})
+        lines += ["", "**Goodput at a p99 SLO** (inputs/s within the SLO at the best measured load whose p99 "
+                  "meets it; — none did):", "",
+                  "| model | mix | B | system | " + " | ".join(f"p99 ≤ {s} ms" for s in slos) + " |",
+                  "| --- | --- | ---: | --- | " + " | ".join("---:" for _ in slos) + " |"]
+        by = {}
+        for r in slo_rows:
+            by.setdefault((r["model"], r["mix"], r["max_batch"], r["system"]), {})[r["slo_ms"]] = r
+        for key in sorted(by, key=lambda k: (k[0], k[1] != "80-20", k[2], SYSTEMS.index(k[3]))):
+            cells = [(_f(by[key][s]["goodput"]) if by[key].get(s) and by[key][s]["goodput"] else "—") for s in slos]
+            lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | " + " | ".join(cells) + " |")
+    answers = doc.get("answers", {})
+    if answers:
+        lines += ["", "**Answers through Triton against the PyTorch reference** (FP32, one input at a time; "
+                  "labels / exit ramps equal):", ""]
+        for model, checks in answers.items():
+            parts = [f"`{name}` ({c['precision']}) {c['label_equal']:.0%} / {c['exit_ramp_equal']:.0%}"
+                     for name, c in checks.items()]
+            lines.append(f"- {model}: " + "; ".join(parts) + f" (of {next(iter(checks.values()))['inputs']} inputs each)")
+    notes = doc.get("notes", [])
+    if notes:
+        lines += ["", "Notes:", ""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"

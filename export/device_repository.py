@@ -1,0 +1,85 @@
+"""A model repository of device-resident models (:mod:`e3.serving.device.triton_model`): E3's router with its
+constant splits inside, and the stock and naive early-exit baselines in the same engine.
+
+Used by the GPU side-by-side (``benchmarks/gpu_side_by_side.py``) on a GPU host (KIND_GPU) and by its CPU mode
+in ``make test`` (KIND_CPU). Names: ``<m>_<system>_b<B>`` (``e3``, ``stock``, ``ee``), ``_i<k>`` appended for
+a baseline with k instances; the comparison's max batch B is in every name so that every setting of one run
+can be loaded side by side.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from e3.core.files import write_atomic
+from e3.core.names import served_name
+from e3.core.spec import ModelCard, answer_specs
+from e3.export.triton_config import DynamicBatching, ModelDescription, render_config
+
+__all__ = ["DeviceModel", "device_model_name", "write_device_model", "ROUTER_MAX_BATCH"]
+
+ROUTER_MAX_BATCH = 1024   # requests' rows Triton hands E3's router per execute: admission only, no compute
+MODULE = "e3.serving.device.triton_model"
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """One device-resident model to write."""
+    model: str                       # zoo name or package.module:factory
+    system: str                      # "e3" | "stock" | "ee"
+    max_batch: int                   # B: Triton's max batch (baselines), the split batches' bound (E3)
+    exit_rule: dict                  # the rule every system applies (forced exits on random weights)
+    enabled_ramps: tuple[int, ...]   # ramps computed by E3 and by the naive model
+    gpu: bool = False                # KIND_GPU on GPU 0, else KIND_CPU
+    instances: int = 1               # Triton instances (each E3 instance holds its own pipeline)
+    queue_delay_us: int = 0          # the baselines' dynamic batcher delay
+    cuts: tuple[int, ...] = ()       # E3: blocks after which the model is cut
+    batch_sizes: tuple[int, ...] = ()  # E3: each split's batch (default B for every split)
+    slo_ms: float = 1000.0           # E3: the SLO its dispatch and drops aim for
+    trained: bool = False            # the checkpoint, else the architecture with seeded random weights
+    precision: str | None = None     # None: fp16 on a GPU, fp32 on the CPU
+    seed: int = 0
+    variant: str = ""                # appended to the name (E3 planned for one workload mix: "80_20")
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        name = device_model_name(self.model, self.system, self.max_batch, self.instances)
+        return f"{name}_{self.variant}" if self.variant else name
+
+
+def device_model_name(model: str, system: str, max_batch: int, instances: int = 1) -> str:
+    base = f"{served_name(model)}_{system}_b{max_batch}"
+    return base if instances == 1 else f"{base}_i{instances}"
+
+
+def write_device_model(repo: Path, desc: DeviceModel, card: ModelCard) -> str:
+    """Write ``desc`` into ``repo`` (config.pbtxt and a one-line model.py); returns its name."""
+    if desc.system not in ("e3", "stock", "ee"):
+        raise ValueError(f"system must be e3, stock or ee, got {desc.system!r}")
+    params = {"role": desc.system, "model": desc.model, "seed": str(desc.seed),
+              "trained": "yes" if desc.trained else "no", "max_batch": str(desc.max_batch),
+              "exit_rule": json.dumps(desc.exit_rule), "enabled_ramps": json.dumps(list(desc.enabled_ramps)),
+              "FORCE_CPU_ONLY_INPUT_TENSORS": "yes", **desc.extra}
+    if desc.precision:
+        params["precision"] = desc.precision
+    if desc.system == "e3":
+        splits = len(desc.cuts) + 1
+        batches = list(desc.batch_sizes) or [desc.max_batch] * splits
+        if len(batches) != splits or max(batches) > desc.max_batch:
+            raise ValueError(f"{splits} splits need {splits} batch sizes of at most {desc.max_batch}, got {batches}")
+        params.update(cuts=json.dumps(list(desc.cuts)), batch_sizes=json.dumps(batches), slo_ms=str(desc.slo_ms))
+    text = render_config(ModelDescription(
+        name=desc.name, kind="python", max_batch_size=ROUTER_MAX_BATCH if desc.system == "e3" else desc.max_batch,
+        inputs=card.inputs, outputs=answer_specs(card), instances=desc.instances,
+        instance_kind="KIND_GPU" if desc.gpu else "KIND_CPU", gpus=(0,) if desc.gpu else (),
+        dynamic_batching=DynamicBatching(max_queue_delay_us=0 if desc.system == "e3" else desc.queue_delay_us),
+        parameters=params))
+    out = Path(repo) / desc.name
+    (out / "1").mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "config.pbtxt", text)
+    write_atomic(out / "1" / "model.py", f'"""Generated for the device side-by-side; the code lives in the e3 package."""\n'
+                                         f"from {MODULE} import TritonPythonModel  # noqa: F401\n")
+    return desc.name

@@ -1,0 +1,10 @@
+"""Device-resident splits (DESIGN §2b): E3's constant split form inside one process on the execution device.
+
+* :mod:`~e3.serving.device.executor`: one split (blocks first..last with their ramps) as a captured graph per
+  batch bucket on CUDA, or eagerly on the CPU; one interface, chosen by what is installed.
+* :mod:`~e3.serving.device.dispatch`: when a split's queue runs (E3 §4), pure.
+* :mod:`~e3.serving.device.pipeline`: the queues of cut states as device tensors, the exit test with one host
+  sync per split execution, survivors handed on by an on-device gather; and the baselines in the same engine
+  (the stock model, the naive early-exit model compacting on the device).
+* :mod:`~e3.serving.device.triton_model`: the Triton Python-backend model serving any of the three.
+"""

@@ -1,0 +1,453 @@
+"""E3's constant splits on one device, in one process, and the two baselines in the same engine.
+
+:class:`DevicePipeline` (E3, DESIGN §2b):
+
+* A request's inputs join split 1's queue as they came (host arrays; they are copied to the device once, into
+  split 1's graph input, when their batch runs).
+* Every split has a queue of rows. A split's queue after split 1 holds the survivors' cut state as **device
+  tensors** (chunks, one per upstream run), with host arrays beside them for each row's request, index,
+  target and exit-rule state. Survivors of any number of requests are merged to the plan's batch.
+* When a split runs (:mod:`~e3.serving.device.dispatch` says which, and how many rows), its executor runs the
+  rows at their bucket; the logits of the split's computed ramps are copied to the host in one copy: the
+  **one sync per split execution**. The exit rule (:class:`~e3.serving.policy.BatchRoute`, the very code of
+  the reference and of ``<m>_ee``) decides on the host; the decided rows are answered at once (a request
+  when its last row is decided); the survivors' state is gathered on the device (``index_select``) into the
+  next split's queue. No hidden state crosses to the host.
+
+  Decision: the exit test's arithmetic (a softmax over C classes per row) is done on the host after the one
+  copy every design needs (the host must learn which requests to answer), on the same float32 logits the
+  device computed: the rule code stays one (dependent rules such as PABEE's patience carry their state
+  unchanged) and the copy is B x C floats per ramp. The survivors' indices go back to the device as one
+  small copy.
+* Drops: a request whose row can no longer finish within its SLO (now plus the expected time of its split
+  and every later one passes its deadline) is answered with an explicit error and counted; expected times
+  are learnt from the runs (an exponentially weighted mean per split, ignoring each split's first run).
+
+:class:`StockRunner` (``<m>_stock`` on the device): the model without ramps, one captured graph per bucket,
+behind Triton's dynamic batcher. :class:`NaiveRunner` (``<m>_ee`` on the device): one batch through the model,
+a segment (the blocks up to the next enabled ramp, one graph) at a time, compacting the survivors on the
+device after every enabled ramp: the strongest naive form, with the composed segments E3's splits get.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from e3.core.exits import ExitRule
+from e3.core.names import ranges_from_cuts
+from e3.export.model_api import EarlyExitModel
+from e3.serving.device.dispatch import QueueView, choose
+from e3.serving.device.executor import DeviceSettings, make_executor
+from e3.serving.policy import BatchRoute
+
+__all__ = ["DevicePipeline", "StockRunner", "NaiveRunner", "Answer", "segments_at"]
+
+log = logging.getLogger(__name__)
+
+EWMA_ALPHA = 0.2   # weight of the newest run in a split's expected time
+DEPTH = 2          # split runs in flight on a GPU: the device runs one while the host decides the other
+
+
+@dataclass
+class Answer:
+    """The answers of one request, over its rows (DESIGN §2's front door)."""
+    label: np.ndarray       # [n] int64
+    exit_ramp: np.ndarray   # [n] int32
+    probs: np.ndarray       # [n, C] float32
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        return {"label": self.label[:, None], "exit_ramp": self.exit_ramp[:, None], "probs": self.probs}
+
+
+@dataclass(eq=False)
+class _Job:
+    handle: Any
+    answer: Answer
+    pending: int
+    deadline: float
+    live: bool = True
+
+
+@dataclass(eq=False)
+class _Chunk:
+    """Rows waiting in one queue: their tensors (device tensors, or host tensors at split 1) and bookkeeping."""
+    tensors: tuple              # aligned with the split's inputs, rows first
+    jobs: np.ndarray            # [n] object: the _Job of each row
+    index: np.ndarray           # [n] int64: the row's index in its request
+    target: np.ndarray          # [n] float64: arrival + SLO x (1 - slack)
+    rule: dict[str, np.ndarray] = field(default_factory=dict)   # exit-rule state per row
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def cut(self, m: int) -> tuple["_Chunk", "_Chunk"]:
+        """The first ``m`` rows, and the rest."""
+        head = _Chunk(tuple(t[:m] for t in self.tensors), self.jobs[:m], self.index[:m], self.target[:m],
+                      {k: v[:m] for k, v in self.rule.items()})
+        tail = _Chunk(tuple(t[m:] for t in self.tensors), self.jobs[m:], self.index[m:], self.target[m:],
+                      {k: v[m:] for k, v in self.rule.items()})
+        return head, tail
+
+
+@dataclass(eq=False)
+class _Run:
+    """One split run launched on the device and not yet decided."""
+    split: int
+    n: int
+    jobs: np.ndarray
+    index: np.ndarray
+    target: np.ndarray
+    rule_state: dict
+    started: float
+    state: tuple = ()                        # the state it hands on (device; its own copy on CUDA)
+    logits: torch.Tensor | None = None       # [ramps, n, C] float32 on the host (pinned on CUDA)
+    event: Any = None                        # CUDA event after the logits' copy (None on the CPU)
+    error: str | None = None
+
+
+class _Queue:
+    def __init__(self, batch: int):
+        self.batch = batch
+        self.chunks: deque[_Chunk] = deque()
+        self.rows = 0
+        self.expected_s = 0.0
+        self.runs = 0
+
+    def push(self, chunk: _Chunk) -> None:
+        if len(chunk):
+            self.chunks.append(chunk)
+            self.rows += len(chunk)
+
+    def take(self, n: int) -> list[_Chunk]:
+        out, want = [], n
+        while want and self.chunks:
+            c = self.chunks.popleft()
+            if len(c) > want:
+                c, rest = c.cut(want)
+                self.chunks.appendleft(rest)
+            out.append(c)
+            want -= len(c)
+        self.rows -= n - want
+        return out
+
+    def oldest_target(self) -> float | None:
+        heads = [c.target.min() for c in itertools.islice(self.chunks, 4)]
+        return float(min(heads)) if heads else None
+
+    def learn(self, seconds: float) -> None:
+        self.runs += 1
+        if self.runs == 1:   # the first run pays one-time costs (allocations, lazy init): not learnt
+            return
+        self.expected_s = seconds if self.runs == 2 else (1 - EWMA_ALPHA) * self.expected_s + EWMA_ALPHA * seconds
+
+    @torch.inference_mode()
+    def drop_dead(self) -> None:
+        """Forget rows of requests already answered with an error."""
+        kept = deque()
+        for c in self.chunks:
+            live = np.fromiter((j.live for j in c.jobs), bool, len(c))
+            if live.all():
+                kept.append(c)
+            elif live.any():
+                idx = np.flatnonzero(live)
+                t = torch.from_numpy(idx)
+                kept.append(_Chunk(tuple(x.index_select(0, t.to(x.device)) for x in c.tensors), c.jobs[idx],
+                                   c.index[idx], c.target[idx], {k: v[idx] for k, v in c.rule.items()}))
+        self.chunks = kept
+        self.rows = sum(len(c) for c in kept)
+
+
+def segments_at(num_blocks: int, cuts: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Block ranges of ``cuts`` (blocks after which the model is cut)."""
+    return [tuple(r) for r in ranges_from_cuts(list(cuts), num_blocks)]
+
+
+class DevicePipeline:
+    """E3's constant splits of ``model`` on one device (module docstring). Thread-safe ``admit``; one worker
+    thread (:meth:`start`) or explicit :meth:`step` calls (tests) run the splits.
+
+    ``answer(handle, outputs_dict)`` and ``fail(handle, message)`` are called from the worker for every admitted
+    request exactly once."""
+
+    def __init__(self, model: EarlyExitModel, *, cuts: tuple[int, ...], batch_sizes: list[int],
+                 enabled_ramps: tuple[int, ...], rule: ExitRule, settings: DeviceSettings, slo_ms: float,
+                 slack: float = 0.2, answer: Callable[[Any, dict], None], fail: Callable[[Any, str], None],
+                 clock: Callable[[], float] = time.monotonic, depth: int | None = None):
+        card = model.card
+        self.card, self.rule, self.settings = card, rule, settings
+        self.ranges = segments_at(card.num_blocks, cuts)
+        if len(batch_sizes) != len(self.ranges):
+            raise ValueError(f"{len(self.ranges)} splits need {len(self.ranges)} batch sizes, got {batch_sizes}")
+        if max(batch_sizes) > settings.max_batch:
+            raise ValueError(f"split batches {batch_sizes} exceed the executors' max batch {settings.max_batch}")
+        self.ramps = [card.split_ramps(a, b, enabled_ramps) for a, b in self.ranges]
+        self.executors = [make_executor(model, a, b, ramps=r, settings=settings) for (a, b), r in zip(self.ranges, self.ramps)]
+        self.queues = [_Queue(b) for b in batch_sizes]
+        self.state_count = len(card.state)
+        self.slo_s, self.slack = slo_ms / 1e3, slack
+        self.answer_cb, self.fail_cb, self.clock = answer, fail, clock
+        self.inbox: deque = deque()
+        self.pending: deque[_Run] = deque()   # runs launched, not yet decided (at most ``depth``)
+        self.depth = depth or (DEPTH if settings.cuda else 1)
+        self.cond = threading.Condition()
+        self.stopping = False
+        self.thread: threading.Thread | None = None
+        self.counts = {"runs": [0] * len(self.ranges), "rows": [0] * len(self.ranges), "dropped": 0}
+
+    # -- admission (any thread) ------------------------------------------------------------------------
+    def admit(self, handle: Any, arrays: dict[str, np.ndarray]) -> None:
+        """Queue one request's inputs (name -> [n, ...] host arrays)."""
+        with self.cond:
+            self.inbox.append((handle, arrays, self.clock()))
+            self.cond.notify()
+
+    def _drain(self) -> None:
+        with self.cond:
+            items, self.inbox = list(self.inbox), deque()
+        C = self.card.num_classes
+        for handle, arrays, arrival in items:
+            n = len(next(iter(arrays.values())))
+            job = _Job(handle, Answer(np.full(n, -1, np.int64), np.zeros(n, np.int32), np.zeros((n, C), np.float32)),
+                       n, arrival + self.slo_s)
+            tensors = tuple(torch.from_numpy(np.ascontiguousarray(arrays[s.name])) for s in self.card.inputs)
+            jobs = np.empty(n, dtype=object)
+            jobs[:] = [job] * n
+            self.queues[0].push(_Chunk(tensors, jobs, np.arange(n), np.full(n, arrival + self.slo_s * (1 - self.slack)),
+                                       self.rule.init_state_for(arrays, n)))
+
+    # -- the worker ------------------------------------------------------------------------------------------
+    def start(self) -> "DevicePipeline":
+        self.thread = threading.Thread(target=self._loop, name="e3-device", daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+        while self.pending:
+            self._complete(self.pending.popleft())
+        self._drain()
+        for q in self.queues:
+            for c in q.take(q.rows):
+                self._fail_rows(c.jobs, "the router is unloading")
+
+    def _loop(self) -> None:
+        device = torch.device(self.settings.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        while True:
+            with self.cond:
+                if self.stopping:
+                    return
+            wake = self.step()
+            if wake is False:
+                continue
+            with self.cond:
+                if self.inbox or self.stopping:
+                    continue
+                self.cond.wait(None if wake is None else max(0.0, wake - self.clock()))
+
+    def step(self) -> float | None | bool:
+        """Admit what arrived, drop what can no longer make it, then launch one split run or complete the
+        oldest one in flight. Returns False when it did either (call again), else when a partial batch becomes
+        forced (None: only an arrival changes anything).
+
+        Up to ``DEPTH`` runs are in flight: while the host decides one run's exits, the device already runs
+        the next full batch (its rows do not depend on the run being decided). A partial batch is launched only
+        when nothing is in flight, since a run in flight may still add rows to its queue."""
+        self._drain()
+        now = self.clock()
+        self._drop_late(now)
+        views = [QueueView(q.rows, q.batch, q.oldest_target(), q.expected_s) for q in self.queues]
+        choice = choose(views, now)
+        if choice.split is not None and (not self.pending or (len(self.pending) < self.depth
+                                                              and choice.rows == self.queues[choice.split].batch)):
+            self.pending.append(self._launch(choice.split, self.queues[choice.split].take(choice.rows)))
+            return False
+        if self.pending:
+            self._complete(self.pending.popleft())
+            return False
+        return choice.wake_s
+
+    def idle(self) -> bool:
+        with self.cond:
+            return not self.inbox and not self.pending and all(q.rows == 0 for q in self.queues)
+
+    def busy(self) -> bool:
+        """Rows queued or runs in flight (what :meth:`step` can still work on)."""
+        return not self.idle()
+
+    # -- one split execution -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _launch(self, s: int, chunks: list[_Chunk]) -> _Run:
+        """Enqueue one run of split ``s`` on the device: its rows into the executor, the state it hands on into
+        a buffer of its own (the executor's next replay overwrites its outputs), the ramps' logits into host
+        memory, an event after them. Nothing here waits for the device."""
+        n = sum(len(c) for c in chunks)
+        run = _Run(s, n, np.concatenate([c.jobs for c in chunks]), np.concatenate([c.index for c in chunks]),
+                   np.concatenate([c.target for c in chunks]),
+                   {k: np.concatenate([c.rule[k] for c in chunks]) for k in chunks[0].rule}, time.perf_counter())
+        try:
+            outs = self.executors[s].run([c.tensors for c in chunks], n)
+            last = s == len(self.ranges) - 1
+            state = () if last else outs[:self.state_count]
+            ramp_out = outs[len(state):]
+            run.state = tuple(t.clone() for t in state) if self.settings.cuda else state
+            if ramp_out:
+                logits = torch.stack([o.float() for o in ramp_out])
+                if self.settings.cuda:
+                    run.logits = torch.empty(logits.shape, dtype=torch.float32, pin_memory=True)
+                    run.logits.copy_(logits, non_blocking=True)
+                    run.event = torch.cuda.Event()
+                    run.event.record()
+                else:
+                    run.logits = logits
+        except Exception as err:  # noqa: BLE001 - a failed run answers its requests, the worker goes on
+            log.exception("split %d-%d failed", *self.ranges[s])
+            run.error = f"split {self.ranges[s][0]}-{self.ranges[s][1]} failed: {err}"
+        return run
+
+    @torch.inference_mode()
+    def _complete(self, run: _Run) -> None:
+        """Wait for a launched run (the one sync), decide its exits on the host, answer the requests whose last
+        row it decided, gather the survivors' state on the device into the next split's queue."""
+        s, n = run.split, run.n
+        try:
+            if run.event is not None:
+                run.event.synchronize()
+            logits = run.logits.numpy() if run.logits is not None else None
+        except Exception as err:  # noqa: BLE001
+            run.error = f"split {self.ranges[s][0]}-{self.ranges[s][1]} failed: {err}"
+        if run.error is not None:
+            self._fail_rows(run.jobs, run.error)
+            return
+        route = BatchRoute(n, self.card.num_classes, self.card.num_blocks, self.rule, run.rule_state)
+        keep = route.observe({k: logits[i] for i, k in enumerate(self.ramps[s])}) if logits is not None \
+            else np.ones(n, bool)
+        decided = np.flatnonzero(~keep)
+        if decided.size:
+            # one group per request (rows of a request are few and mostly adjacent)
+            order = decided[np.argsort(np.fromiter((id(j) for j in run.jobs[decided]), np.int64, decided.size),
+                                       kind="stable")]
+            ids = np.fromiter((id(j) for j in run.jobs[order]), np.int64, order.size)
+            for group in np.split(order, np.flatnonzero(np.diff(ids)) + 1):
+                job = run.jobs[group[0]]
+                if not job.live:
+                    continue
+                r = run.index[group]
+                job.answer.label[r], job.answer.exit_ramp[r], job.answer.probs[r] = \
+                    route.label[group], route.exit_ramp[group], route.probs[group]
+                job.pending -= group.size
+                if job.pending == 0:
+                    job.live = False
+                    self.answer_cb(job.handle, job.answer.outputs())
+        if keep.any():
+            idx = np.flatnonzero(keep)
+            where = torch.from_numpy(idx).to(self.settings.device, non_blocking=True)
+            survivors = tuple(t.index_select(0, where) for t in run.state)
+            self.queues[s + 1].push(_Chunk(survivors, run.jobs[idx], run.index[idx], run.target[idx],
+                                           {k: v[idx] for k, v in route.rule_state.items()}))
+        self.counts["runs"][s] += 1
+        self.counts["rows"][s] += n
+        self.queues[s].learn(time.perf_counter() - run.started)
+
+    # -- drops -------------------------------------------------------------------------------------------------
+    def _drop_late(self, now: float) -> None:
+        """Answer with an error every request whose row at a queue's head cannot finish by its deadline."""
+        dead = False
+        for s, q in enumerate(self.queues):
+            left = sum(u.expected_s for u in self.queues[s:])
+            for c in itertools.islice(q.chunks, 4):
+                for job in set(c.jobs[:8]):
+                    if job.live and now + left > job.deadline and q.runs > 1:
+                        self._fail_rows(np.array([job], dtype=object), "it would finish after its deadline")
+                        self.counts["dropped"] += 1
+                        dead = True
+        if dead:
+            for q in self.queues:
+                q.drop_dead()
+
+    def _fail_rows(self, jobs: np.ndarray, message: str) -> None:
+        for job in set(jobs):
+            if job.live:
+                job.live = False
+                self.fail_cb(job.handle, message)
+
+
+class StockRunner:
+    """The model's head path (no ramps) as one graph per bucket: ``run(arrays) -> Answer`` over all rows."""
+
+    def __init__(self, model: EarlyExitModel, settings: DeviceSettings):
+        self.card, self.settings = model.card, settings
+        L = model.card.num_blocks
+        self.executor = make_executor(model, 1, L, ramps=(L,), settings=settings)
+
+    @torch.inference_mode()
+    def run(self, arrays: dict[str, np.ndarray]) -> Answer:
+        n = len(next(iter(arrays.values())))
+        L, C = self.card.num_blocks, self.card.num_classes
+        answer = Answer(np.zeros(n, np.int64), np.full(n, L, np.int32), np.zeros((n, C), np.float32))
+        step = self.settings.max_batch
+        for at in range(0, n, step):
+            m = min(step, n - at)
+            chunk = tuple(torch.from_numpy(np.ascontiguousarray(arrays[s.name][at:at + m])) for s in self.card.inputs)
+            (logits,) = self.executor.run([chunk], m)
+            route = BatchRoute(m, C, L, self.rule_free(), {})
+            route.observe({L: logits.float().cpu().numpy()})
+            answer.label[at:at + m], answer.probs[at:at + m] = route.label, route.probs
+        return answer
+
+    @staticmethod
+    def rule_free() -> ExitRule:
+        from e3.core.exits import EntropyRule
+        return EntropyRule(0.0)   # never consulted: only the head is observed
+
+
+class NaiveRunner:
+    """The early-exit model as its authors run it, on the device: one batch, compacting at every enabled ramp."""
+
+    def __init__(self, model: EarlyExitModel, *, enabled_ramps: tuple[int, ...], rule: ExitRule,
+                 settings: DeviceSettings):
+        self.card, self.rule, self.settings = model.card, rule, settings
+        cuts = tuple(k for k in sorted(enabled_ramps) if k < model.card.num_blocks)
+        self.ranges = segments_at(model.card.num_blocks, cuts)
+        self.ramps = [model.card.split_ramps(a, b, enabled_ramps) for a, b in self.ranges]
+        self.executors = [make_executor(model, a, b, ramps=r, settings=settings) for (a, b), r in zip(self.ranges, self.ramps)]
+
+    @torch.inference_mode()
+    def run(self, arrays: dict[str, np.ndarray]) -> Answer:
+        n = len(next(iter(arrays.values())))
+        L, C = self.card.num_blocks, self.card.num_classes
+        answer = Answer(np.zeros(n, np.int64), np.zeros(n, np.int32), np.zeros((n, C), np.float32))
+        step = self.settings.max_batch
+        for at in range(0, n, step):
+            m = min(step, n - at)
+            part = {k: v[at:at + m] for k, v in arrays.items()}
+            route = BatchRoute(m, C, L, self.rule, self.rule.init_state_for(part, m))
+            feed = tuple(torch.from_numpy(np.ascontiguousarray(part[s.name])) for s in self.card.inputs)
+            for s, executor in enumerate(self.executors):
+                rows = len(route.active)
+                outs = executor.run([feed], rows)
+                last = s == len(self.executors) - 1
+                state = () if last else outs[:len(self.card.state)]
+                logits = torch.stack([o.float() for o in outs[len(state):]]).cpu().numpy()   # one sync
+                keep = route.observe({k: logits[i] for i, k in enumerate(self.ramps[s])})
+                if route.done:
+                    break
+                where = torch.from_numpy(np.flatnonzero(keep)).to(self.settings.device, non_blocking=True)
+                feed = tuple(t.index_select(0, where) for t in state)
+            answer.label[at:at + m], answer.exit_ramp[at:at + m], answer.probs[at:at + m] = \
+                route.label, route.exit_ramp, route.probs
+        return answer
