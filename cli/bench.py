@@ -177,6 +177,15 @@ def _model_flag(p, note: str = "") -> None:
     p.add_argument("--model", default="bert-ee", help=f"zoo model with workload mixes (default bert-ee{note})")
 
 
+def _verb(bsub, name: str, func, help: str, *, model_note: str | None = None):
+    """One ``e3 bench`` sub-verb: its parser, its handler and (``model_note`` given) its ``--model`` flag."""
+    p = bsub.add_parser(name, help=help)
+    p.set_defaults(func=func)
+    if model_note is not None:
+        _model_flag(p, model_note)
+    return p
+
+
 def _closed_loop_flags(p, concurrency: str, inputs: str, repeats: str) -> None:
     """A closed-loop bench's clients, inputs per run and runs (the same flags and defaults, each bench's help)."""
     p.add_argument("--concurrency", type=int, default=16, help=concurrency)
@@ -194,38 +203,32 @@ def add_bench(sub, repo_help: str) -> None:
     bsub = b.add_subparsers(dest="bench", required=False, metavar="BENCHMARK",
                             help="one benchmark; none: goodput against batch for E3, stock and naive EE and the "
                                  "simulator's validation and the perf_analyzer check, written into docs/RESULTS.md")
-    sbs = bsub.add_parser("side-by-side", help="E3, <m>_stock and <m>_ee on one server at one core budget, per mix "
-                                               "and request size; writes artifacts/results/side_by_side.json")
-    _model_flag(sbs, "; trained when missing")
+    sbs = _verb(bsub, "side-by-side", _bench_side_by_side, "E3, <m>_stock and <m>_ee on one server at one core budget, per mix "
+                                               "and request size; writes artifacts/results/side_by_side.json", model_note="; trained when missing")
     sbs.add_argument("--mixes", default="80-20,50-50,20-80", help="easy-hard mixes (default 80-20,50-50,20-80)")
     sbs.add_argument("--batches", default="1,8", help="inputs per request, comma-separated (default 1,8)")
     sbs.add_argument("--cores", type=int, default=2, help="cores every system gets: instances x threads (default 2)")
     _closed_loop_flags(sbs, "closed-loop clients (default 16)", "inputs per measured run (default 1600)",
                        "measured runs per system and cell, interleaved; the median is reported (default 3)")
     sbs.add_argument("--out", default=None, help="results JSON (default artifacts/results/side_by_side.json)")
-    sbs.set_defaults(func=_bench_side_by_side)
-    sim = bsub.add_parser("simulator", help="the discrete-event simulator against real runs: every cell of a "
+    sim = _verb(bsub, "simulator", _bench_simulator, "the discrete-event simulator against real runs: every cell of a "
                                             "side-by-side run simulated with the same profile, plans, configs and "
                                             "load; writes artifacts/results/simulator_validation.json")
     sim.add_argument("--measured", default=None,
                      help="side-by-side results to validate against (default artifacts/results/side_by_side.json)")
     sim.add_argument("--out", default=None, help="validation JSON (default artifacts/results/simulator_validation.json)")
-    sim.set_defaults(func=_bench_simulator)
-    prf = bsub.add_parser("perf", help="perf_analyzer against the load generator on E3's front door (<m>_router), "
+    prf = _verb(bsub, "perf", _bench_perf, "perf_analyzer against the load generator on E3's front door (<m>_router), "
                                        "same concurrency, inputs per request and inputs, alternating runs: agree "
                                        "within 10%%; writes artifacts/results/perf_check.json and perf_analyzer's "
-                                       "input data artifacts/results/perf_input_<m>.json")
-    _model_flag(prf)
+                                       "input data artifacts/results/perf_input_<m>.json", model_note="")
     prf.add_argument("--mix", default="80-20", help="easy-hard workload mix (default 80-20)")
     prf.add_argument("--batch", type=int, default=8, help="inputs per request (default 8)")
     _closed_loop_flags(prf, "requests in flight, both tools (default 16)", "inputs per load-generator run (default 1600)",
                        "runs of each tool, alternating (default 3)")
-    prf.set_defaults(func=_bench_perf)
-    gpu = bsub.add_parser("gpu", help="GPU clusters by simulation with MODELLED GPU profiles: goodput against "
+    gpu = _verb(bsub, "gpu", _bench_gpu, "GPU clusters by simulation with MODELLED GPU profiles: goodput against "
                                       "inputs per request on 16 V100s for E3, stock and naive EE, heterogeneity at "
                                       "fixed cost, cost at fixed goodput; writes artifacts/results/gpu_sim.json, "
-                                      "docs/figures/gpu_goodput_vs_batch.png and a section of docs/RESULTS.md")
-    _model_flag(gpu)
+                                      "docs/figures/gpu_goodput_vs_batch.png and a section of docs/RESULTS.md", model_note="")
     gpu.add_argument("--quick", action="store_true", help="fewer saturation levels and baseline configurations, "
                                                           "shorter simulations (a few minutes)")
     gpu.add_argument("--out", default=None, help="results JSON (default artifacts/results/gpu_sim.json)")
@@ -237,8 +240,7 @@ def add_bench(sub, repo_help: str) -> None:
                           "that side-by-side run into its section of docs/RESULTS.md")
     gpu.add_argument("--beside", action="append", default=[], metavar="PROFILE",
                      help="with --measured: more measured profiles for the side-by-side table (repeatable)")
-    gpu.set_defaults(func=_bench_gpu)
-    adm = bsub.add_parser("admission", help="E²bird's elastic admission stage (N-Ebird, E-Ebird) against Triton's "
+    adm = _verb(bsub, "admission", _bench_admission, "E²bird's elastic admission stage (N-Ebird, E-Ebird) against Triton's "
                                             "dynamic batcher (no delay, tuned delay, instances) under a QoS target: "
                                             "throughput at the target and latency through a load burst")
     adm.add_argument("--models", default=None,
@@ -258,8 +260,7 @@ def add_bench(sub, repo_help: str) -> None:
     adm.add_argument("--report", default=None, metavar="JSON",
                      help="with --cuda: do not run; write docs/RESULTS.md's GPU section from a saved run (e.g. one "
                           "made by benchmarks/gpu_host.py on a GPU host)")
-    adm.set_defaults(func=_bench_admission)
-    gen = bsub.add_parser("generate", help="early-exit generation on one server: tokens/s, TTFT, TPOT of the full "
+    gen = _verb(bsub, "generate", _bench_generate, "early-exit generation on one server: tokens/s, TTFT, TPOT of the full "
                                            "model, E3 (CALM exits, re-batched), naive early exit and self-speculative "
                                            "decoding; agreement and perplexity against the threshold; writes "
                                            "artifacts/results/generation.json and a section of docs/RESULTS.md")
@@ -274,8 +275,7 @@ def add_bench(sub, repo_help: str) -> None:
     gen.add_argument("--draft-tokens", type=int, default=4, help="self-speculative draft length (default 4)")
     gen.add_argument("--out", default=None, help="results JSON (default artifacts/results/generation.json)")
     gen.add_argument("--no-docs", action="store_true", help="do not update docs/RESULTS.md")
-    gen.set_defaults(func=_bench_generate)
-    hel = bsub.add_parser("helios", help="HELIOS against each of its candidates alone, one server, one memory budget: "
+    hel = _verb(bsub, "helios", _bench_helios, "HELIOS against each of its candidates alone, one server, one memory budget: "
                                          "tokens/s, batch reached, TTFT, TPOT, tokens per exit layer, agreement; "
                                          "writes artifacts/results/helios.json and a section of docs/RESULTS.md")
     hel.add_argument("--models", default="smollm2-ee,smollm2-ee-late", help="candidates, comma-separated (default "
@@ -288,8 +288,7 @@ def add_bench(sub, repo_help: str) -> None:
     hel.add_argument("--quick", action="store_true", help="a shorter run (a few minutes once exported)")
     hel.add_argument("--out", default=None, help="results JSON (default artifacts/results/helios.json)")
     hel.add_argument("--no-docs", action="store_true", help="do not update docs/RESULTS.md")
-    hel.set_defaults(func=_bench_helios)
-    exg = bsub.add_parser("exegpt", help="ExeGPT on Triton: the schedule (RRA on one worker or WAA on an encode and "
+    exg = _verb(bsub, "exegpt", _bench_exegpt, "ExeGPT on Triton: the schedule (RRA on one worker or WAA on an encode and "
                                           "a decode worker) <m>_generate_exegpt chooses per latency bound, measured "
                                           "with the best of the other kind, against the best static batch and "
                                           "continuous batching, predicted vs measured (Table 6 / Fig. 6 analogues, "
@@ -304,4 +303,3 @@ def add_bench(sub, repo_help: str) -> None:
                           "shared 2-core machine; the full form takes about half an hour)")
     exg.add_argument("--out", default=None, help="results JSON (default artifacts/results/exegpt_triton.json)")
     exg.add_argument("--no-docs", action="store_true", help="do not update docs/RESULTS.md")
-    exg.set_defaults(func=_bench_exegpt)

@@ -36,6 +36,15 @@ from e3.generation.engine import EngineSpec, kvfill_name, split_name
 from e3.generation.models import load_generation_model
 from e3.generation.onnx_splits import export_kvfill, export_split, split_ranges
 
+# A generation front door's request and answer tensors (every router of generated text takes these, plus its
+# own control input; HELIOS's door answers which model served too)
+DOOR_INPUTS = (TensorSpec("input_ids", "INT64", (-1,)), TensorSpec("text", "BYTES", (1,)),
+               TensorSpec("max_new_tokens", "INT32", (1,)), TensorSpec("mode", "BYTES", (1,)),
+               TensorSpec("tau", "FP32", (1,)), TensorSpec("draft_tokens", "INT32", (1,)))
+DOOR_OUTPUTS = (TensorSpec("tokens", "INT64", (-1,)), TensorSpec("exit_layers", "INT32", (-1,)),
+                TensorSpec("text_out", "BYTES", (1,)), TensorSpec("ttft_ms", "FP32", (1,)),
+                TensorSpec("total_ms", "FP32", (1,)))
+
 __all__ = ["export_generation_repository", "served_name", "router_names", "onnx_files", "model_names"]
 
 log = logging.getLogger(__name__)
@@ -102,12 +111,7 @@ def export_generation_repository(model: str, repo: Path, max_active: int = 16, *
         _write(out, ModelDescription(name=name, kind="onnx", max_batch_size=0, inputs=inputs, outputs=outputs,
                                      dynamic_batching=None, parameters={"intra_op_threads": "1"}),
                f"{__package__}.generate_split")
-    router_inputs = (TensorSpec("input_ids", "INT64", (-1,)), TensorSpec("text", "BYTES", (1,)),
-                     TensorSpec("max_new_tokens", "INT32", (1,)), TensorSpec("mode", "BYTES", (1,)),
-                     TensorSpec("tau", "FP32", (1,)), TensorSpec("draft_tokens", "INT32", (1,)))
-    router_outputs = (TensorSpec("tokens", "INT64", (-1,)), TensorSpec("exit_layers", "INT32", (-1,)),
-                      TensorSpec("text_out", "BYTES", (1,)), TensorSpec("ttft_ms", "FP32", (1,)),
-                      TensorSpec("total_ms", "FP32", (1,)))
+    router_inputs, router_outputs = DOOR_INPUTS, DOOR_OUTPUTS
     tok_file = "tokenizer.json" if tokenizer and gm.tokenizer is not None else ""
     for a, b in ranges:   # the same splits keeping the cache in their instance
         name = split_name(f"{m}_kv", a, b)
@@ -210,13 +214,8 @@ def export_helios_repository(models: list[str], repo: Path, *, memory_mb: float,
                                    "split_model": f"{served_name(model)}_kv"}))
     gm = load_generation_model(models[0], progress=False)
     tok_file = "tokenizer.json" if gm.tokenizer is not None else ""
-    inputs = (TensorSpec("input_ids", "INT64", (-1,)), TensorSpec("text", "BYTES", (1,)),
-              TensorSpec("max_new_tokens", "INT32", (1,)), TensorSpec("mode", "BYTES", (1,)),
-              TensorSpec("tau", "FP32", (1,)), TensorSpec("draft_tokens", "INT32", (1,)),
-              TensorSpec("status", "BYTES", (1,)))
-    outputs = (TensorSpec("tokens", "INT64", (-1,)), TensorSpec("exit_layers", "INT32", (-1,)),
-               TensorSpec("text_out", "BYTES", (1,)), TensorSpec("ttft_ms", "FP32", (1,)),
-               TensorSpec("total_ms", "FP32", (1,)), TensorSpec("served_by", "BYTES", (1,)))
+    inputs = (*DOOR_INPUTS, TensorSpec("status", "BYTES", (1,)))
+    outputs = (*DOOR_OUTPUTS, TensorSpec("served_by", "BYTES", (1,)))
     doors = {HELIOS: None}
     if fixed:
         doors.update({f"helios_only_{c['name']}": [c["name"], c["num_layers"]] for c in cands})

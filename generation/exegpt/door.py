@@ -19,18 +19,14 @@ from pathlib import Path
 from e3.core.spec import TensorSpec
 from e3.export.triton_config import ModelDescription
 from e3.generation.engine import EngineSpec, split_name
+from e3.generation.repository import DOOR_INPUTS, DOOR_OUTPUTS
 from e3.generation.exegpt.scheduler import ReplanPolicy, RraSchedule, WaaSchedule
 from e3.generation.exegpt.workload import LayerProfile, LengthDistribution
 
 __all__ = ["exegpt_name", "encoder_name", "export_exegpt_door", "door_models"]
 
-INPUTS = (TensorSpec("input_ids", "INT64", (-1,)), TensorSpec("text", "BYTES", (1,)),
-          TensorSpec("max_new_tokens", "INT32", (1,)), TensorSpec("mode", "BYTES", (1,)),
-          TensorSpec("tau", "FP32", (1,)), TensorSpec("draft_tokens", "INT32", (1,)),
-          TensorSpec("control", "BYTES", (1,)))
-OUTPUTS = (TensorSpec("tokens", "INT64", (-1,)), TensorSpec("exit_layers", "INT32", (-1,)),
-           TensorSpec("text_out", "BYTES", (1,)), TensorSpec("ttft_ms", "FP32", (1,)),
-           TensorSpec("total_ms", "FP32", (1,)))
+INPUTS = (*DOOR_INPUTS, TensorSpec("control", "BYTES", (1,)))
+OUTPUTS = DOOR_OUTPUTS
 
 
 def exegpt_name(model: str) -> str:
