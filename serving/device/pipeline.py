@@ -211,18 +211,28 @@ class DevicePipeline:
             self.cond.notify()
 
     def _drain(self) -> None:
+        """Queue what arrived for split 1: one chunk per request; the exit rule's initial state computed once for
+        all of them (a rule that reads the inputs hashes every row: once per drain, not once per request)."""
         with self.cond:
             items, self.inbox = list(self.inbox), deque()
+        if not items:
+            return
         C = self.card.num_classes
-        for handle, arrays, arrival in items:
-            n = len(next(iter(arrays.values())))
+        sizes = [len(next(iter(arrays.values()))) for _, arrays, _ in items]
+        names = list(items[0][1])
+        whole = {k: np.concatenate([arrays[k] for _, arrays, _ in items]) for k in names} if len(items) > 1 \
+            else items[0][1]
+        rule_state = self.rule.init_state_for(whole, sum(sizes))
+        at = 0
+        for (handle, arrays, arrival), n in zip(items, sizes):
             job = _Job(handle, Answer(np.full(n, -1, np.int64), np.zeros(n, np.int32), np.zeros((n, C), np.float32)),
                        n, arrival + self.slo_s)
             tensors = tuple(torch.from_numpy(np.ascontiguousarray(arrays[s.name])) for s in self.card.inputs)
             jobs = np.empty(n, dtype=object)
             jobs[:] = [job] * n
             self.queues[0].push(_Chunk(tensors, jobs, np.arange(n), np.full(n, arrival + self.slo_s * (1 - self.slack)),
-                                       self.rule.init_state_for(arrays, n)))
+                                       {k: v[at:at + n] for k, v in rule_state.items()}))
+            at += n
 
     # -- the worker ------------------------------------------------------------------------------------------
     def start(self) -> "DevicePipeline":
