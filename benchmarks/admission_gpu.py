@@ -142,7 +142,7 @@ def poisson(rate: float, duration_s: float, seed: int) -> np.ndarray:
     return burst_schedule([Phase("run", rate, duration_s)], seed)[0]
 
 
-def serve(system: System, launch: Callable[[int, int], object], arrivals: np.ndarray, drain_s: float,
+def serve(system: System, launch: Callable[[int, int], object], arrivals: np.ndarray, *, drain_s: float,
           clock: Callable[[], float] = time.perf_counter) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """Run the serving loop over ``arrivals`` (s, increasing): stage, plan, ``launch(executor, batch)``
     (a handle whose ``query()`` says it is done), poll. Returns each input's latency (ms, NaN where not
@@ -277,7 +277,7 @@ def _bench_model(name: str, settings: GpuAdmissionSettings, echo) -> dict:
 
     def inputs_of(b: int) -> tuple:
         if b not in cache:
-            cache[b] = split_inputs(module, b, settings.seed, "cuda")
+            cache[b] = split_inputs(module, b, settings.seed, device="cuda")
         return cache[b]
 
     cuda = CudaSettings()
@@ -308,7 +308,7 @@ def _bench_model(name: str, settings: GpuAdmissionSettings, echo) -> dict:
         gc.collect()
         gc.disable()       # a collection inside the loop would be a pause no serving process has
         try:
-            return serve(system, execs[tuple(map(tuple, system.executors))].launch, arrivals, settings.drain_s)
+            return serve(system, execs[tuple(map(tuple, system.executors))].launch, arrivals, drain_s=settings.drain_s)
         finally:
             gc.enable()
 
@@ -417,6 +417,6 @@ def write_gpu_admission(doc: dict, out=None, command: str = "e3 bench admission 
     write_json_atomic(out, doc, indent=1, default=float)
     path = Path(results_md) if results_md else project_root() / "docs" / "RESULTS.md"
     text = path.read_text() if path.exists() else "# Measured results\n"
-    write_atomic(path, replace_between(text, GPU_BEGIN, GPU_END, gpu_admission_markdown(doc, command),
+    write_atomic(path, replace_between(text, GPU_BEGIN, GPU_END, section=gpu_admission_markdown(doc, command),
                                        name="admission gpu"))
     print(f"wrote {out} and the GPU admission section of {path}")

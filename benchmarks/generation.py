@@ -124,7 +124,7 @@ def _serve(url: str, model: str, prompts, new_tokens, **kw):
     from e3.generation.client import generate
     start = time.perf_counter()
     with ThreadPoolExecutor(len(prompts)) as pool:
-        out = list(pool.map(lambda p: generate(url, model, p, new_tokens, **kw), prompts))
+        out = list(pool.map(lambda p: generate(url, model, p, max_new_tokens=new_tokens, **kw), prompts))
     return out, time.perf_counter() - start
 
 

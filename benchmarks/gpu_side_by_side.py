@@ -315,8 +315,8 @@ def check_answers(name: str, reported: str, settings: Settings, *, results: Resu
     card = model.card
     count = 32 if not settings.cpu else 48
     inputs = {k: v[:count] for k, v in pool.items()}
-    ref = reference_answers(model, tuple(inputs[s.name] for s in card.inputs), rule, enabled)
-    stock_ref = reference_answers(model, tuple(inputs[s.name] for s in card.inputs), rule, ())
+    ref = reference_answers(model, tuple(inputs[s.name] for s in card.inputs), rule, enabled_ramps=enabled)
+    stock_ref = reference_answers(model, tuple(inputs[s.name] for s in card.inputs), rule, enabled_ramps=())
     client = grpcclient.InferenceServerClient(url)
     checks = {}
     for (system, mix, B, k), served in names.items():

@@ -29,7 +29,7 @@ def replace_gpu_section(document: str, section: str) -> str:
     """``document`` with its gpu-sim section replaced (appended when absent): the one section writer,
     :func:`e3.benchmarks.report.replace_between`, with this section's markers."""
     from e3.benchmarks.report import replace_between
-    return replace_between(document, BEGIN, END, section, name="gpu-sim")
+    return replace_between(document, BEGIN, END, section=section, name="gpu-sim")
 
 
 def _workload(model: str, mix: tuple[int, int], echo):
@@ -349,6 +349,6 @@ def run_measured_gpu_bench(profile_path: Path, quick: bool = False, model: str =
     ])
     path = project_root() / "docs" / "RESULTS.md"
     text = path.read_text() if path.exists() else "# Measured results\n"
-    write_atomic(path, replace_between(text, MEASURED_BEGIN, MEASURED_END, section, name="gpu measured"))
+    write_atomic(path, replace_between(text, MEASURED_BEGIN, MEASURED_END, section=section, name="gpu measured"))
     echo(f"wrote the measured-GPU section of {path} ({time.monotonic() - started:.0f} s)")
     return doc

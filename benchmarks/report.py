@@ -77,10 +77,11 @@ def within_both(rows: Sequence[Mapping], goodput_tol: float, p99_tol: float) -> 
 def replace_section(document: str, section: str, name: str = "e3 bench") -> str:
     """``document`` with the text between the begin and end :func:`markers` of ``name`` replaced by
     ``section`` (the markers appended at the end when absent). Raises on a lone or doubled marker."""
-    return replace_between(document, *markers(name), section, name=name)
+    begin, end = markers(name)
+    return replace_between(document, begin, end, section=section, name=name)
 
 
-def replace_between(document: str, begin: str, end: str, section: str, name: str = "") -> str:
+def replace_between(document: str, begin: str, end: str, *, section: str, name: str = "") -> str:
     """``document`` with the text between the lines ``begin`` and ``end`` replaced by ``section`` (the markers
     appended at the end when absent). Raises on a lone or doubled marker."""
     begins, ends = document.count(begin), document.count(end)
@@ -101,7 +102,7 @@ def write_section(path, begin: str, end: str, *, section: str) -> None:
     from pathlib import Path
     from e3.core.files import write_atomic
     path = Path(path)
-    write_atomic(path, replace_between(path.read_text() if path.exists() else "", begin, end, section))
+    write_atomic(path, replace_between(path.read_text() if path.exists() else "", begin, end, section=section))
 
 
 def commit() -> str:

@@ -162,7 +162,7 @@ def compile_call(module, inputs: Sequence, settings: CudaSettings) -> Callable[[
     return replay
 
 
-def measure_blocks_cuda(model: "EarlyExitModel", batches: Sequence[int], settings: CudaSettings, bar=None):
+def measure_blocks_cuda(model: "EarlyExitModel", batches: Sequence[int], settings: CudaSettings, *, bar=None):
     """Timings (ms) of every block without and with its ramp: ([k-1][i] repeats, same or None)."""
     from e3.export.model_api import SplitModule
     from e3.export.onnx_export import split_inputs
@@ -174,7 +174,7 @@ def measure_blocks_cuda(model: "EarlyExitModel", batches: Sequence[int], setting
             variants["with"] = SplitModule(model, k, k, (k,))
         rows = {tag: [] for tag in variants}
         for b in batches:
-            x = split_inputs(variants["without"], b, settings.seed, settings.torch_device)
+            x = split_inputs(variants["without"], b, settings.seed, device=settings.torch_device)
             calls = {tag: compile_call(m, x, settings) for tag, m in variants.items()}
             samples = _timed(calls, settings.repeats, settings.warmup, settings.torch_device)
             for tag in variants:
@@ -187,14 +187,14 @@ def measure_blocks_cuda(model: "EarlyExitModel", batches: Sequence[int], setting
     return without, with_
 
 
-def measure_stock_cuda(model: "EarlyExitModel", batches: Sequence[int], settings: CudaSettings, bar=None):
+def measure_stock_cuda(model: "EarlyExitModel", batches: Sequence[int], settings: CudaSettings, *, bar=None):
     """Timings (ms) of the stock graph (blocks 1..L, no ramp) at each batch size."""
     from e3.export.model_api import SplitModule
     from e3.export.onnx_export import split_inputs
     module = SplitModule(model, 1, model.card.num_blocks, ())
     out = []
     for b in batches:
-        call = compile_call(module, split_inputs(module, b, settings.seed, settings.torch_device), settings)
+        call = compile_call(module, split_inputs(module, b, settings.seed, device=settings.torch_device), settings)
         out.append(_timed({"stock": call}, settings.repeats, settings.warmup, settings.torch_device)["stock"])
         if bar is not None:
             bar.update(1)
@@ -250,7 +250,7 @@ def measure_check_cuda(model: "EarlyExitModel", batches: Sequence[int], settings
 
 
 def profile_model_cuda(model_name: str, settings: CudaSettings = CudaSettings(), progress: bool = True,
-                       untrained: bool = False) -> LatencyProfile:
+                       *, untrained: bool = False) -> LatencyProfile:
     """Measure ``model_name`` on this host's GPU (module docstring); returns the profile."""
     import torch
     from tqdm import tqdm
@@ -273,11 +273,11 @@ def profile_model_cuda(model_name: str, settings: CudaSettings = CudaSettings(),
     total = (card.num_blocks + 1) * len(batches)
     with tqdm(total=total, desc=f"profile {served_name(model_name)} on {device}", unit="step",
               disable=not progress) as bar:
-        without, with_ = measure_blocks_cuda(model, batches, settings, bar)
-        stock = measure_stock_cuda(model, batches, settings, bar)
+        without, with_ = measure_blocks_cuda(model, batches, settings, bar=bar)
+        stock = measure_stock_cuda(model, batches, settings, bar=bar)
     tx, tx_in = measure_hops_cuda(model, batches, settings)
     check = measure_check_cuda(model, batches, settings)
-    router = measure_router(card, batches, max(settings.repeats, 50), settings.warmup, settings.seed)
+    router = measure_router(card, batches, max(settings.repeats, 50), warmup=settings.warmup, seed=settings.seed)
     fixed = settings.hop_fixed_ms
     source = (f"measured on {gpu} ({device}): PyTorch {torch.__version__} CUDA {torch.version.cuda}, "
               f"{'FP16 autocast' if settings.precision == 'fp16' else 'FP32'}, "
@@ -288,8 +288,8 @@ def profile_model_cuda(model_name: str, settings: CudaSettings = CudaSettings(),
               f"(assumed, as the modelled profiles); Tx in = the inputs' copy host->device + the same; check: "
               f"logits to the host, BatchRoute.observe, survivors' rows gathered on the device; router: this host's "
               f"CPU (numpy, in-process). NOT ONNX Runtime's CUDA provider or TensorRT (not installed on this host)")
-    profile = assemble_profile(served_name(model_name), batches, without, with_,
-                               [np.asarray(s) + fixed for s in tx], device, settings.price, source,
+    profile = assemble_profile(served_name(model_name), batches, without, with_ramp=with_,
+                               tx=[np.asarray(s) + fixed for s in tx], device=device, price=settings.price, source=source,
                                check=check, router=router, stock=stock)
     profile.tx_in_ms[device] = [summarize(np.asarray(s) + fixed).median_ms for s in tx_in]
     profile.validate()

@@ -46,11 +46,11 @@ class DeviceModel:
 
     @property
     def name(self) -> str:
-        name = device_model_name(self.model, self.system, self.max_batch, self.instances)
+        name = device_model_name(self.model, self.system, self.max_batch, instances=self.instances)
         return f"{name}_{self.variant}" if self.variant else name
 
 
-def device_model_name(model: str, system: str, max_batch: int, instances: int = 1) -> str:
+def device_model_name(model: str, system: str, max_batch: int, *, instances: int = 1) -> str:
     base = f"{served_name(model)}_{system}_b{max_batch}"
     return base if instances == 1 else f"{base}_i{instances}"
 

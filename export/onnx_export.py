@@ -27,7 +27,7 @@ class ParityError(RuntimeError):
     """An exported file whose outputs differ from PyTorch beyond the tolerance."""
 
 
-def split_inputs(split: SplitModule, n: int, seed: int, device: str | torch.device | None = None
+def split_inputs(split: SplitModule, n: int, seed: int, *, device: str | torch.device | None = None
                  ) -> tuple[torch.Tensor, ...]:
     """Valid random inputs for ``split``: model inputs for split 1, else the state that
     the blocks before it produce from random model inputs; on ``device`` (the model's own, e.g. a

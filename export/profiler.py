@@ -138,7 +138,7 @@ def parse_batch_sizes(text: str | None, max_batch_size: int) -> list[int]:
 
 
 def assemble_profile(model: str, batch_sizes: Sequence[int], without_ramp: Sequence[Sequence[Sequence[float]]],
-                     with_ramp: Sequence[Sequence[Sequence[float]] | None], tx: Sequence[Sequence[float]],
+                     *, with_ramp: Sequence[Sequence[Sequence[float]] | None], tx: Sequence[Sequence[float]],
                      device: str = CPU_DEVICE, price: float = 1.0, source: str = "",
                      check: Sequence[Sequence[float]] | None = None,
                      router: Sequence[Sequence[float]] | None = None,
@@ -447,7 +447,7 @@ def measure_check(card: ModelCard, batch_sizes: Sequence[int], repeats: int, *, 
     return out
 
 
-def measure_router(card: ModelCard, batch_sizes: Sequence[int], repeats: int, warmup: int = 3,
+def measure_router(card: ModelCard, batch_sizes: Sequence[int], repeats: int, *, warmup: int = 3,
                    seed: int = 0) -> list[np.ndarray]:
     """Timings (ms) of the router's own work on one batch of a split at each batch size: stacking B per-row
     state arrays into a batch, the exit rule at the split's end (one ramp) and building B answers (label,
@@ -505,7 +505,7 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
             log.warning("Tx not measured (tx=False): the profile records a hop as 0 ms (and no request CPU)")
             tx = [[0.0] for _ in batches]
         check = measure_check(card, batches, router_repeats, warmup=settings.warmup, seed=settings.seed)
-        router = measure_router(card, batches, router_repeats, settings.warmup, settings.seed)
+        router = measure_router(card, batches, router_repeats, warmup=settings.warmup, seed=settings.seed)
     source = (f"measured: ONNX Runtime {ort.__version__} CPUExecutionProvider, 1 intra-op thread, sequential; "
               f"{settings.repeats} repeats after {settings.warmup} warmup calls, medians, spread = IQR; "
               f"Tx: {'one BLS hop between two Python-backend models on tritonserver, timed in the caller, ' + str(tx_repeats) + ' repeats' if settings.tx else 'not measured (0)'}; "
@@ -514,7 +514,7 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
               + (f"request: host CPU per request, {REQUEST_CLIENTS} load-generator clients against a front door "
                  "without compute (clients + tritonserver's process); " if request else "")
               + f"{os.cpu_count()} CPUs on the host")
-    return assemble_profile(served_name(model_name), batches, without, with_, tx, settings.device, settings.price,
-                            source, check=check, router=router, stock=stock[1],
+    return assemble_profile(served_name(model_name), batches, without, with_ramp=with_, tx=tx, device=settings.device, price=settings.price,
+                            source=source, check=check, router=router, stock=stock[1],
                             stock_2t=stock.get(2), request=None if request is None else [r[0] for r in request],
                             client=None if request is None else [r[1] for r in request], jitter=jitter)

@@ -29,7 +29,7 @@ class ReferenceAnswers:
 
 @torch.no_grad()
 def reference_answers(model: EarlyExitModel, inputs: tuple[np.ndarray, ...] | tuple[torch.Tensor, ...],
-                      rule: ExitRule, enabled_ramps: tuple[int, ...] | None = None) -> ReferenceAnswers:
+                      rule: ExitRule, *, enabled_ramps: tuple[int, ...] | None = None) -> ReferenceAnswers:
     """Answer every input of ``inputs`` (batch-first arrays) alone, at batch 1.
 
     ``enabled_ramps`` defaults to every ramp of the model; ramps not listed are skipped.

@@ -47,7 +47,7 @@ def _inputs(module, prompt, max_new_tokens: int, mode: str, tau: float, draft_to
     return out
 
 
-def generate(url: str, model: str, prompt: list[int] | str, max_new_tokens: int = 32, mode: str = "calm",
+def generate(url: str, model: str, prompt: list[int] | str, *, max_new_tokens: int = 32, mode: str = "calm",
              tau: float = 0.9, draft_tokens: int = 4, client=None) -> Generated:
     """One non-streaming generation over HTTP (``url`` = host:port); ``client`` reuses a connection."""
     from tritonclient import http

@@ -69,7 +69,7 @@ def test_composed_ee_answers_as_block_by_block_and_the_reference(tiny_model, ee_
     assert got[3] == want[3]                      # the batch profile, ramp by ramp
     assert set(got[1].tolist()) == {1, 2, 3, 4}   # every exit exercised
     _check_reference(got[0], got[1], reference_answers(tiny_model, (inputs["input_ids"], inputs["attention_mask"]),
-                                                       rule, ENABLED))
+                                                       rule, enabled_ramps=ENABLED))
 
 
 def test_a_patience_rule_runs_block_by_block_and_answers_as_the_reference(tiny_model, ee_folder, inputs):
@@ -79,7 +79,7 @@ def test_a_patience_rule_runs_block_by_block_and_answers_as_the_reference(tiny_m
     assert runner.form == BLOCK_BY_BLOCK and "patience" in runner.why
     label, ramp, _, _ = _answer(runner, inputs, 11)
     _check_reference(label, ramp, reference_answers(tiny_model, (inputs["input_ids"], inputs["attention_mask"]),
-                                                    rule, ENABLED))
+                                                    rule, enabled_ramps=ENABLED))
 
 
 def test_blocks_that_do_not_compose_fall_back_and_say_why(tiny_model, ee_folder, tmp_path, caplog):

@@ -166,7 +166,7 @@ def test_device_pipeline_answers_as_the_reference_for_every_zoo_model(name):
     # every single cut where a model is cheap; the encoders of real size: no cut, one cut, a cut at every ramp
     cut_forms = [(), *[(k,) for k in ramps], ramps] if name in ("tiny-ee", "resnet-ee") else [(), (ramps[0],), ramps]
     for rule_name, rule in _rules(model, arrays).items():
-        ref = reference_answers(model, inputs, rule, ramps)
+        ref = reference_answers(model, inputs, rule, enabled_ramps=ramps)
         clear = ref.min_margin > TIE
         assert clear.mean() > 0.9, f"{rule_name}: too many inputs in the tie band"
         for cuts in cut_forms:
@@ -196,7 +196,7 @@ def test_device_pipeline_answers_as_the_reference_for_every_zoo_model(name):
         assert np.array_equal(naive.exit_ramp[clear], ref.exit_ramp[clear]) and \
             np.array_equal(naive.label[clear], ref.label[clear]), f"{name} {rule_name} naive"
     stock = StockRunner(model, settings).run(arrays)
-    head = reference_answers(model, inputs, EntropyRule(0.0), ())
+    head = reference_answers(model, inputs, EntropyRule(0.0), enabled_ramps=())
     assert np.array_equal(stock.label, head.label) and (stock.exit_ramp == L).all()
 
 
@@ -252,7 +252,7 @@ def test_cuda_graph_pipeline_answers_as_the_reference_in_fp32():
     model = build_model("tiny-ee", seed=0, trained=False)
     arrays = model.example_arrays(96, seed=4)
     rule = ForcedRule([1.0, 0.5, 0.35, 0.3])
-    ref = reference_answers(model, tuple(arrays[s.name] for s in model.card.inputs), rule, (1, 2, 3))
+    ref = reference_answers(model, tuple(arrays[s.name] for s in model.card.inputs), rule, enabled_ramps=(1, 2, 3))
     from e3.serving.device.executor import prepare_model
     settings = DeviceSettings(device="cuda", max_batch=16)
     on_gpu = prepare_model(build_model("tiny-ee", seed=0, trained=False), settings)

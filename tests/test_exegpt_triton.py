@@ -87,7 +87,7 @@ def test_answers_equal_the_reference_model(door):
     for seed in range(4):
         r = random.Random(seed)
         prompt = [r.randrange(64) for _ in range(r.randint(1, 10))]
-        got = generate(server.http_url, name, prompt, 6, mode="full")
+        got = generate(server.http_url, name, prompt, max_new_tokens=6, mode="full")
         assert got.tokens == generate_full(model, prompt, 6).tokens, f"prompt {prompt}"
         assert got.total_ms > 0
 
@@ -113,7 +113,7 @@ def test_waa_runs_on_two_workers_and_answers_as_the_reference(door):
         jobs.append(([r.randrange(64) for _ in range(r.randint(1, 10))], r.randint(1, 9),
                      "calm" if seed % 3 == 0 else "full"))
     with cf.ThreadPoolExecutor(12) as pool:
-        got = list(pool.map(lambda j: generate(server.http_url, name, j[0], j[1], mode=j[2], tau=0.3), jobs))
+        got = list(pool.map(lambda j: generate(server.http_url, name, j[0], max_new_tokens=j[1], mode=j[2], tau=0.3), jobs))
     for (prompt, n, mode), g in zip(jobs, got):
         ref = generate_early_exit(model, prompt, n, tau=0.3) if mode == "calm" else generate_full(model, prompt, n)
         assert g.tokens == ref.tokens and g.exit_layers == ref.exit_layers, (prompt, n, mode)
@@ -157,8 +157,8 @@ def test_bad_requests_are_named_and_the_door_keeps_serving(door):
     with pytest.raises(ValueError, match="batch_size >= 1"):
         control(server.http_url, name, {"schedule": [0, 2]})
     with pytest.raises(GenerationError, match="empty prompt"):
-        generate(server.http_url, name, [], 4, mode="full")
+        generate(server.http_url, name, [], max_new_tokens=4, mode="full")
     with pytest.raises(GenerationError, match="out of the vocabulary"):
-        generate(server.http_url, name, [1, 10_000], 4, mode="full")
-    assert len(generate(server.http_url, name, [1, 2, 3], 4, mode="full").tokens) == 4
+        generate(server.http_url, name, [1, 10_000], max_new_tokens=4, mode="full")
+    assert len(generate(server.http_url, name, [1, 2, 3], max_new_tokens=4, mode="full").tokens) == 4
     assert math.isfinite(control(server.http_url, name, {})["schedule"]["batch_size"])

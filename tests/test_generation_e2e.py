@@ -40,7 +40,7 @@ def _prompts(n: int) -> list[list[int]]:
 def _serve_all(server, model, prompts, **kw):
     from e3.generation.client import generate
     with ThreadPoolExecutor(16) as pool:
-        return list(pool.map(lambda p: generate(server.http_url, model, p, NEW_TOKENS, **kw), prompts))
+        return list(pool.map(lambda p: generate(server.http_url, model, p, max_new_tokens=NEW_TOKENS, **kw), prompts))
 
 
 def test_served_tokens_equal_the_reference_early_exit_decoder(gen_server):
@@ -89,8 +89,8 @@ def test_naive_router_and_stream_give_the_same_tokens(gen_server):
     from e3.generation.client import generate, generate_stream
     server, _, names = gen_server
     p = _prompts(3)[2]
-    plain = generate(server.http_url, names["continuous"], p, NEW_TOKENS, tau=TAU)
-    naive = generate(server.http_url, names["naive"], p, NEW_TOKENS, tau=TAU)
+    plain = generate(server.http_url, names["continuous"], p, max_new_tokens=NEW_TOKENS, tau=TAU)
+    naive = generate(server.http_url, names["naive"], p, max_new_tokens=NEW_TOKENS, tau=TAU)
     chunks = list(generate_stream(server.grpc_url, names["stream"], p, max_new_tokens=NEW_TOKENS, tau=TAU))
     assert naive.tokens == plain.tokens
     assert len(chunks) >= 2   # one response per step, not one at the end
@@ -101,11 +101,11 @@ def test_bad_requests_get_errors_and_the_router_keeps_serving(gen_server):
     from e3.generation.client import GenerationError, generate
     server, _, names = gen_server
     with pytest.raises(GenerationError, match="empty prompt"):
-        generate(server.http_url, names["continuous"], [], NEW_TOKENS)
+        generate(server.http_url, names["continuous"], [], max_new_tokens=NEW_TOKENS)
     with pytest.raises(GenerationError, match="mode must be one of"):
-        generate(server.http_url, names["continuous"], [1, 2], NEW_TOKENS, mode="fast")
+        generate(server.http_url, names["continuous"], [1, 2], max_new_tokens=NEW_TOKENS, mode="fast")
     with pytest.raises(GenerationError, match="no tokenizer"):
-        generate(server.http_url, names["continuous"], "hello", NEW_TOKENS)
+        generate(server.http_url, names["continuous"], "hello", max_new_tokens=NEW_TOKENS)
     with pytest.raises(GenerationError, match="out of the vocabulary"):
-        generate(server.http_url, names["continuous"], [1, 10_000], NEW_TOKENS)
-    assert len(generate(server.http_url, names["continuous"], [1, 2, 3], NEW_TOKENS).tokens) == NEW_TOKENS
+        generate(server.http_url, names["continuous"], [1, 10_000], max_new_tokens=NEW_TOKENS)
+    assert len(generate(server.http_url, names["continuous"], [1, 2, 3], max_new_tokens=NEW_TOKENS).tokens) == NEW_TOKENS

@@ -70,7 +70,7 @@ def test_a_hung_split_answers_its_request_at_the_deadline_and_the_router_keeps_s
                         batch_size=4, instances=2, slo_ms=SLO_MS, queue_delay_us=0)
     plan = replace(plan, splits=tuple(replace(s, form=CONSTANT) for s in plan.splits))
     ids, mask = (x.numpy() for x in tiny_model.example_inputs(240, seed=13))
-    ref = reference_answers(tiny_model, (ids, mask), make_exit_rule(card.exit_rule), plan.enabled_ramps)
+    ref = reference_answers(tiny_model, (ids, mask), make_exit_rule(card.exit_rule), enabled_ramps=plan.enabled_ramps)
     clear = ref.min_margin > 1e-5
 
     with serving(repo, [SPLIT, ROUTER], name="hung-split") as server:

@@ -111,7 +111,7 @@ def test_tiny_ee_modelled_profile_on_three_gpus_loads_merges_and_says_modelled(t
     table = format_table(q)
     assert table.count("MODELLED from public figures") == 3
     from e3.export.profiler import assemble_profile
-    cpu = assemble_profile("tiny_ee", [1, 8, 64], [[[1.0]] * 3] * 4, [None] * 4, [[0.5]] * 3)
+    cpu = assemble_profile("tiny_ee", [1, 8, 64], [[[1.0]] * 3] * 4, with_ramp=[None] * 4, tx=[[0.5]] * 3)
     both = merge_profiles([cpu, q])
     assert list(both.devices) == ["cpu", "v100", "t4", "k80"] and not both.devices["cpu"].modelled
 

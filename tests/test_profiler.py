@@ -45,7 +45,7 @@ def test_assemble_profile_takes_medians_clamps_ramps_and_keeps_spread():
     without = [[[1.0, 2.0, 3.0], [2.0, 2.0, 2.0]], [[5.0, 5.0, 5.0], [6.0, 8.0, 10.0]]]
     with_ramp = [[[1.5, 2.5, 3.5], [1.0, 1.0, 1.0]], None]  # block 1 at batch 2: "with" measured faster
     tx = [[0.4, 0.5, 0.6], [0.9, 1.0]]
-    p = assemble_profile("m", [1, 2], without, with_ramp, tx, source="unit")
+    p = assemble_profile("m", [1, 2], without, with_ramp=with_ramp, tx=tx, source="unit")
     assert p.block_ms["cpu"] == [[2.0, 2.0], [5.0, 8.0]]
     assert p.ramp_ms["cpu"] == [[0.5, 0.0], [0.0, 0.0]]  # max(0, with - without); no ramp -> 0
     assert p.tx_ms["cpu"] == [0.5, 0.95]
@@ -53,11 +53,11 @@ def test_assemble_profile_takes_medians_clamps_ramps_and_keeps_spread():
     assert p.devices["cpu"] == DeviceConfig("cpu", 1.0, False) and not p.modelled
     assert p.check_ms == {} and p.router_ms == {}   # not measured: no curves (the planner reads 0)
     LatencyProfile.from_dict(json.loads(json.dumps(p.to_dict())))  # round-trips and validates
-    p = assemble_profile("m", [1, 2], without, with_ramp, tx, check=[[0.05, 0.07, 0.06], [0.08]],
+    p = assemble_profile("m", [1, 2], without, with_ramp=with_ramp, tx=tx, check=[[0.05, 0.07, 0.06], [0.08]],
                          router=[[0.2, 0.1, 0.3], [0.4, 0.5]])
     assert p.check_ms == {"cpu": [0.06, 0.08]} and p.router_ms == {"cpu": [0.2, 0.45]}   # medians
     LatencyProfile.from_dict(json.loads(json.dumps(p.to_dict())))
-    p = assemble_profile("m", [1, 2], without, with_ramp, tx, stock=[[9.0, 10.0, 11.0], [18.0, 20.0]],
+    p = assemble_profile("m", [1, 2], without, with_ramp=with_ramp, tx=tx, stock=[[9.0, 10.0, 11.0], [18.0, 20.0]],
                          stock_2t=[[5.0, 6.0], [11.0]], request=[0.7, 0.8], client=[0.5, 0.6])
     assert p.stock_ms == {"cpu": [10.0, 19.0]} and p.stock_2t_ms == {"cpu": [5.5, 11.0]}
     assert p.thread_speedup("cpu", 2, 2) == pytest.approx(19.0 / 11.0) and p.thread_speedup("cpu", 2, 1) == 1.0

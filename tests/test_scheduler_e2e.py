@@ -66,7 +66,7 @@ def test_every_split_form_answers_like_the_reference(sched_server, tiny_model, r
     label, ramp = send_concurrently(sched_server.http_url, ROUTER,
                                     lambda a, b: {"input_ids": ids[a:b], "attention_mask": mask[a:b]},
                                     mixed_sizes(150, 7, seed=3), workers=8)
-    ref = reference_answers(tiny_model, (ids, mask), make_exit_rule(card.exit_rule), plan.enabled_ramps)
+    ref = reference_answers(tiny_model, (ids, mask), make_exit_rule(card.exit_rule), enabled_ramps=plan.enabled_ramps)
     clear = ref.min_margin > 1e-5
     assert (~clear).sum() <= 2
     assert (ramp[clear] == ref.exit_ramp[clear]).all() and (label[clear] == ref.label[clear]).all()

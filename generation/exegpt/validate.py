@@ -37,7 +37,7 @@ class Measured:
     seconds: float                # wall time of the measured phases
 
 
-def measure_rra(repo: Path, model: str, workload: Workload, batch_size: int, decode_iters: int,
+def measure_rra(repo: Path, model: str, workload: Workload, *, batch_size: int, decode_iters: int,
                 phases: int, warmup_phases: int = 3, seed: int = 0) -> Measured:
     """Run RRA with the engine over ``repo``'s exported splits for ``phases`` phases (see module doc)."""
     from e3.generation.engine import EngineSpec, GenerationEngine, GenRequest, OrtRunner
@@ -91,5 +91,5 @@ def validate_rra(repo: Path, model: str, workload: Workload, *, configs: list[tu
         raise ValueError("the engine runs the model on one core: validate with workers=1")
     rows = []
     for b, nd in tqdm(configs, desc="RRA runs", unit="setting", disable=not progress):
-        rows.append((simulate_rra(workload, b, nd), measure_rra(repo, model, workload, b, nd, phases)))
+        rows.append((simulate_rra(workload, b, nd), measure_rra(repo, model, workload, batch_size=b, decode_iters=nd, phases=phases)))
     return rows
