@@ -151,8 +151,8 @@ def _against_static(repo: Path, args, one) -> dict:
     static = grid_search(one, static_space, bound).best
     if chosen is None or static is None:
         raise SystemExit("plan-generate: error: no schedule meets the validation bound")
-    m_chosen = measure_rra(repo, args.model, one, *chosen.config, args.validate_phases)
-    m_static = measure_rra(repo, args.model, one, *static.config, args.validate_phases)
+    m_chosen, m_static = (measure_rra(repo, args.model, one, batch_size=c.config[0], decode_iters=c.config[1],
+                                      phases=args.validate_phases) for c in (chosen, static))
     print(f"\nUnder a bound of {bound:,.0f} ms (6x the static batch of 1's p99-length latency), measured:\n")
     print("| schedule | B_E | N_D | predicted seq/s | measured seq/s | measured p99-length latency (ms) | meets |")
     print("|---|---:|---:|---:|---:|---:|:-:|")
