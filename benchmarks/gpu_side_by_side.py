@@ -62,6 +62,7 @@ __all__ = ["Settings", "run", "main", "namespace", "REACH", "MIXES"]
 REACH = {"bert-base-ee": [1.0, 1.0] + [0.2] * 10,
          "bert-ee": [1.0, 0.35, 0.25, 0.22, 0.21, 0.21],
          "tiny-ee": [1.0, 0.5, 0.35, 0.3]}
+PRICES = ("bls_ms", "host_ms", "handoff_ms")   # e3.serving.device.hops's rows (imported there with Triton's utils)
 REPORTED_NAME = {"bert-base-ee": "bert-base", "bert-ee": "bert-ee", "tiny-ee": "tiny-ee"}
 MIXES = {"80-20": 0.8, "50-50": 0.5}   # share of easy inputs
 SLOS_MS = (5, 10, 20, 50)
@@ -226,7 +227,7 @@ def measure_model(name: str, settings: Settings, results: Results, *, binary: Pa
 
     from e3.core.exits import ForcedRule
     from e3.deploy.server import TritonServer
-    from e3.export.device_repository import DeviceModel, write_device_model
+    from e3.export.device_repository import DeviceModel, write_device_model, write_hop_models
     from e3.serving.device.executor import DeviceSettings, build_model, prepare_model
 
     reported = REPORTED_NAME.get(name, name)
@@ -281,7 +282,8 @@ def measure_model(name: str, settings: Settings, results: Results, *, binary: Pa
     names[("check", check_mix, min(settings.batches), 1)] = write_device_model(repo, DeviceModel(
         system="e3", max_batch=min(settings.batches), cuts=plans[(check_mix, min(settings.batches))], slo_ms=1000.0,
         variant="fp32", precision="fp32", **base), card)
-    models = sorted(set(names.values()))
+    hops = write_hop_models(repo, card, gpu=not settings.cpu, precision=dev_settings.precision)
+    models = sorted({*names.values(), *hops})
     env_path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join([*stub_first, env_path] if env_path else stub_first) or env_path
     echo(f"  starting tritonserver with {len(models)} models")
@@ -295,6 +297,7 @@ def measure_model(name: str, settings: Settings, results: Results, *, binary: Pa
     try:
         check_answers(name, reported, settings, results=results, url=server.grpc_url, names=names, pool=pools[check_mix],
                       rule=rule, enabled=enabled, echo=echo)
+        price_hops(reported, settings, results=results, url=server.grpc_url, prices=hops[1], echo=echo)
         _sweep(reported, settings, results, load, names, pools, echo)
     finally:
         load.close()
@@ -341,6 +344,27 @@ def check_answers(name: str, reported: str, settings: Settings, *, results: Resu
              f"{checks[served]['exit_ramp_equal']:.0%} equal to the reference ({checks[served]['precision']})")
     client.close()
     results.doc.setdefault("answers", {})[reported] = checks
+    results.save()
+
+
+def price_hops(reported: str, settings: Settings, *, results: Results, url: str, prices: str, echo) -> None:
+    """What a split boundary costs at every B on this device (:mod:`e3.serving.device.hops`): a BLS call between
+    two Triton models with device tensors, a round trip through host memory, and the device-resident hand-off."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(url)
+    for B in settings.batches:
+        inputs = []
+        for name, value in (("batch", B), ("repeats", 20 if not settings.cpu else 5)):
+            x = grpcclient.InferInput(name, [1], "INT32")
+            x.set_data_from_numpy(np.asarray([value], np.int32))
+            inputs.append(x)
+        times = client.infer(prices, inputs).as_numpy("times_ms")
+        row = {"model": reported, "max_batch": B, **{k: float(np.median(t)) for k, t in zip(PRICES, times)}}
+        results.doc.setdefault("hops", []).append(row)
+        echo(f"  hop at B={B}: BLS with device tensors {row['bls_ms']:.3f} ms, through host memory "
+             f"{row['host_ms']:.3f} ms, device hand-off {row['handoff_ms']:.3f} ms")
+    client.close()
     results.save()
 
 

@@ -115,6 +115,15 @@ def render_side_by_side(doc: dict, *, source: str = "") -> str:
         for key in sorted(by, key=lambda k: (k[0], k[1] != "80-20", k[2], SYSTEMS.index(k[3]))):
             cells = [(_f(by[key][s]["goodput"]) if by[key].get(s) and by[key][s]["goodput"] else "—") for s in slos]
             lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | " + " | ".join(cells) + " |")
+    hops = doc.get("hops", [])
+    if hops:
+        lines += ["", "**A split boundary's price** (ms, median; the model's cut state at B): a BLS call between two "
+                  "Triton models with device tensors, a round trip through host memory, and E3's device-resident "
+                  "hand-off (the survivors gathered on the device):", "",
+                  "| model | B | BLS, device tensors | through host memory | device hand-off |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {h['model']} | {h['max_batch']} | {h['bls_ms']:.3f} | {h['host_ms']:.3f} | {h['handoff_ms']:.3f} |"
+                  for h in hops]
     answers = doc.get("answers", {})
     if answers:
         lines += ["", "**Answers through Triton against the PyTorch reference** (FP32, one input at a time; "

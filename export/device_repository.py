@@ -18,10 +18,11 @@ from e3.core.names import served_name
 from e3.core.spec import ModelCard, answer_specs
 from e3.export.triton_config import DynamicBatching, ModelDescription, render_config
 
-__all__ = ["DeviceModel", "device_model_name", "write_device_model", "ROUTER_MAX_BATCH"]
+__all__ = ["DeviceModel", "device_model_name", "write_device_model", "write_hop_models", "ROUTER_MAX_BATCH"]
 
 ROUTER_MAX_BATCH = 1024   # requests' rows Triton hands E3's router per execute: admission only, no compute
 MODULE = "e3.serving.device.triton_model"
+HOPS_MODULE = "e3.serving.device.hops"
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,39 @@ def write_device_model(repo: Path, desc: DeviceModel, card: ModelCard) -> str:
         instance_kind="KIND_GPU" if desc.gpu else "KIND_CPU", gpus=(0,) if desc.gpu else (),
         dynamic_batching=DynamicBatching(max_queue_delay_us=0 if desc.system == "e3" else desc.queue_delay_us),
         parameters=params))
-    out = Path(repo) / desc.name
-    (out / "1").mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "config.pbtxt", text)
-    write_atomic(out / "1" / "model.py", f'"""Generated for the device side-by-side; the code lives in the e3 package."""\n'
-                                         f"from {MODULE} import TritonPythonModel  # noqa: F401\n")
+    _write_model(repo, desc.name, text, MODULE)
     return desc.name
+
+
+def _write_model(repo: Path, name: str, config_text: str, module: str) -> None:
+    """``<repo>/<name>/config.pbtxt`` and a one-line ``1/model.py`` importing ``module``'s model."""
+    out = Path(repo) / name
+    (out / "1").mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "config.pbtxt", config_text)
+    write_atomic(out / "1" / "model.py", f'"""Generated for the device side-by-side; the code lives in the e3 package."""\n'
+                                         f"from {module} import TritonPythonModel  # noqa: F401\n")
+
+
+def write_hop_models(repo: Path, card: ModelCard, *, gpu: bool, precision: str) -> tuple[str, str]:
+    """The two models that price a split boundary (:mod:`e3.serving.device.hops`): ``<m>_hop_echo`` and
+    ``<m>_hop_prices``, whose state has the shape of the model's cut state (its first state tensor). Device
+    tensors in and out (``FORCE_CPU_ONLY_INPUT_TENSORS`` off). Returns (echo, prices)."""
+    from e3.core.spec import TensorSpec
+    m = served_name(card.name)
+    state = card.state[0]
+    echo, prices = f"{m}_hop_echo", f"{m}_hop_prices"
+    common = dict(kind="python", max_batch_size=0, instances=1, instance_kind="KIND_GPU" if gpu else "KIND_CPU",
+                  gpus=(0,) if gpu else (), dynamic_batching=None)
+    dims = (-1, *state.shape)
+    descs = [
+        ModelDescription(name=echo, inputs=(TensorSpec("state", state.dtype, dims),),
+                         outputs=(TensorSpec("state_out", state.dtype, dims),),
+                         parameters={"role": "echo", "FORCE_CPU_ONLY_INPUT_TENSORS": "no"}, **common),
+        ModelDescription(name=prices, inputs=(TensorSpec("batch", "INT32", (1,)), TensorSpec("repeats", "INT32", (1,))),
+                         outputs=(TensorSpec("times_ms", "FP32", (3, -1)),),
+                         parameters={"role": "prices", "echo": echo, "state_shape": json.dumps(list(state.shape)),
+                                     "state_dtype": "float16" if precision == "fp16" else "float32",
+                                     "FORCE_CPU_ONLY_INPUT_TENSORS": "no"}, **common)]
+    for desc in descs:
+        _write_model(repo, desc.name, render_config(desc), HOPS_MODULE)
+    return echo, prices

@@ -40,11 +40,14 @@ def test_runner_cpu_mode_serves_every_system_and_writes_what_the_report_renders(
             exits[int(k)] = exits.get(int(k), 0) + v
     head = exits.get(4, 0) / sum(exits.values())
     assert 0.1 < head < 0.3, exits
+    # a split boundary priced inside Triton at every B: a BLS call costs more than the device-resident hand-off
+    (hop,) = doc["hops"]
+    assert hop["max_batch"] == 8 and hop["bls_ms"] > hop["handoff_ms"] > 0 and hop["host_ms"] > 0
     # E3's plan and the in-process limit are recorded beside the runs
     assert doc["plans"] and doc["limit"] and all(l["e3"] > 0 for l in doc["limit"])
     from e3.benchmarks import gpu_side_by_side_report as report
     text = report.render_side_by_side(report.load_side_by_side(out))
-    assert "| tiny-ee | 80-20 | 8 |" in text and "not measured" not in text
+    assert "| tiny-ee | 80-20 | 8 |" in text and "not measured" not in text and "| tiny-ee | 8 |" in text
 
 
 def test_report_says_what_was_not_measured_and_refuses_other_files(tmp_path):
