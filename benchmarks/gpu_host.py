@@ -78,6 +78,12 @@ def main(out: Path, steps: tuple[str, ...] = DEFAULT_STEPS) -> int:
 
     def profile(model: str, **kw):
         def run():
+            from e3.core.profile import ProfileError
+            from e3.export.cuda_profile import bls_from_run
+            try:   # the BLS hops the side-by-side step measured in Triton on this GPU, where it ran
+                kw.setdefault("bls_ms", bls_from_run(out, model))
+            except (OSError, ValueError, ProfileError) as err:
+                print(f"   (no measured hop for {model}: {err}; Tx adds the assumed exchange)", flush=True)
             p = profile_model_cuda(model, CudaSettings(**kw), progress=False, untrained=True)
             (dev,) = p.devices
             p.save(out / f"{model.replace('-', '_')}.{dev}.json")

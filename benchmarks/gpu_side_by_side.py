@@ -297,7 +297,7 @@ def measure_model(name: str, settings: Settings, results: Results, *, binary: Pa
     try:
         check_answers(name, reported, settings, results=results, url=server.grpc_url, names=names, pool=pools[check_mix],
                       rule=rule, enabled=enabled, echo=echo)
-        price_hops(reported, settings, results=results, url=server.grpc_url, prices=hops[1], echo=echo)
+        price_hops(name, reported, settings, results=results, url=server.grpc_url, prices=hops[1], echo=echo)
         _sweep(reported, settings, results, load, names, pools, echo)
     finally:
         load.close()
@@ -347,7 +347,7 @@ def check_answers(name: str, reported: str, settings: Settings, *, results: Resu
     results.save()
 
 
-def price_hops(reported: str, settings: Settings, *, results: Results, url: str, prices: str, echo) -> None:
+def price_hops(name: str, reported: str, settings: Settings, *, results: Results, url: str, prices: str, echo) -> None:
     """What a split boundary costs at every B on this device (:mod:`e3.serving.device.hops`): a BLS call between
     two Triton models with device tensors, a round trip through host memory, and the device-resident hand-off."""
     import numpy as np
@@ -360,7 +360,7 @@ def price_hops(reported: str, settings: Settings, *, results: Results, url: str,
             x.set_data_from_numpy(np.asarray([value], np.int32))
             inputs.append(x)
         times = client.infer(prices, inputs).as_numpy("times_ms")
-        row = {"model": reported, "max_batch": B, **{k: float(np.median(t)) for k, t in zip(PRICES, times)}}
+        row = {"model": reported, "zoo": name, "max_batch": B, **{k: float(np.median(t)) for k, t in zip(PRICES, times)}}
         results.doc.setdefault("hops", []).append(row)
         echo(f"  hop at B={B}: BLS with device tensors {row['bls_ms']:.3f} ms, through host memory "
              f"{row['host_ms']:.3f} ms, device hand-off {row['handoff_ms']:.3f} ms")

@@ -42,19 +42,20 @@ def _profile(args) -> int:
     try:
         if args.modelled and args.cuda:
             raise ValueError("--modelled models GPUs, --cuda measures this host's GPU: choose one")
-        if (args.eager or args.fp32 or args.untrained) and not args.cuda:
-            raise ValueError("--eager, --fp32 and --untrained go with --cuda")
+        if (args.eager or args.fp32 or args.untrained or args.hops) and not args.cuda:
+            raise ValueError("--eager, --fp32, --untrained and --hops go with --cuda")
         build = resolve_architecture if args.untrained else resolve_model
         batches = parse_batch_sizes(args.batch_sizes, build(args.model).card.max_batch_size)
         if args.cuda:
-            from e3.export.cuda_profile import CudaSettings, profile_model_cuda
+            from e3.export.cuda_profile import CudaSettings, bls_from_run, profile_model_cuda
             prices = parse_prices(args.price)
             if len(prices) > 1:
                 raise ValueError("--cuda measures one GPU: give at most one --price GPU=USD")
             profile = profile_model_cuda(args.model, CudaSettings(
                 batch_sizes=tuple(batches), repeats=max(args.repeats, 50), warmup=max(args.warmup, 5),
                 precision="fp32" if args.fp32 else "fp16", graphs=not args.eager,
-                price=next(iter(prices.values()), 1.0)), untrained=args.untrained)
+                price=next(iter(prices.values()), 1.0),
+                bls_ms=bls_from_run(args.hops, args.model) if args.hops else ()), untrained=args.untrained)
         elif args.modelled:
             from e3.export.modelled_profile import model_modelled_profile
             gpus = [g.strip().lower() for g in args.modelled.split(",") if g.strip()]
@@ -215,6 +216,9 @@ def add_profile(sub, repo_help: str) -> None:
     pr.add_argument("--untrained", action="store_true",
                     help="with --cuda: time the architecture with random weights (no trained checkpoint needed; "
                          "latency does not depend on the weights)")
+    pr.add_argument("--hops", default=None, metavar="RUN_DIR",
+                    help="with --cuda: Tx from the BLS hops a GPU side-by-side run measured inside Triton on this "
+                         "GPU (benchmarks/gpu_side_by_side.py's folder), instead of the copies + an assumed 0.2 ms")
     pr.add_argument("--add", action="append", default=[], metavar="PROFILE",
                     help="merge this latency profile file's devices into the output (repeatable)")
     pr.add_argument("--no-tx", action="store_true", help="skip the Tx measurement (no tritonserver; Tx = 0)")

@@ -61,7 +61,7 @@ from e3.export.modelled_profile import TX_FIXED_MS
 if TYPE_CHECKING:
     from e3.export.model_api import EarlyExitModel
 
-__all__ = ["CudaSettings", "device_label", "profile_model_cuda", "cuda_available"]
+__all__ = ["CudaSettings", "device_label", "profile_model_cuda", "cuda_available", "bls_from_run", "measured_hop_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,8 @@ class CudaSettings:
     warmup: int = 5                              # untimed calls before them (after the graph's capture)
     precision: str = "fp16"                      # "fp16" (autocast) | "fp32"
     graphs: bool = True                          # each call one CUDA graph replay (False: eager launches)
-    hop_fixed_ms: float = TX_FIXED_MS            # a hop's BLS exchange on the host (not measured here)
+    hop_fixed_ms: float = TX_FIXED_MS            # a hop's BLS exchange on the host, when no measured one is given
+    bls_ms: tuple[tuple[int, float], ...] = ()   # measured BLS hops with device tensors: (batch, ms) (bls_from_run)
     device: str | None = None                    # device configuration name (None: device_label of the GPU)
     price: float = 1.0                           # its price per hour (relative units unless given)
     seed: int = 0
@@ -88,6 +89,31 @@ class CudaSettings:
             raise ValueError(f"precision must be fp16 or fp32, got {self.precision!r}")
         if self.hop_fixed_ms < 0:
             raise ValueError(f"hop_fixed_ms must be >= 0, got {self.hop_fixed_ms}")
+
+
+def bls_from_run(path, model_name: str) -> tuple[tuple[int, float], ...]:
+    """The BLS hop prices a GPU side-by-side run measured for ``model_name`` (its ``side_by_side.json`` or
+    folder: ``hops`` rows, :mod:`e3.serving.device.hops`), as (batch, ms) pairs; a clear error when it has none."""
+    import json
+    from pathlib import Path
+    p = Path(path)
+    p = p / "side_by_side.json" if p.is_dir() else p
+    doc = json.loads(p.read_text())
+    rows = sorted((int(h["max_batch"]), float(h["bls_ms"])) for h in doc.get("hops", [])
+                  if h.get("zoo", h.get("model")) == model_name)
+    if not rows:
+        raise ProfileError(f"{p} holds no measured hop for {model_name} (run benchmarks/gpu_side_by_side.py on the "
+                           "GPU host first, or leave --hops out to add the assumed exchange)")
+    return tuple(rows)
+
+
+def measured_hop_ms(measured: tuple[tuple[int, float], ...], batches) -> list[float]:
+    """The measured hop at each of ``batches``: interpolated in log2(batch) between the measured batches, the
+    nearest measured figure outside them (a BLS call's cost is nearly flat in the batch: 1.64-1.75 ms at
+    1-128 rows on the H200, ../shared/gpu/README.md)."""
+    xs = np.log2([b for b, _ in measured])
+    ys = [ms for _, ms in measured]
+    return [float(np.interp(np.log2(b), xs, ys)) for b in batches]
 
 
 def device_label(gpu_name: str, precision: str = "fp16", graphs: bool = True) -> str:
@@ -278,19 +304,30 @@ def profile_model_cuda(model_name: str, settings: CudaSettings = CudaSettings(),
     tx, tx_in = measure_hops_cuda(model, batches, settings)
     check = measure_check_cuda(model, batches, settings)
     router = measure_router(card, batches, max(settings.repeats, 50), warmup=settings.warmup, seed=settings.seed)
-    fixed = settings.hop_fixed_ms
+    if settings.bls_ms:   # a BLS call with device tensors, measured inside Triton on this GPU: the whole hop
+        hop = measured_hop_ms(settings.bls_ms, batches)
+        tx_samples = [np.asarray([h]) for h in hop]
+        tx_in_samples = [np.asarray(s) + h for s, h in zip(tx_in, hop)]
+        tx_text = (f"Tx = a BLS call between two Triton models passing the cut state as a device tensor, MEASURED "
+                   f"in Triton on this GPU at batches {[b for b, _ in settings.bls_ms]} (interpolated between them); "
+                   f"Tx in = the inputs' copy host->device + that call")
+    else:
+        fixed = settings.hop_fixed_ms
+        tx_samples = [np.asarray(s) + fixed for s in tx]
+        tx_in_samples = [np.asarray(s) + fixed for s in tx_in]
+        tx_text = (f"Tx = the cut state's copies device->host->device, measured, + {fixed:g} ms for the BLS exchange "
+                   f"(assumed, as the modelled profiles); Tx in = the inputs' copy host->device + the same")
     source = (f"measured on {gpu} ({device}): PyTorch {torch.__version__} CUDA {torch.version.cuda}, "
               f"{'FP16 autocast' if settings.precision == 'fp16' else 'FP32'}, "
               f"{'one CUDA graph per call' if settings.graphs else 'eager kernel launches'}, wall clock with a "
               f"synchronize per call; {settings.repeats} repeats after {settings.warmup} warmup calls, medians, "
               f"spread = IQR{'; random weights (--untrained: latency does not depend on them)' if untrained else ''}; "
-              f"Tx = the cut state's copies device->host->device, measured, + {fixed:g} ms for the BLS exchange "
-              f"(assumed, as the modelled profiles); Tx in = the inputs' copy host->device + the same; check: "
+              f"{tx_text}; check: "
               f"logits to the host, BatchRoute.observe, survivors' rows gathered on the device; router: this host's "
               f"CPU (numpy, in-process). NOT ONNX Runtime's CUDA provider or TensorRT (not installed on this host)")
     profile = assemble_profile(served_name(model_name), batches, without, with_ramp=with_,
-                               tx=[np.asarray(s) + fixed for s in tx], device=device, price=settings.price, source=source,
+                               tx=tx_samples, device=device, price=settings.price, source=source,
                                check=check, router=router, stock=stock)
-    profile.tx_in_ms[device] = [summarize(np.asarray(s) + fixed).median_ms for s in tx_in]
+    profile.tx_in_ms[device] = [summarize(s).median_ms for s in tx_in_samples]
     profile.validate()
     return profile

@@ -265,3 +265,27 @@ def test_cuda_graph_pipeline_answers_as_the_reference_in_fp32():
         pipe.step()
     exits = np.concatenate([got[i]["exit_ramp"][:, 0] for i in range(0, 96, 8)])
     assert np.array_equal(exits, ref.exit_ramp)
+
+
+def test_measured_hops_replace_the_assumed_exchange_in_a_cuda_profile(tmp_path):
+    """e3 profile --cuda --hops RUN_DIR: Tx is the BLS hop the side-by-side measured (interpolated in log2 batch,
+    the nearest figure outside), not the copies plus an assumed 0.2 ms; a run without hops is refused."""
+    import json
+
+    from e3.core.profile import ProfileError
+    from e3.export.cuda_profile import CudaSettings, bls_from_run, measured_hop_ms, profile_model_cuda
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "side_by_side.json").write_text(json.dumps({"hops": [
+        {"model": "tiny-ee", "zoo": "tiny-ee", "max_batch": 2, "bls_ms": 1.0, "host_ms": 0.1, "handoff_ms": 0.01},
+        {"model": "tiny-ee", "zoo": "tiny-ee", "max_batch": 8, "bls_ms": 2.0, "host_ms": 0.1, "handoff_ms": 0.01}]}))
+    hops = bls_from_run(run, "tiny-ee")
+    assert hops == ((2, 1.0), (8, 2.0))
+    assert measured_hop_ms(hops, [1, 2, 4, 8, 16]) == pytest.approx([1.0, 1.0, 1.5, 2.0, 2.0])
+    with pytest.raises(ProfileError, match="no measured hop"):
+        bls_from_run(run, "bert-ee")
+    p = profile_model_cuda("tiny-ee", CudaSettings(torch_device="cpu", graphs=False, precision="fp32", repeats=2,
+                                                   warmup=1, batch_sizes=(1, 4), bls_ms=hops), progress=False)
+    (device,) = p.devices
+    assert p.tx_ms[device] == pytest.approx([1.0, 1.5], abs=1e-9)
+    assert "MEASURED in Triton" in p.source
