@@ -67,50 +67,53 @@ WAA_WORKERS = 2            # WAA on Triton: one encode worker and one decode wor
 SCHEDULE_KINDS = ("rra", "waa")
 
 
-@dataclass(frozen=True)
-class RraSchedule:
-    """RRA's control variables on one worker."""
+class _Schedule:
+    """What both schedules share: their kind and their list form (``[kind, B_E, second variable]``, what a
+    ``schedule`` control document holds); each checks its two control variables once."""
 
+    KIND = ""
+    SECOND = ""   # the second control variable's field name
+    NAME = ""     # how errors name the schedule ("an RRA schedule")
+
+    @property
+    def kind(self) -> str:
+        return self.KIND
+
+    def as_list(self) -> list:
+        return [self.KIND, self.batch_size, getattr(self, self.SECOND)]
+
+    def _check_positive(self) -> None:
+        second = getattr(self, self.SECOND)
+        if self.batch_size < 1 or second < 1:
+            raise ValueError(f"{self.NAME} needs batch_size >= 1 and {self.SECOND} >= 1, got "
+                             f"{self.batch_size}, {second}")
+
+
+@dataclass(frozen=True)
+class RraSchedule(_Schedule):
+    """RRA's control variables on one worker: ``as_list()`` is ``["rra", B_E, N_D]``."""
+
+    KIND, SECOND, NAME = "rra", "decode_iters", "an RRA schedule"
     batch_size: int       # B_E: prompts admitted (and prefilled together) per phase
     decode_iters: int     # N_D: engine steps per phase (the encoding frequency is 1 / N_D)
 
     def __post_init__(self):
-        if self.batch_size < 1 or self.decode_iters < 1:
-            raise ValueError(f"an RRA schedule needs batch_size >= 1 and decode_iters >= 1, got "
-                             f"{self.batch_size}, {self.decode_iters}")
-
-
-    @property
-    def kind(self) -> str:
-        return "rra"
-
-    def as_list(self) -> list:
-        """``["rra", B_E, N_D]`` (what a ``schedule`` control document holds)."""
-        return ["rra", self.batch_size, self.decode_iters]
+        self._check_positive()
 
 
 @dataclass(frozen=True)
-class WaaSchedule:
-    """WAA's control variables (WAA-C) on one encode worker and one decode worker."""
+class WaaSchedule(_Schedule):
+    """WAA's control variables (WAA-C) on one encode worker and one decode worker: ``["waa", B_E, B_m]``."""
 
+    KIND, SECOND, NAME = "waa", "micro_batches", "a WAA schedule"
     batch_size: int           # B_E: prompts the encode worker prefills and hands over per decode iteration
     micro_batches: int = 1    # B_m: decode micro-batches (at most the decode workers: 1 here)
 
     def __post_init__(self):
-        if self.batch_size < 1 or self.micro_batches < 1:
-            raise ValueError(f"a WAA schedule needs batch_size >= 1 and micro_batches >= 1, got "
-                             f"{self.batch_size}, {self.micro_batches}")
+        self._check_positive()
         if self.micro_batches > WAA_WORKERS - 1:
             raise ValueError(f"a WAA schedule here has {WAA_WORKERS - 1} decode worker, so micro_batches must be "
                              f"<= {WAA_WORKERS - 1} (more only lose in the simulator), got {self.micro_batches}")
-
-    @property
-    def kind(self) -> str:
-        return "waa"
-
-    def as_list(self) -> list:
-        """``["waa", B_E, B_m]``."""
-        return ["waa", self.batch_size, self.micro_batches]
 
 
 def schedule_from_json(value) -> RraSchedule | WaaSchedule:
