@@ -10,7 +10,7 @@ can be loaded side by side.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from e3.core.files import write_atomic
@@ -43,7 +43,6 @@ class DeviceModel:
     precision: str | None = None     # None: fp16 on a GPU, fp32 on the CPU
     seed: int = 0
     variant: str = ""                # appended to the name (E3 planned for one workload mix: "80_20")
-    extra: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -63,7 +62,7 @@ def write_device_model(repo: Path, desc: DeviceModel, card: ModelCard) -> str:
     params = {"role": desc.system, "model": desc.model, "seed": str(desc.seed),
               "trained": "yes" if desc.trained else "no", "max_batch": str(desc.max_batch),
               "exit_rule": json.dumps(desc.exit_rule), "enabled_ramps": json.dumps(list(desc.enabled_ramps)),
-              "FORCE_CPU_ONLY_INPUT_TENSORS": "yes", **desc.extra}
+              "FORCE_CPU_ONLY_INPUT_TENSORS": "yes"}
     if desc.precision:
         params["precision"] = desc.precision
     if desc.system == "e3":

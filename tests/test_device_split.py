@@ -51,7 +51,7 @@ def test_with_upstream_empty_the_earliest_waiting_split_goes_and_later_ones_wait
     c = choose([q(0), q(5, target=10.0, expected=1.0), q(2, target=20.0)], now=0.0)
     assert (c.split, c.rows) == (1, 5)            # its survivors may still fill split 3's batch
     idle = choose([q(0), q(0), q(0)], now=0.0)
-    assert idle.split is None and idle.wake_s is None
+    assert idle.split is None
 
 
 def test_while_any_row_waits_something_runs():
@@ -184,8 +184,7 @@ def test_device_pipeline_answers_as_the_reference_for_every_zoo_model(name):
                     pipe.admit(i, {k: v[at:at + size] for k, v in arrays.items()})
                     handles.append((i, at, size))
                     at += size
-                while not pipe.idle():
-                    pipe.step()
+                pipe.run_until_idle()
                 assert not failed
                 label = np.concatenate([got[i]["label"][:, 0] for i, _, _ in handles])
                 exit_ramp = np.concatenate([got[i]["exit_ramp"][:, 0] for i, _, _ in handles])
@@ -210,8 +209,7 @@ def test_forced_exits_really_spread_over_the_ramps_in_the_pipeline():
                           fail=lambda h, m: None)
     for i in range(0, 200, 8):
         pipe.admit(i, {k: v[i:i + 8] for k, v in arrays.items()})
-    while not pipe.idle():
-        pipe.step()
+    pipe.run_until_idle()
     exits = np.concatenate([got[i]["exit_ramp"][:, 0] for i in range(0, 200, 8)])
     assert set(np.unique(exits)) == {1, 2, 3, 4}
     # every split ran at the plan's batch except the tail: constant batches
@@ -234,8 +232,7 @@ def test_requests_that_cannot_make_their_slo_are_dropped_with_an_error_and_the_r
     for q in pipe.queues:
         q.expected_s = 0.040   # every split now expected to take 40 ms: two of them miss a 50 ms SLO
         q.runs = max(q.runs, 2)
-    while not pipe.idle():
-        pipe.step()
+    pipe.run_until_idle()
     assert len(got) + len(failed) == 8                  # every request answered exactly once
     assert failed and all("deadline" in m for m in failed.values())
     assert set(got).isdisjoint(failed)
@@ -261,8 +258,7 @@ def test_cuda_graph_pipeline_answers_as_the_reference_in_fp32():
                           settings=settings, slo_ms=1e6, answer=got.__setitem__, fail=lambda h, m: None)
     for i in range(0, 96, 8):
         pipe.admit(i, {k: v[i:i + 8] for k, v in arrays.items()})
-    while not pipe.idle():
-        pipe.step()
+    pipe.run_until_idle()
     exits = np.concatenate([got[i]["exit_ramp"][:, 0] for i in range(0, 96, 8)])
     assert np.array_equal(exits, ref.exit_ramp)
 
@@ -289,3 +285,19 @@ def test_measured_hops_replace_the_assumed_exchange_in_a_cuda_profile(tmp_path):
     (device,) = p.devices
     assert p.tx_ms[device] == pytest.approx([1.0, 1.5], abs=1e-9)
     assert "MEASURED in Triton" in p.source
+
+
+def test_fail_all_answers_every_request_still_queued_or_in_flight_once():
+    model = build_model("tiny-ee", seed=0, trained=False)
+    arrays = model.example_arrays(40, seed=6)
+    got, failed = {}, {}
+    pipe = DevicePipeline(model, cuts=(1,), batch_sizes=[8, 8], enabled_ramps=(1, 2, 3), rule=ForcedRule([1, .5, .5, .5]),
+                          settings=DeviceSettings(max_batch=8), slo_ms=1e6, answer=got.__setitem__,
+                          fail=failed.__setitem__, depth=2)
+    for i in range(5):
+        pipe.admit(i, {k: v[8 * i:8 * i + 8] for k, v in arrays.items()})
+    pipe.step()
+    pipe.step()   # one run in flight at least, rows queued behind it
+    pipe.fail_all("unloading")
+    assert sorted([*got, *failed]) == list(range(5)) and set(failed.values()) == {"unloading"}
+    assert pipe.idle() and not pipe.step()

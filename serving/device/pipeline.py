@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -172,11 +171,9 @@ def segments_at(num_blocks: int, cuts: tuple[int, ...]) -> list[tuple[int, int]]
 
 
 class DevicePipeline:
-    """E3's constant splits of ``model`` on one device (module docstring). Thread-safe ``admit``; one worker
-    thread (:meth:`start`) or explicit :meth:`step` calls (tests) run the splits.
-
-    ``answer(handle, outputs_dict)`` and ``fail(handle, message)`` are called from the worker for every admitted
-    request exactly once."""
+    """E3's constant splits of ``model`` on one device (module docstring), driven by one thread: :meth:`admit`
+    requests, then :meth:`run_until_idle` (or :meth:`step` at a time). ``answer(handle, outputs_dict)`` or
+    ``fail(handle, message)`` is called exactly once for every admitted request."""
 
     def __init__(self, model: EarlyExitModel, *, cuts: tuple[int, ...], batch_sizes: list[int],
                  enabled_ramps: tuple[int, ...], rule: ExitRule, settings: DeviceSettings, slo_ms: float,
@@ -198,23 +195,17 @@ class DevicePipeline:
         self.inbox: deque = deque()
         self.pending: deque[_Run] = deque()   # runs launched, not yet decided (at most ``depth``)
         self.depth = depth or (DEPTH if settings.cuda else 1)
-        self.cond = threading.Condition()
-        self.stopping = False
-        self.thread: threading.Thread | None = None
         self.counts = {"runs": [0] * len(self.ranges), "rows": [0] * len(self.ranges), "dropped": 0}
 
     # -- admission (any thread) ------------------------------------------------------------------------
     def admit(self, handle: Any, arrays: dict[str, np.ndarray]) -> None:
         """Queue one request's inputs (name -> [n, ...] host arrays)."""
-        with self.cond:
-            self.inbox.append((handle, arrays, self.clock()))
-            self.cond.notify()
+        self.inbox.append((handle, arrays, self.clock()))
 
     def _drain(self) -> None:
         """Queue what arrived for split 1: one chunk per request; the exit rule's initial state computed once for
         all of them (a rule that reads the inputs hashes every row: once per drain, not once per request)."""
-        with self.cond:
-            items, self.inbox = list(self.inbox), deque()
+        items, self.inbox = list(self.inbox), deque()
         if not items:
             return
         C = self.card.num_classes
@@ -234,45 +225,26 @@ class DevicePipeline:
                                        {k: v[at:at + n] for k, v in rule_state.items()}))
             at += n
 
-    # -- the worker ------------------------------------------------------------------------------------------
-    def start(self) -> "DevicePipeline":
-        self.thread = threading.Thread(target=self._loop, name="e3-device", daemon=True)
-        self.thread.start()
-        return self
+    # -- driving it ------------------------------------------------------------------------------------------
+    def run_until_idle(self) -> None:
+        """Step until every admitted request is answered or dropped (the Triton model's execute, the tests and the
+        in-process bench: each admits its requests, then runs them out)."""
+        while self.step():
+            pass
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        with self.cond:
-            self.stopping = True
-            self.cond.notify()
-        if self.thread is not None:
-            self.thread.join(timeout_s)
-        while self.pending:
-            self._complete(self.pending.popleft())
+    def fail_all(self, message: str) -> None:
+        """Answer every request still queued or in flight with ``message`` (a failed or unloading model)."""
         self._drain()
+        for run in self.pending:
+            self._fail_rows(run.jobs, message)
+        self.pending.clear()
         for q in self.queues:
             for c in q.take(q.rows):
-                self._fail_rows(c.jobs, "the router is unloading")
+                self._fail_rows(c.jobs, message)
 
-    def _loop(self) -> None:
-        device = torch.device(self.settings.device)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        while True:
-            with self.cond:
-                if self.stopping:
-                    return
-            wake = self.step()
-            if wake is False:
-                continue
-            with self.cond:
-                if self.inbox or self.stopping:
-                    continue
-                self.cond.wait(None if wake is None else max(0.0, wake - self.clock()))
-
-    def step(self) -> float | None | bool:
+    def step(self) -> bool:
         """Admit what arrived, drop what can no longer make it, then launch one split run or complete the
-        oldest one in flight. Returns False when it did either (call again), else when a partial batch becomes
-        forced (None: only an arrival changes anything).
+        oldest one in flight. Returns whether it did either (False: nothing is queued or in flight).
 
         Up to ``DEPTH`` runs are in flight: while the host decides one run's exits, the device already runs
         the next full batch (its rows do not depend on the run being decided). A partial batch is launched only
@@ -285,19 +257,14 @@ class DevicePipeline:
         if choice.split is not None and (not self.pending or (len(self.pending) < self.depth
                                                               and choice.rows == self.queues[choice.split].batch)):
             self.pending.append(self._launch(choice.split, self.queues[choice.split].take(choice.rows)))
-            return False
+            return True
         if self.pending:
             self._complete(self.pending.popleft())
-            return False
-        return choice.wake_s
+            return True
+        return False
 
     def idle(self) -> bool:
-        with self.cond:
-            return not self.inbox and not self.pending and all(q.rows == 0 for q in self.queues)
-
-    def busy(self) -> bool:
-        """Rows queued or runs in flight (what :meth:`step` can still work on)."""
-        return not self.idle()
+        return not self.inbox and not self.pending and all(q.rows == 0 for q in self.queues)
 
     # -- one split execution -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -324,7 +291,7 @@ class DevicePipeline:
                     run.event.record()
                 else:
                     run.logits = logits
-        except Exception as err:  # noqa: BLE001 - a failed run answers its requests, the worker goes on
+        except Exception as err:  # noqa: BLE001 - a failed run answers its requests, the rest go on
             log.exception("split %d-%d failed", *self.ranges[s])
             run.error = f"split {self.ranges[s][0]}-{self.ranges[s][1]} failed: {err}"
         return run

@@ -78,11 +78,12 @@ class TritonPythonModel:
             for i, n in zip(got.valid, got.sizes):
                 self.pipeline.admit(i, {k: v[at:at + n] for k, v in got.arrays.items()})
                 at += n
-            while any(i not in self.answers for i in got.valid):
-                if self.pipeline.step() is not False and not self.pipeline.busy():
-                    break   # nothing left to run: cannot happen while rows wait (dispatch always runs one)
+            try:
+                self.pipeline.run_until_idle()
+            except Exception as err:  # noqa: BLE001 - every admitted request gets an answer or an error
+                self.pipeline.fail_all(f"the router failed: {err}")
             for i in got.valid:
-                what = self.answers.pop(i, "the router lost this request (a bug): nothing answered it")
+                what = self.answers.pop(i)   # run_until_idle answers every admitted request
                 got.responses[i] = tensor_response(what) if isinstance(what, dict) else error_response(what)
             return got.responses
         if got.valid:
