@@ -1,8 +1,10 @@
 """`e3 serve`'s loop: a tritonserver on a repository, guarded and supervised, until ``stop`` is set.
 
-The supervisor (:mod:`e3.deploy.supervisor`) restarts the server when it dies and reloads a model whose stub
-died; the guard (:mod:`e3.deploy.guard`) is the public HTTP port in front of it, refusing what would reach a
-model being reloaded. ``restart=False`` only watches the server until it exits.
+The supervisor (:mod:`e3.deploy.supervisor`) restarts the server whenever it dies (for as long as this runs)
+and reloads a model whose stub died; the guard (:mod:`e3.deploy.guard`) is the public HTTP port in front of
+it. Guarded, Triton's own HTTP port listens on loopback and refuses every call without the guard's per-start
+secret (:class:`~e3.deploy.server.TritonServer`'s ``guard_secret``); the user's API key, where set, is
+checked by the guard on HTTP and by Triton on gRPC. ``restart=False`` only watches the server until it exits.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Callable, Mapping, Sequence
 
 from e3.deploy.guard import Guard
 from e3.deploy.server import ServerError, TritonServer, free_port, port_taken
-from e3.deploy.supervisor import GaveUp, Supervisor
+from e3.deploy.supervisor import Supervisor
 
 __all__ = ["serve_until_stopped"]
 
@@ -25,8 +27,8 @@ def serve_until_stopped(repo: str | Path, models: Sequence[str] | None, stop: th
                         timeout_s: float, headers: Mapping[str, str] | None, guarded: bool = True,
                         restart: bool = True, echo: Callable[[str], None] = print,
                         complain: Callable[[str], None] = print) -> int:
-    """Serve ``repo`` (``models``; None: its manifest's) until ``stop`` is set; 0, or 1 when the supervisor
-    gave up. ``headers``: the API key header every control call must carry (None: none, loopback only)."""
+    """Serve ``repo`` (``models``; None: its manifest's) until ``stop`` is set; 0 (the supervisor never gives
+    up). ``headers``: the API key header every control call must carry (None: none, loopback only)."""
     if headers is None and host not in LOOPBACK:
         raise ServerError(f"--host {host} makes the server reachable by others: set E3_API_HEADER and "
                           "E3_API_KEY so that model control, model configs and shared memory need the key")
@@ -36,14 +38,16 @@ def serve_until_stopped(repo: str | Path, models: Sequence[str] | None, stop: th
                           http_port=free_port() if guarded else http_port,
                           http_host="127.0.0.1" if guarded else None, grpc_port=grpc_port,
                           metrics_port=metrics_port, tritonserver=tritonserver, echo_logs=True,
-                          api_key=next(iter(headers.items())) if headers else None)
+                          api_key=next(iter(headers.items())) if headers else None, guard_secret=guarded)
     supervisor = Supervisor(server, headers=headers, start_timeout_s=timeout_s)
     server.start(timeout_s=timeout_s)
     guard = None
     code = 0
     try:
         if guarded:
-            guard = Guard(server.http_url, host=host, port=http_port, unhealthy=lambda: supervisor.unhealthy).start()
+            guard = Guard(server.http_url, host=host, port=http_port, unhealthy=supervisor.down,
+                          upstream_headers=server.http_headers, metrics=supervisor.metrics_text,
+                          api_key=server.api_key).start()
             supervisor.on_stub_death = guard.abort
         http = guard.url if guard else server.http_url
         echo(f"serving {repo}: HTTP {http}{' (guarded)' if guard else ''}, gRPC {server.grpc_url}, "
@@ -53,9 +57,6 @@ def serve_until_stopped(repo: str | Path, models: Sequence[str] | None, stop: th
         else:
             while not stop.is_set() and server.alive():
                 stop.wait(0.5)
-    except GaveUp as err:
-        complain(f"e3 serve: {err}")
-        code = 1
     finally:
         if guard:
             guard.stop()
