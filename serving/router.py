@@ -82,8 +82,8 @@ from e3.serving.policy import DEADLINE, ERROR, BatchRoute, drop_for
 from e3.serving.remote import RemoteSplit
 from e3.serving.router_metrics import RouterMetrics
 from e3.serving.scheduler import MAX_QUEUE_INPUTS, WATCHDOG_GRACE_S, Dispatch, Job, Scheduler, queue_limit
-from e3.serving.triton_io import (BlsTimeout, ResponseSender, bls, error_response, gather, model_parameters,
-                                  tensor_response)
+from e3.serving.triton_io import (BlsTimeout, ResponseSender, bls, checked_response, error_response, gather,
+                                  model_parameters)
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ class TritonPythonModel:
                 d = self.ready.pop(0)
             self._run(d)   # direct: this thread is the split's worker
         for i, h in handles.items():
-            got.responses[i] = tensor_response(h.what) if isinstance(h.what, dict) else \
+            got.responses[i] = checked_response(h.what) if isinstance(h.what, dict) else \
                 error_response(h.what or "the router is unloading")
         return got.responses
 
