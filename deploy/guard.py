@@ -194,7 +194,7 @@ class Guard:
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
-            r = route(request.method, request.message.path)
+            r = route(request.method, request.raw_path)   # the request target as sent (raw, not normalised)
         except RouteError as err:
             return self._reply(err.status, str(err), close=err.status == 400)
         if r.kind == "metrics":
