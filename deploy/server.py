@@ -240,6 +240,7 @@ class TritonServer:
         self.process: subprocess.Popen | None = None
         self.shm_prefix = f"e3_{os.getpid()}_{http_port}_"
         self._log_tail: deque[str] = deque(maxlen=60)
+        self._lines_read = 0   # log lines read from the current process
         self._reader: threading.Thread | None = None
 
     @classmethod
@@ -332,11 +333,13 @@ class TritonServer:
         libs = binary_libs(find_tritonserver(self.binary_arg))
         if libs:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libs), env.get("LD_LIBRARY_PATH")]))
+        self._lines_read = 0
         self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         start_new_session=True, env=env, text=True, errors="replace",
                                         preexec_fn=_die_with_parent)
         self._reader = threading.Thread(target=self._pump_logs, daemon=True)
         self._reader.start()
+        threading.Thread(target=self._end_group_on_exit, args=(self.process,), daemon=True).start()
         log.info("starting %s", " ".join(cmd).replace(self._secret or "\0", "<secret>"))
         try:
             self._wait_ready(timeout_s)
@@ -345,14 +348,32 @@ class TritonServer:
             raise
         return self
 
+    @staticmethod
+    def _end_group_on_exit(proc: subprocess.Popen) -> None:
+        """When tritonserver exits (killed, crashed), kill its Python stubs at once.
+
+        Measured in a crash loop: a stub outlives a killed server (re-parented to init) and holds the
+        server's HTTP sockets it inherited, the listening one included, so a call in flight to the dead
+        server, and every new connection to its port, hung until its timeout (the supervisor's model loads
+        wait 180 s) instead of failing, and the supervisor stalled for minutes. The group id cannot be reused
+        while its stubs live, so the kill reaches only them."""
+        proc.wait()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
     def _pump_logs(self) -> None:
         sink = None
         if self.log_file:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
             sink = self.log_file.open("a")
         try:
-            for line in self.process.stdout:
+            proc = self.process
+            for line in proc.stdout:
                 self._log_tail.append(line.rstrip())
+                if proc is self.process:
+                    self._lines_read += 1
                 if sink:
                     sink.write(line)
                     sink.flush()
@@ -369,7 +390,7 @@ class TritonServer:
         deadline = time.monotonic() + timeout_s
         scrubbed = not self._secret
         while time.monotonic() < deadline:
-            if not scrubbed and self._log_tail:   # its first log line comes after it parsed its options
+            if not scrubbed and self._lines_read:   # its first line comes after it parsed its options
                 scrubbed = True
                 scrub_argument(self.process.pid, self._secret)
             if self.process.poll() is not None:
