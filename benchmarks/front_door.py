@@ -1,4 +1,4 @@
-"""`make front-door-bench`: the guard's overhead against Triton's own HTTP port, side by side, one server.
+"""The guard's overhead against Triton's own HTTP port, side by side, one server.
 
 Starts tiny-ee's router and splits on the embedded tritonserver with its HTTP port locked by the guard's
 per-start secret (as ``e3 serve`` runs it), the guard in front (this process, its own event loop thread,
@@ -11,7 +11,7 @@ broken connection, and the guard's answers by status are read from its counters.
 p99 per run and the ratios guard / direct. The guard, Triton and perf_analyzer share the machine's cores
 (printed): what the guard costs in CPU is taken from Triton.
 
-Usage: ``python benchmarks/front_door.py [--concurrency 256] [--seconds 30] [--rounds 1]``.
+Usage: ``.venv/bin/python benchmarks/front_door.py [--concurrency 256] [--seconds 30] [--rounds 1]``.
 """
 
 from __future__ import annotations
