@@ -67,6 +67,17 @@ _PASS_RESPONSE = ("Content-Type", "Content-Encoding", "Inference-Header-Content-
 _PASS_REQUEST = ("Content-Type", "Accept-Encoding", "Accept")
 
 
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop where installed, else asyncio's. Measured (256 clients, 30 s, perf_analyzer, 2
+    shared cores): with asyncio's loop the guard served 0.67x the throughput of Triton's own port at 2.6x its
+    p99; with uvloop 0.83x at 1.38x (docs/reliability.md)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 class Guard:
     """The guard on ``host:port`` in front of Triton's HTTP endpoint ``upstream`` (``host:port``).
 
@@ -114,7 +125,7 @@ class Guard:
         failure: list[BaseException] = []
 
         def run() -> None:
-            loop = asyncio.new_event_loop()
+            loop = _new_loop()
             self._loop = loop
             try:
                 loop.run_until_complete(self._start())
@@ -146,6 +157,7 @@ class Guard:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=False, enable_cleanup_closed=True),
             auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+            cookie_jar=aiohttp.DummyCookieJar(),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
 
     async def _close(self) -> None:
