@@ -16,6 +16,9 @@
 # and the served plan.
 ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE}
+# E3_EXTRAS=gpu adds the optional `gpu` extra (TensorRT, ONNX Runtime on CUDA) for an export init container
+# that builds TensorRT engines on a GPU pool (modelRepository.export.format tensorrt); default: none.
+ARG E3_EXTRAS=""
 
 WORKDIR /opt/e3
 COPY requirements.txt requirements.lock requirements-nodeps.txt pyproject.toml README.md ./
@@ -32,7 +35,8 @@ COPY simulator simulator
 COPY benchmarks benchmarks
 COPY cli cli
 # A regular (not editable) install: the image holds the package, not a link to its build folder.
-RUN python3 -m pip install --no-cache-dir --no-deps --no-build-isolation . && e3 --help > /dev/null
+RUN python3 -m pip install --no-cache-dir --no-deps --no-build-isolation . && e3 --help > /dev/null \
+ && if [ -n "${E3_EXTRAS}" ]; then python3 -m pip install --no-cache-dir ".[${E3_EXTRAS}]" -c requirements.lock; fi
 
 # E3_ARTIFACTS: where `e3` reads checkpoints and writes its files (a volume in the chart; the root
 # filesystem stays read-only).

@@ -57,3 +57,26 @@ e3.pool: {{ .pool.name }}
 {{- define "e3.podsName" -}}
 {{- printf "%s-pods" (include "e3.poolName" . | trunc 58 | trimSuffix "-") -}}
 {{- end -}}
+
+{{/* Does a pool's replica count belong to its owner (the controller or an autoscaler) rather than the chart?
+     Every pool that may run between minReplicas and maxReplicas pods, except the router's (one pod).
+     Use: include "e3.scales" (dict "root" $ "pool" $pool) -> "true" or "". */}}
+{{- define "e3.scales" -}}
+{{- if and (ne .pool.name (include "e3.routerPool" .root)) (lt (int .pool.minReplicas) (int .pool.maxReplicas)) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The checksum of the API key every pod that reads it carries: a changed key rolls those pods together. */}}
+{{- define "e3.apiKeyChecksum" -}}
+{{- if .Values.restrictedApi.existingSecret -}}
+{{- printf "existing:%s/%s" .Values.restrictedApi.existingSecret .Values.restrictedApi.secretKey | sha256sum -}}
+{{- else -}}
+{{- include (print .Template.BasePath "/secret.yaml") . | sha256sum -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A container's securityContext (PSS restricted), with readOnlyRootFilesystem: (dict "root" $ "readOnly" bool) */}}
+{{- define "e3.containerSecurity" -}}
+{{- $sc := deepCopy .root.Values.containerSecurityContext -}}
+{{- $_ := set $sc "readOnlyRootFilesystem" .readOnly -}}
+{{- toYaml $sc -}}
+{{- end -}}
