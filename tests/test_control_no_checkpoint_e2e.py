@@ -6,6 +6,7 @@ reader or torch raises, against a real tritonserver serving tiny-ee under traffi
 
 from __future__ import annotations
 
+import http.client
 import os
 import subprocess
 import sys
@@ -87,7 +88,7 @@ def _control(server, tmp_path, *extra):
             try:   # the metrics endpoint, while the window runs
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
                     metrics = r.read().decode()
-            except OSError:
+            except (OSError, http.client.HTTPException):   # not up yet, or the child exiting mid-read
                 time.sleep(0.2)
         out, _ = child.communicate(timeout=90)
     finally:
@@ -118,13 +119,20 @@ def test_dry_run_needs_no_checkpoint_from_the_manifest_and_publishes_metrics(tin
     assert 'e3_controller_desired_replicas{pool="main"} 1.0' in metrics, metrics
 
 
-def test_no_plan_and_no_repository_is_a_clear_error(tmp_path):
-    from e3.deploy.server import free_port as port
+def test_no_plan_and_no_repository_is_a_clear_error(tiny_server, tmp_path):
+    """A live server whose router serves no plan, no --plan, no visible repository: an error that says what to
+    give; a server that is not there: an error that says so."""
+    from e3.deploy.server import free_port
+    server, _ = tiny_server
     profile = tmp_path / "p.json"
     synthetic_profile().save(profile)
-    dead = f"127.0.0.1:{port()}"
-    run = subprocess.run([sys.executable, "-c", GUARD, "control", "--model", "tiny-ee", "--latency-profile",
-                          str(profile), "--devices", "cpu:2", "--slo-ms", "1000", "--rate-rps", "20", "--url", dead,
-                          "--repo", "", "--once", "--dry-run", "--state-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, "E3_ARTIFACTS": str(tmp_path)})
+
+    def control(url, model):
+        return subprocess.run([sys.executable, "-c", GUARD, "control", "--model", model, "--latency-profile",
+                               str(profile), "--devices", "cpu:2", "--slo-ms", "1000", "--rate-rps", "20", "--url",
+                               url, "--repo", "", "--once", "--dry-run", "--state-dir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=120, env={**os.environ, "E3_ARTIFACTS": str(tmp_path)})
+    run = control(server.http_url, "absent-ee")        # absent_ee_router is not served there
     assert run.returncode == 2 and "give --plan PLAN.json" in run.stderr, run.stderr
+    run = control(f"127.0.0.1:{free_port()}", "tiny-ee")
+    assert run.returncode == 2 and "cannot reach the server" in run.stderr, run.stderr
