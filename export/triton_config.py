@@ -23,8 +23,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from e3.core.spec import TensorSpec, config_dtype
 
-__all__ = ["TARGETS", "DynamicBatching", "EnsembleStep", "ModelDescription", "render_config", "parse_config", "OWNER_KEY",
-           "gpu_instance_groups"]
+__all__ = ["TARGETS", "DynamicBatching", "EnsembleStep", "ModelDescription", "render_config", "parse_config",
+           "OWNER_KEY", "gpu_instance_groups"]
 
 TARGETS = ("embedded", "ngc")
 OWNER_KEY = "e3_owner"  # parameter marking models that e3 created (export never touches others)

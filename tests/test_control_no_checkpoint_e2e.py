@@ -44,8 +44,9 @@ def tiny_server(tmp_path_factory):
     from e3.paths import artifacts_dir
     repo = tmp_path_factory.mktemp("nockpt-repo")
     export_repository("tiny-ee", "2", repo, settings=ExportSettings(baselines=False), progress=False)
+    log = artifacts_dir() / "logs" / f"test-tritonserver-nockpt-{os.getpid()}.log"
     server = TritonServer.on_free_ports(repo, [ROUTER, "tiny_ee_split_1-2", "tiny_ee_split_3-4"], exit_timeout_s=3,
-                                        log_file=artifacts_dir() / "logs" / f"test-tritonserver-nockpt-{os.getpid()}.log")
+                                        log_file=log)
     with server:
         yield server, repo
 
@@ -131,7 +132,8 @@ def test_no_plan_and_no_repository_is_a_clear_error(tiny_server, tmp_path):
         return subprocess.run([sys.executable, "-c", GUARD, "control", "--model", model, "--latency-profile",
                                str(profile), "--devices", "cpu:2", "--slo-ms", "1000", "--rate-rps", "20", "--url",
                                url, "--repo", "", "--once", "--dry-run", "--state-dir", str(tmp_path)],
-                              capture_output=True, text=True, timeout=120, env={**os.environ, "E3_ARTIFACTS": str(tmp_path)})
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "E3_ARTIFACTS": str(tmp_path)})
     run = control(server.http_url, "absent-ee")        # absent_ee_router is not served there
     assert run.returncode == 2 and "give --plan PLAN.json" in run.stderr, run.stderr
     run = control(f"127.0.0.1:{free_port()}", "tiny-ee")

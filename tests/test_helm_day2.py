@@ -172,7 +172,31 @@ def test_the_dashboard_covers_gpus_latency_failures_and_replicas_with_real_metri
                        "nv_inference_request_duration_us"):
         assert gpu_metric in exprs
     # every e3_* metric a panel reads is one the router or the controller exports
-    sources = "".join(p.read_text() for folder in ("serving", "controller", "e3") for p in (ROOT / folder).rglob("*.py"))
+    sources = "".join(p.read_text() for folder in ("serving", "controller", "e3")
+                      for p in (ROOT / folder).rglob("*.py"))
     for name in set(re.findall(r"\b(e3_[a-z_]+)", exprs)):
         base = re.sub(r"_total$", "", name)
-        assert f'"{name}"' in sources or f'"{base}"' in sources, f"the dashboard reads {name}, which nothing exports"
+        assert f'"{name}"' in sources or f'"{base}"' in sources, \
+            f"the dashboard reads {name}, which nothing exports"
+
+
+def test_a_gpu_pool_may_have_its_own_repository():
+    """TensorRT engines are built per GPU type: a pool names its own PVC subPath, claim or object-storage URL."""
+    values = {**GPU, "modelRepository": {"source": "pvc", "pvc": {"claimName": "e3-onnx"}},
+              "pools": [GPU["pools"][0], {**GPU["pools"][1], "repository": {"claimName": "e3-engines",
+                                                                            "subPath": "v100"}}]}
+    docs = render(values)
+    t4, v100 = (_pod(docs, n)["spec"] for n in ("demo-e3-triton-t4", "demo-e3-triton-v100"))
+    claim = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in v100["volumes"]
+             if "persistentVolumeClaim" in v}
+    assert claim == {"models": "e3-engines"}
+    assert {"name": "models", "mountPath": "/models", "readOnly": True, "subPath": "v100"} in \
+        v100["containers"][0]["volumeMounts"]
+    assert [v["persistentVolumeClaim"]["claimName"] for v in t4["volumes"] if v["name"] == "models"] == ["e3-onnx"]
+    s3 = {**S3, "pools": [{"name": "main", "device": "cpu"},
+                          {"name": "a100", "device": "a100", "minReplicas": 1, "maxReplicas": 2,
+                           "gpu": {"type": "A100", "count": 1}, "repository": {"url": "s3://models-bucket/e3/a100"}}],
+          "router": {"pool": "main"}}
+    docs = render(s3)
+    assert "--model-repository=s3://models-bucket/e3/a100" in _args(docs, "demo-e3-triton-a100")
+    assert "--model-repository=s3://models-bucket/e3/bert_ee" in _args(docs, "demo-e3-triton-main")

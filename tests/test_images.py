@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCKERFILES = {"ngc": ROOT / "deploy" / "ngc" / "Dockerfile", "e3": ROOT / "deploy" / "helm" / "images" / "e3.Dockerfile"}
+DOCKERFILES = {"ngc": ROOT / "deploy" / "ngc" / "Dockerfile",
+               "e3": ROOT / "deploy" / "helm" / "images" / "e3.Dockerfile"}
 
 
 def instructions(text: str) -> list[tuple[str, str]]:

@@ -47,7 +47,7 @@ e3.pool: {{ .pool.name }}
 {{/* A pool entry with every optional field filled in, as JSON (use: include "e3.pool" $entry | fromJson). */}}
 {{- define "e3.pool" -}}
 {{- $d := dict "replicas" 1 "minReplicas" 1 "devicesPerPod" 1 "price" 1.0 "gpu" (dict "type" "" "count" 0)
-      "nodeSelector" (dict) "tolerations" (list) "resources" (dict) "models" (list) -}}
+      "nodeSelector" (dict) "tolerations" (list) "resources" (dict) "models" (list) "repository" (dict) -}}
 {{- $p := mergeOverwrite $d (deepCopy .) -}}
 {{- if not (hasKey . "maxReplicas") -}}{{- $_ := set $p "maxReplicas" (max $p.replicas $p.minReplicas) -}}{{- end -}}
 {{- toJson $p -}}
