@@ -66,7 +66,7 @@ class Settings:
     start_fraction: float = 0.4                 # the sweep's first rate, of NO_Wait's capacity
     rate_step: float = 1.25                     # each next rate
     max_steps: int = 14
-    run_s: float = 1.0                          # one rate for one system
+    run_s: float = 0.6                          # one rate for one system
     burst: tuple[float, float] = (0.3, 1.0)     # low and high phases, of NO_Wait's capacity
     phase_s: float = 1.0
     light_rps: float = 200.0                    # the light load that prices the front door
@@ -189,7 +189,7 @@ def measure_model(name: str, s: Settings, results: Results, *, binary, echo) -> 
             return burst_schedule([Phase("run", rate, seconds)], seed)[0]
 
         for label in served:   # warm-up (connections, first calls, allocations): not measured
-            go(label, poisson(min(s.light_rps, s.max_rps), min(s.run_s, 0.5), s.seed + 5), math.inf)
+            go(label, poisson(min(s.light_rps, s.max_rps), min(s.run_s, 0.3), s.seed + 5), math.inf)
         light = go("NO_Wait", poisson(min(s.light_rps, s.max_rps), s.run_s, s.seed), math.inf)
         m["floor_p99_ms"] = light["p99_ms"]
         m["qos_ms"] = qos = light["p99_ms"] + offline["budget_ms"]
@@ -243,6 +243,9 @@ def sweep(m: dict, s: Settings, go, poisson, results: Results, echo) -> None:
     rate = s.start_fraction * cap
     for step in range(s.max_steps):
         if not alive or rate > s.max_rps:
+            break
+        if s.left_s() < 40:
+            echo("  the time budget is nearly spent: the sweep stops here (systems still meeting get lower bounds)")
             break
         arrivals = poisson(rate, s.run_s, s.seed + 10 + step)
         ran: list[str] = []
@@ -332,7 +335,7 @@ def run(s: Settings, echo=print) -> dict:
                   f"{'FP32 eager' if s.cpu else 'FP16 CUDA graphs'}), behind the same gRPC front door; one system "
                   "at a time"})
     for name in s.models:
-        if s.left_s() < 60:
+        if s.left_s() < 150:
             echo(f"== {name}: skipped, the time budget is spent")
             results.doc.setdefault("skipped", []).append(name)
             continue
@@ -354,12 +357,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-request", type=int, default=None, help="inputs per request (default 8)")
     p.add_argument("--wheels", type=Path, default=None,
                    help="folder with the server and client to unpack (default .gpu_wheels/; with --cpu only if given)")
-    p.add_argument("--budget-s", type=float, default=None, help="start no new model past this many seconds")
+    p.add_argument("--budget-s", type=float, default=None, help="start no new model past this many seconds (the last sweep stops 40 s before it)")
     a = p.parse_args(argv)
     s = Settings(a.out, cpu=a.cpu, wheels=a.wheels, budget_s=a.budget_s)
     if a.cpu:
         s.models, s.delays_us, s.instances, s.processes = ("tiny-ee",), (2000,), (2,), 2
-        s.run_s, s.phase_s, s.light_rps, s.max_rps, s.max_steps, s.pool_rows = 0.4, 0.4, 100.0, 4000.0, 8, 256
+        s.run_s, s.phase_s, s.light_rps, s.max_rps, s.max_steps, s.pool_rows = 0.3, 0.3, 100.0, 4000.0, 5, 256
         # a smoke run on a shared CPU: a looser budget and lower first rate, so that the sweep meets some rates
         # before it misses and every step of the runner runs
         s.start_fraction, s.rate_step, s.offline_repeats, s.qos_factor = 0.15, 1.8, 3, 10.0

@@ -5,8 +5,11 @@ test`` runs, so the engine's bookkeeping meets real tensors on every change).
 
 * **The ring** holds ``capacity`` rows of every model input, in the run's dtype (floats at the run's precision,
   integers as declared). An arriving request's rows are written into the pinned mirror's slots on the host
-  (a memcpy, with the float conversion), then copied to the same slots on the device with ``non_blocking`` on
-  the copy stream (``InStream``): the host does not wait for the copy. A pinned slot is written again only once
+  (a memcpy, with the float conversion); when the engine marks the round's copies, the slots written since the
+  last mark are copied to the same slots on the device with ``non_blocking`` on the copy stream (``InStream``),
+  one copy per run of adjacent slots (the requests of one round lie side by side), in arrival order: the host
+  does not wait for the copy. (The paper copies each input as it comes, one ``cudaMemcpyAsync`` each; merging a
+  round's adjacent rows keeps the order and the overlap and launches fewer copies under load.) A pinned slot is written again only once
   its device slot is free, which is after a worker read it, which is after its copy finished.
 * **A worker** is a :class:`~e3.serving.device.executor.SplitExecutor` of the whole model at one batch (its
   graph's input and output are fixed buffers) on its own stream. A launch makes the stream wait for the copy
@@ -60,6 +63,7 @@ class TorchOps(DeviceOps):
                 self.out_host = [torch.empty((b, C), dtype=float_dtype).pin_memory() for b in engine]
                 torch.cuda.synchronize(settings.device)
         self.last: list[np.ndarray | None] = [None] * len(engine)   # the CPU's outputs (no host copy to wait for)
+        self._dirty: list[tuple[int, int]] = []   # slot runs written to the pinned mirror, not yet copied to the device
 
     def copy_in(self, segments: Sequence[tuple[int, int]], arrays: dict[str, np.ndarray]) -> None:
         with torch.inference_mode():
@@ -67,20 +71,25 @@ class TorchOps(DeviceOps):
                 src = torch.from_numpy(np.ascontiguousarray(arrays[spec.name]))
                 at = 0
                 for a, b in segments:
-                    if self.cuda:
-                        pinned = self.mirror[i][a:b]
-                        pinned.copy_(src[at:at + b - a])
-                        with torch.cuda.stream(self.copy_stream):
-                            ring[a:b].copy_(pinned, non_blocking=True)
-                    else:
-                        ring[a:b].copy_(src[at:at + b - a])
+                    (self.mirror[i] if self.cuda else ring)[a:b].copy_(src[at:at + b - a])
                     at += b - a
+        if self.cuda:
+            for a, b in segments:   # adjacent slots merge: one device copy per run of slots, issued at the mark
+                if self._dirty and self._dirty[-1][1] == a:
+                    self._dirty[-1] = (self._dirty[-1][0], b)
+                else:
+                    self._dirty.append((a, b))
 
     def mark_copied(self) -> Any:
         if not self.cuda:
             return None
-        event = torch.cuda.Event()
-        event.record(self.copy_stream)
+        with torch.inference_mode(), torch.cuda.stream(self.copy_stream):
+            for a, b in self._dirty:
+                for ring, mirror in zip(self.ring, self.mirror):
+                    ring[a:b].copy_(mirror[a:b], non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.copy_stream)
+        self._dirty = []
         return event
 
     def launch(self, worker: int, taken: Taken, after: Any) -> Any:
