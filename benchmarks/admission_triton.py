@@ -125,11 +125,10 @@ def capacity(res: dict, arrivals) -> float:
 
 
 def measure_model(name: str, s: Settings, results: Results, *, binary, echo) -> None:
-    import numpy as np
     import torch
 
     from e3.benchmarks.admission_offline import OfflineRule, offline_phase, policies
-    from e3.benchmarks.admission_report import Phase, burst_schedule, phase_latencies
+    from e3.benchmarks.admission_report import Phase, burst_schedule
     from e3.core.exits import EntropyRule
     from e3.deploy.server import TritonServer
     from e3.export.device_repository import DeviceModel, write_device_model
@@ -200,9 +199,8 @@ def measure_model(name: str, s: Settings, results: Results, *, binary, echo) -> 
              f"{offline['budget_ms']:.2f}); NO_Wait's capacity {cap:,.0f} requests/s "
              f"({cap * s.per_request:,.0f} inputs/s)")
         results.save()
-        sweep(m, s, go, poisson, results, echo)
-        burst_run(m, s, load=load, served=served, pool=pool, results=results, echo=echo,
-                  phase_latencies=phase_latencies, burst_schedule=burst_schedule, Phase=Phase, np=np)
+        sweep(m, s, go=go, poisson=poisson, results=results, echo=echo)
+        burst_run(m, s, load=load, served=served, pool=pool, results=results, echo=echo)
     finally:
         load.close()
         server.stop()
@@ -233,7 +231,7 @@ def check_answers(model, served: dict, pool: dict, *, url: str, per_request: int
     return out
 
 
-def sweep(m: dict, s: Settings, go, poisson, results: Results, echo) -> None:
+def sweep(m: dict, s: Settings, *, go, poisson, results: Results, echo) -> None:
     """Step 5 of the module docstring."""
     qos, cap = m["qos_ms"], m["capacity_rps"]
     labels = list(m["systems"])
@@ -301,9 +299,9 @@ def throughput_at_target(points: list[dict]) -> dict:
     return {"rps": best, "ips": best_ips, "lower_bound": bound and bool(points)}
 
 
-def burst_run(m: dict, s: Settings, *, load, served, pool, results, echo, phase_latencies, burst_schedule, Phase,
-              np) -> None:
+def burst_run(m: dict, s: Settings, *, load, served, pool, results, echo) -> None:
     """Step 6: the systems shown (NO_Wait, OPT_Wait where it is not NO_Wait, the best instances, the stages)."""
+    from e3.benchmarks.admission_report import Phase, burst_schedule, phase_latencies
     cap, qos = m["capacity_rps"], m["qos_ms"]
     low, high = (f * cap for f in s.burst)
     phases = [Phase("low", low, s.phase_s), Phase("high", high, s.phase_s), Phase("low", low, s.phase_s)]

@@ -30,7 +30,7 @@ import abc
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -85,7 +85,7 @@ class AdmissionEngine:
         self.copies = CopyLog()
         self.book = Backlog()
         self.running: dict[int, tuple[Any, Taken]] = {}      # worker -> (its completion event, its rows)
-        self.batches: list[int] = []                         # rows of every batch launched (telemetry)
+        self.batches: Counter = Counter()                    # batch size -> batches launched (telemetry)
         self._arrivals: deque[Staged] = deque()
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -160,6 +160,7 @@ class AdmissionEngine:
                 self.ops.copy_in(taken.segments, r.arrays)
             except Exception as e:  # noqa: BLE001 - its rows still flow through (their slots are held); answered failed
                 r.failed = f"copying the request into the admission pool failed: {e}"
+            r.arrays = {}                         # copied once: the host copy is not needed again
             copied = True
         if copied:
             self.copies.record(self.ring.written, self.ops.mark_copied())
@@ -175,7 +176,7 @@ class AdmissionEngine:
                 self._finish(w, taken, None, f"the admission stage's batch failed to launch: {e}")
                 continue
             self.running[w] = (event, taken)
-            self.batches.append(size)
+            self.batches[size] += 1
         self.copies.forget_before(self.ring.taken)
 
     def fail_all(self, message: str) -> None:
