@@ -1,6 +1,6 @@
 """E²bird's admission stage through Triton on one GPU, against Triton's own batching of the same model on the same GPU.
 
-``python3 benchmarks/admission_triton.py OUT_DIR [--cpu] [--models resnet-stock,bert-stock] [--budget-s 480]``
+``python3 benchmarks/admission_triton.py OUT_DIR [--cpu] [--models resnet-stock,bert-stock] [--budget-s 420]``
 
 Runs on a bare GPU host the way ``benchmarks/gpu_side_by_side.py`` does (the server and client unpacked from
 ``.gpu_wheels/``, ``make gpu-wheels``; the project imported from the checkout), and writes

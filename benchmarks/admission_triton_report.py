@@ -19,7 +19,7 @@ __all__ = ["load_admission_triton", "render_admission_triton", "write_admission_
 
 BEGIN, END = "<!-- admission-triton:begin -->", "<!-- admission-triton:end -->"
 TITLE = "## Elastic admission (E²bird) through Triton on a GPU (`benchmarks/admission_triton.py`)"
-COMMAND = "python3 benchmarks/admission_triton.py OUT_DIR --budget-s 480"
+COMMAND = "python3 benchmarks/admission_triton.py OUT_DIR --budget-s 420"
 TARGET_RATIO = 1.3
 
 

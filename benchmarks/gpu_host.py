@@ -116,7 +116,7 @@ def main(out: Path, steps: tuple[str, ...] = DEFAULT_STEPS) -> int:
             runner = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = runner
             spec.loader.exec_module(runner)
-            runner.run(runner.Settings(out.resolve(), budget_s=480.0))
+            runner.run(runner.Settings(out.resolve(), budget_s=420.0))
         _step("E2bird's stage through Triton on the GPU", admission_triton)
     return 0
 
