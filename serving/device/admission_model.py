@@ -11,7 +11,10 @@ Triton's batcher in front has no delay, so requests that queued while ``execute`
 String parameters (written by :func:`e3.export.device_repository.write_device_model`, system ``admission``):
 ``model``, ``seed``, ``trained``, ``precision``, ``graphs`` as for the device models; ``policy`` (JSON:
 ``kind``, ``engine``, ``max_inflight``, ``confs``, as :func:`e3.serving.admission.make_policy` takes them) and
-``pool_slots`` (the ring's rows; default 8 x MaxInf, the paper's "several times MaxInf").
+``pool_slots`` (the ring's rows; default 8 x MaxInf, the paper's "several times MaxInf"); ``poll_s`` (the engine
+thread's pause between rounds while workers run, default 50 us) and ``switch_interval_s`` (the process's forced
+switch of the interpreter lock, default 0.5 ms): chosen, not measured, so that polling does not starve
+``execute`` and the sender of the lock.
 
 Decision: answers leave through a sender thread, not from ``execute``: the pool exists so that arrivals are
 copied while workers compute, which needs ``execute`` to return before its requests are done. (The GPU E3 router
@@ -23,6 +26,7 @@ show there as errors, not as a hung bench.)
 from __future__ import annotations
 
 import json
+import sys
 
 import torch
 
@@ -52,8 +56,12 @@ class TritonPythonModel:
         slots = int(params.get("pool_slots") or 8 * self.policy.max_inflight)
         ops = TorchOps(model, self.policy.engine, capacity=slots, settings=settings)
         self.outbox = ResponseSender(f"{params['model']} admission")
+        # the engine thread polls events while workers run; it must leave the interpreter lock to execute() and the
+        # sender often: a 50 us pause per round, and a 0.5 ms forced switch (Python's default, 5 ms, would let a
+        # polling thread hold the lock that long against a thread waiting for it)
+        sys.setswitchinterval(float(params.get("switch_interval_s", "0.0005")))
         self.engine = AdmissionEngine(self.policy, ops, capacity=slots, answer=self._answer,
-                                      poll_s=float(params.get("poll_s", "0"))).start()
+                                      poll_s=float(params.get("poll_s", "0.00005"))).start()
 
     def _answer(self, request) -> None:
         if request.failed:
