@@ -50,3 +50,18 @@ class MeanAgreeRule(ExitRule):
         p2 = np.sort(p, axis=1)[:, -2:]
         # a decision flips if the gap crosses the margin, or either arg-max flips
         return np.minimum(np.abs(gap - self.margin_p), np.minimum(v2[:, 1] - v2[:, 0], p2[:, 1] - p2[:, 0]))
+
+
+class ForgetfulRule(ExitRule):
+    """A wrong rule, for the tests: it keeps state on the rule object instead of in the per-row state, so a
+    batch is decided differently from the same inputs one at a time (export must refuse it)."""
+
+    def __init__(self):
+        self._seen = 0
+
+    def params(self):
+        return {}
+
+    def decide(self, block, logits, state, rows):
+        self._seen += len(rows)
+        return np.full(len(rows), self._seen > 40)
