@@ -474,8 +474,10 @@ def measure_router(card: ModelCard, batch_sizes: Sequence[int], repeats: int, *,
 
 
 def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings(), progress: bool = True,
-                  *, tritonserver: str | None = None) -> LatencyProfile:
-    """Measure ``model_name`` on this machine (see the module docstring); returns the profile."""
+                  *, tritonserver: str | None = None, data: str | Path | None = None) -> LatencyProfile:
+    """Measure ``model_name`` on this machine (see the module docstring); returns the profile. ``data``: a
+    ``.npz`` of the model's inputs (:mod:`e3.export.user_data`): the blocks are timed on states computed from
+    its rows instead of the model's random example inputs."""
     import onnxruntime as ort
     from tqdm import tqdm
 
@@ -483,6 +485,9 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
 
     model = resolve_model(model_name)
     card = model.card
+    if data is not None:
+        from e3.export.user_data import load_data, use_data_inputs
+        use_data_inputs(model, load_data(data, card)[0])
     batches = list(settings.batch_sizes or default_batch_sizes(card.max_batch_size))
     if batches != sorted(set(batches)) or batches[0] < 1 or batches[-1] > card.max_batch_size:
         raise ValueError(f"batch sizes must be ascending within 1..{card.max_batch_size}, got {batches}")
