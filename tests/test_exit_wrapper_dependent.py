@@ -76,7 +76,7 @@ def test_measured_exits_reprice_the_ramps_and_the_plan():
     approx = best_plan(lat, BatchProfile(model="toy", batch_size=8, reach=exact["1,2"]), {"cpu": 1}, slo_ms=10_000,
                        rate_rps=100, alpha=None, ramp_blocks=(2,), exit_wrapper=False, b0s=[8])
     assert (simulate_exits(logits, rule, 3, enabled=(2,)).exit_ramp == 3).all()
-    assert only2.throughput_rps < approx.throughput_rps * 0.75
+    assert only2.throughput_rps < approx.throughput_rps * 0.8
     # with ramps so dear that even the measured saving does not pay, both go: then nothing exits, and the plan
     # says so (its throughput is the model's without ramps)
     costly = best_plan(profile(ramp_ms=50.0), batch, {"cpu": 1}, slo_ms=100_000, rate_rps=1, alpha=None,
