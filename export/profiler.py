@@ -287,13 +287,15 @@ def _time_calls(run, repeats: int, warmup: int) -> np.ndarray:
 
 def _alternate(sessions: dict, feeds: dict, settings: ProfileSettings) -> dict:
     """``warmup`` untimed calls of every session, then ``repeats`` timed calls of each (ms), alternating
-    the sessions one call each, so that noise on the shared cores hits them alike."""
-    for s in sessions.values():
-        _time_calls(lambda s=s: s.run(None, feeds), 0, settings.warmup)
+    the sessions one call each, so that noise on the shared cores hits them alike. Each session is given only
+    the inputs its graph reads (torch.onnx drops a state a block never reads)."""
+    own = {key: {i.name: feeds[i.name] for i in s.get_inputs()} for key, s in sessions.items()}
+    for key, s in sessions.items():
+        _time_calls(lambda s=s, f=own[key]: s.run(None, f), 0, settings.warmup)
     samples = {key: np.empty(settings.repeats) for key in sessions}
     for r in range(settings.repeats):
         for key, s in sessions.items():
-            samples[key][r] = _time_calls(lambda s=s: s.run(None, feeds), 1, 0)[0]
+            samples[key][r] = _time_calls(lambda s=s, f=own[key]: s.run(None, f), 1, 0)[0]
     return samples
 
 

@@ -134,6 +134,9 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
     plan.validate(card.ramp_blocks)
     try:
         rule = resolve_rule(plan.exit_rule)
+        with tempfile.TemporaryDirectory(prefix="e3-rule-") as tmp:   # before anything is written
+            ship_rule(rule, Path(tmp))
+            check_shipped(rule, Path(tmp))
     except RuleError as err:
         raise ExportError(f"{model_name}: {err}") from None
     _check_writable(repo)
@@ -156,21 +159,26 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
     for name, _ in steps:
         _check_owned(repo, name, manifest)
     io: dict[str, dict[str, list[str]]] = {}   # part (block file, split model) -> what it reads and writes
-    for name, kind in tqdm(steps, desc=f"export {m}", unit="model", disable=not progress):
-        with _staging(repo, name) as tmp:
-            if kind == "split":
-                io[name] = _write_split(model, splits[name], tmp, settings)
-            elif kind == "router":
-                io.update(_write_router(model, plan, name, tmp, settings, rule=rule, split_io=io))
-            elif kind == "stock":
-                _write_stock(model_name, name, tmp, settings)
-            elif kind == "preprocess":
-                _write_preprocess(card, name, tmp, settings)
-            elif kind == "ensemble":
-                _write_ensemble(card, m, tmp, settings)
-            else:
-                _write_ee(model, plan, name, tmp, settings, rule=rule)
-        manifest["models"][name] = {"kind": kind, "model": model_name, "target": settings.target}
+    try:
+        for name, kind in tqdm(steps, desc=f"export {m}", unit="model", disable=not progress):
+            with _staging(repo, name) as tmp:
+                if kind == "split":
+                    io[name] = _write_split(model, splits[name], tmp, settings)
+                elif kind == "router":
+                    io.update(_write_router(model, plan, name, tmp, settings, rule=rule, split_io=io))
+                elif kind == "stock":
+                    _write_stock(model_name, name, tmp, settings)
+                elif kind == "preprocess":
+                    _write_preprocess(card, name, tmp, settings)
+                elif kind == "ensemble":
+                    _write_ensemble(card, m, tmp, settings)
+                else:
+                    _write_ee(model, plan, name, tmp, settings, rule=rule)
+            manifest["models"][name] = {"kind": kind, "model": model_name, "target": settings.target}
+    except BaseException:
+        # what was written is e3's (a second export may replace it); the deployment entry waits for a full export
+        write_manifest(repo, manifest)
+        raise
     front = [router_name(m), *([preprocess_name(m), m] if card.preprocess else [])]
     manifest["deployments"][m] = {"model": model_name, "card": card.to_dict(), "plan": plan.to_dict(),
                                   "front_door": m if card.preprocess else router_name(m), "router": router_name(m),
@@ -228,10 +236,10 @@ def _write_ee(model: EarlyExitModel, plan: Plan, name: str, out: Path, settings:
 
 
 def _ship(rule, version_dir: Path) -> None:
-    """The rule's module beside a model that runs it, checked to load from there (e3.export.rules)."""
+    """The rule's module beside a model that runs it (e3.export.rules; export_repository checked up front that
+    it builds from what is shipped, in an isolated interpreter)."""
     try:
         ship_rule(rule, version_dir)
-        check_shipped(rule, version_dir)
     except RuleError as err:
         raise ExportError(str(err)) from None
 

@@ -52,8 +52,13 @@ def resolve_rule(config) -> ExitRule:
     """The rule ``config`` (dict form or :class:`ExitRule`) names, built; :class:`RuleError` otherwise."""
     try:
         rule = make_exit_rule(config)
+        shadowed = [name for name in ("decide", "margin", "init_state", "init_state_for", "relies_on", "params",
+                                      "to_dict") if not callable(getattr(rule, name, None))]
+        if shadowed:
+            raise RuleError(f"exit rule {rule.kind}: the attribute {shadowed[0]!r} hides ExitRule's method of that "
+                            "name; give the parameter another name")
         again = make_exit_rule(rule.to_dict())   # what travels in a plan must build the same rule
-    except ValueError as err:
+    except (ValueError, TypeError) as err:
         raise RuleError(str(err)) from None
     if again.to_dict() != rule.to_dict():
         raise RuleError(f"exit rule {rule.kind}: to_dict() gives {rule.to_dict()}, which builds a rule whose "
@@ -116,6 +121,7 @@ def check_shipped(rule: ExitRule, version_dir: Path, *, timeout_s: float = 60.0)
     no ``PYTHONPATH``) with only ``version_dir/e3_rules`` added, as Triton's Python stub will;
     :class:`RuleError` with that interpreter's error otherwise."""
     config = rule.to_dict()
+    version_dir = Path(version_dir).resolve()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([sys.executable, "-I", "-c", _CHECK, json.dumps(config),
                            str(version_dir / SHIPPED_RULES_DIR)], capture_output=True, text=True,
@@ -149,7 +155,10 @@ def check_rule_parity(model, rule: ExitRule, folder: Path, *, enabled_ramps: tup
     card = model.card
     arrays = model.example_arrays(count, seed=seed)
     inputs = tuple(arrays[t.name] for t in card.inputs)
-    ref = reference_answers(model, inputs, rule, enabled_ramps=enabled_ramps)
+    try:
+        ref = reference_answers(model, inputs, rule, enabled_ramps=enabled_ramps)
+    except Exception as err:  # noqa: BLE001 - the rule's own code may raise anything: say where
+        raise RuleError(f"exit rule {rule.kind} fails on the PyTorch reference: {type(err).__name__}: {err}") from None
     ok = ref.min_margin >= TIE_BAND
     forms = []
     for compose in ((False, True) if can_fuse(rule) else (False,)):

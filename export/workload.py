@@ -22,7 +22,8 @@ the mix's recorded ramp logits, :func:`reach_by_ramps`), so that the planner's e
 dependent rule's ramps exactly.
 
 ``--data FILE`` (:mod:`e3.export.user_data`) bins the file's inputs instead of a zoo model's test split,
-for any model.
+for any model, and also writes ``data.npz``: every input of the file in its order (the distribution
+``e3 plan --data FILE`` plans for), to replay with ``e3 load --workload``.
 """
 
 from __future__ import annotations
@@ -118,6 +119,11 @@ def build_workloads(name: str, out_dir: Path, count: int = 1000, *, rate_rps: fl
     phases = [_phase(e, h, i * count, count, rate_rps) for i, (e, h) in enumerate(MIXES)]
     paths.append(_write(out_dir / "stream", stream, inputs, names, exit_ramp, labels, hard, (logits, rule, card),
                         {**common, "mix": "stream", "rate_rps": rate_rps, "phases": phases}))
+    if data is not None:   # the file itself, in its order: what `e3 plan --data` plans for, to replay with e3 load
+        every = np.arange(len(exit_ramp))
+        paths.append(_write(out_dir / "data", every, inputs, names, exit_ramp, labels, hard, (logits, rule, card),
+                            {**common, "mix": "data", "phases": [{"mix": "data", "start_index": 0,
+                                                                  "count": int(len(every)), "start_s": 0.0}]}))
     return paths
 
 

@@ -280,6 +280,8 @@ def rule_class(kind: str, *, paths: Iterable[str | os.PathLike] = ()) -> type[Ex
     except ImportError as err:
         raise ValueError(f"exit rule {kind!r}: cannot import {module_name!r} ({err}); make it importable (run "
                          "from its folder, install it, or add its folder to PYTHONPATH)") from None
+    except Exception as err:  # noqa: BLE001 - a user's module may fail any way while it runs
+        raise ValueError(f"exit rule {kind!r}: importing {module_name!r} failed: {type(err).__name__}: {err}") from None
     for part in qualname.split("."):
         found = getattr(found, part, None)
     if not (isinstance(found, type) and issubclass(found, ExitRule)):
