@@ -520,7 +520,8 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
               f"{router_repeats} repeats; stock graph on {' and '.join(map(str, threads))} thread(s); "
               + (f"request: host CPU per request, {REQUEST_CLIENTS} load-generator clients against a front door "
                  "without compute (clients + tritonserver's process); " if request else "")
-              + f"{os.cpu_count()} CPUs on the host")
+              + f"{os.cpu_count()} CPUs on the host"
+              + (f"; blocks fed with states of {Path(data).name}'s inputs" if data is not None else ""))
     return assemble_profile(served_name(model_name), batches, without, with_ramp=with_, tx=tx, device=settings.device, price=settings.price,
                             source=source, check=check, router=router, stock=stock[1],
                             stock_2t=stock.get(2), request=None if request is None else [r[0] for r in request],

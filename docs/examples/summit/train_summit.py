@@ -2,8 +2,8 @@
 
 Task: four classes of 32-feature points around four centres; a point's difficulty is its distance from its
 centre, so some leave at ramp 1 and some need the head. Writes ``summit.pt`` (weights) and
-``summit_data.npz`` (``x``: float32 [2000, 32], ``labels``: int64 [2000]: held-out points, the format
-``--data`` reads).
+``summit_data.npz`` (``x``: float32 [10000, 32], ``labels``: int64 [10000]: held-out points, the format
+``--data`` reads; enough for a load run of a few seconds).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ def main() -> None:
         loss.backward()
         opt.step()
     torch.save(model.state_dict(), WEIGHTS)
-    xt, yt = points(2000, seed=2)
+    xt, yt = points(10_000, seed=2)
     np.savez("summit_data.npz", x=xt, labels=yt)
-    print(f"wrote {WEIGHTS.name} and summit_data.npz (2000 held-out points); last training loss {loss.item():.3f}")
+    print(f"wrote {WEIGHTS.name} and summit_data.npz ({len(yt)} held-out points); last training loss {loss.item():.3f}")
 
 
 if __name__ == "__main__":
