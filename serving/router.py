@@ -74,6 +74,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from e3.core.exits import SHIPPED_RULES_DIR, make_exit_rule
+from e3.core.names import block_file
 from e3.core.plan import COMPACT, Plan, SplitPlan
 from e3.core.rows import request_slices
 from e3.core.spec import ModelCard
@@ -321,8 +322,11 @@ class TritonPythonModel:
             self.remotes.append(remote)
 
         reads = self.reads.get(split.model)
-        if reads is None:   # a split exported after this router (e3 control): it declares every state tensor
-            log.warning("%s: export recorded no inputs for it; sending every state tensor", split.model)
+        if reads is None:   # a split exported after this router (e3 control): what its first block's file reads
+            first = block_file(split.first_block, ramp=split.first_block in split.enabled_ramps)
+            reads = self.reads.get(first)
+            log.warning("%s: export recorded no inputs for it; sending what %s reads (%s)", split.model, first,
+                        "every state tensor" if reads is None else ", ".join(reads))
 
         def run(feed, rule_state, timeout_us):
             feed = feed if reads is None else feed_for(reads, feed, split.model)
