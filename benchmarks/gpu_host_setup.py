@@ -4,6 +4,7 @@ path. Standard library only: it runs before anything of the project can be impor
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -90,3 +91,29 @@ def model_process_path(folders: list[str]) -> None:
     pth = Path(site.getsitepackages()[0]) / PTH_NAME
     pth.write_text(f"import sys; sys.path[:0] = {folders!r}\n")
     atexit.register(lambda: pth.unlink(missing_ok=True))
+
+
+def prepare_host(out: Path, *, cpu: bool, wheels: Path | None) -> tuple[Path | None, Path]:
+    """Everything a runner does before it imports the project's serving code: the ``e3`` namespace (unless the
+    project is installed), on a GPU host (or with ``wheels`` given) the server and client unpacked and the model
+    processes' path set, then the working folder moved to ``out`` (created): the model processes start there, not
+    in the checkout, whose ``e3/`` (the floor alone) would shadow the namespace. Returns (the tritonserver binary,
+    None for the installed one; ``out`` resolved)."""
+    binary, ns = None, None
+    try:
+        import e3   # installed (a development machine), or a namespace a caller made (gpu_host.py)
+        root = Path(e3.__file__).resolve().parent
+        if (root / "serving").is_dir():   # a namespace folder: e3/ with the rooms inside it
+            ns = root.parent
+    except ImportError:
+        ns = namespace()
+        sys.path.insert(0, str(ns))
+    if not cpu or wheels:
+        wheels = (wheels or ROOT / ".gpu_wheels").resolve()
+        binary, stub_first = unpack_host(wheels, Path(tempfile.gettempdir()) / "e3-gpu-host")
+        os.environ.setdefault("E3_ARTIFACTS", str(Path(tempfile.gettempdir()) / "e3-gpu-artifacts"))
+        model_process_path([*stub_first, *([str(ns)] if ns else [])])
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    os.chdir(out)
+    return binary, out

@@ -82,12 +82,25 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    from e3.deploy.server import ServerError
-    from e3.client.sdk import ClientError
-    from e3.export.repository import ExportError
-    from e3.export.checkpoints import CheckpointMissing
     try:
         return args.func(args)
-    except (ValueError, ServerError, ClientError, ExportError, CheckpointMissing) as err:  # user-facing errors
+    except Exception as err:
+        if not isinstance(err, _user_errors()):
+            raise
         print(f"e3 {args.command}: error: {err}", file=sys.stderr)
         return 2
+
+
+# Errors a user fixes (printed as one line, exit 2), by module: a module the command never imported cannot
+# have raised its error, and importing e3.export here would load torch into every command (the controller
+# needs neither torch nor the model's checkpoint).
+USER_ERRORS = {"e3.deploy.server": "ServerError", "e3.client.sdk": "ClientError",
+               "e3.export.repository": "ExportError", "e3.export.checkpoints": "CheckpointMissing"}
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    found: list[type[BaseException]] = [ValueError]
+    for module, name in USER_ERRORS.items():
+        if module in sys.modules:
+            found.append(getattr(sys.modules[module], name))
+    return tuple(found)

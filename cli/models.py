@@ -20,7 +20,7 @@ def _export(args) -> int:
     plan = export_repository(args.model, args.cuts, Path(args.repo), settings=ExportSettings(
         target=args.target, batch_size=args.batch_size, split_instances=args.instances,
         router_instances=args.router_instances, format=args.format, fp16=args.fp16,
-        split_queue_policy=args.split_queue_policy, max_queue_inputs=args.max_queue_inputs),
+        split_queue_policy=args.split_queue_policy, max_queue_inputs=args.max_queue_inputs, gpus=args.gpus),
         plan=plan, extra_ranges=extra)
     if extra:
         print(f"pre-exported every block range ({len(extra)} split models) beside the plan's")
@@ -256,6 +256,10 @@ def add_export(sub, repo_help: str) -> None:
                    help="split and stock model files: onnx (default), or tensorrt engines (model.plan, built "
                         "here with the optional `gpu` extra on an NVIDIA GPU; needs --target ngc)")
     e.add_argument("--fp16", action="store_true", help="with --format tensorrt: allow FP16 kernels")
+    e.add_argument("--gpus", type=int, default=0, metavar="N",
+                   help="with --target ngc: the splits and the stock model run as KIND_GPU instances spread over "
+                        "the pod's GPUs 0..N-1, one instance group per GPU (default 0: CPU instances for ONNX, GPU 0 "
+                        "for TensorRT plans)")
     e.add_argument("--split-queue-policy", action="store_true",
                    help="give the splits Triton's queue policy that rejects calls whose deadline expired in their "
                         "queue (off by default: it stops Triton's batcher prefetching; measured p99 4x worse)")

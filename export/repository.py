@@ -81,6 +81,10 @@ class ExportSettings:
     # refused at once with HTTP 503 and counted in e3_rejected_total. None: unbounded (the router admits
     # every request). The router's config parameter max_queue_inputs; kept across plan switches.
     max_queue_inputs: int | None = None
+    # GPUs of the pod that serves the splits (--target ngc): > 0 makes every split and <m>_stock a KIND_GPU model
+    # spread over GPUs 0..gpus-1 (triton_config.gpu_instance_groups; ONNX files then run on ONNX Runtime's CUDA
+    # provider in Triton's onnxruntime backend). 0: CPU instances (ONNX) or GPU 0 (TensorRT plans).
+    gpus: int = 0
 
 
 FORMATS = ("onnx", "tensorrt")
@@ -90,6 +94,9 @@ def _check_settings(settings: ExportSettings) -> None:
     if settings.max_queue_inputs is not None and settings.max_queue_inputs < 1:
         raise ExportError(f"max_queue_inputs must be at least 1 (inputs), got {settings.max_queue_inputs}; "
                           "leave it out for no limit")
+    if settings.gpus < 0 or (settings.gpus and settings.target != "ngc"):
+        raise ExportError(f"gpus must be >= 0 and needs --target ngc (the embedded server has no GPU backend); "
+                          f"got {settings.gpus} with target {settings.target}")
     if settings.format not in FORMATS:
         raise ExportError(f"unknown format {settings.format!r}; use one of {', '.join(FORMATS)}")
     if settings.format == "tensorrt":
@@ -326,7 +333,10 @@ def _write_onnx_model(module: SplitModule, out: Path, desc: ModelDescription, se
         except tensorrt.TensorRTError as err:
             raise ExportError(f"{desc.name}: {err}") from None
         (out / "1" / "model.onnx").unlink()
-        desc = ModelDescription(**{**desc.__dict__, "kind": "tensorrt", "instance_kind": "KIND_GPU"})
+        desc = ModelDescription(**{**desc.__dict__, "kind": "tensorrt", "instance_kind": "KIND_GPU",
+                                   "gpus": tuple(range(settings.gpus)) or (0,)})
+    elif settings.gpus:
+        desc = ModelDescription(**{**desc.__dict__, "instance_kind": "KIND_GPU", "gpus": tuple(range(settings.gpus))})
     if settings.target == "embedded":
         # Value bounds of the inputs (token ids, masks) travel as a parameter: the split checks them
         # (e3.serving.input_policy) before ONNX Runtime sees the values.
