@@ -2,12 +2,13 @@
 (``check_ms``), the router's own work per batch (``router_ms``) and the state a hop carries (the heaviest
 cut). In-process, no Triton; the router's work runs the serving code itself (:func:`router_batch`).
 
-Both are timed with the model's compute run, untimed, before every timed call (``between``, the profile
-passes :func:`stock_runner`): in a served batch they follow the blocks, and find the CPU's caches full of
-the blocks' weights, not of their own code and data. Timed back to back instead, the router's work on the
-walk-through's model (docs/examples/summit, batch 32) took 0.14 ms, with the stock graph run between 0.46
-ms, inside the served router 0.49 ms (its CPU time per batch outside the blocks, ``e3_router_overhead_us``),
-and the exit check 0.019 ms against 0.17 ms.
+Both are timed with the model's compute run, untimed, before every timed call (``between``; the profile
+passes :func:`stock_runner` at batch 1: every weight passes through the caches at the least compute): in a
+served batch they follow the blocks, and find the CPU's caches full of the blocks' weights, not of their own
+code and data. Timed back to back instead, the router's work on the walk-through's model
+(docs/examples/summit, batch 32) took 0.14 ms, with the stock graph run between 0.46 ms, inside the served
+router 0.49 ms (its CPU time per batch outside the blocks, ``e3_router_overhead_us``), and the exit check
+0.019 ms against 0.17 ms.
 """
 
 from __future__ import annotations

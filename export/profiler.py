@@ -28,16 +28,17 @@ What is measured (device configuration ``cpu``: one core, one instance, one thre
   ``observe``, the model's own rule from :mod:`e3.core.exits`) on random
   logits for B rows, about half of them confident, then the numpy fancy-index
   compaction of the survivors' rows of the heaviest cut's state. In-process,
-  pure numpy, no Triton; the model's stock graph runs (untimed) before every
-  timed call, as blocks run before a check in a served batch.
+  pure numpy, no Triton; the model's stock graph runs (untimed, at batch 1:
+  every weight through the caches) before every timed call, as blocks run
+  before a check in a served batch (:mod:`e3.export.host_profile`).
 * **router** (``router_ms``) -- the router's own work per batch of a split,
   with the serving code itself (:func:`router_batch`): one request per input
   (the worst case) checked and admitted by the scheduler, the batch dispatched
   and its rows stacked, the exit rule at the split's end, the answers handed
   back to their requests and checked. In-process, no Triton; the stock graph
-  runs (untimed) before every timed batch. Timed hot, the same work takes a
-  third of what it takes beside the blocks (0.14 against 0.46 ms at batch 32
-  on the walk-through's model, 0.49 ms measured inside the served router).
+  runs before every timed batch as for the check. Timed hot, the same work
+  takes a third of what it takes beside the blocks (0.14 against 0.46 ms at
+  batch 32 on the walk-through's model, 0.49 ms inside the served router).
 * **stock graph** (``stock_ms``, ``stock_2t_ms``) -- the whole model without
   ramps (blocks 1..L, the graph ``<m>_stock`` serves) on 1 and on 2 intra-op
   threads, timed like a block (the 2-thread curve only where the host has 2
@@ -84,7 +85,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ProfileSettings", "Stats", "summarize", "default_batch_sizes", "parse_batch_sizes",
            "assemble_profile", "merge_profiles", "format_table", "default_profile_path",
-           "block_order", "measure_blocks", "measure_stock", "measure_jitter", "measure_check", "measure_router", "router_batch", "stock_runner",
+           "block_order", "measure_blocks", "measure_stock", "measure_jitter", "measure_check", "measure_router",
+           "router_batch", "stock_runner",
            "profile_model"]
 
 log = logging.getLogger(__name__)
@@ -470,7 +472,10 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
         else:
             log.warning("Tx not measured (tx=False): the profile records a hop as 0 ms (and no request CPU)")
             tx = [[0.0] for _ in batches]
-        between = stock_runner(model, workdir=Path(tmp), seed=settings.seed)   # caches as a served batch finds them
+        # caches as a served batch finds them: the stock graph at batch 1 streams every weight through them
+        # (at the timed batch it would cost minutes for a large model and evict nothing more)
+        stock_once = stock_runner(model, workdir=Path(tmp), seed=settings.seed)
+        between = lambda batch: stock_once(1)   # noqa: E731
         check = measure_check(card, batches, router_repeats, warmup=settings.warmup, seed=settings.seed,
                               between=between)
         router = measure_router(card, batches, router_repeats, warmup=settings.warmup, seed=settings.seed,
@@ -479,7 +484,7 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
               f"{settings.repeats} repeats after {settings.warmup} warmup calls, medians, spread = IQR; "
               f"Tx: {'one BLS hop between two Python-backend models on tritonserver, timed in the caller, ' + str(tx_repeats) + ' repeats' if settings.tx else 'not measured (0)'}; "
               f"check and router: in-process, the serving code (BatchRoute.observe, compaction; the scheduler's "
-              f"admission, stacking, answers, one input per request), the stock graph run before each call, "
+              f"admission, stacking, answers, one input per request), the stock graph at batch 1 run before each call, "
               f"{router_repeats} repeats; stock graph on {' and '.join(map(str, threads))} thread(s); "
               + (f"request: host CPU per request, {REQUEST_CLIENTS} load-generator clients against a front door "
                  "without compute (clients + tritonserver's process); " if request else "")
