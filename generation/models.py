@@ -76,7 +76,7 @@ def load_generation_model(name: str, progress: bool = True, retrain: bool = Fals
     else:
         from e3.generation.training import train_exit_heads
         log.info("training exit heads after layers %s (cached at %s)", exits, path)
-        summary = train_exit_heads(decoder, tokenizer, progress=progress)
+        summary = train_exit_heads(decoder, tokenizer, progress=progress, eos_id=eos)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         torch.save({"adapters": decoder.adapters.state_dict(), "classifiers": decoder.classifiers.state_dict(),

@@ -85,7 +85,7 @@ def _write(out: Path, desc: ModelDescription, module: str) -> None:
 
 def export_generation_repository(model: str, repo: Path, max_active: int = 16, *, progress: bool = True,
                                  tokenizer: bool = True, calibrate: bool | None = None,
-                                 calibration_prompts: int = 32) -> EngineSpec:
+                                 calibration_prompts: int = 64) -> EngineSpec:
     """Export ``model`` (see :mod:`e3.generation.models`) into ``repo``; returns the engine spec the routers use.
 
     Existing models of the same names are replaced. Each ONNX file is checked against PyTorch. With

@@ -148,3 +148,12 @@ def test_calibration_meets_its_target_on_held_out_prompts(tiny):
         agree = np.mean([np.mean([a == b for a, b in zip(got[i].tokens, full[i].tokens)]) for i in got])
         exited = sum(e < 4 for i in got for e in got[i].exit_layers)
         assert agree >= t["min_agreement"] and exited > 0, (t, agree)
+
+
+def test_batched_greedy_continuations_equal_the_reference():
+    """The heads' training answers (left-padded batches with a KV cache) are the full model's greedy tokens."""
+    from e3.generation.training import greedy_continuations
+    model = tiny_decoder()
+    prompts = _prompts(7, seed=4)
+    got = greedy_continuations(model, prompts, 9, eos_id=5, batch_size=3, progress=False)
+    assert got == [generate_full(model, p, 9, eos_id=5).tokens for p in prompts]
