@@ -11,6 +11,8 @@ OUT_DIR (each step on its own; one failing does not stop the others):
 * ``<m>.<gpu>.json``: the latency profiles of bert-ee and resnet-ee measured on the GPU (``e3 profile --cuda
   --untrained``: FP16, one CUDA graph per call), and bert-ee's eager FP32 one beside it;
 * ``admission_gpu.json``: the E²bird analogues on the GPU (``e3 bench admission --cuda``);
+* ``generation_gpu.json``: early-exit generation's modes with the KV cache on the device
+  (``benchmarks/generation_gpu.py``);
 * ``gpu.txt``: the GPU, its driver, and which ONNX Runtime providers the host has.
 
 Back on a development machine, ``e3 bench gpu --measured OUT_DIR/bert_ee.h100.json`` simulates the
@@ -52,7 +54,7 @@ def _step(name: str, fn) -> None:
         print(f"== {name}: FAILED after {time.perf_counter() - start:.0f} s", flush=True)
 
 
-DEFAULT_STEPS = ("side-by-side", "profiles", "admission")
+DEFAULT_STEPS = ("side-by-side", "profiles", "admission", "generation")
 
 
 def main(out: Path, steps: tuple[str, ...] = DEFAULT_STEPS) -> int:
@@ -106,6 +108,9 @@ def main(out: Path, steps: tuple[str, ...] = DEFAULT_STEPS) -> int:
         (out / "admission_gpu.json").write_text(json.dumps(doc, indent=1, default=float))
     if "admission" in steps:
         _step("E2bird analogues on the GPU", admission)
+    if "generation" in steps:   # benchmarks/generation_gpu.py: writes generation_gpu.json
+        from e3.benchmarks.generation_gpu import run as generation
+        _step("early-exit generation, KV on the device", lambda: generation(out))
     return 0
 
 

@@ -264,10 +264,16 @@ def calibrate_model(model, spec, files: dict, prompts: list[list[int]], *, new_t
     if cache is not None and cache.exists():
         saved = json.loads(cache.read_text())
         return saved["costs"], saved["calibration"]
+    import torch
     run = OrtRunner(files)
     started = time.perf_counter()
     costs = profile_costs(spec, run, hidden_size=model.config.hidden_size)
-    records = collect_records(model, spec, run, prompts, new_tokens=new_tokens, progress=progress)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # pinned like the splits (one intra-op thread)
+    try:
+        records = collect_records(model, spec, run, prompts, new_tokens=new_tokens, progress=progress)
+    finally:
+        torch.set_num_threads(threads)
     doc = calibrate(records, costs, batch=spec.max_active)
     doc["calibrate_s"] = time.perf_counter() - started
     if cache is not None:

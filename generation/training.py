@@ -298,6 +298,15 @@ def train_exit_heads(model: Decoder, tokenizer, settings: TrainSettings = TrainS
     """Train the exit heads of SmolLM2 on :func:`training_texts` and on :func:`training_questions` followed by
     the full model's own greedy answers (the text the heads see while generating), report on
     :func:`heldout_texts`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # pinned: on the shared 2-core machine two threads oversubscribe (5x slower measured)
+    try:
+        return _train_smollm2(model, tokenizer, settings, progress=progress, eos_id=eos_id)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_smollm2(model: Decoder, tokenizer, settings: TrainSettings, *, progress: bool, eos_id: int | None) -> dict:
     train = [tokenizer.encode(t).ids for t in training_texts(settings.snippets)]
     questions = [tokenizer.encode(t).ids for t in training_questions(settings.questions)]
     answers = greedy_continuations(model, questions, settings.answer_tokens, eos_id=eos_id, progress=progress)
