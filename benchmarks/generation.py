@@ -352,12 +352,37 @@ def format_tables(results: dict) -> str:
 
 
 def _reading(results: dict) -> list[str]:
-    """Ratios read off the speed table (same run, same server, same cores)."""
+    """Ratios read off the speed table (same run, same server, same cores), and why the best mode gives what
+    it gives, from measured numbers."""
     out = []
     for r in results["speed"][1:]:
         out.append(f"- {r['system']}: {r['speedup_vs_full']:.2f}x the full model's tokens/s (rounds: "
                    f"{', '.join(f'{x:.2f}' for x in r['speedup_rounds'])}), agreement {r['agreement']:.3f} on prompts "
                    "not used for calibration.")
+    costs, L = results["costs"], results["num_layers"]
+    layer_s = sum(p for _, p in costs["splits"]) / L
+    best = max(results["speed"][1:], key=lambda r: r["speedup_vs_full"], default=None)
+    quality = {r["system"]: r for r in results["quality"]}
+    calm = [r for r in results["quality"] if r.get("min_agreement") == 0.9]
+    if best is not None and calm:
+        q = calm[0]
+        exited = 1 - q["exit_share"][str(L)]
+        st = q["in_process"]
+        lossless = (results.get("lossless") or [{}])[0]
+        out.append(f"- Best mode: {best['system']}, {best['speedup_vs_full']:.2f}x. Why, measured: at min-agreement "
+                   f"0.9 the calibration lets {exited:.1%} of decoded tokens leave on the held-out prompts "
+                   f"({_share(q['exit_share'])}); a decision costs {1e6 * st['decide_s'] / max(1, q['tokens']):.0f} us "
+                   f"of engine time per token plus 577 multiply-adds in the split, and the head is read only for "
+                   f"the {st['exit_head_rows']} rows that left; the head costs {1e3 * costs['head_s']:.2f} ms per "
+                   f"position (= {costs['head_s'] / layer_s:.1f} layers measured), a decoder layer "
+                   f"{1e3 * layer_s:.3f} ms per position. A token leaving after layer 20 saves 10 layers and the "
+                   f"final head but pays the kv fill and its own head: at most "
+                   f"{(10 * layer_s + costs['head_s'] - costs['fill_per_row_s'] - costs['head_s']) / (L * layer_s + costs['head_s']):.0%} "
+                   f"of its cost, so a few percent of tokens leaving cannot reach 1.2x. Speculation: acceptance "
+                   f"{lossless.get('acceptance', float('nan')):.2f} per drafted token, and verifying k positions "
+                   f"costs ~k decode steps here, so the policy decodes plainly "
+                   f"({quality.get('speculative (policy)', {}).get('in_process', {}).get('fallback_steps', 0)} "
+                   "fallback steps in process).")
     return out
 
 

@@ -212,7 +212,8 @@ class GenerationEngine:
         self.accepted = 0          # ... and accepted
         self.policy = (SpeculationPolicy(Costs.from_dict(spec.costs), {
             int(d): a for d, a in (spec.calibration or {}).get("acceptance", {}).items()})
-            if spec.costs and (spec.calibration or {}).get("acceptance") else None)
+            if spec.costs and (spec.calibration or {}).get("acceptance")
+            and len(spec.costs["splits"]) == len(spec.ranges) else None)   # a partial model (HELIOS) drafts as asked
 
     # -- public --------------------------------------------------------------------------------------
     def submit(self, req: GenRequest) -> None:

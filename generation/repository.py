@@ -173,7 +173,13 @@ def _calibrated(gm, spec: EngineSpec, repo: Path, prompts: int, progress: bool) 
     heads = heads_path(gm.name)
     stamp = f"{heads.stat().st_mtime_ns}-{prompts}" if heads.exists() else "untrained"
     cache = heads.with_name(f"{heads.stem.removesuffix('_heads')}_calibration_{stamp}.json")
-    ids = [gm.tokenizer.encode(p).ids for p in calibration_prompts(prompts)]
+    if gm.tokenizer is not None:
+        ids = [gm.tokenizer.encode(p).ids for p in calibration_prompts(prompts)]
+    else:   # a test model without a tokenizer: seeded random prompts
+        import random
+        r, vocab = random.Random(300), gm.decoder.config.vocab_size
+        ids = [[r.randrange(vocab) for _ in range(r.randint(2, 12))] for _ in range(prompts)]
+        cache = None if gm.name.startswith("tiny") else cache
     costs, doc = calibrate_model(gm.decoder, spec, onnx_files(repo, spec), ids, cache=cache, progress=progress)
     for t in doc["targets"]:
         log.info("min_agreement %.2f: %s, thresholds %s, predicted agreement %.3f, speed-up %.2f%s",
