@@ -18,12 +18,31 @@ def _export_generate(args) -> int:
         print(f"e3 export-generate: error: {err}", file=sys.stderr)
         return 2
     print(f"wrote {spec.model}_split_* / _kvfill_* / _generate{{,_naive,_stream}} to {repo}")
+    _print_heads(args.model)
     for t in (spec.calibration or {}).get("targets", []):
         how = ("no exits (they do not pay: plain decoding)" if t["fallback"] else
                f"{t['measure']} >= {', '.join(f'{x:.3f}' for x in t['thresholds'])}")
         print(f"  min_agreement {t['min_agreement']:.2f}: {how}; predicted agreement {t['predicted_agreement']:.3f}, "
               f"speed-up {t['predicted_speedup']:.2f}x")
     return 0
+
+
+def _print_heads(model: str) -> None:
+    """The exit heads' training report (whole-vocabulary agreement on held-out text, per exit layer)."""
+    import json
+
+    import torch
+
+    from e3.generation.models import heads_path
+    path = heads_path(model)
+    if not path.exists():
+        return
+    summary = json.loads(torch.load(path, weights_only=True)["summary"])
+    print(f"exit heads ({summary.get('counted', '')}; {summary.get('heldout_positions')} positions; trained in "
+          f"{summary.get('train_s', 0):.0f} s):")
+    for e, r in summary.get("exits", {}).items():
+        print(f"  after layer {e}: trained {r['top1_agreement_full_vocab']:.3f}, untrained "
+              f"{r['top1_agreement_full_vocab_untrained']:.3f}, classifier AUC {r['classifier_auc']:.3f}")
 
 
 def _export_helios(args) -> int:

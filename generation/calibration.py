@@ -21,9 +21,12 @@ snippets 300.., disjoint from the bench's prompts and from the heads' training t
    token under the measured cost table (:mod:`e3.generation.policy`) wins, over all measures; if even that
    is not faster than plain decoding, the target's entry is a **fallback** (no exits: plain decoding).
 
-What the replay does not see: after a token leaves with the right token, its skipped layers' k/v are copied
-from the exit state, so later states differ slightly from the full model's. The bench measures agreement on
-held-out prompts to show what that costs.
+5. **validated by decoding**: the replay cannot see that after a token leaves with the right token its skipped
+   layers' k/v are copied from the exit state, so later tokens' states differ from the full model's, and a
+   continuation can diverge with no wrong exit at all (measured on SmolLM2: a choice replayed at 0.87
+   agreement decoded at 0.39). So the replay's choices for a ladder of targets (0.8 .. 0.995) are decoded
+   for real on the calibration prompts (the engine over the exported splits, KV copy as served), and each
+   target gets the fastest decoded choice whose agreement holds at 95% confidence, or a fallback.
 
 Speculation's per-position acceptance per draft depth is measured on the same records (head e's top-1
 agreement with the full model on the full model's own continuation).
@@ -41,7 +44,8 @@ import numpy as np
 
 from e3.generation.policy import Costs, SplitCost
 
-__all__ = ["profile_costs", "collect_records", "calibrate", "predict", "calibrate_model", "TARGETS"]
+__all__ = ["profile_costs", "collect_records", "calibrate", "predict", "validate_by_decoding", "calibrate_model",
+           "TARGETS"]
 
 log = logging.getLogger(__name__)
 TARGETS = (0.8, 0.9, 0.95, 0.99)
@@ -256,6 +260,79 @@ def calibrate(records: dict, costs: Costs, targets=TARGETS, *, batch: int = 16, 
     return doc
 
 
+REPLAY_TARGETS = (0.8, 0.9, 0.95, 0.97, 0.99, 0.995)   # the ladder of replayed choices decoded for real
+
+
+def validate_by_decoding(doc: dict, records: dict, costs: Costs, decode, *, batch: int,
+                         replay_targets=REPLAY_TARGETS, progress: bool = True) -> dict:
+    """Step 5 of the module docstring: the replay's choices for ``replay_targets`` (distinct measure and
+    thresholds), each decoded for real on the calibration prompts by ``decode(measure, thresholds) -> (tokens
+    per prompt, exit layers per prompt)``; per target of ``doc`` the fastest choice whose decoded agreement
+    holds at 95% confidence, else a fallback. Returns ``doc`` with its targets replaced (the replay's own
+    choice kept as ``replayed``)."""
+    from tqdm import tqdm
+    replay = calibrate(records, costs, replay_targets, batch=batch)
+    seen, choices = set(), []
+    for t in replay["targets"]:
+        key = (t["measure"], tuple(t["thresholds"]))
+        if not t["fallback"] and key not in seen:
+            seen.add(key)
+            choices.append(key)
+    full = records["tokens"]
+    E = len(records["correct"][0][0]) if records["correct"] and len(records["correct"][0]) else 0
+    tried = []
+    for measure, thr in tqdm(choices, desc="calibration: decoding the candidates", unit="candidate",
+                             disable=not progress):
+        tokens, exits = decode(measure, list(thr))
+        agree = np.array([sum(a == b for a, b in zip(t, f)) / max(1, len(f)) for t, f in zip(tokens, full)])
+        counts = np.zeros(E + 1)
+        for ex in exits:
+            for layer_index in ex[1:]:
+                counts[layer_index] += 1
+        rates = counts / max(1, counts.sum())
+        se = float(agree.std(ddof=1) / np.sqrt(len(agree))) if len(agree) > 1 else 0.0
+        tried.append({"measure": measure, "thresholds": list(thr), "agreement": float(agree.mean()),
+                      "agreement_lower": float(agree.mean()) - Z * se, "exit_rate": rates[:E].tolist(),
+                      "s_per_token": _calm_s_per_token(costs, rates, measure=measure, batch=batch)})
+    plain = doc["plain_s_per_token"]
+    targets = []
+    for t in doc["targets"]:
+        ok = [c for c in tried if c["agreement_lower"] >= t["min_agreement"] and c["s_per_token"] < plain
+              and any(c["exit_rate"])]
+        best = min(ok, key=lambda c: c["s_per_token"]) if ok else None
+        entry = {"min_agreement": t["min_agreement"], "replayed": {k: t[k] for k in (
+            "measure", "thresholds", "predicted_agreement", "predicted_exit_rate", "predicted_speedup")}}
+        if best is None:
+            entry.update(measure="classifier", thresholds=[NEVER] * E, predicted_agreement=1.0,
+                         predicted_exit_rate=[0.0] * E, predicted_speedup=1.0, fallback=True)
+        else:
+            entry.update(measure=best["measure"], thresholds=best["thresholds"],
+                         predicted_agreement=best["agreement"], predicted_exit_rate=best["exit_rate"],
+                         predicted_speedup=plain / best["s_per_token"], fallback=False)
+        entry["best_replayed"] = t["best_replayed"]
+        targets.append(entry)
+    return {**doc, "targets": targets, "decoded_candidates": tried,
+            "method": doc["method"] + "; candidates validated by decoding the calibration prompts"}
+
+
+def _decoder(spec, run, prompts: list[list[int]], new_tokens: int):
+    """``decode(measure, thresholds)`` for :func:`validate_by_decoding`: the engine over ``run`` (CALM exits with
+    the KV copy, as served); exit layers as indices (0.. per exit, E for the final head)."""
+    from e3.generation.engine import GenerationEngine, GenRequest
+    index = {b: j for j, (_, b) in enumerate(spec.ranges)}
+
+    def decode(measure: str, thresholds: list[float]):
+        engine = GenerationEngine(spec, run)
+        for i, p in enumerate(prompts):
+            engine.submit(GenRequest(i, p, new_tokens, mode="calm", measure=measure, thresholds=tuple(thresholds)))
+        done = {}
+        while not engine.idle:
+            done.update({f.request_id: f for f in engine.step()})
+        got = [done[i] for i in range(len(prompts))]
+        return [f.tokens for f in got], [[index[e] for e in f.exit_layers] for f in got]
+    return decode
+
+
 def calibrate_model(model, spec, files: dict, prompts: list[list[int]], *, new_tokens: int = 32,
                     cache: Path | None = None, progress: bool = True) -> tuple[dict, dict]:
     """(costs, calibration) for an exported model: profile the splits, collect records on ``prompts``,
@@ -275,6 +352,8 @@ def calibrate_model(model, spec, files: dict, prompts: list[list[int]], *, new_t
     finally:
         torch.set_num_threads(threads)
     doc = calibrate(records, costs, batch=spec.max_active)
+    doc = validate_by_decoding(doc, records, costs, _decoder(spec, run, prompts, new_tokens), batch=spec.max_active,
+                               progress=progress)
     doc["calibrate_s"] = time.perf_counter() - started
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)

@@ -134,11 +134,15 @@ def test_min_agreement_uses_the_calibrated_measure_or_falls_back(tiny):
 def test_calibration_meets_its_target_on_held_out_prompts(tiny):
     """Calibrated on one set of prompts, CALM at min_agreement A decoded (engine, ONNX splits, KV copied into
     skipped layers) on other prompts agrees with the full model's tokens on >= A of positions, with exits."""
-    from e3.generation.calibration import calibrate, collect_records
+    from e3.generation.calibration import _decoder, calibrate, collect_records, validate_by_decoding
     spec, files = tiny
     model = tiny_decoder()
-    records = collect_records(model, spec, OrtRunner(files), _prompts(60, seed=1), new_tokens=12, progress=False)
+    calib = _prompts(60, seed=1)
+    records = collect_records(model, spec, OrtRunner(files), calib, new_tokens=12, progress=False)
     doc = calibrate(records, CPU, targets=(0.6, 0.8), batch=16)
+    doc = validate_by_decoding(doc, records, CPU, _decoder(spec, OrtRunner(files), calib, 12), batch=16,
+                               replay_targets=(0.6, 0.7, 0.8, 0.9), progress=False)
+    assert all(c["agreement"] <= 1.0 for c in doc["decoded_candidates"]) and doc["decoded_candidates"]
     s = replace(spec, calibration=doc)
     held = _prompts(60, seed=2)
     full, _ = _run_all(spec, files, [GenRequest(i, p, 12, mode="full") for i, p in enumerate(held)])
