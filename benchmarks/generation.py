@@ -58,7 +58,7 @@ class GenerateBenchSettings:
     taus: tuple[float, ...] = (0.5, 0.9)   # raw softmax thresholds in the quality table, for comparison
     draft_tokens: int = 4                  # most tokens a speculative round drafts
     lossless_prompts: int = 50             # held-out prompts of the lossless check
-    rounds: int = 2                        # interleaved rounds of the speed table
+    rounds: int = 3                        # interleaved rounds of the speed table (odd: a true median)
     extra_systems: bool = False            # also KV as tensors, naive early exit, full one at a time
     max_active: int = 16
     out: Path | None = None
@@ -316,16 +316,17 @@ def format_tables(results: dict) -> str:
                          f"| {r['top1_agreement_full_vocab_ridge_only']:.3f} | {r['classifier_auc']:.3f} |")
     lines += ["", f"Calibration ({cal['prompts']} calibration prompts, {cal['positions']} decoded positions, "
               f"{cal.get('calibrate_s', 0):.0f} s; `generation/calibration.py`): per target the measure and "
-              "per-exit thresholds with the least predicted time whose replayed agreement holds at 95% confidence, "
-              "or plain decoding when no choice is predicted faster.", "",
-              "| min-agreement | measure | thresholds | predicted agreement | predicted exit rate | predicted "
-              "speed-up | best replayed (speed-up, agreement) |", "|---:|---|---|---:|---|---:|---|"]
+              "per-exit thresholds with the least predicted time whose agreement, decoded on the calibration prompts, "
+              "holds at 95% confidence, or plain decoding; beside it what the teacher-forced replay alone proposed "
+              "and the agreement it predicted.", "",
+              "| min-agreement | measure | thresholds | decoded agreement (calibration) | exit rate per exit | predicted "
+              "speed-up | replay's choice: measure, predicted agreement |", "|---:|---|---|---:|---|---:|---|"]
     for t in cal["targets"]:
-        b = t["best_replayed"]
+        b = t.get("replayed", t)
         lines.append(f"| {t['min_agreement']} | {'none (fallback)' if t['fallback'] else t['measure']} "
                      f"| {', '.join(f'{x:.3f}' for x in t['thresholds'])} | {t['predicted_agreement']:.3f} "
-                     f"| {', '.join(f'{x:.2f}' for x in t['predicted_exit_rate'])} | {t['predicted_speedup']:.2f} "
-                     f"| {t['measure']} {b['speedup']:.2f}x at {b['agreement']:.3f} |")
+                     f"| {', '.join(f'{x:.3f}' for x in t['predicted_exit_rate'])} | {t['predicted_speedup']:.3f} "
+                     f"| {b['measure']}, {b['predicted_agreement']:.3f} |")
     lines += ["", "Quality on the held-out prompts (in-process engine over the same splits; decision cost: engine "
               "time reading scores and re-batching per decoded token, and head rows computed to decide vs only "
               "for tokens that left):", "",

@@ -276,7 +276,7 @@ def add_bench(sub, repo_help: str) -> None:
                                                                   "comma-separated (default 0.9,0.95; calibrated at export)")
     gen.add_argument("--taus", default="0.5,0.9", help="raw softmax thresholds listed in the quality table")
     gen.add_argument("--draft-tokens", type=int, default=4, help="most tokens a speculative round drafts (default 4)")
-    gen.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the speed table (default 2)")
+    gen.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the speed table (default 3)")
     gen.add_argument("--lossless-prompts", type=int, default=50, help="held-out prompts of the lossless check (default 50)")
     gen.add_argument("--extra-systems", action="store_true", help="also KV passed as tensors, naive early exit and "
                                                                   "the full model one at a time")

@@ -19,11 +19,13 @@ def _export_generate(args) -> int:
         return 2
     print(f"wrote {spec.model}_split_* / _kvfill_* / _generate{{,_naive,_stream}} to {repo}")
     _print_heads(args.model)
+    if spec.calibration:
+        print("CALM calibrated to (docs/generation.md):")
     for t in (spec.calibration or {}).get("targets", []):
         how = ("no exits (they do not pay: plain decoding)" if t["fallback"] else
                f"{t['measure']} >= {', '.join(f'{x:.3f}' for x in t['thresholds'])}")
-        print(f"  min_agreement {t['min_agreement']:.2f}: {how}; predicted agreement {t['predicted_agreement']:.3f}, "
-              f"speed-up {t['predicted_speedup']:.2f}x")
+        print(f"  min_agreement {t['min_agreement']:.2f}: {how}; agreement decoded on the calibration prompts "
+              f"{t['predicted_agreement']:.3f}, predicted speed-up {t['predicted_speedup']:.3f}x")
     return 0
 
 

@@ -26,7 +26,8 @@ snippets 300.., disjoint from the bench's prompts and from the heads' training t
    continuation can diverge with no wrong exit at all (measured on SmolLM2: a choice replayed at 0.87
    agreement decoded at 0.39). So the replay's choices for a ladder of targets (0.8 .. 0.995) are decoded
    for real on the calibration prompts (the engine over the exported splits, KV copy as served), and each
-   target gets the fastest decoded choice whose agreement holds at 95% confidence, or a fallback.
+   target gets the fastest decoded choice whose agreement holds at 95% confidence and which is predicted at
+   least 1% faster than plain decoding (``MIN_GAIN``: within 1% the cost table cannot tell), or a fallback.
 
 Speculation's per-position acceptance per draft depth is measured on the same records (head e's top-1
 agreement with the full model on the full model's own continuation).
@@ -52,6 +53,7 @@ TARGETS = (0.8, 0.9, 0.95, 0.99)
 MEASURE_COLUMNS = ("softmax", "saturation", "classifier")
 NEVER = 2.0     # a threshold no score reaches
 Z = 1.645       # one-sided 95%: a target must hold for the calibration's lower confidence bound
+MIN_GAIN = 1.01  # exits must be predicted this much faster than plain decoding (the cost table's resolution)
 
 
 def _time(fn, repeats: int) -> float:
@@ -250,7 +252,7 @@ def calibrate(records: dict, costs: Costs, targets=TARGETS, *, batch: int = 16, 
                                                                                "exit_rate": [0.0] * n_exits,
                                                                                "s_per_token": plain_s})
         speedup = plain_s / p["s_per_token"] if p["s_per_token"] else 1.0
-        fallback = speedup <= 1.0 or not any(p["exit_rate"])
+        fallback = speedup < MIN_GAIN or not any(p["exit_rate"])
         doc["targets"].append({"min_agreement": target, "measure": measure,
                                "thresholds": [NEVER] * n_exits if fallback else [float(x) for x in thr],
                                "predicted_agreement": 1.0 if fallback else p["agreement"],
@@ -297,8 +299,8 @@ def validate_by_decoding(doc: dict, records: dict, costs: Costs, decode, *, batc
     plain = doc["plain_s_per_token"]
     targets = []
     for t in doc["targets"]:
-        ok = [c for c in tried if c["agreement_lower"] >= t["min_agreement"] and c["s_per_token"] < plain
-              and any(c["exit_rate"])]
+        ok = [c for c in tried if c["agreement_lower"] >= t["min_agreement"] and any(c["exit_rate"])
+              and plain / c["s_per_token"] >= MIN_GAIN]
         best = min(ok, key=lambda c: c["s_per_token"]) if ok else None
         entry = {"min_agreement": t["min_agreement"], "replayed": {k: t[k] for k in (
             "measure", "thresholds", "predicted_agreement", "predicted_exit_rate", "predicted_speedup")}}
