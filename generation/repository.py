@@ -42,6 +42,10 @@ from e3.generation.onnx_splits import export_kvfill, export_split, split_ranges
 DOOR_INPUTS = (TensorSpec("input_ids", "INT64", (-1,)), TensorSpec("text", "BYTES", (1,)),
                TensorSpec("max_new_tokens", "INT32", (1,)), TensorSpec("mode", "BYTES", (1,)),
                TensorSpec("tau", "FP32", (1,)), TensorSpec("draft_tokens", "INT32", (1,)))
+# a stateless split's outputs (generation/onnx_splits.py), wherever its Triton config is written
+SPLIT_OUTPUTS = (TensorSpec("hidden_out", "FP32", (-1, -1, -1)), TensorSpec("new_kv", "FP32", (-1,) * 6),
+                 TensorSpec("token", "INT64", (-1, -1)), TensorSpec("confidence", "FP32", (-1, -1)),
+                 TensorSpec("exit_scores", "FP32", (-1, -1, 2)))
 # the generation routers' CALM controls beside ``tau``: a quality target, and the confidence measure for tau
 CALM_INPUTS = (TensorSpec("min_agreement", "FP32", (1,)), TensorSpec("measure", "BYTES", (1,)))
 DOOR_OUTPUTS = (TensorSpec("tokens", "INT64", (-1,)), TensorSpec("exit_layers", "INT32", (-1,)),
@@ -110,9 +114,7 @@ def export_generation_repository(model: str, repo: Path, max_active: int = 16, *
             inputs = (TensorSpec("input_ids", "INT64", (-1, -1)) if a == 1 else TensorSpec("hidden", "FP32", (-1, -1, -1)),
                       TensorSpec("positions", "INT64", (-1, -1)), TensorSpec("past_kv", "FP32", (-1,) * 6),
                       TensorSpec("key_valid", "BOOL", (-1, -1)), TensorSpec("head_index", "INT64", (-1, -1)))
-            outputs = (TensorSpec("hidden_out", "FP32", (-1, -1, -1)), TensorSpec("new_kv", "FP32", (-1,) * 6),
-                       TensorSpec("token", "INT64", (-1, -1)), TensorSpec("confidence", "FP32", (-1, -1)),
-                       TensorSpec("exit_scores", "FP32", (-1, -1, 2)))
+            outputs = SPLIT_OUTPUTS
         else:
             export_kvfill(gm.decoder, a, b, path=out / "1" / "model.onnx")
             inputs = (TensorSpec("hidden", "FP32", (-1, -1, -1)), TensorSpec("positions", "INT64", (-1, -1)),
