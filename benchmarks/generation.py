@@ -6,9 +6,9 @@ tokens/s over the run, the server's TTFT and TPOT medians. Systems: the full mod
 (continuous batching), CALM at ``--min-agreement`` 0.9 and 0.95 (measure and per-exit thresholds from the
 calibration recorded in the router; survivors re-batched between splits), and lossless self-speculative
 decoding (draft depth and length chosen per step by the never-slower policy). The systems run in
-``rounds`` interleaved rounds (full, CALM 0.9, CALM 0.95, speculative, full, ...) because the machine is
-shared; each row reports its median round and its ratio to the full model's run **of the same round**
-(median over rounds). With ``extra_systems``, also E3 with the KV cache passed as tensors and naive early
+``rounds`` interleaved rounds because the machine is shared (its load changes several-fold within a minute):
+in each round every system runs right after a run of the full model, and its ratio is to **that** run; each
+row reports its median rate and the median of its ratios. With ``extra_systems``, also E3 with the KV cache passed as tensors and naive early
 exit (one sequence at a time) and the full model one at a time.
 
 **Quality** (in process, the same ONNX splits driven by the same engine, so the tokens are the served
@@ -103,16 +103,6 @@ def layer_costs(config) -> tuple[float, float]:
     layer = 2 * c.hidden_size * c.num_heads * c.head_dim + 2 * c.hidden_size * c.num_kv_heads * c.head_dim \
         + 3 * c.hidden_size * c.intermediate_size
     return c.vocab_size * c.hidden_size / layer, 2 * c.hidden_size * c.num_kv_heads * c.head_dim / layer
-
-
-def _cost(exit_layers: list[int], config, calm: bool) -> float:
-    """Layer-equivalents per decoded token: layers run, heads read (every ramp passed in CALM mode, the final
-    head at L) and the kv fill of skipped layers."""
-    head, fill = layer_costs(config)
-    L, exits = config.num_layers, config.exit_layers
-    per = [e + ((sum(1 for x in exits if x <= e) if calm else 0) + (e == L)) * head + (L - e) * fill
-           for e in exit_layers]
-    return statistics.mean(per) if per else 0.0
 
 
 def engine_tokens(spec, files, prompts, *, new_tokens, mode, tau, draft_tokens=4, runner=None, **request):
@@ -212,6 +202,9 @@ def run_generate_bench(settings: GenerateBenchSettings = GenerateBenchSettings()
         echo(f"  draft {depth_name}: {same}/{len(ref)} identical to the full model; acceptance "
              f"{st['accepted']}/{st['drafted']} = {st['accepted'] / max(1, st['drafted']):.3f}")
 
+    results["kv_fill"] = kv_fill_rows(model, prompts[:8], spec.calibration, new_tokens=s.new_tokens,
+                                      eos_id=gm.eos_id, echo=echo)
+
     names = router_names(s.model)
     systems = [("full", names["continuous"], dict(mode="full"))]
     systems += [(f"CALM min-agreement {t}", names["continuous"], dict(mode="calm", min_agreement=t)) for t in s.targets]
@@ -226,18 +219,22 @@ def run_generate_bench(settings: GenerateBenchSettings = GenerateBenchSettings()
               "system at a time")
     echo(f"speed on one tritonserver ({budget}); {len(prompts)} prompts sent at once, {s.rounds} interleaved rounds")
     measured: dict[str, list] = {name: [] for name, _, _ in systems}
+    paired: dict[str, list] = {name: [] for name, _, _ in systems}   # the full model's run before each
     with TritonServer.on_free_ports(repo, model_names(s.model, spec), log_file=artifacts_dir() / "logs" / "bench-generate.log",
                                     exit_timeout_s=5) as server:
         for name, router, kw in systems:
             _serve(server.http_url, router, prompts[:2], 4, **kw)   # warm-up
-        for rnd in range(s.rounds):
-            for name, router, kw in systems:
-                out, wall = _serve(server.http_url, router, prompts, s.new_tokens, **kw)
-                measured[name].append((out, wall))
-                echo(f"  round {rnd + 1} {name:40s} {sum(len(o.tokens) for o in out) / wall:7.1f} tok/s")
+        for rnd in range(s.rounds):             # each system right after a run of the full model: a pair
+            for pair in systems[1:]:
+                for name, router, kw in (systems[0], pair):
+                    out, wall = _serve(server.http_url, router, prompts, s.new_tokens, **kw)
+                    measured[name].append((out, wall))
+                    echo(f"  round {rnd + 1} {name:40s} {sum(len(o.tokens) for o in out) / wall:7.1f} tok/s")
+                paired[pair[0]].append(measured["full"][-1])
     for name, router, kw in systems:
         rates = [sum(len(o.tokens) for o in out) / wall for out, wall in measured[name]]
-        ratios = [r / (sum(len(o.tokens) for o in f) / w) for r, (f, w) in zip(rates, measured["full"])]
+        ratios = ([1.0] * len(rates) if name == "full" else
+                  [r / (sum(len(o.tokens) for o in f) / w) for r, (f, w) in zip(rates, paired[name])])
         order = sorted(range(len(rates)), key=rates.__getitem__)
         out, wall = measured[name][order[len(order) // 2]]           # the median round's outputs
         tpot = [(o.total_ms - o.ttft_ms) / (len(o.tokens) - 1) for o in out if len(o.tokens) > 1]
@@ -268,6 +265,31 @@ def run_generate_bench(settings: GenerateBenchSettings = GenerateBenchSettings()
     return results
 
 
+def kv_fill_rows(model, prompts: list[list[int]], calibration: dict, *, new_tokens: int, eos_id, echo=print) -> list:
+    """The KV of skipped layers, copied (served) or recomputed (PyTorch reference), at the lowest target's
+    replayed thresholds (the choice with the most exits): agreement with the full model and tokens that left."""
+    from e3.generation.reference import generate_early_exit, generate_full
+    t = min(calibration["targets"], key=lambda t: t["min_agreement"])
+    r = t.get("replayed", t)
+    exits = model.config.exit_layers
+    if all(x > 1.0 for x in r["thresholds"]):
+        return []
+    thresholds = dict(zip(exits, r["thresholds"]))
+    full = [generate_full(model, p, new_tokens, eos_id=eos_id).tokens for p in prompts]
+    rows = []
+    for fill in ("copy", "recompute"):
+        start = time.perf_counter()
+        outs = [generate_early_exit(model, p, new_tokens, tau=2.0, eos_id=eos_id, kv_fill=fill, measure=r["measure"],
+                                    thresholds=thresholds) for p in prompts]
+        rows.append({"kv_fill": fill, "measure": r["measure"], "thresholds": r["thresholds"], "prompts": len(prompts),
+                     "agreement": statistics.mean(agreement(o.tokens, f) for o, f in zip(outs, full)),
+                     "exited": sum(e < model.config.num_layers for o in outs for e in o.exit_layers),
+                     "tokens": sum(len(o.tokens) for o in outs), "wall_s": time.perf_counter() - start})
+        echo(f"  kv fill {fill:9s} ({r['measure']} at {r['thresholds']}): agreement {rows[-1]['agreement']:.3f}, "
+             f"{rows[-1]['exited']}/{rows[-1]['tokens']} tokens left")
+    return rows
+
+
 def _target_entry(calibration: dict | None, target: float | None) -> dict | None:
     if target is None or not calibration:
         return None
@@ -296,8 +318,8 @@ def format_tables(results: dict) -> str:
     tr, cal, costs = results.get("training") or {}, results["calibration"], results["costs"]
     lines = [f"`e3 bench generate` ({s['model']}, {s['prompts']} held-out prompts x {s['new_tokens']} new tokens, "
              f"commit {commit()}, {time.strftime('%Y-%m-%d')}). Budget: {results['speed'][0]['budget']}; "
-             f"{s['rounds']} interleaved rounds, each row its median round, the ratio to the full model's run of "
-             "the same round.", "",
+             f"{s['rounds']} rounds, in each every system right after a run of the full model; tokens/s the median "
+             "run, x full the median of the ratios to the run just before.", "",
              "| system | confidence measure | tokens/s | x full | TTFT p50 ms | TPOT p50 ms | agreement | perplexity "
              "| tokens exited |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results["speed"]:
@@ -337,6 +359,14 @@ def format_tables(results: dict) -> str:
         lines.append(f"| {r['system']} | {r['measure']} | {r['agreement']:.3f} | {r['perplexity']:.2f} "
                      f"| {_share(r['exit_share'])} | {st['tokens_per_s']:.1f} "
                      f"| {1e6 * st['decide_s'] / max(1, r['tokens']):.0f} | {st['ramp_head_rows']} | {st['exit_head_rows']} |")
+    if results.get("kv_fill"):
+        lines += ["", "KV of skipped layers at the replay's choice for the lowest target (PyTorch reference, the same "
+                  "thresholds): copied from the exit state (CALM, served) or recomputed later:", "",
+                  "| kv fill | measure | thresholds | prompts | agreement | tokens left | wall s |",
+                  "|---|---|---|---:|---:|---:|---:|"]
+        for r in results["kv_fill"]:
+            lines.append(f"| {r['kv_fill']} | {r['measure']} | {', '.join(f'{x:.3f}' for x in r['thresholds'])} "
+                         f"| {r['prompts']} | {r['agreement']:.3f} | {r['exited']}/{r['tokens']} | {r['wall_s']:.0f} |")
     for c in results.get("lossless", []):
         lines += ["", f"Lossless check (speculative decoding, drafting forced, draft {c['draft']}): "
                   f"{c['identical']}/{c['prompts']} held-out prompts identical to the full model token for token; "
@@ -370,6 +400,14 @@ def _reading(results: dict) -> list[str]:
         exited = 1 - q["exit_share"][str(L)]
         st = q["in_process"]
         lossless = (results.get("lossless") or [{}])[0]
+        cands = results["calibration"].get("decoded_candidates", [])
+        plain = results["calibration"]["plain_s_per_token"]
+        if cands:
+            c = max(cands, key=lambda c: plain / c["s_per_token"])
+            out.append(f"- The calibration's fastest candidate, decoded on the calibration prompts: {c['measure']} at "
+                       f"{', '.join(f'{x:.3f}' for x in c['thresholds'])}, {sum(c['exit_rate']):.1%} of tokens leaving, "
+                       f"agreement {c['agreement']:.3f} ({c['agreement_lower']:.3f} at 95% confidence), predicted "
+                       f"{plain / c['s_per_token']:.3f}x; no candidate with exits held 0.9.")
         out.append(f"- Best mode: {best['system']}, {best['speedup_vs_full']:.2f}x. Why, measured: at min-agreement "
                    f"0.9 the calibration lets {exited:.1%} of decoded tokens leave on the held-out prompts "
                    f"({_share(q['exit_share'])}); a decision costs {1e6 * st['decide_s'] / max(1, q['tokens']):.0f} us "
