@@ -351,7 +351,8 @@ def format_tables(results: dict) -> str:
                      f"| {b['measure']}, {b['predicted_agreement']:.3f} |")
     lines += ["", "Quality on the held-out prompts (in-process engine over the same splits; decision cost: engine "
               "time reading scores and re-batching per decoded token, and head rows computed to decide vs only "
-              "for tokens that left):", "",
+              "for tokens that left; tokens/s in process is one run each on the shared machine, not a speed "
+              "comparison; a speculative row's exits are drafted tokens the full model verified):", "",
               "| system | measure | agreement | perplexity | exits (layer: share) | tokens/s in-process | decide us/token "
               "| head rows to decide | head rows on exit |", "|---|---|---:|---:|---|---:|---:|---:|---:|"]
     for r in results["quality"]:
