@@ -50,7 +50,7 @@ endef
 test: setup
 	$(call run_pytest,)
 
-# The long versions of the reliability tests (2,500 fuzzed bodies, destructive controls, a soak of 1,000,000
+# The long versions of the reliability tests (5,000 fuzzed bodies, a crash loop, destructive controls, a soak of 1,000,000
 # requests); `make test` runs the short ones. Options (benchmarks/reliability.py --help) go in RELIABILITY_ARGS,
 # e.g. make reliability RELIABILITY_ARGS="--items 8,9 --soak-requests 50000".
 reliability: setup

@@ -1,4 +1,4 @@
-"""What runs on a lent NVIDIA GPU host, in one go: ``python3 benchmarks/gpu_host.py OUT_DIR [side-by-side,profiles,admission]``.
+"""What runs on a lent NVIDIA GPU host, in one go: ``python3 benchmarks/gpu_host.py OUT_DIR [side-by-side,profiles,admission,generation,admission-triton]``.
 
 Such a host has PyTorch with CUDA and no package registry; the repository travels without its virtual
 environment. So this needs only torch, numpy and tqdm, and imports the project from the checkout through a
@@ -10,7 +10,10 @@ OUT_DIR (each step on its own; one failing does not stop the others):
   client brought in ``.gpu_wheels/``: ``make gpu-wheels``); ``e3 bench gpu --measured OUT_DIR`` renders it;
 * ``<m>.<gpu>.json``: the latency profiles of bert-ee and resnet-ee measured on the GPU (``e3 profile --cuda
   --untrained``: FP16, one CUDA graph per call), and bert-ee's eager FP32 one beside it;
-* ``admission_gpu.json``: the E²bird analogues on the GPU (``e3 bench admission --cuda``);
+* ``admission_gpu.json``: the E²bird analogues on the GPU emulated outside Triton (``e3 bench admission --cuda``);
+* ``admission_triton.json``: E²bird's stage through Triton on this GPU, with its memory pool and workers on
+  streams, against Triton's batcher (``benchmarks/admission_triton.py``; ``e3 bench admission --measured FILE``
+  renders it; not a default step: run it alone, ``... OUT_DIR admission-triton``, it takes a few minutes);
 * ``generation_gpu.json``: early-exit generation's modes with the KV cache on the device
   (``benchmarks/generation_gpu.py``);
 * ``gpu.txt``: the GPU, its driver, and which ONNX Runtime providers the host has.
@@ -108,6 +111,15 @@ def main(out: Path, steps: tuple[str, ...] = DEFAULT_STEPS) -> int:
         (out / "admission_gpu.json").write_text(json.dumps(doc, indent=1, default=float))
     if "admission" in steps:
         _step("E2bird analogues on the GPU", admission)
+    if "admission-triton" in steps:
+        def admission_triton():
+            import importlib.util
+            spec = importlib.util.spec_from_file_location("admission_triton", ROOT / "benchmarks" / "admission_triton.py")
+            runner = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = runner
+            spec.loader.exec_module(runner)
+            runner.run(runner.Settings(out.resolve(), budget_s=420.0))
+        _step("E2bird's stage through Triton on the GPU", admission_triton)
     if "generation" in steps:   # benchmarks/generation_gpu.py: writes generation_gpu.json
         from e3.benchmarks.generation_gpu import run as generation
         _step("early-exit generation, KV on the device", lambda: generation(out))

@@ -4,11 +4,14 @@ path. Standard library only: it runs before anything of the project can be impor
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
+import traceback
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 ROOMS = ("export", "serving", "controller", "client", "deploy", "generation", "simulator", "benchmarks", "cli")
@@ -90,3 +93,49 @@ def model_process_path(folders: list[str]) -> None:
     pth = Path(site.getsitepackages()[0]) / PTH_NAME
     pth.write_text(f"import sys; sys.path[:0] = {folders!r}\n")
     atexit.register(lambda: pth.unlink(missing_ok=True))
+
+
+def prepare_host(out: Path, *, cpu: bool, wheels: Path | None) -> tuple[Path | None, Path]:
+    """Everything a runner does before it imports the project's serving code: the ``e3`` namespace (unless the
+    project is installed), on a GPU host (or with ``wheels`` given) the server and client unpacked and the model
+    processes' path set, then the working folder moved to ``out`` (created): the model processes start there, not
+    in the checkout, whose ``e3/`` (the floor alone) would shadow the namespace. Returns (the tritonserver binary,
+    None for the installed one; ``out`` resolved)."""
+    binary, ns = None, None
+    try:
+        import e3   # installed (a development machine), or a namespace a caller made (gpu_host.py)
+        root = Path(e3.__file__).resolve().parent
+        if (root / "serving").is_dir():   # a namespace folder: e3/ with the rooms inside it
+            ns = root.parent
+    except ImportError:
+        ns = namespace()
+        sys.path.insert(0, str(ns))
+    if not cpu or wheels:
+        wheels = (wheels or ROOT / ".gpu_wheels").resolve()
+        binary, stub_first = unpack_host(wheels, Path(tempfile.gettempdir()) / "e3-gpu-host")
+        os.environ.setdefault("E3_ARTIFACTS", str(Path(tempfile.gettempdir()) / "e3-gpu-artifacts"))
+        model_process_path([*stub_first, *([str(ns)] if ns else [])])
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    os.chdir(out)
+    return binary, out
+
+
+def measure_each(names, results, measure: Callable[[str], None], *, left_s: Callable[[], float],
+                 echo=print) -> None:
+    """Every runner's model loop: ``measure(name)`` for each model in turn; a model is skipped (and listed under
+    ``skipped``) once fewer than 150 s of the time budget are left, a model that fails is reported with its
+    traceback and listed under ``failed`` while the run goes on with the next, and ``results`` (anything with a
+    ``doc`` dict and ``save()``) is saved after each, so a run cut short keeps what it measured."""
+    for name in names:
+        if left_s() < 150:
+            echo(f"== {name}: skipped, the time budget is spent")
+            results.doc.setdefault("skipped", []).append(name)
+            continue
+        echo(f"== {name}")
+        try:
+            measure(name)
+        except Exception:   # noqa: BLE001 - report, keep what was measured, go on with the next model
+            traceback.print_exc()
+            results.doc.setdefault("failed", []).append(name)
+        results.save()

@@ -1,5 +1,6 @@
-"""Closed-loop gRPC load for the GPU side-by-side: persistent client processes, each running its share of the
-concurrency in threads; and the goodput of a run under a p99 SLO. Needs only numpy and tritonclient."""
+"""gRPC load for the GPU runs: closed loops for the side-by-side (persistent client processes, each running its
+share of the concurrency in threads) and the goodput of a run under a p99 SLO; open-loop Poisson arrivals for the
+admission runner (:class:`OpenLoop`). Needs only numpy and tritonclient."""
 
 from __future__ import annotations
 
@@ -123,3 +124,110 @@ def slo_rows(runs: list[dict], slo_ms: float) -> dict | None:
         return None
     best = max(ok, key=lambda r: goodput_at(r, slo_ms))
     return {"goodput": goodput_at(best, slo_ms), "p99_ms": best["p99_ms"], "concurrency": best["concurrency"]}
+
+
+# -- open loop -------------------------------------------------------------------------------------------------------
+def _open_worker(url: str, commands, results) -> None:
+    """One client process of an open loop: sends each of its requests at its scheduled time (``async_infer``, never
+    waiting for answers), records when each was sent and answered (wall-clock seconds from the common start)."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+    client = grpcclient.InferenceServerClient(url)
+    while True:
+        cmd = commands.get()
+        if cmd is None:
+            client.close()
+            return
+        model, start_at, offsets, pool, per_request, first, timeout_s, drain_s = cmd
+        n_rows = len(next(iter(pool.values())))
+        requests = []   # a few dozen distinct requests, reused in turn (building one costs more than sending it)
+        for j in range(64):
+            rows = [(first + j * per_request + i) % n_rows for i in range(per_request)]
+            xs = []
+            for name, arr in pool.items():
+                x = grpcclient.InferInput(name, [per_request, *arr.shape[1:]], np_to_triton_dtype(arr.dtype))
+                x.set_data_from_numpy(np.ascontiguousarray(arr[rows]))
+                xs.append(x)
+            requests.append(xs)
+        outputs = [grpcclient.InferRequestedOutput("label")]
+        n = len(offsets)
+        sent, done = np.full(n, np.nan), np.full(n, np.nan)
+        errors: list[str] = []
+        lock = threading.Lock()
+        left = [n]
+        all_done = threading.Event()
+
+        def callback(i: int, result, error) -> None:
+            t = time.time() - start_at
+            with lock:
+                if error is None:
+                    done[i] = t
+                elif len(errors) < 3:
+                    errors.append(str(error)[:200])
+                left[0] -= 1
+                if left[0] == 0:
+                    all_done.set()
+
+        for i, off in enumerate(offsets):
+            while True:
+                wait = start_at + off - time.time()
+                if wait <= 0:
+                    break
+                time.sleep(min(wait, 0.0005))
+            sent[i] = time.time() - start_at
+            try:
+                client.async_infer(model, requests[i % len(requests)],
+                                   callback=lambda result, error, i=i: callback(i, result, error),
+                                   outputs=outputs, client_timeout=timeout_s)
+            except Exception as err:  # noqa: BLE001 - counted as failed, the loop goes on
+                callback(i, None, err)
+        if n:
+            all_done.wait(timeout=max(0.0, start_at + float(offsets[-1]) + drain_s - time.time()))
+        with lock:
+            results.put((offsets, sent.copy(), done.copy(), list(errors)))
+
+
+class OpenLoop:
+    """Open-loop Poisson load from persistent client processes: every request is sent at its scheduled time,
+    whatever the server does; a request's latency runs from its scheduled arrival (so a late client counts
+    against the system, and the lateness is reported)."""
+
+    def __init__(self, url: str, processes: int):
+        ctx = mp.get_context("spawn")
+        self.commands = [ctx.Queue() for _ in range(processes)]
+        self.results = ctx.Queue()
+        self.procs = [ctx.Process(target=_open_worker, args=(url, q, self.results), daemon=True)
+                      for q in self.commands]
+        for p in self.procs:
+            p.start()
+
+    def run(self, model: str, arrivals, pool: dict, *, per_request: int, timeout_s: float = REQUEST_TIMEOUT_S,
+            drain_s: float = 2.0) -> dict:
+        """Send one request of ``per_request`` inputs (rows of ``pool``) at each of ``arrivals`` (s from now,
+        increasing). Returns per request ``latency_ms`` (NaN where it failed or was not answered within ``drain_s``
+        after the last arrival), ``failed``, ``late_ms`` (sent after its time by), the first errors."""
+        import numpy as np
+        arrivals = np.asarray(arrivals, float)
+        k = len(self.commands)
+        start_at = time.time() + 0.3   # every process starts its schedule at the same wall-clock instant
+        for i, q in enumerate(self.commands):
+            q.put((model, start_at, arrivals[i::k], pool, per_request, i * 7919, timeout_s, drain_s))
+        latency = np.full(len(arrivals), np.nan)
+        late = np.full(len(arrivals), np.nan)
+        errors: list[str] = []
+        span = float(arrivals[-1]) if len(arrivals) else 0.0
+        for _ in range(k):
+            offsets, sent, done, errs = self.results.get(timeout=span + drain_s + timeout_s + 60)
+            idx = np.searchsorted(arrivals, offsets)   # a process's arrivals are a sub-sequence of the schedule
+            latency[idx] = (done - offsets) * 1e3
+            late[idx] = (sent - offsets) * 1e3
+            errors += errs
+        failed = np.isnan(latency)
+        return {"latency_ms": latency, "failed": failed, "late_ms": late, "errors": errors[:3]}
+
+    def close(self) -> None:
+        for q in self.commands:
+            q.put(None)
+        for p in self.procs:
+            p.join(timeout=10)

@@ -40,18 +40,16 @@ import math
 import os
 import shutil
 import sys
-import tempfile
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
 if __package__:   # imported as e3.benchmarks.gpu_side_by_side
-    from e3.benchmarks.gpu_host_setup import ROOT, model_process_path, namespace, unpack_host
+    from e3.benchmarks.gpu_host_setup import measure_each, namespace, prepare_host
     from e3.benchmarks.gpu_load import INPUTS_PER_REQUEST, LoadPool, slo_rows
 else:             # run as a script, on a bare host before the project can be imported
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gpu_host_setup import ROOT, model_process_path, namespace, unpack_host
+    from gpu_host_setup import measure_each, namespace, prepare_host
     from gpu_load import INPUTS_PER_REQUEST, LoadPool, slo_rows
 
 __all__ = ["Settings", "run", "main", "namespace", "REACH", "MIXES"]
@@ -423,26 +421,8 @@ def _sweep(reported: str, settings: Settings, results: Results, load: LoadPool, 
 
 
 def run(settings: Settings, echo=print) -> dict:
-    settings.out.mkdir(parents=True, exist_ok=True)
-    binary, stub_first, ns = None, [], None
-    try:
-        import e3   # installed (a development machine), or a namespace a caller made (gpu_host.py)
-        root = Path(e3.__file__).resolve().parent
-        if (root / "serving").is_dir():   # a namespace folder: e3/ with the rooms inside it
-            ns = root.parent
-    except ImportError:
-        ns = namespace()
-        sys.path.insert(0, str(ns))
-    if not settings.cpu or settings.wheels:
-        wheels = (settings.wheels or ROOT / ".gpu_wheels").resolve()
-        binary, stub_first = unpack_host(wheels, Path(tempfile.gettempdir()) / "e3-gpu-host")
-        os.environ.setdefault("E3_ARTIFACTS", str(Path(tempfile.gettempdir()) / "e3-gpu-artifacts"))
-        model_process_path([*stub_first, *([str(ns)] if ns else [])])
-        stub_first = []
-    # the model processes start in this folder: not in the checkout, whose e3/ (the floor alone) would
-    # shadow the namespace
-    settings.out = settings.out.resolve()
-    os.chdir(settings.out)
+    binary, settings.out = prepare_host(settings.out, cpu=settings.cpu, wheels=settings.wheels)
+    stub_first: list[str] = []   # prepare_host put them on the model processes' path
     import torch
     device = "cpu" if settings.cpu else torch.cuda.get_device_name()
     results = Results(settings.out / "side_by_side.json", device, settings)
@@ -450,18 +430,9 @@ def run(settings: Settings, echo=print) -> dict:
                                "concurrency": list(settings.concurrency), "duration_s": settings.duration_s,
                                "warmup_s": settings.warmup_s, "torch": torch.__version__,
                                "precision": "fp32" if settings.cpu else "fp16", "graphs": not settings.cpu}
-    for name in settings.models:
-        if settings.left_s() < 150:
-            echo(f"== {name}: skipped, the time budget is spent")
-            results.doc.setdefault("skipped", []).append(name)
-            continue
-        echo(f"== {name}")
-        try:
-            measure_model(name, settings, results, binary=binary, stub_first=stub_first, echo=echo)
-        except Exception:   # noqa: BLE001 - report, keep what was measured, go on with the next model
-            traceback.print_exc()
-            results.doc.setdefault("failed", []).append(name)
-            results.save()
+    measure_each(settings.models, results, lambda name: measure_model(name, settings, results, binary=binary,
+                                                                      stub_first=stub_first, echo=echo),
+                 left_s=settings.left_s, echo=echo)
     results.save()
     return results.doc
 

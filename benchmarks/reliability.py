@@ -1,10 +1,10 @@
 """`make reliability`: the long reliability runs, one line per item of the reliability issue with its figure.
 
-Runs the reliability tests with their long settings (E3_RELIABILITY=1, 2,500 fuzzed bodies, a soak of
-1,000,000 requests: about 20-25 minutes of the run on the 2-core machine), one pytest run at a time (each
+Runs the reliability tests with their long settings (E3_RELIABILITY=1, 5,000 fuzzed bodies, a crash loop of
+10 kills, a soak of 1,000,000 requests: about 25-30 minutes of the run on the 2-core machine), one pytest run at a time (each
 starts its own tritonserver), reads the figures the tests print, and prints:
 
-    item 1  no request takes the server down     PASS  2500 bodies, 0 deaths, ...
+    item 1  no request takes the server down     PASS  5000 bodies, 0 deaths, ...
     ...
 
 Items the project does not test yet are printed as NOT BUILT, never as passing. Exit status 1 if any
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ISSUE_BODIES = 2000   # item 1's figure asks for at least this many fuzzed bodies
+ISSUE_BODIES = 5000   # item 1's figure asks for at least this many fuzzed bodies (probes included)
 # What the tests of an item that prints no figure of its own check, said beside their count
 CHECKS = {3: "NaN/Inf, token ids and masks out of range refused with 400 naming the input, row and range (router, "
              "<m>_ee, splits); over-long text truncated as documented; non-UTF-8 text refused"}
@@ -42,6 +42,12 @@ ITEMS = [
     (9, "soak: 1M requests, 100 reload cycles", ["tests/test_reliability_soak.py"], [r"soak: .*", r"reloads: .*"]),
     (10, "security: restricted APIs, names, SIGTERM",
      ["tests/test_security.py", "tests/test_e2e.py::test_e3_serve_stops_cleanly_on_sigterm"], [r"security: .*"]),
+    (11, "one parse: duplicate keys, encodings, types", ["tests/test_front_door.py"], [r"front door: one parse.*"]),
+    (12, "no way around: absolute-form, direct port", ["tests/test_front_door.py"], [r"front door: no way.*"]),
+    (13, "crash loop: 10 kills in a minute", ["tests/test_supervision.py"],
+     [r"crash loop: .*"]),
+    (14, "slow/half-sent connections, deep shapes, big bodies", ["tests/test_front_door.py"],
+     [r"front door: connections.*"]),
 ]
 
 
@@ -58,7 +64,7 @@ def run(paths: list[str], env: dict) -> tuple[bool, str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bodies", type=int, default=2500, help="fuzzed request bodies for item 1 (default 2500)")
+    parser.add_argument("--bodies", type=int, default=5000, help="fuzzed request bodies for item 1 (default 5000)")
     parser.add_argument("--soak-requests", type=int, default=1_000_000,
                         help="requests of item 9's soak (default 1,000,000; fewer for a shorter run)")
     parser.add_argument("--items", default="",

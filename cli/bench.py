@@ -85,6 +85,17 @@ def _bench_gpu(args) -> int:
 
 def _bench_admission(args) -> int:
     from e3.benchmarks.admission import AdmissionBenchSettings, run_admission_bench
+    if args.measured:
+        from e3.benchmarks.admission_triton_report import write_admission_triton_section
+        from e3.paths import project_root
+
+        def render():
+            try:
+                write_admission_triton_section(args.measured, project_root() / "docs" / "RESULTS.md")
+            except FileNotFoundError as err:
+                raise ValueError(str(err)) from None
+            print(f"wrote the section of docs/RESULTS.md from {args.measured}")
+        return _refusing("e3 bench admission", render)
     if args.cuda or args.report:
         return _bench_admission_gpu(args)
 
@@ -259,6 +270,10 @@ def add_bench(sub, repo_help: str) -> None:
                      help="the analogues on this host's NVIDIA GPU, emulated in one process outside Triton (the "
                           "real policies; CUDA graphs on streams); --models then names stock models (default "
                           "bert-stock,resnet-stock)")
+    adm.add_argument("--measured", default=None, metavar="RUN",
+                     help="do not run: write docs/RESULTS.md's section on the stage through Triton on a GPU from a "
+                          "run of benchmarks/admission_triton.py (its folder or admission_triton.json, e.g. "
+                          "docs/data/h200/admission_triton.json)")
     adm.add_argument("--report", default=None, metavar="JSON",
                      help="with --cuda: do not run; write docs/RESULTS.md's GPU section from a saved run (e.g. one "
                           "made by benchmarks/gpu_host.py on a GPU host)")

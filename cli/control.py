@@ -1,4 +1,9 @@
-"""`e3` verbs of the control plane: plan, control, status."""
+"""`e3` verbs of the control plane: control, status (`e3 plan` is in cli/models.py, beside the verbs that make its
+inputs).
+
+`e3 control` needs no checkpoint: the model's block count, ramps and exit rule come from the repository's
+manifest, a plan, or the router's running plan (:mod:`e3.controller.model_facts`), and plans come from the
+latency profile."""
 
 from __future__ import annotations
 
@@ -35,43 +40,6 @@ def _alpha(text: str) -> float | None:
         raise argparse.ArgumentTypeError(f"takes a number or none, got {text!r}") from None
 
 
-def _plan(args) -> int:
-    from e3.controller.planner import PlannerError, best_plan, cheapest_plan, parse_devices, parse_forms
-    from e3.controller.report import planner_result_lines
-    from e3.core.files import write_atomic
-    from e3.core.profile import BatchProfile, LatencyProfile, ProfileError
-    try:
-        latency, batch = LatencyProfile.load(args.latency_profile), BatchProfile.load(args.batch_profile)
-        devices = parse_devices(args.devices)
-        if args.model:  # the model's own ramps and exit rule
-            from e3.export.zoo import resolve_model
-            card = resolve_model(args.model).card
-            ramps, rule = list(card.ramp_blocks), dict(card.exit_rule)
-        else:  # without the model: the ramps the latency profile measured
-            ramps, rule = latency.ramp_blocks(), {"kind": "entropy", "tau_nats": args.tau_nats}
-        common = dict(slo_ms=args.slo_ms, slack=args.slack, pipelined=not args.no_pipelining,
-                      forms=parse_forms(args.forms), exit_wrapper=not args.no_exit_wrapper,
-                      ramp_blocks=ramps if args.model else None)
-        if args.min_goodput is not None:
-            result = cheapest_plan(latency, batch, devices, goodput_rps=args.min_goodput, rate_rps=args.rate_rps,
-                                   **common)
-        else:
-            if args.rate_rps is None:
-                raise PlannerError("--rate-rps is needed (or --min-goodput for the cheapest plan reaching a goodput)")
-            result = best_plan(latency, batch, devices, rate_rps=args.rate_rps, alpha=args.alpha, **common)
-        plan = result.to_plan(model=latency.model, num_blocks=latency.num_blocks, exit_rule=rule, ramp_blocks=ramps,
-                              slo_ms=args.slo_ms, slack=args.slack)
-    except (ProfileError, PlannerError, ValueError) as err:
-        print(f"e3 plan: error: {err}", file=sys.stderr)
-        return 2
-    for line in planner_result_lines(result, plan, latency, devices=devices, slo_ms=args.slo_ms, slack=args.slack):
-        print(line)
-    if args.out:
-        write_atomic(args.out, plan.to_json())
-        print(f"wrote {args.out}")
-    return 0
-
-
 def _control(args) -> int:
     from e3.controller.applier import ControlError
     from e3.controller.forecast import make_forecaster
@@ -83,43 +51,70 @@ def _control(args) -> int:
     from e3.controller.triton_applier import TritonApplier
     from e3.core.names import served_name
     from e3.core.plan import Plan
-    from e3.core.profile import LatencyProfile
+    from e3.core.profile import LatencyProfile, ProfileError
     from e3.deploy.server import metrics_url_for
-    from e3.export.zoo import resolve_model
-    card = resolve_model(args.model).card
     m = served_name(args.model)
-    latency = LatencyProfile.load(args.latency_profile)
+    try:
+        latency = LatencyProfile.load(args.latency_profile)
+    except (OSError, ProfileError) as err:
+        print(f"e3 control: error: latency profile {args.latency_profile}: {err}", file=sys.stderr)
+        return 2
     pinned = Plan.from_json(Path(args.pin).read_text()) if args.pin else None
     settings = ControlSettings(model=m, devices=parse_devices(args.devices), slo_ms=args.slo_ms,
                                rate_rps=args.rate_rps, slack=args.slack, window_s=args.window_s, margin=args.margin,
                                drift_threshold=args.drift, straggler_factor=args.straggler_factor or None,
-                               dry_run=args.dry_run)
+                               dry_run=args.dry_run, follow_traffic=args.follow_traffic,
+                               state_dir=Path(args.state_dir) if args.state_dir else None)
+    if args.kubernetes and not args.pools:
+        print("e3 control: error: --kubernetes scales pools: give --pools POOLS.json too", file=sys.stderr)
+        return 2
     metrics_url = args.metrics_url or metrics_url_for(args.url)
     # --repo "": the repository is not visible here (e.g. written inside each Triton pod); Triton's load decides
     applier = TritonApplier(args.url, metrics_url=metrics_url, repo=Path(args.repo) if args.repo else None,
                             zoo_model=args.model)
-    planner = ProfilePlanner(latency, exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks, slo_ms=args.slo_ms,
-                             rate_rps=args.rate_rps, slack=args.slack, alpha=args.alpha)
-    if args.kubernetes and not args.pools:
-        print("e3 control: error: --kubernetes scales pools: give --pools POOLS.json too", file=sys.stderr)
-        return 2
-    if args.pools:   # several Triton servers (pools): plans placed on them, pods scaled on Kubernetes
-        applier, planner, pinned = _pooled(args, applier, planner, pinned)
-    controller = Controller(settings, telemetry=TelemetryReader(metrics_url, m, window_s=args.window_s,
-                                                                num_blocks=card.num_blocks),
-                            forecaster=make_forecaster(args.forecaster), planner=planner, view=applier,
-                            control=None if args.dry_run else applier, pinned=pinned,
-                            on_report=lambda rep: print(describe_report(rep), flush=True))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    metrics = None
     try:
+        # The model's facts come from the repository's card or a plan, never from its checkpoint.
+        facts = _model_facts(args, latency, applier, settings.router, stop)
+        if facts is None:
+            return 0   # stopped while waiting for the router
+        planner = ProfilePlanner(latency, exit_rule=facts.exit_rule, ramp_blocks=facts.ramp_blocks,
+                                 slo_ms=args.slo_ms, rate_rps=args.rate_rps, slack=args.slack, alpha=args.alpha)
+        pools = None
+        if args.pools:   # several Triton servers (pools): plans placed on them, pods scaled on Kubernetes
+            applier, planner, pinned, pools = _pooled(args, applier, planner, pinned)
+        if args.metrics_port is not None:
+            from e3.controller.metrics import ControllerMetrics
+            metrics = ControllerMetrics(pools=pools, window_s=args.window_s)
+            port = metrics.serve(args.metrics_port)
+            print(f"controller metrics and probes on port {port} (/metrics, /healthz, /readyz)", flush=True)
+        controller = Controller(settings, telemetry=TelemetryReader(metrics_url, m, window_s=args.window_s,
+                                                                    num_blocks=facts.num_blocks),
+                                forecaster=make_forecaster(args.forecaster), planner=planner, view=applier,
+                                control=None if args.dry_run else applier, pinned=pinned)
+
+        def report(rep) -> None:
+            print(describe_report(rep), flush=True)
+            if metrics is not None:
+                metrics.observe(rep, controller.wanted_plan)
+        controller.on_report = report
         running = applier.current_plan(settings.router)
+        controller.plan_in_force = running
         print(f"controlling {settings.router} at {args.url} (metrics {metrics_url}), window {args.window_s:g} s"
               + (", DRY RUN" if args.dry_run else "") + (f", pinned to {pinned.plan_id}" if pinned else "")
-              + f"; running plan {running.plan_id if running else 'none'}", flush=True)
+              + f"; running plan {running.plan_id if running else 'none'}; model facts from {facts.source}"
+              + (f"; following traffic, at least {args.rate_rps:g} inputs/s" if args.follow_traffic else ""),
+              flush=True)
+        if metrics is not None:
+            metrics.started(running)
         controller.run(stop, max_windows=1 if args.once else None)
     except ControlError as err:
+        print(f"e3 control: error: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:   # the model's facts: what is missing or inconsistent, and what to give
         print(f"e3 control: error: {err}", file=sys.stderr)
         return 2
     except OSError as err:   # urllib's URLError too: an address with nothing listening, a wrong port
@@ -128,11 +123,57 @@ def _control(args) -> int:
         return 2
     finally:
         applier.close()
+        if metrics is not None:
+            metrics.close()
     return 0
 
 
+# How often a controller started before its router retries reading the router's plan (s).
+ROUTER_WAIT_POLL_S = 5.0
+
+
+def _model_facts(args, latency, applier, router: str, stop: threading.Event):
+    """The served model's block count, ramps and exit rule (:func:`e3.controller.model_facts.model_facts`):
+    from the repository's manifest, else ``--plan``, else the router's running plan. Without ``--once`` a
+    controller started before its router waits for it (a pod started beside Triton); None if stopped."""
+    from e3.controller.model_facts import model_facts
+    from e3.core.manifest import read_manifest
+    from e3.core.names import served_name
+    from e3.core.plan import Plan
+    if args.repo:
+        deployment = read_manifest(args.repo).get("deployments", {}).get(served_name(args.model))
+        if deployment and deployment.get("card"):
+            return model_facts(latency, card=deployment["card"])
+    if args.plan:
+        return model_facts(latency, plan=Plan.from_json(Path(args.plan).read_text()), plan_source=args.plan)
+    waited = False
+    while True:
+        try:
+            running = applier.current_plan(router)
+        except OSError:
+            running = None
+        if running is None and args.once:
+            _check_live(args.url)   # OSError (the caller says "cannot reach") before "no plan"
+        if running is not None or args.once:
+            return model_facts(latency, plan=running, plan_source=f"{router}'s running plan")
+        if not waited:
+            print(f"waiting for {router} at {args.url} to serve a plan (its exit rule is the controller's; or give "
+                  "--plan / --repo)", flush=True)
+            waited = True
+        if stop.wait(ROUTER_WAIT_POLL_S):
+            return None
+
+
+def _check_live(url: str) -> None:
+    """Raise OSError when Triton's HTTP endpoint at ``url`` does not answer its liveness route."""
+    import urllib.request
+    base = url if "://" in url else f"http://{url}"
+    with urllib.request.urlopen(f"{base}/v2/health/live", timeout=10):
+        pass
+
+
 def _pooled(args, router_applier, planner, pinned):
-    """The controller's applier, planner and pinned plan over the pools of ``--pools``."""
+    """The controller's applier, planner, pinned plan and pools over the pools of ``--pools``."""
     from e3.controller.pooled_applier import PlacingPlanner, PooledApplier
     from e3.controller.triton_applier import TritonApplier
     from e3.core.names import served_name
@@ -146,12 +187,14 @@ def _pooled(args, router_applier, planner, pinned):
         raise SystemExit(f"e3 control: error: {err}") from None
     scaler = None
     if args.kubernetes:
-        from e3.controller.k8s_scaler import KubernetesScaler
-        scaler = KubernetesScaler(pools)
-    servers = {p.grpc_url: TritonApplier(p.http_url, metrics_url=p.metrics_url or metrics_url_for(p.http_url))
+        from e3.controller.k8s_scaler import AutoscaledPools, KubernetesScaler
+        scaler = (AutoscaledPools if args.replicas_owner == "autoscaler" else KubernetesScaler)(pools)
+    router_applier.gpus = pools.router.gpus_per_pod
+    servers = {p.grpc_url: TritonApplier(p.http_url, metrics_url=p.metrics_url or metrics_url_for(p.http_url),
+                                         gpus=p.gpus_per_pod)
                for p in pools.pools if not p.router}
     applier = PooledApplier(f"{served_name(args.model)}_router", router_applier, servers, pools=pools, scaler=scaler)
-    return applier, PlacingPlanner(planner, pools), pinned
+    return applier, PlacingPlanner(planner, pools), pinned, pools
 
 
 def _status(args) -> int:
@@ -165,30 +208,6 @@ def _status(args) -> int:
     finally:
         applier.close()
     return 0
-
-
-def add_plan(sub, repo_help: str) -> None:
-    """`e3 plan`'s arguments."""
-    pl = sub.add_parser("plan", help="plan cuts, instances per split, device configurations and input batch "
-                                     "(E3's DP) from a latency profile and a batch profile")
-    _planning_args(pl, rate_required=False)
-    pl.add_argument("--batch-profile", "--exits", dest="batch_profile", required=True,
-                    help="batch profile JSON: share of inputs reaching every block (e3 workload writes one per "
-                         "mix); --exits is an old alias")
-    pl.add_argument("--min-goodput", type=float, default=None,
-                    help="instead: the cheapest plan whose throughput reaches this many inputs/s (E3 §5.3)")
-    pl.add_argument("--no-pipelining", action="store_true", help="splits run one after another (E3 §3.2.1)")
-    pl.add_argument("--forms", default="constant,compact",
-                    help="split forms to choose from: constant (own Triton model, constant batch), compact (run "
-                         "in the router, rows leave between blocks); default both, per split the faster")
-    pl.add_argument("--no-exit-wrapper", action="store_true",
-                    help="keep every ramp (default: disable ramps that cost more than their exits save, E3 §3.4)")
-    pl.add_argument("--model", default=None, help="zoo model (or module:factory) whose ramps and exit rule the "
-                                                  "written plan uses (recommended with --out)")
-    pl.add_argument("--tau-nats", type=float, default=0.5,
-                    help="entropy threshold (nats) written into the plan without --model (default 0.5)")
-    pl.add_argument("--out", default=None, help="write the plan JSON here (atomically)")
-    pl.set_defaults(func=_plan)
 
 
 def add_control(sub, repo_help: str) -> None:
@@ -225,6 +244,23 @@ def add_control(sub, repo_help: str) -> None:
     ct.add_argument("--kubernetes", action="store_true",
                     help="with --pools: scale the pools' Deployments through the Kubernetes API when a plan "
                          "needs more pods (in-cluster service account, else the local kubeconfig)")
+    ct.add_argument("--replicas-owner", choices=["controller", "autoscaler"], default="controller",
+                    help="with --kubernetes: who sets the pools' spec.replicas: the controller (patches the scale, "
+                         "default) or an autoscaler (HPA/KEDA on e3_controller_desired_replicas; the controller "
+                         "only publishes the signal and waits for the pods)")
+    ct.add_argument("--plan", default=None, metavar="PLAN.json",
+                    help="where the model's exit rule and block count come from when the repository is not "
+                         "visible (--repo \"\"): the plan the repository was exported with (default: the router's "
+                         "running plan); the controller never needs the model's checkpoint")
+    ct.add_argument("--follow-traffic", action="store_true",
+                    help="plan every window for the observed rate (inputs taken + dropped per second), with "
+                         "--rate-rps as the floor (default: always for --rate-rps)")
+    ct.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                    help="serve the controller's Prometheus metrics (e3_controller_desired_replicas, "
+                         "e3_controller_dropped_rate, ...) and its probes (/healthz, /readyz) on PORT")
+    ct.add_argument("--state-dir", default=None,
+                    help="the controller's history and state files (default artifacts/controller; "
+                         "E3_ARTIFACTS moves artifacts)")
     ct.set_defaults(func=_control)
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from e3.cli import bench
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_profile(sub, repo_help)
     serve.add_serve(sub, repo_help)
     serve.add_infer(sub, repo_help)
-    control.add_plan(sub, repo_help)
+    models.add_plan(sub, repo_help)
     serve.add_demo(sub, repo_help)
     models.add_admission(sub, repo_help)
     bench.add_bench(sub, repo_help)
@@ -75,14 +76,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # `package.module:factory` names a module in the working directory as `python -m` would find it
+    # (a console script's sys.path starts at its own folder, not the working directory)
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    from e3.deploy.server import ServerError
-    from e3.client.sdk import ClientError
-    from e3.export.repository import ExportError
-    from e3.export.checkpoints import CheckpointMissing
     try:
         return args.func(args)
-    except (ValueError, ServerError, ClientError, ExportError, CheckpointMissing) as err:  # user-facing errors
+    except Exception as err:
+        if not isinstance(err, _user_errors()):
+            raise
         print(f"e3 {args.command}: error: {err}", file=sys.stderr)
         return 2
+
+
+# Errors a user fixes (printed as one line, exit 2), by module: a module the command never imported cannot
+# have raised its error, and importing e3.export here would load torch into every command (the controller
+# needs neither torch nor the model's checkpoint).
+USER_ERRORS = {"e3.deploy.server": "ServerError", "e3.client.sdk": "ClientError",
+               "e3.export.repository": "ExportError", "e3.export.checkpoints": "CheckpointMissing"}
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    found: list[type[BaseException]] = [ValueError]
+    for module, name in USER_ERRORS.items():
+        if module in sys.modules:
+            found.append(getattr(sys.modules[module], name))
+    return tuple(found)

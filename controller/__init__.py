@@ -13,7 +13,10 @@ applier.py            the controller's contract with a server: ServerView (reads
 triton_applier.py     ServerView and ServerControl on a running Triton (HTTP API, metrics port)
 recording_applier.py  ServerView and ServerControl held in memory, recording every call (tests)
 pooled_applier.py     ServerView and ServerControl over several Tritons (pools); plans placed on the pools
-k8s_scaler.py         pods of a pool's Deployment through the Kubernetes API (and an in-memory scaler)
+k8s_scaler.py         pods of a pool's Deployment through the Kubernetes API, or read-only when an autoscaler owns them
+model_facts.py        the served model's blocks, ramps and exit rule from a manifest or a plan, never a checkpoint (pure)
+signals.py            the rate to plan for (observed traffic above a floor) and each pool's desired pods (pure)
+metrics.py            the controller's Prometheus metrics (desired replicas, drop rate) and its probes
 triton_api.py         Triton's model-repository calls: load, unload, configs, statistics, router plan switch
 loop.py               the control loop: telemetry -> forecast -> plan -> decide -> apply, every window
 report.py             text for people: plans, planner results, window reports, status (`e3 plan/control/status`)

@@ -25,7 +25,7 @@ from typing import Any
 from e3.controller.applier import ControlError
 from e3.deploy.pools import Pool, Pools
 
-__all__ = ["PoolScaler", "KubernetesScaler", "RecordingScaler", "scale_request"]
+__all__ = ["PoolScaler", "KubernetesScaler", "AutoscaledPools", "RecordingScaler", "scale_request"]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,7 @@ class PoolScaler(ABC):
     """Pods of a pool. Methods raise :class:`ControlError` when the cluster refuses or cannot be reached."""
 
     poll_s: float = 2.0   # how often wait_ready reads the pods' readiness (s)
+    owns_replicas: bool = True   # False: an autoscaler (HPA/KEDA) sets spec.replicas; this only reads
 
     @abstractmethod
     def replicas(self, pool: Pool) -> int:
@@ -111,6 +112,20 @@ class KubernetesScaler(PoolScaler):
         deployment = self._call(f"read {pool.deployment}", self.apps.read_namespaced_deployment,
                                 pool.deployment, self.namespace)
         return int((deployment.status.ready_replicas if deployment.status else 0) or 0)
+
+
+class AutoscaledPools(KubernetesScaler):
+    """Pools whose replicas an autoscaler owns (the chart's ``autoscaling.enabled``: an HPA or a KEDA
+    ScaledObject on ``e3_controller_desired_replicas``). One owner of ``spec.replicas``: this never patches
+    the scale; it reads the Deployments, and the controller waits (retrying the plan with backoff while the
+    published signal asks for the pods) until the autoscaler's pods are ready. The chart's Role then grants
+    no ``patch``."""
+
+    owns_replicas = False
+
+    def scale(self, pool: Pool, replicas: int) -> None:
+        log.info("pool %s: the autoscaler owns its replicas; %d pods published as desired, not patched",
+                 pool.name, replicas)
 
 
 class RecordingScaler(PoolScaler):

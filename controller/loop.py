@@ -58,6 +58,7 @@ from e3.controller.health import SplitStats, exclude_stragglers, find_stragglers
 from e3.controller.history import PlanHistory
 from e3.controller.report import format_reach
 from e3.controller.settings import ControlSettings
+from e3.controller.signals import drop_rate_rps, observed_rate_rps, planned_rate_rps
 from e3.controller.telemetry import Window
 from e3.core.files import write_json_atomic
 from e3.core.plan import FORMS, Plan
@@ -115,6 +116,9 @@ class Planner(ABC):
     def throughput(self, plan: Plan, forecast: BatchProfile) -> float | None:
         """Predicted throughput (inputs/s) of ``plan`` under ``forecast``; None when it cannot be scored."""
 
+    def for_rate(self, rate_rps: float) -> None:
+        """Plan from now on for ``rate_rps`` inputs/s (the controller following traffic); default: ignored."""
+
 
 class ProfilePlanner(Planner):
     """E3's DP (:func:`~e3.controller.planner.best_plan`) on a latency profile; plans are scored with
@@ -139,6 +143,9 @@ class ProfilePlanner(Planner):
     def throughput(self, plan: Plan, forecast: BatchProfile) -> float | None:
         return score_plan(self.latency, forecast, plan, rate_rps=self.rate_rps)
 
+    def for_rate(self, rate_rps: float) -> None:
+        self.rate_rps = float(rate_rps)
+
 
 @dataclass
 class StepReport:
@@ -146,6 +153,9 @@ class StepReport:
     window: int                                   # step number, from 1
     closed_at_s: float = 0.0                      # the controller clock's time when the window closed (s)
     inputs: float = 0.0                           # inputs the router took in the window
+    offered_rps: float | None = None              # inputs/s offered in the window (taken + dropped)
+    dropped_rps: float | None = None              # inputs/s dropped in the window
+    planned_rps: float | None = None              # the rate this window's plan was made for (inputs/s)
     observed: list[float] | None = None           # the window's measured reach (None: no traffic)
     forecast_for_window: list[float] | None = None  # what had been forecast for this window
     forecast: list[float] | None = None           # forecast for the next window (what was planned for)
@@ -194,6 +204,7 @@ class Controller:
         self.failures = 0                       # consecutive refused applies
         self.retry_at: float | None = None      # clock time of the next retry (None: nothing pending)
         self.pending: tuple[Plan, str, BatchProfile | None] | None = None
+        self.plan_in_force: Plan | None = None  # the router's plan as last read (or applied)
         self.drain_until: float | None = None   # unload unused splits from this clock time on
         self._stats: dict[str, SplitStats] = {}
         self._failed: dict[str, float] | None = None
@@ -212,6 +223,11 @@ class Controller:
             log.warning("window %d: cannot read telemetry (%s); keeping the running plan", rep.window, err)
             return self._finish(rep)
         rep.inputs = win.inputs
+        rep.offered_rps = observed_rate_rps(win.inputs, win.dropped, win.duration_s)
+        rep.dropped_rps = drop_rate_rps(win.dropped, win.duration_s)
+        rep.planned_rps = planned_rate_rps(s.rate_rps, rep.offered_rps) if s.follow_traffic else s.rate_rps
+        if s.follow_traffic:
+            self.planner.for_rate(rep.planned_rps)
         current = self._current_plan(rep)
         if not s.dry_run:
             rep.reloaded = self._check_health(current)
@@ -269,10 +285,17 @@ class Controller:
 
     def _current_plan(self, rep: StepReport) -> Plan | None:
         try:
-            return self.view.current_plan(self.settings.router)
+            self.plan_in_force = self.view.current_plan(self.settings.router)
         except Exception as err:  # noqa: BLE001
             log.warning("cannot read the running plan (%s); using the last good one", err)
-            return self.history.last_good
+            self.plan_in_force = self.history.last_good
+        return self.plan_in_force
+
+    @property
+    def wanted_plan(self) -> Plan | None:
+        """The plan the controller wants in force: one waiting to be applied (e.g. for pods), else the running
+        one (what the desired-replicas signal is computed from)."""
+        return self.pending[0] if self.pending is not None else self.plan_in_force
 
     def _after_window(self) -> None:
         if not self.settings.dry_run:
@@ -313,6 +336,7 @@ class Controller:
                         plan.plan_id, err, current.plan_id if current else "?", self.failures, delay)
             return False
         self.failures, self.retry_at, self.pending = 0, None, None
+        self.plan_in_force = plan
         self.drain_until = self.clock.now() + self.settings.drain_wait_s
         self.history.append(plan, reason, forecast)
         log.info("applied plan %s (%s): %s", plan.plan_id, reason, "; ".join(plan_diff(current, plan)))

@@ -114,6 +114,7 @@ class PooledApplier(ServerView, ServerControl):
         for url in urls:
             if url not in self._pod_appliers:
                 self._pod_appliers[url] = self._make_applier(url)
+                self._pod_appliers[url].gpus = pool.gpus_per_pod   # split instances spread over the pod's GPUs
             out.append(self._pod_appliers[url])
         return out
 
@@ -210,6 +211,13 @@ class PooledApplier(ServerView, ServerControl):
         if self.scaler is None:
             return
         need = self._pods_needed(plan)
+        if not self.scaler.owns_replicas:   # an autoscaler scales on the published signal: no wait here
+            ready = {p.name: self.scaler.ready(p) for p in self.pools.pools}
+            short = {name: (have, need[name]) for name, have in ready.items() if have < need[name]}
+            if short:
+                raise ControlError("waiting for the autoscaler: " + ", ".join(
+                    f"pool {name!r} has {have} of {want} pods ready" for name, (have, want) in short.items()))
+            return
         for pool in self.pools.pools:
             if need[pool.name] > self.scaler.replicas(pool):
                 self.scaler.scale(pool, need[pool.name])
@@ -218,7 +226,7 @@ class PooledApplier(ServerView, ServerControl):
 
     def settle(self, plan: Plan) -> None:
         """Scale down pools that hold more pods than the plan in force needs (never below min_replicas)."""
-        if self.scaler is None:
+        if self.scaler is None or not self.scaler.owns_replicas:
             return
         need = self._pods_needed(plan)
         for pool in self.pools.pools:
@@ -250,3 +258,8 @@ class PlacingPlanner:
 
     def throughput(self, plan: Plan, forecast) -> float | None:
         return self.planner.throughput(plan, forecast)
+
+    def for_rate(self, rate_rps: float) -> None:
+        for_rate = getattr(self.planner, "for_rate", None)
+        if for_rate is not None:
+            for_rate(rate_rps)

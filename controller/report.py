@@ -70,6 +70,9 @@ def describe_report(rep: StepReport) -> str:
     """A window's report as text (what ``e3 control`` prints)."""
     lines = [f"window {rep.window}: {rep.inputs:.0f} inputs, observed reach {format_reach(rep.observed)}, "
              f"forecast for it {format_reach(rep.forecast_for_window)}{' (DRIFT)' if rep.drift else ''}"]
+    if rep.offered_rps is not None:
+        lines.append(f"  offered {rep.offered_rps:.1f} inputs/s, dropped {rep.dropped_rps or 0.0:.1f} inputs/s; "
+                     f"planned for {rep.planned_rps:.1f} inputs/s")
     if rep.error:
         lines.append(f"  error: {rep.error}")
     if rep.stragglers:

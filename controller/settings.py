@@ -28,6 +28,8 @@ class ControlSettings:
     backoff_max_s: float = 60.0             # retry delay cap (s)
     drain_s: float | None = None            # wait after a switch before unloading (s); None: the SLO
     dry_run: bool = False                   # plan and report, never touch Triton
+    follow_traffic: bool = False            # plan every window for the observed rate, rate_rps as the floor
+    #                                         (e3.controller.signals); False: always for rate_rps
     state_dir: Path | None = None           # history and state files (default artifacts/controller)
 
     @property

@@ -40,12 +40,21 @@ __all__ = ["TritonApplier", "with_split_settings", "probe_inputs"]
 log = logging.getLogger(__name__)
 
 
-def with_split_settings(config: dict, split: SplitPlan) -> dict:
+def with_split_settings(config: dict, split: SplitPlan, gpus: int = 0) -> dict:
     """``config`` (a Triton model config as JSON) with the split's instances and preferred batch, and no queue
     delay: the router's scheduler forms the split's batches (``queue_delay_us`` is its wait) and a delayed
-    Triton batcher would merge them."""
+    Triton batcher would merge them.
+
+    ``gpus`` > 0 (a pod of a GPU pool): the instances become ``KIND_GPU`` groups, one per GPU, each naming its
+    GPU (:func:`~e3.export.triton_config.gpu_instance_groups`): Triton would put a group's ``count`` on every
+    GPU of the pod otherwise. A config already ``KIND_GPU`` (a TensorRT plan) is spread the same way, over
+    GPU 0 when ``gpus`` is 0."""
+    from e3.export.triton_config import gpu_instance_groups
     out = copy.deepcopy(config)
-    for group in out.get("instance_group", []) or [{}]:
+    on_gpu = gpus > 0 or any(g.get("kind") == "KIND_GPU" for g in out.get("instance_group", []) or [])
+    if on_gpu:
+        out["instance_group"] = gpu_instance_groups(split.instances, max(gpus, 1))
+    for group in ([] if on_gpu else out.get("instance_group", []) or [{}]):
         group["count"] = split.instances
     if not out.get("instance_group"):
         out["instance_group"] = [{"count": split.instances, "kind": "KIND_CPU"}]
@@ -83,12 +92,14 @@ class TritonApplier(ServerView, ServerControl):
 
     ``repo`` and ``zoo_model`` are needed only to export split models that are
     missing from the repository; ``metrics_url`` only for the failed-request
-    counters.
+    counters; ``gpus`` (GPUs of the server's pod, 0 on a CPU) spreads split
+    instances over them (:func:`with_split_settings`).
     """
 
     def __init__(self, url: str, *, metrics_url: str | None = None, repo: Path | None = None,
-                 zoo_model: str | None = None, probe_timeout_s: float = 10.0):
+                 zoo_model: str | None = None, probe_timeout_s: float = 10.0, gpus: int = 0):
         self.url, self.metrics_url, self.repo, self.zoo_model = url, metrics_url, repo, zoo_model
+        self.gpus = gpus
         self.probe_timeout_s = probe_timeout_s
         self._local = threading.local()
 
@@ -194,7 +205,7 @@ class TritonApplier(ServerView, ServerControl):
         if config is None:
             self.control.load(split.model)            # first load: the repository's config
             config = self.control.model_config(split.model)
-        want = with_split_settings(config, split)
+        want = with_split_settings(config, split, self.gpus)
         if want != config:
             self.control.load(split.model, want)
         if not self.control.is_ready(split.model):

@@ -55,6 +55,7 @@ class Pool:
     price: float = 1.0        # cost per device (per hour, or any unit the planner's alpha uses)
     router: bool = False      # True for the pool whose Triton serves the router
     pods_host: str = ""       # DNS name with one record per ready pod (headless Service); "": only http_url
+    gpus_per_pod: int = 0     # GPUs of each pod (nvidia.com/gpu); > 0: split instances are KIND_GPU, one group per GPU
 
 
 @dataclass(frozen=True)
@@ -101,11 +102,14 @@ def load_pools(source: str | Path | Mapping[str, Any]) -> Pools:
                         metrics_url=str(e.get("metrics_url", "")),
                         devices_per_pod=int(e.get("devices_per_pod", 1)), min_replicas=int(e.get("min_replicas", 1)),
                         max_replicas=int(e.get("max_replicas", 1)), price=float(e.get("price", 1.0)),
-                        router=bool(e.get("router", False)), pods_host=str(e.get("pods_host", "")))
+                        router=bool(e.get("router", False)), pods_host=str(e.get("pods_host", "")),
+                        gpus_per_pod=int(e.get("gpus_per_pod", 0)))
         except KeyError as missing:
             raise PoolError(f"pools[{i}] is missing the field {missing}") from None
         except (TypeError, ValueError) as err:
             raise PoolError(f"pools[{i}]: {err}") from None
+        if pool.gpus_per_pod < 0:
+            raise PoolError(f"pool {pool.name!r}: gpus_per_pod must be >= 0, got {pool.gpus_per_pod}")
         if pool.devices_per_pod < 1 or not 0 <= pool.min_replicas <= pool.max_replicas:
             raise PoolError(f"pool {pool.name!r}: devices_per_pod must be >= 1 and 0 <= min_replicas <= "
                             f"max_replicas (got {pool.devices_per_pod}, {pool.min_replicas}, {pool.max_replicas})")

@@ -1,168 +1,256 @@
-"""Is an HTTP inference request well formed? The checks the guard (:mod:`e3.deploy.guard`) makes before
-Triton's own HTTP parser sees a body (pure: bytes in, an error message or None out).
+"""Is an HTTP request well formed, and what exactly reaches Triton? The guard's (:mod:`e3.deploy.guard`)
+one parse and canonical re-serialisation of inference and model-repository bodies (pure: bytes in,
+canonical bytes or a :class:`RequestError` naming the problem out).
 
 Why (measured on the embedded Triton 2.51): one JSON body whose declared
 shape is large (``"shape": [1000000000000, 16]``) kills the whole server:
 its parser sizes a buffer from the shape before it looks at the data and
-dies of ``std::bad_alloc`` (SIGABRT), taking every model with it. Other
-malformed bodies (a negative dimension, a float in an INT64 input, a negative
-``binary_data_size``, invalid JSON) are refused by Triton, but as HTTP 500,
-a server error, though the client is at fault. gRPC requests were not found
-to crash it (they are refused with INVALID_ARGUMENT).
-
-The rule: a body passes when Triton can parse it without trusting a number
-the body has not backed with bytes. That is:
+dies of ``std::bad_alloc`` (SIGABRT), taking every model with it. A guard
+that checks a body and forwards the original bytes is talked past by any
+difference between its parser and Triton's (a duplicate key: Python keeps
+the last, Triton uses the first; see :mod:`e3.deploy.strict_json`). So the
+guard parses once, strictly, checks, and forwards **only bytes it produced**:
 
 * the JSON header (the whole body, or its first ``Inference-Header-Content-Length``
-  bytes for the binary tensor protocol) is strict JSON (no NaN/Infinity
-  literals), an object, with a non-empty ``inputs`` list;
-* every input has a string ``name``, a known ``datatype``, a ``shape`` of
-  non-negative integers, and exactly one source of data: ``data`` (nested
-  lists whose element count equals the shape's product and whose elements
-  have the datatype's JSON type and range), ``binary_data_size`` (a
-  non-negative integer), or a shared-memory region;
+  bytes for the binary tensor extension) is strict JSON
+  (:func:`e3.deploy.strict_json.loads_strict`), an object with the protocol's
+  keys only (an unknown key is refused, naming it), a non-empty ``inputs`` list;
+* every input has a non-empty string ``name``, a known ``datatype`` string, a
+  ``shape`` list of at most :data:`MAX_DIMS` integers checked one dimension at
+  a time and refused at the first one that is not a non-negative integer or
+  takes the element count past :data:`MAX_ELEMENTS` (so checking costs at most
+  the body's length, never the numbers' size), and exactly one source of data:
+  ``data`` (nested lists whose element count equals the shape's product, read
+  only up to that count, with the datatype's JSON type and range),
+  ``binary_data_size`` (equal to the element count times the element size; for
+  BYTES, the length-prefixed elements are walked and must be as many as the
+  shape says), or a shared-memory region (its byte size likewise);
 * the binary sizes add up to the bytes that follow the header;
 * ``id``, ``parameters`` and ``outputs`` have the protocol's types.
 
-Everything else (names and shapes against the model config, byte sizes
-against the shape) Triton checks itself and answers with 400.
+What is forwarded: the header re-serialised by
+:func:`e3.deploy.strict_json.dumps_canonical` (ASCII, compact, ``data``
+flattened to one list, keys in the protocol's order), then the binary tensors
+exactly as checked, with ``Inference-Header-Content-Length`` set to the new
+header's length. Names and shapes against the model config, and values
+against the model's input policy, Triton and the model check themselves.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import posixpath
 import re
-import urllib.parse
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["check_infer_request", "check_repository_request", "DATATYPES", "MAX_ELEMENTS"]
+from e3.deploy.strict_json import StrictJSONError, dumps_canonical, loads_strict
 
-# datatype -> (JSON kind, low, high); kind "int" (not bool), "float" (int or float, not bool), "bool", "str"
-DATATYPES: dict[str, tuple[str, float, float]] = {
-    "BOOL": ("bool", 0, 1),
-    "UINT8": ("int", 0, 2**8 - 1), "UINT16": ("int", 0, 2**16 - 1),
-    "UINT32": ("int", 0, 2**32 - 1), "UINT64": ("int", 0, 2**64 - 1),
-    "INT8": ("int", -2**7, 2**7 - 1), "INT16": ("int", -2**15, 2**15 - 1),
-    "INT32": ("int", -2**31, 2**31 - 1), "INT64": ("int", -2**63, 2**63 - 1),
-    "FP16": ("float", -65504.0, 65504.0), "FP32": ("float", -3.4028234663852886e38, 3.4028234663852886e38),
-    "FP64": ("float", -math.inf, math.inf), "BF16": ("float", -3.38953139e38, 3.38953139e38),
-    "BYTES": ("str", 0, 0),
+__all__ = ["RequestError", "Canonical", "canonical_infer_request", "check_infer_request",
+           "canonical_repository_request", "check_repository_request", "DATATYPES", "MAX_ELEMENTS", "MAX_DIMS",
+           "MODEL_NAME"]
+
+# datatype -> (JSON kind, low, high, bytes per element; 0: variable, BYTES);
+# kind "int" (not bool), "float" (int or float, not bool), "bool", "str"
+DATATYPES: dict[str, tuple[str, float, float, int]] = {
+    "BOOL": ("bool", 0, 1, 1),
+    "UINT8": ("int", 0, 2**8 - 1, 1), "UINT16": ("int", 0, 2**16 - 1, 2),
+    "UINT32": ("int", 0, 2**32 - 1, 4), "UINT64": ("int", 0, 2**64 - 1, 8),
+    "INT8": ("int", -2**7, 2**7 - 1, 1), "INT16": ("int", -2**15, 2**15 - 1, 2),
+    "INT32": ("int", -2**31, 2**31 - 1, 4), "INT64": ("int", -2**63, 2**63 - 1, 8),
+    "FP16": ("float", -65504.0, 65504.0, 2), "FP32": ("float", -3.4028234663852886e38, 3.4028234663852886e38, 4),
+    "FP64": ("float", -math.inf, math.inf, 8), "BF16": ("float", -3.38953139e38, 3.38953139e38, 2),
+    "BYTES": ("str", 0, 0, 0),
 }
 # Elements one input may declare (2^31): far above any batch this project serves, far below what
 # makes Triton's buffer arithmetic overflow.
 MAX_ELEMENTS = 2**31
+MAX_DIMS = 32               # dimensions of one shape (no served model has more than 4)
 _SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+_TOP_KEYS = ("id", "parameters", "inputs", "outputs")
+_INPUT_KEYS = ("name", "shape", "datatype", "parameters", "data")
+_OUTPUT_KEYS = ("name", "parameters")
 
 
-class _Bad(ValueError):
-    pass
+class RequestError(ValueError):
+    """The request is malformed; the message names the problem (for an HTTP 400)."""
 
 
-def check_infer_request(body: bytes, header_length: str | None = None) -> str | None:
-    """None if Triton may parse ``body`` (a POST to ``/v2/models/<m>/infer``), else why not (for a 400).
+@dataclass(frozen=True)
+class Canonical:
+    body: bytes                  # what Triton receives: the canonical header, then the checked binary tensors
+    header_length: int | None    # Inference-Header-Content-Length to send (None: a pure JSON body)
+
+
+def canonical_infer_request(body: bytes, header_length: str | None = None) -> Canonical:
+    """The canonical form of ``body`` (a POST to ``/v2/models/<m>/infer``), or :class:`RequestError`.
 
     header_length: the ``Inference-Header-Content-Length`` header as sent (None: pure JSON body).
     """
+    if header_length is None:
+        header, tail = body, b""
+    else:
+        text = header_length.strip()
+        if not text.isdigit() or len(text) > 12:
+            raise RequestError(f"Inference-Header-Content-Length must be an integer, got {header_length[:40]!r}")
+        n = int(text)
+        if not 0 < n <= len(body):
+            raise RequestError(f"Inference-Header-Content-Length {n} is outside the body's {len(body)} bytes")
+        header, tail = body[:n], body[n:]
     try:
-        _check(body, header_length)
-    except _Bad as err:
+        request = loads_strict(header, what="the request header")
+    except StrictJSONError as err:
+        raise RequestError(str(err)) from None
+    if not isinstance(request, dict):
+        raise RequestError("the request JSON must be an object with an 'inputs' list")
+    _known_keys(request, _TOP_KEYS, "the request")
+    out: dict[str, Any] = {}
+    if "id" in request:
+        if not isinstance(request["id"], str):
+            raise RequestError("'id' must be a string")
+        out["id"] = request["id"]
+    if "parameters" in request:
+        out["parameters"] = _parameters(request["parameters"], "the request")
+    inputs = request.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise RequestError("the request needs a non-empty 'inputs' list")
+    offset = 0
+    out["inputs"] = []
+    for i, t in enumerate(inputs):
+        canonical, offset = _input(t, i, tail, offset)
+        out["inputs"].append(canonical)
+    if offset != len(tail):
+        raise RequestError(f"the inputs' binary_data_size add up to {offset} bytes, the body carries {len(tail)} "
+                           "after the header")
+    if "outputs" in request:
+        out["outputs"] = _outputs(request["outputs"])
+    new_header = dumps_canonical(out)
+    if header_length is None:
+        return Canonical(new_header, None)
+    return Canonical(new_header + tail, len(new_header))
+
+
+def check_infer_request(body: bytes, header_length: str | None = None) -> str | None:
+    """None if ``body`` is well formed (:func:`canonical_infer_request` accepts it), else why not."""
+    try:
+        canonical_infer_request(body, header_length)
+    except RequestError as err:
         return str(err)
     return None
 
 
-def _reject_constant(name: str):
-    raise _Bad(f"the request JSON holds {name}, which JSON does not allow")
+def _known_keys(obj: dict, known: tuple[str, ...], what: str) -> None:
+    for key in obj:
+        if key not in known:
+            raise RequestError(f"{what}: unknown key {key[:40]!r} (the protocol's keys here: {', '.join(known)})")
 
 
-def _check(body: bytes, header_length: str | None) -> None:
-    if header_length is None:
-        header, rest = body, 0
-    else:
-        try:
-            n = int(header_length.strip())
-        except ValueError:
-            raise _Bad(f"Inference-Header-Content-Length must be an integer, got {header_length[:40]!r}") from None
-        if not 0 < n <= len(body):
-            raise _Bad(f"Inference-Header-Content-Length {n} is outside the body's {len(body)} bytes")
-        header, rest = body[:n], len(body) - n
-    try:
-        request = json.loads(header, parse_constant=_reject_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        raise _Bad(f"the request header is not valid JSON: {str(err)[:120]}") from None
-    if not isinstance(request, dict):
-        raise _Bad("the request JSON must be an object with an 'inputs' list")
-    if "id" in request and not isinstance(request["id"], str):
-        raise _Bad("'id' must be a string")
-    _parameters(request.get("parameters"), "the request")
-    inputs = request.get("inputs")
-    if not isinstance(inputs, list) or not inputs:
-        raise _Bad("the request needs a non-empty 'inputs' list")
-    binary = sum(_input(t, i) for i, t in enumerate(inputs))
-    if binary != rest:
-        raise _Bad(f"the inputs' binary_data_size add up to {binary} bytes, the body carries {rest} after the header")
-    outputs = request.get("outputs", [])
-    if not isinstance(outputs, list):
-        raise _Bad("'outputs' must be a list")
-    for j, out in enumerate(outputs):
-        if not isinstance(out, dict) or not isinstance(out.get("name"), str):
-            raise _Bad(f"output {j} must be an object with a string 'name'")
-        params = _parameters(out.get("parameters"), f"output {out['name'][:40]!r}")
-        if "binary_data" in params and not isinstance(params["binary_data"], bool):
-            raise _Bad(f"output {out['name'][:40]!r}: binary_data must be true or false")
-        if "classification" in params and not _uint(params["classification"], 2**31):
-            raise _Bad(f"output {out['name'][:40]!r}: classification must be a non-negative integer")
-        _shm(params, f"output {out['name'][:40]!r}")
+def _shape(shape: Any, what: str) -> tuple[list[int], int]:
+    """(shape, element count); refuses at the first dimension that is not a non-negative integer or takes the
+    count past MAX_ELEMENTS, so the work is bounded by the list's length, never by its numbers."""
+    if not isinstance(shape, list):
+        raise RequestError(f"{what}: shape must be a list of non-negative integers")
+    if len(shape) > MAX_DIMS:
+        raise RequestError(f"{what}: shape has {len(shape)} dimensions, more than the {MAX_DIMS} allowed")
+    count = 1
+    for k, d in enumerate(shape):
+        if not isinstance(d, int) or isinstance(d, bool) or d < 0:
+            raise RequestError(f"{what}: shape dimension {k} is {str(d)[:24]}, not a non-negative integer")
+        if d > MAX_ELEMENTS or count * d > MAX_ELEMENTS:
+            raise RequestError(f"{what}: shape dimension {k} ({d}) takes the element count past the "
+                               f"{MAX_ELEMENTS} allowed")
+        count *= d
+    return shape, count
 
 
-def _input(t: Any, i: int) -> int:
-    """Check input ``i``; return its binary byte count (0 when its data is JSON or in shared memory)."""
+def _input(t: Any, i: int, tail: bytes, offset: int) -> tuple[dict, int]:
+    """The canonical form of input ``i`` and the offset in ``tail`` past its binary data."""
     if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
-        raise _Bad(f"input {i} must be an object with a non-empty string 'name'")
+        raise RequestError(f"input {i} must be an object with a non-empty string 'name'")
     what = f"input {t['name'][:40]!r}"
+    _known_keys(t, _INPUT_KEYS, what)
     dtype = t.get("datatype")
-    if dtype not in DATATYPES:
-        raise _Bad(f"{what}: datatype {str(dtype)[:20]!r} is not one of {', '.join(DATATYPES)}")
-    shape = t.get("shape")
-    if not isinstance(shape, list) or not all(_uint(d, 2**63) for d in shape):
-        raise _Bad(f"{what}: shape must be a list of non-negative integers")
-    count = math.prod(shape)
-    if count > MAX_ELEMENTS:
-        raise _Bad(f"{what}: shape {shape} declares {count} elements, more than the {MAX_ELEMENTS} allowed")
+    if not isinstance(dtype, str) or dtype not in DATATYPES:
+        raise RequestError(f"{what}: datatype {str(dtype)[:20]!r} is not one of {', '.join(DATATYPES)}")
+    shape, count = _shape(t.get("shape"), what)
     params = _parameters(t.get("parameters"), what)
     sources = [k for k, present in (("data", "data" in t), ("binary_data_size", "binary_data_size" in params),
                                     ("shared memory", "shared_memory_region" in params)) if present]
     if len(sources) != 1:
-        raise _Bad(f"{what}: give exactly one of 'data', parameters.binary_data_size or a shared-memory "
-                   f"region (got {', '.join(sources) or 'none'})")
+        raise RequestError(f"{what}: give exactly one of 'data', parameters.binary_data_size or a shared-memory "
+                           f"region (got {', '.join(sources) or 'none'})")
+    kind, low, high, size = DATATYPES[dtype]
+    out = {"name": t["name"], "shape": shape, "datatype": dtype}
+    if params:
+        out["parameters"] = params
     if sources[0] == "binary_data_size":
-        size = params["binary_data_size"]
-        if not _uint(size, 2**63):
-            raise _Bad(f"{what}: binary_data_size must be a non-negative integer")
-        return size
+        n = params["binary_data_size"]
+        if not _uint(n, 2**63):
+            raise RequestError(f"{what}: binary_data_size must be a non-negative integer")
+        if offset + n > len(tail):
+            raise RequestError(f"{what}: binary_data_size {n} runs past the body's end")
+        if size and n != count * size:
+            raise RequestError(f"{what}: binary_data_size is {n} bytes, shape {shape} of {dtype} needs "
+                               f"{count * size}")
+        if not size:
+            _check_bytes_elements(tail, offset, n, count, what)
+        return out, offset + n
     if sources[0] == "shared memory":
         _shm(params, what)
-        return 0
-    kind, low, high = DATATYPES[dtype]
-    flat = _flatten(t["data"], what)
+        n = params.get("shared_memory_byte_size")
+        if not _uint(n, 2**63):
+            raise RequestError(f"{what}: a shared-memory input needs shared_memory_byte_size")
+        if size and n != count * size:
+            raise RequestError(f"{what}: shared_memory_byte_size is {n} bytes, shape {shape} of {dtype} needs "
+                               f"{count * size}")
+        return out, offset
+    flat = _flatten(t["data"], count, what)
     if len(flat) != count:
-        raise _Bad(f"{what}: shape {shape} holds {count} elements, 'data' has {len(flat)}")
+        raise RequestError(f"{what}: shape {shape} holds {count} elements, 'data' has {len(flat)}")
     for x in flat:
         if not _fits(x, kind, low, high):
-            raise _Bad(f"{what}: {str(x)[:30]!r} in 'data' is not a valid {dtype} value")
-    return 0
+            raise RequestError(f"{what}: {str(x)[:30]!r} in 'data' is not a valid {dtype} value")
+    out["data"] = flat
+    return out, offset
 
 
-def _flatten(data: Any, what: str, depth: int = 0) -> list:
-    """The elements of ``data`` (nested lists, as the protocol allows) in order."""
+def _check_bytes_elements(tail: bytes, offset: int, n: int, count: int, what: str) -> None:
+    """BYTES in the binary extension: ``count`` elements, each a 4-byte little-endian length and its bytes,
+    filling exactly ``n`` bytes (walked element by element: at most n / 4 steps)."""
+    at, end, seen = offset, offset + n, 0
+    while at < end:
+        if at + 4 > end:
+            raise RequestError(f"{what}: BYTES element {seen} has a truncated 4-byte length")
+        length = int.from_bytes(tail[at:at + 4], "little")
+        at += 4 + length
+        seen += 1
+        if at > end:
+            raise RequestError(f"{what}: BYTES element {seen - 1} of {length} bytes runs past its binary data")
+        if seen > count:
+            break
+    if seen != count:
+        raise RequestError(f"{what}: the binary data holds {seen if seen <= count else 'more than ' + str(count)} "
+                           f"BYTES elements, the shape says {count}")
+
+
+def _flatten(data: Any, limit: int, what: str) -> list:
+    """The elements of ``data`` (nested lists, as the protocol allows) in order; stops past ``limit``."""
     if not isinstance(data, list):
-        raise _Bad(f"{what}: 'data' must be a list")
-    if depth > 32:
-        raise _Bad(f"{what}: 'data' is nested deeper than 32 levels")
-    out = []
-    for x in data:
-        out.extend(_flatten(x, what, depth + 1) if isinstance(x, list) else [x])
+        raise RequestError(f"{what}: 'data' must be a list")
+    out: list = []
+    stack = [iter(data)]
+    while stack:
+        for x in stack[-1]:
+            if isinstance(x, list):
+                if len(stack) > MAX_DIMS:
+                    raise RequestError(f"{what}: 'data' is nested deeper than {MAX_DIMS} levels")
+                stack.append(iter(x))
+                break
+            out.append(x)
+            if len(out) > limit:
+                return out
+        else:
+            stack.pop()
     return out
 
 
@@ -186,58 +274,90 @@ def _parameters(params: Any, what: str) -> dict:
     if params is None:
         return {}
     if not isinstance(params, dict):
-        raise _Bad(f"{what}: 'parameters' must be an object")
+        raise RequestError(f"{what}: 'parameters' must be an object")
     for k, v in params.items():
-        if isinstance(v, bool) or isinstance(v, str):
+        if isinstance(v, (bool, str)):
             continue
         if isinstance(v, int) and -2**63 <= v < 2**64:
             continue
         if isinstance(v, float) and math.isfinite(v):
             continue
-        raise _Bad(f"{what}: parameter {k[:40]!r} must be a string, a boolean or a number")
+        raise RequestError(f"{what}: parameter {k[:40]!r} must be a string, a boolean or a number")
     return params
+
+
+def _outputs(outputs: Any) -> list[dict]:
+    if not isinstance(outputs, list):
+        raise RequestError("'outputs' must be a list")
+    out = []
+    for j, o in enumerate(outputs):
+        if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+            raise RequestError(f"output {j} must be an object with a string 'name'")
+        what = f"output {o['name'][:40]!r}"
+        _known_keys(o, _OUTPUT_KEYS, what)
+        params = _parameters(o.get("parameters"), what)
+        if "binary_data" in params and not isinstance(params["binary_data"], bool):
+            raise RequestError(f"{what}: binary_data must be true or false")
+        if "classification" in params and not _uint(params["classification"], 2**31):
+            raise RequestError(f"{what}: classification must be a non-negative integer")
+        _shm(params, what)
+        out.append({"name": o["name"], **({"parameters": params} if params else {})})
+    return out
 
 
 def _shm(params: dict, what: str) -> None:
     if "shared_memory_region" in params and not isinstance(params["shared_memory_region"], str):
-        raise _Bad(f"{what}: shared_memory_region must be a string")
+        raise RequestError(f"{what}: shared_memory_region must be a string")
     for key in _SHM_KEYS[1:]:
         if key in params and not _uint(params[key], 2**63):
-            raise _Bad(f"{what}: {key} must be a non-negative integer")
+            raise RequestError(f"{what}: {key} must be a non-negative integer")
 
 
-# A model name as the exporter writes them: letters, digits, '_', '-', '.', not starting with '.'.
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}$")
+# A model name as the exporter writes them: letters, digits, '_', '-', '.', not starting with '.', no "..".
+MODEL_NAME = re.compile(r"^(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}$")
 
 
-def check_repository_request(path: str, body: bytes) -> str | None:
-    """None if a model-repository call (``/v2/repository/models/<name>/load|unload``) may reach Triton,
-    else why not (for a 400).
+def canonical_repository_request(name: str, body: bytes) -> bytes:
+    """The canonical body of a model-repository call on model ``name`` (``/v2/repository/models/<name>/
+    load|unload``; the name as it stands in the path), or :class:`RequestError`.
 
     Measured on Triton 2.51: a load of a traversal-style name (``..%2F..%2Fetc``) is refused with 500,
     but leaves an UNAVAILABLE entry that turns the server's readiness false. Refused here: names other
-    than :data:`_MODEL_NAME` (after URL-decoding: no '/', '\\', '..' or leading '.'), and ``file:``
-    overrides whose path is absolute or climbs out of the model folder.
+    than :data:`MODEL_NAME` (no '%', '/', '\\', '..' or leading '.'), bodies that are not strict JSON
+    objects, and ``file:`` overrides whose path is absolute or climbs out of the model folder.
     """
-    parts = path.split("?", 1)[0].split("/")
-    if len(parts) < 6 or parts[1:4] != ["v2", "repository", "models"]:
-        return None
-    name = urllib.parse.unquote(parts[4])
-    if not _MODEL_NAME.match(name) or ".." in name:
-        return f"model name {name[:60]!r} is not allowed (letters, digits, '_', '-', '.'; no path)"
+    if not MODEL_NAME.match(name):
+        raise RequestError(f"model name {name[:60]!r} is not allowed (letters, digits, '_', '-', '.'; no path)")
     if not body:
-        return None
+        return b""
     try:
-        request = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        return "the request body is not valid JSON"
-    params = request.get("parameters", {}) if isinstance(request, dict) else {}
+        request = loads_strict(body, what="the request body")
+    except StrictJSONError as err:
+        raise RequestError(str(err)) from None
+    if not isinstance(request, dict):
+        raise RequestError("the request body must be a JSON object")
+    params = request.get("parameters", {})
     if not isinstance(params, dict):
-        return "'parameters' must be an object"
-    for key in params:
+        raise RequestError("'parameters' must be an object")
+    for key, value in params.items():
         if key.startswith("file:"):
             rel = key[len("file:"):]
             norm = posixpath.normpath(rel)
             if not rel or rel.startswith(("/", "\\")) or norm.startswith("..") or "\\" in rel:
-                return f"file override {rel[:80]!r} must stay inside the model folder"
+                raise RequestError(f"file override {rel[:80]!r} must stay inside the model folder")
+        if not isinstance(value, str):
+            raise RequestError(f"parameter {key[:40]!r} must be a string")
+    return dumps_canonical(request)
+
+
+def check_repository_request(path: str, body: bytes) -> str | None:
+    """None if a model-repository call on ``path`` (``/v2/repository/models/<name>/...``) with ``body`` is
+    well formed (:func:`canonical_repository_request`), else why not."""
+    parts = path.split("?", 1)[0].split("/")
+    if len(parts) < 6 or parts[1:4] != ["v2", "repository", "models"]:
+        return None
+    try:
+        canonical_repository_request(parts[4], body)
+    except RequestError as err:
+        return str(err)
     return None

@@ -1,8 +1,10 @@
 """`e3 serve`'s loop: a tritonserver on a repository, guarded and supervised, until ``stop`` is set.
 
-The supervisor (:mod:`e3.deploy.supervisor`) restarts the server when it dies and reloads a model whose stub
-died; the guard (:mod:`e3.deploy.guard`) is the public HTTP port in front of it, refusing what would reach a
-model being reloaded. ``restart=False`` only watches the server until it exits.
+The supervisor (:mod:`e3.deploy.supervisor`) restarts the server whenever it dies (for as long as this runs)
+and reloads a model whose stub died; the guard (:mod:`e3.deploy.guard`) is the public HTTP port in front of
+it. Guarded, Triton's own HTTP port listens on loopback and refuses every call without the guard's per-start
+secret (:class:`~e3.deploy.server.TritonServer`'s ``guard_secret``); the user's API key, where set, is
+checked by the guard on HTTP and by Triton on gRPC. ``restart=False`` only watches the server until it exits.
 """
 
 from __future__ import annotations
@@ -13,11 +15,43 @@ from typing import Callable, Mapping, Sequence
 
 from e3.deploy.guard import Guard
 from e3.deploy.server import ServerError, TritonServer, free_port, port_taken
-from e3.deploy.supervisor import GaveUp, Supervisor
+from e3.deploy.supervisor import Supervisor
 
-__all__ = ["serve_until_stopped"]
+__all__ = ["serve_until_stopped", "KEEP_SERVING_ARGS", "models_not_loaded"]
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# A model that fails to load does not stop the others: tritonserver keeps running (it exits on the first
+# failed --load-model by default) and reports ready while what loaded serves; e3 serve names what did not.
+KEEP_SERVING_ARGS = ("--exit-on-error=false", "--strict-readiness=false")
+
+
+def models_not_loaded(server: TritonServer, wanted: Sequence[str] | None = None) -> list[tuple[str, str]]:
+    """(name, Triton's reason) of every model of ``wanted`` (default: every model the server was asked to
+    load) that is not READY, from the repository index."""
+    import json
+    import urllib.request
+    request = urllib.request.Request(f"http://{server.http_url}/v2/repository/index", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json", **server.http_headers()})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        index = {m["name"]: m for m in json.loads(r.read())}
+    names = list(wanted) if wanted is not None else _asked(server)
+    return [(n, index.get(n, {}).get("reason") or index.get(n, {}).get("state") or "not in the repository")
+            for n in names if index.get(n, {}).get("state") != "READY"]
+
+
+def _asked(server: TritonServer) -> list[str]:
+    from e3.deploy.server import models_to_serve
+    return list(server.models) if server.models is not None else models_to_serve(server.repo)
+
+
+def _name_failed(server: TritonServer, complain: Callable[[str], None]) -> None:
+    """Say which models did not load and why; ServerError when none did."""
+    asked = _asked(server)
+    failed = models_not_loaded(server, asked)
+    for name, reason in failed:
+        complain(f"e3 serve: {name} did not load and is not served: {reason}")
+    if failed and len(failed) == len(asked):
+        raise ServerError("no model loaded; see the reasons above")
 
 
 def serve_until_stopped(repo: str | Path, models: Sequence[str] | None, stop: threading.Event, *, host: str,
@@ -25,8 +59,8 @@ def serve_until_stopped(repo: str | Path, models: Sequence[str] | None, stop: th
                         timeout_s: float, headers: Mapping[str, str] | None, guarded: bool = True,
                         restart: bool = True, echo: Callable[[str], None] = print,
                         complain: Callable[[str], None] = print) -> int:
-    """Serve ``repo`` (``models``; None: its manifest's) until ``stop`` is set; 0, or 1 when the supervisor
-    gave up. ``headers``: the API key header every control call must carry (None: none, loopback only)."""
+    """Serve ``repo`` (``models``; None: its manifest's) until ``stop`` is set; 0 (the supervisor never gives
+    up). ``headers``: the API key header every control call must carry (None: none, loopback only)."""
     if headers is None and host not in LOOPBACK:
         raise ServerError(f"--host {host} makes the server reachable by others: set E3_API_HEADER and "
                           "E3_API_KEY so that model control, model configs and shared memory need the key")
@@ -36,14 +70,22 @@ def serve_until_stopped(repo: str | Path, models: Sequence[str] | None, stop: th
                           http_port=free_port() if guarded else http_port,
                           http_host="127.0.0.1" if guarded else None, grpc_port=grpc_port,
                           metrics_port=metrics_port, tritonserver=tritonserver, echo_logs=True,
-                          api_key=next(iter(headers.items())) if headers else None)
+                          api_key=next(iter(headers.items())) if headers else None, guard_secret=guarded,
+                          extra_args=list(KEEP_SERVING_ARGS))
     supervisor = Supervisor(server, headers=headers, start_timeout_s=timeout_s)
     server.start(timeout_s=timeout_s)
+    try:
+        _name_failed(server, complain)
+    except BaseException:
+        server.stop()
+        raise
     guard = None
     code = 0
     try:
         if guarded:
-            guard = Guard(server.http_url, host=host, port=http_port, unhealthy=lambda: supervisor.unhealthy).start()
+            guard = Guard(server.http_url, host=host, port=http_port, unhealthy=supervisor.down,
+                          upstream_headers=server.http_headers, metrics=supervisor.metrics_text,
+                          api_key=server.api_key).start()
             supervisor.on_stub_death = guard.abort
         http = guard.url if guard else server.http_url
         echo(f"serving {repo}: HTTP {http}{' (guarded)' if guard else ''}, gRPC {server.grpc_url}, "
@@ -53,9 +95,6 @@ def serve_until_stopped(repo: str | Path, models: Sequence[str] | None, stop: th
         else:
             while not stop.is_set() and server.alive():
                 stop.wait(0.5)
-    except GaveUp as err:
-        complain(f"e3 serve: {err}")
-        code = 1
     finally:
         if guard:
             guard.stop()

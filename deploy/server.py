@@ -18,6 +18,7 @@ import importlib.util
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -35,15 +36,21 @@ from e3.core.manifest import ManifestError
 from e3.core.manifest import models_to_serve as manifest_models
 from e3.paths import artifacts_dir
 
-__all__ = ["ServerError", "TritonServer", "find_tritonserver", "free_port", "port_taken", "models_to_serve", "ENV_BINARY",
+__all__ = ["ServerError", "TritonServer", "GUARD_HEADER", "scrub_argument", "find_tritonserver", "free_port",
+           "port_taken", "models_to_serve", "ENV_BINARY",
            "DEFAULT_METRICS_PORT", "metrics_url_for"]
 
 log = logging.getLogger(__name__)
 ENV_BINARY = "E3_TRITONSERVER"
 SHM_DIR = Path("/dev/shm")
 DEFAULT_METRICS_PORT = 8002   # tritonserver's own default, and `e3 serve`'s
-# The APIs a key restricts (Triton's names): what changes the server or reads its memory.
-RESTRICTED_APIS = "model-repository,model-config,shared-memory"
+# The APIs a user's key restricts (Triton's names): what changes the server, reads its memory or its
+# configuration, or changes what it logs and traces.
+RESTRICTED_APIS = "model-repository,model-config,shared-memory,trace,logging"
+# Every API category Triton 2.51 can restrict (tritonserver --help): behind the guard, all of them need the
+# guard's per-start secret, so Triton's own HTTP port answers nothing that did not come through the guard.
+ALL_APIS = "health,metadata,inference,shared-memory,model-config,model-repository,statistics,trace,logging"
+GUARD_HEADER = "e3-guard-secret"
 
 
 def metrics_url_for(http_url: str, metrics_port: int = DEFAULT_METRICS_PORT) -> str:
@@ -158,6 +165,30 @@ def port_taken(host: str, port: int) -> bool:
     return False
 
 
+def scrub_argument(pid: int, secret: str) -> bool:
+    """Overwrite ``secret`` in process ``pid``'s argument memory (what ``/proc/<pid>/cmdline`` shows every local
+    user) with 'x'; True if done. Triton copies its options at start, so the running server keeps the
+    secret; only its public trace goes. Best effort: needs ptrace rights over ``pid`` (our own child, the
+    same user: the default), else the secret stays readable there and a warning says so."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2:].split()
+        start, end = int(fields[45]), int(fields[46])   # arg_start, arg_end (proc(5), fields 48 and 49)
+        with open(f"/proc/{pid}/mem", "r+b", buffering=0) as mem:
+            mem.seek(start)
+            args = mem.read(end - start)
+            found = args.find(secret.encode())
+            while found >= 0:
+                mem.seek(start + found)
+                mem.write(b"x" * len(secret))
+                found = args.find(secret.encode(), found + 1)
+        return secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError, IndexError) as err:
+        log.warning("could not hide the guard's secret from tritonserver's command line (%s): local users who "
+                    "can read /proc/%d/cmdline can call Triton's HTTP port past the guard", err, pid)
+        return False
+
+
 def models_to_serve(repo: Path) -> list[str]:
     """Models of the current plan and the baselines, from the repository's e3 manifest."""
     try:
@@ -191,12 +222,16 @@ class TritonServer:
                  http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = DEFAULT_METRICS_PORT,
                  tritonserver: str | os.PathLike | None = None, log_file: str | os.PathLike | None = None,
                  echo_logs: bool = False, exit_timeout_s: int = 10, extra_args: list[str] | None = None,
-                 http_host: str | None = None, api_key: tuple[str, str] | None = None):
+                 http_host: str | None = None, api_key: tuple[str, str] | None = None,
+                 guard_secret: bool = False):
         self.repo = Path(repo).resolve()
         self.models = models
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
         self.http_host = http_host or host   # e3 serve's guard: Triton's HTTP stays on loopback behind it
         self.api_key = api_key               # (header, key) that unlocks the restricted APIs, or None
+        # behind the guard: Triton's HTTP answers only requests carrying GUARD_HEADER with this start's secret
+        self.guard_secret = guard_secret
+        self._secret = secrets.token_hex(24) if guard_secret else None
         self.binary_arg = tritonserver
         self.log_file = Path(log_file) if log_file else None
         self.echo_logs = echo_logs
@@ -205,6 +240,7 @@ class TritonServer:
         self.process: subprocess.Popen | None = None
         self.shm_prefix = f"e3_{os.getpid()}_{http_port}_"
         self._log_tail: deque[str] = deque(maxlen=60)
+        self._lines_read = 0   # log lines read from the current process
         self._reader: threading.Thread | None = None
 
     @classmethod
@@ -216,6 +252,14 @@ class TritonServer:
     @property
     def http_url(self) -> str:
         return f"{self.http_host}:{self.http_port}"
+
+    def http_headers(self) -> dict[str, str]:
+        """Headers every call to this server's HTTP port needs: the guard's secret of the current start (it
+        changes at every start) and the user's key, where set."""
+        headers = dict([self.api_key]) if self.api_key else {}
+        if self._secret:
+            headers[GUARD_HEADER] = self._secret
+        return headers
 
     @property
     def grpc_url(self) -> str:
@@ -249,20 +293,31 @@ class TritonServer:
         return cmd
 
     def restriction_args(self) -> list[str]:
-        """With ``api_key``: model repository, model config and shared memory answer only calls that carry
-        the key (others get "This API is restricted"), over HTTP and gRPC; inference, health and metadata
-        stay open."""
-        if self.api_key is None:
-            return []
-        header, key = self.api_key
-        if not header or not key or any(c in header + key for c in ",:= "):
-            raise ServerError("the API key header and key must be non-empty and free of ',', ':', '=' and spaces")
-        apis = f"{RESTRICTED_APIS}:{header}={key}"
-        return [f"--http-restricted-api={apis}", f"--grpc-restricted-protocol={apis}"]
+        """Triton's restrictions (calls without the header get "This API is restricted").
+
+        With ``api_key``: model repository, model config, shared memory, trace and logging need the key
+        over gRPC, and over HTTP unless ``guard_secret`` (then the guard checks the key). With
+        ``guard_secret``: every HTTP API category, inference and health included, needs the guard's
+        secret (Triton takes one key per category, so the user's key cannot also be Triton's there)."""
+        args = []
+        if self.api_key is not None:
+            header, key = self.api_key
+            if not header or not key or any(c in header + key for c in ",:= "):
+                raise ServerError("the API key header and key must be non-empty and free of ',', ':', '=' and "
+                                  "spaces")
+            apis = f"{RESTRICTED_APIS}:{header}={key}"
+            args.append(f"--grpc-restricted-protocol={apis}")
+            if not self._secret:
+                args.append(f"--http-restricted-api={apis}")
+        if self._secret:
+            args.append(f"--http-restricted-api={ALL_APIS}:{GUARD_HEADER}={self._secret}")
+        return args
 
     def start(self, timeout_s: float = 180.0) -> "TritonServer":
         if self.process is not None:
             raise ServerError("server already started")
+        if self.guard_secret:
+            self._secret = secrets.token_hex(24)   # a new one each start: an old one opens nothing
         cmd = self.command()
         for what, host, port in (("HTTP", self.http_host, self.http_port), ("gRPC", self.host, self.grpc_port),
                                  ("metrics", self.host, self.metrics_port)):
@@ -278,12 +333,14 @@ class TritonServer:
         libs = binary_libs(find_tritonserver(self.binary_arg))
         if libs:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libs), env.get("LD_LIBRARY_PATH")]))
-        log.info("starting %s", " ".join(cmd))
+        self._lines_read = 0
         self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         start_new_session=True, env=env, text=True, errors="replace",
                                         preexec_fn=_die_with_parent)
         self._reader = threading.Thread(target=self._pump_logs, daemon=True)
         self._reader.start()
+        threading.Thread(target=self._end_group_on_exit, args=(self.process,), daemon=True).start()
+        log.info("starting %s", " ".join(cmd).replace(self._secret or "\0", "<secret>"))
         try:
             self._wait_ready(timeout_s)
         except BaseException:
@@ -291,14 +348,32 @@ class TritonServer:
             raise
         return self
 
+    @staticmethod
+    def _end_group_on_exit(proc: subprocess.Popen) -> None:
+        """When tritonserver exits (killed, crashed), kill its Python stubs at once.
+
+        Measured in a crash loop: a stub outlives a killed server (re-parented to init) and holds the
+        server's HTTP sockets it inherited, the listening one included, so a call in flight to the dead
+        server, and every new connection to its port, hung until its timeout (the supervisor's model loads
+        wait 180 s) instead of failing, and the supervisor stalled for minutes. The group id cannot be reused
+        while its stubs live, so the kill reaches only them."""
+        proc.wait()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
     def _pump_logs(self) -> None:
         sink = None
         if self.log_file:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
             sink = self.log_file.open("a")
         try:
-            for line in self.process.stdout:
+            proc = self.process
+            for line in proc.stdout:
                 self._log_tail.append(line.rstrip())
+                if proc is self.process:
+                    self._lines_read += 1
                 if sink:
                     sink.write(line)
                     sink.flush()
@@ -313,7 +388,11 @@ class TritonServer:
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
+        scrubbed = not self._secret
         while time.monotonic() < deadline:
+            if not scrubbed and self._lines_read:   # its first line comes after it parsed its options
+                scrubbed = True
+                scrub_argument(self.process.pid, self._secret)
             if self.process.poll() is not None:
                 raise ServerError(f"tritonserver exited with code {self.process.returncode} while starting; "
                                   f"last log lines:\n{self.log_tail()}")
@@ -324,7 +403,8 @@ class TritonServer:
 
     def ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+            request = urllib.request.Request(f"http://{self.http_url}/v2/health/ready", headers=self.http_headers())
+            with urllib.request.urlopen(request, timeout=2) as r:
                 return r.status == 200
         except (urllib.error.URLError, OSError):
             return False
@@ -387,5 +467,5 @@ class TritonServer:
     # -- small helpers over the HTTP API ----------------------------------------
     def model_statistics(self, model: str = "") -> dict:
         url = f"http://{self.http_url}/v2/models/{model}/stats" if model else f"http://{self.http_url}/v2/models/stats"
-        with urllib.request.urlopen(url, timeout=10) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=self.http_headers()), timeout=10) as r:
             return json.loads(r.read())

@@ -25,10 +25,17 @@ in ``e3 serve``'s main thread, polls once per ``poll_s``:
   reload is done the model is in :attr:`Supervisor.unhealthy`, which the HTTP
   guard turns into 503 on the readiness endpoints (Triton's own still say 200).
 
-Decisions: restarts are not rate-limited beyond one per poll, but after
-``max_restarts`` deaths within ``restart_window_s`` the supervisor gives up
-and ``e3 serve`` exits non-zero (a server that dies at once on every start
-needs a person, not a loop).
+* **Never gives up.** A server that dies is restarted for as long as ``e3 serve`` runs (before, the sixth
+  death within five minutes ended ``e3 serve``: seven small requests took the service down until a person
+  acted). The restart waits a bounded backoff that grows with the deaths of the last ``stable_s``
+  (:func:`backoff_s`: 0, 0.5, 1, 2, 4, then ``max_backoff_s`` = 5 s), so a server that dies at once on
+  every start costs a start every few seconds, not a busy loop, and one that was killed once comes back
+  at once. A start that fails counts as a death and is retried the same way. Meanwhile
+  :meth:`Supervisor.down` names ``"tritonserver"`` and the guard answers 503 on readiness.
+* **Cause.** Each death is logged with its cause (the signal, e.g. SIGKILL or SIGABRT, the exit code,
+  "hung", or "start failed") and the server's last log lines, and counted in
+  ``e3_tritonserver_restarts_total{cause=...}`` on the guard's ``/metrics`` page
+  (:meth:`Supervisor.metrics_text`), beside ``e3_tritonserver_up`` and ``e3_model_reloads_total``.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ import signal
 import time
 import urllib.error
 import urllib.request
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
@@ -48,13 +55,31 @@ from typing import Callable, Mapping
 from e3.deploy.stubs import is_dead_stub, with_reload_mark
 from e3.deploy.server import ServerError, TritonServer
 
-__all__ = ["Supervisor", "Snapshot", "load_order", "lost_stubs", "probe_request", "orphan_regions", "GaveUp"]
+__all__ = ["Supervisor", "Snapshot", "load_order", "lost_stubs", "probe_request", "orphan_regions", "backoff_s",
+           "death_cause"]
 
 log = logging.getLogger(__name__)
 
 
-class GaveUp(ServerError):
-    """The server died ``max_restarts`` times within the restart window: the supervisor stopped trying."""
+def backoff_s(recent_deaths: int, *, base_s: float = 0.5, max_backoff_s: float = 5.0) -> float:
+    """Seconds to wait before the next start, after ``recent_deaths`` deaths (this one included) within the
+    stable window: 0 for the first, then ``base_s`` doubling, never more than ``max_backoff_s``."""
+    if recent_deaths <= 1:
+        return 0.0
+    return min(max_backoff_s, base_s * 2 ** min(recent_deaths - 2, 30))
+
+
+def death_cause(returncode: int | None) -> str:
+    """A short label for how tritonserver ended: the signal's name (``SIGKILL``), ``exit_<code>``, or
+    ``hung`` (still running, but its live endpoint failed)."""
+    if returncode is None:
+        return "hung"
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal_{-returncode}"
+    return f"exit_{returncode}"
 
 
 @dataclass
@@ -148,18 +173,21 @@ class Supervisor:
     """Watches ``server`` (already started) from the calling thread; see the module docstring."""
 
     def __init__(self, server: TritonServer, *, poll_s: float = 0.5, snapshot_s: float = 2.0, hang_s: float = 15.0,
-                 max_restarts: int = 5, restart_window_s: float = 300.0, headers: dict[str, str] | None = None,
+                 stable_s: float = 60.0, max_backoff_s: float = 5.0, headers: dict[str, str] | None = None,
                  start_timeout_s: float = 180.0, on_stub_death: Callable[[str], object] | None = None):
         self.server = server
         self.poll_s, self.snapshot_s, self.hang_s = poll_s, snapshot_s, hang_s
-        self.max_restarts, self.restart_window_s = max_restarts, restart_window_s
+        self.stable_s, self.max_backoff_s = stable_s, max_backoff_s
         self.headers = dict(headers or {})
         self.start_timeout_s = start_timeout_s
         self.on_stub_death = on_stub_death   # called with a model's name before it is reloaded (the guard's abort)
         self.snapshot = Snapshot()
         self.unhealthy: set[str] = set()     # models known broken (dead stub, being reloaded)
         self.restarting = False              # the server is down or coming back
-        self.restarts: deque[float] = deque()
+        self.restarts: deque[float] = deque()   # when each death of the last stable_s was seen
+        self.causes: Counter = Counter()         # cause of death -> count (e3_tritonserver_restarts_total)
+        self.reloads: Counter = Counter()        # model -> reloads after a stub died (e3_model_reloads_total)
+        self._stop = None
         self.events: list[str] = []          # what the supervisor did, for logs and tests
         self.stale: dict[int, float] = {}    # pid of an old version's stub -> when its model was reloaded
         self._last_live = time.monotonic()
@@ -168,7 +196,8 @@ class Supervisor:
     def _call(self, method: str, path: str, body: dict | None = None, timeout_s: float = 30.0):
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(f"http://{self.server.http_url}{path}", data=data, method=method,
-                                         headers={"Content-Type": "application/json", **self.headers})
+                                         headers={"Content-Type": "application/json", **self.headers,
+                                                  **self.server.http_headers()})
         with urllib.request.urlopen(request, timeout=timeout_s) as r:
             text = r.read()
         return json.loads(text) if text else None
@@ -190,7 +219,8 @@ class Supervisor:
 
     # -- the loop --------------------------------------------------------------------------------------------
     def run(self, stop) -> None:
-        """Poll until ``stop`` (a threading.Event) is set; raises :class:`GaveUp` when restarts do not hold."""
+        """Poll until ``stop`` (a threading.Event) is set, restarting the server whenever it dies."""
+        self._stop = stop
         try:
             self.take_snapshot()
         except (urllib.error.URLError, OSError, ValueError) as err:
@@ -200,6 +230,8 @@ class Supervisor:
             now = time.monotonic()
             if not self.server.alive() or self._hung(now):
                 self.restart()
+                if stop.is_set():
+                    return
                 next_snapshot = time.monotonic() + self.snapshot_s
                 continue
             now_pids = _stub_pids(self.server, self.snapshot.stubs)
@@ -246,30 +278,50 @@ class Supervisor:
 
     def _hung(self, now: float) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.server.http_url}/v2/health/live", timeout=2) as r:
+            request = urllib.request.Request(f"http://{self.server.http_url}/v2/health/live",
+                                             headers=self.server.http_headers())
+            with urllib.request.urlopen(request, timeout=2) as r:
                 if r.status == 200:
                     self._last_live = now
         except (urllib.error.URLError, OSError):
             pass
         return now - self._last_live > self.hang_s
 
-    def restart(self) -> float:
-        """Stop what is left of the server, start it again, restore the snapshot's models; seconds it took."""
-        began = time.monotonic()
-        self.restarts.append(began)
-        while self.restarts and began - self.restarts[0] > self.restart_window_s:
+    def down(self) -> set[str]:
+        """What is known broken now: models being reloaded, and ``"tritonserver"`` while it restarts."""
+        return set(self.unhealthy) | ({"tritonserver"} if self.restarting else set())
+
+    def _died(self, cause: str) -> float:
+        """Record a death of cause ``cause``; the backoff before the next start."""
+        now = time.monotonic()
+        self.restarts.append(now)
+        while self.restarts and now - self.restarts[0] > self.stable_s:
             self.restarts.popleft()
+        self.causes[cause] += 1
+        return backoff_s(len(self.restarts), max_backoff_s=self.max_backoff_s)
+
+    def restart(self) -> float:
+        """Stop what is left of the server, start it again (after the backoff; again until a start holds),
+        restore the snapshot's models; seconds it took."""
+        began = time.monotonic()
         code = self.server.process.poll() if self.server.process else None
+        cause = death_cause(code)
         self.restarting = True
         self.unhealthy = set(self.snapshot.configs)
-        if len(self.restarts) > self.max_restarts:
-            raise GaveUp(f"tritonserver died {len(self.restarts)} times within {self.restart_window_s:.0f} s; "
-                         f"giving up. Last log lines:\n{self.server.log_tail()}")
-        log.error("tritonserver died (exit code %s); restarting it. Last log lines:\n%s", code,
-                  self.server.log_tail(10))
-        self.server.stop(timeout_s=5)
-        self.server.models = []
-        self.server.start(timeout_s=self.start_timeout_s)
+        delay = self._died(cause)
+        log.error("tritonserver died (%s); restarting it in %.1f s (%d deaths in the last %.0f s). Last log "
+                  "lines:\n%s", cause, delay, len(self.restarts), self.stable_s, self.server.log_tail(10))
+        while True:
+            self.server.stop(timeout_s=5)
+            self.server.models = []
+            if self._stop is not None and self._stop.wait(delay):
+                return time.monotonic() - began
+            try:
+                self.server.start(timeout_s=self.start_timeout_s)
+                break
+            except ServerError as err:
+                delay = self._died("start_failed")
+                log.error("tritonserver did not start again (%s); retrying in %.1f s", str(err)[:2000], delay)
         for name in load_order(self.snapshot.configs):
             try:
                 self._load(name, self.snapshot.configs[name])
@@ -286,6 +338,20 @@ class Supervisor:
         except (urllib.error.URLError, OSError, ValueError):
             pass
         return took
+
+    def metrics_text(self) -> str:
+        """The supervisor's counters in Prometheus' text format (served on the guard's ``/metrics``)."""
+        lines = ["# HELP e3_tritonserver_restarts_total Deaths of tritonserver that e3 serve restarted it "
+                 "after, by cause (signal, exit_<code>, hung, start_failed).",
+                 "# TYPE e3_tritonserver_restarts_total counter"]
+        lines += [f'e3_tritonserver_restarts_total{{cause="{c}"}} {n}' for c, n in sorted(self.causes.items())]
+        lines += ["# HELP e3_tritonserver_up 1 while tritonserver runs and is not being restarted.",
+                  "# TYPE e3_tritonserver_up gauge",
+                  f"e3_tritonserver_up {int(self.server.alive() and not self.restarting)}",
+                  "# HELP e3_model_reloads_total Reloads of a model after one of its Python stubs died.",
+                  "# TYPE e3_model_reloads_total counter"]
+        lines += [f'e3_model_reloads_total{{model="{m}"}} {n}' for m, n in sorted(self.reloads.items())]
+        return "\n".join(lines)
 
     def short_of_stubs(self, model: str, running: int) -> bool:
         """Does ``model`` run fewer stubs than its snapshot config has instances (a dead one among several,
@@ -329,6 +395,7 @@ class Supervisor:
                 log.error("reloading %s failed: %s", name, err)
                 continue
             self.unhealthy.discard(name)
+            self.reloads[name] += 1
             self.stale.update(dict.fromkeys(self.snapshot.stubs.get(name, ()), time.monotonic()))
             self.events.append(f"reload {name} {time.monotonic() - began:.1f}s")
         try:

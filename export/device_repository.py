@@ -18,11 +18,12 @@ from e3.core.names import served_name
 from e3.core.spec import ModelCard, answer_specs
 from e3.export.triton_config import DynamicBatching, ModelDescription, render_config
 
-__all__ = ["DeviceModel", "device_model_name", "write_device_model", "write_hop_models", "ROUTER_MAX_BATCH"]
+__all__ = ["DeviceModel", "device_model_name", "write_device_model", "write_hop_models", "ROUTER_MAX_BATCH", "SYSTEMS"]
 
 ROUTER_MAX_BATCH = 1024   # requests' rows Triton hands E3's router per execute: admission only, no compute
 MODULE = "e3.serving.device.triton_model"
 HOPS_MODULE = "e3.serving.device.hops"
+ADMISSION_MODULE = "e3.serving.device.admission_model"
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class DeviceModel:
     precision: str | None = None     # None: fp16 on a GPU, fp32 on the CPU
     seed: int = 0
     variant: str = ""                # appended to the name (E3 planned for one workload mix: "80_20")
+    policy: dict | None = None       # admission: the stage's N-Ebird / E-Ebird policy (make_policy's fields)
+    pool_slots: int = 0              # admission: rows of its memory pool (0: 8 x the policy's MaxInf)
 
     @property
     def name(self) -> str:
@@ -55,10 +58,17 @@ def device_model_name(model: str, system: str, max_batch: int, *, instances: int
     return base if instances == 1 else f"{base}_i{instances}"
 
 
+SYSTEMS = ("e3", "stock", "ee", "admission")
+
+
 def write_device_model(repo: Path, desc: DeviceModel, card: ModelCard) -> str:
-    """Write ``desc`` into ``repo`` (config.pbtxt and a one-line model.py); returns its name."""
-    if desc.system not in ("e3", "stock", "ee"):
-        raise ValueError(f"system must be e3, stock or ee, got {desc.system!r}")
+    """Write ``desc`` into ``repo`` (config.pbtxt and a one-line model.py); returns its name.
+
+    ``admission`` is E²bird's stage (:mod:`e3.serving.device.admission_model`) in front of the model's head path
+    (the stock model): one instance, Triton's batcher with no delay and ``ROUTER_MAX_BATCH`` rows in front of it
+    (it only queues requests for its engine), its policy checked here."""
+    if desc.system not in SYSTEMS:
+        raise ValueError(f"system must be one of {', '.join(SYSTEMS)}, got {desc.system!r}")
     params = {"role": desc.system, "model": desc.model, "seed": str(desc.seed),
               "trained": "yes" if desc.trained else "no", "max_batch": str(desc.max_batch),
               "exit_rule": json.dumps(desc.exit_rule), "enabled_ramps": json.dumps(list(desc.enabled_ramps)),
@@ -71,13 +81,25 @@ def write_device_model(repo: Path, desc: DeviceModel, card: ModelCard) -> str:
         if len(batches) != splits or max(batches) > desc.max_batch:
             raise ValueError(f"{splits} splits need {splits} batch sizes of at most {desc.max_batch}, got {batches}")
         params.update(cuts=json.dumps(list(desc.cuts)), batch_sizes=json.dumps(batches), slo_ms=str(desc.slo_ms))
+    front = desc.system in ("e3", "admission")   # models that only admit in execute: no delay, large batches
+    if desc.system == "admission":
+        from e3.serving.admission import make_policy
+        if not desc.policy or desc.instances != 1:
+            raise ValueError("an admission stage needs its policy and runs as one instance (one pool)")
+        policy = make_policy(desc.policy["kind"], engine=desc.policy.get("engine"),
+                             max_inflight=desc.policy.get("max_inflight"), confs=desc.policy.get("confs"))
+        if max(policy.engine) > desc.max_batch:
+            raise ValueError(f"the policy's workers go up to {max(policy.engine)} rows, above max_batch {desc.max_batch}")
+        if desc.pool_slots and desc.pool_slots < max(policy.engine):
+            raise ValueError(f"a pool of {desc.pool_slots} slots cannot feed a worker of {max(policy.engine)}")
+        params.update(policy=json.dumps(desc.policy, sort_keys=True), pool_slots=str(desc.pool_slots or ""))
     text = render_config(ModelDescription(
-        name=desc.name, kind="python", max_batch_size=ROUTER_MAX_BATCH if desc.system == "e3" else desc.max_batch,
+        name=desc.name, kind="python", max_batch_size=ROUTER_MAX_BATCH if front else desc.max_batch,
         inputs=card.inputs, outputs=answer_specs(card), instances=desc.instances,
         instance_kind="KIND_GPU" if desc.gpu else "KIND_CPU", gpus=(0,) if desc.gpu else (),
-        dynamic_batching=DynamicBatching(max_queue_delay_us=0 if desc.system == "e3" else desc.queue_delay_us),
+        dynamic_batching=DynamicBatching(max_queue_delay_us=0 if front else desc.queue_delay_us),
         parameters=params))
-    _write_model(repo, desc.name, text, MODULE)
+    _write_model(repo, desc.name, text, ADMISSION_MODULE if desc.system == "admission" else MODULE)
     return desc.name
 
 

@@ -23,7 +23,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from e3.core.spec import TensorSpec, config_dtype
 
-__all__ = ["TARGETS", "DynamicBatching", "EnsembleStep", "ModelDescription", "render_config", "parse_config", "OWNER_KEY"]
+__all__ = ["TARGETS", "DynamicBatching", "EnsembleStep", "ModelDescription", "render_config", "parse_config",
+           "OWNER_KEY", "gpu_instance_groups"]
 
 TARGETS = ("embedded", "ngc")
 OWNER_KEY = "e3_owner"  # parameter marking models that e3 created (export never touches others)
@@ -59,7 +60,8 @@ class ModelDescription:
     outputs: tuple[TensorSpec, ...]
     instances: int = 1
     instance_kind: str = "KIND_CPU"           # or KIND_GPU
-    gpus: tuple[int, ...] = ()
+    gpus: tuple[int, ...] = ()                # KIND_GPU: the GPUs ``instances`` are spread over (gpu_instance_groups);
+    #                                           empty: GPU 0 only
     dynamic_batching: DynamicBatching | None = DynamicBatching()
     parameters: dict[str, str] = field(default_factory=dict)
     steps: tuple[EnsembleStep, ...] = ()      # kind "ensemble" only
@@ -95,7 +97,10 @@ def render_config(desc: ModelDescription, target: str = "embedded") -> str:
         for t in spec:
             target_list.add(name=t.name, data_type=mc.DataType.Value(config_dtype(t.dtype)),
                             dims=list(t.shape))
-    if desc.kind != "ensemble":  # an ensemble has neither instances nor a batcher of its own
+    if desc.kind != "ensemble" and desc.instance_kind == "KIND_GPU":
+        for group in gpu_instance_groups(desc.instances, desc.gpus or (0,)):
+            cfg.instance_group.add(count=group["count"], kind=mc.ModelInstanceGroup.KIND_GPU, gpus=group["gpus"])
+    elif desc.kind != "ensemble":  # an ensemble has neither instances nor a batcher of its own
         group = cfg.instance_group.add(count=desc.instances,
                                        kind=mc.ModelInstanceGroup.Kind.Value(desc.instance_kind))
         group.gpus.extend(desc.gpus)
@@ -115,6 +120,27 @@ def render_config(desc: ModelDescription, target: str = "embedded") -> str:
     for key, value in sorted(params.items()):
         cfg.parameters[key].string_value = value if isinstance(value, str) else json.dumps(value)
     return text_format.MessageToString(cfg)
+
+
+def gpu_instance_groups(instances: int, gpus: int | tuple[int, ...] | list[int]) -> list[dict]:
+    """Triton instance groups (JSON form) that run ``instances`` instances of a model on ``gpus`` (a count:
+    GPUs 0..n-1 of the pod, or the GPU ids): one ``KIND_GPU`` group per GPU, each naming its one GPU,
+    instance ``i`` on GPU ``i mod n``.
+
+    Decisions: Triton puts a ``KIND_GPU`` group's ``count`` on *every* GPU it lists, and on every visible GPU
+    when it lists none (a 2-GPU pod would run twice the plan's instances), so every group names one GPU. The
+    spread is the same for every split, so the ``j``-th instance of each split of a chain sits on the same GPU
+    (with as many instances per split as GPUs, split 1 -> split 2 of a chain never changes GPU); a plan has no
+    field that says otherwise yet. Fewer instances than GPUs leave the last GPUs to other models.
+    """
+    ids = list(range(gpus)) if isinstance(gpus, int) else [int(g) for g in gpus]
+    if instances < 1 or not ids or min(ids) < 0 or len(set(ids)) != len(ids):
+        raise ValueError(f"gpu_instance_groups needs instances >= 1 and distinct GPU ids >= 0 (or a count >= 1); "
+                         f"got {instances} instances on {gpus!r}")
+    counts = {g: 0 for g in ids}
+    for i in range(instances):
+        counts[ids[i % len(ids)]] += 1
+    return [{"count": n, "kind": "KIND_GPU", "gpus": [g]} for g, n in counts.items() if n]
 
 
 def parse_config(text: str) -> mc.ModelConfig:

@@ -14,6 +14,16 @@ Decisions:
   within the deadline; inference is idempotent. Any other failure is final.
 * The batch's remaining SLO goes twice: as Triton's request ``timeout`` (the split's queue rejects
   it once expired, as for BLS) and as the client's deadline (a lost server cannot hold a batch).
+* Channel arguments (:func:`channel_args`): tritonclient replaces *all* its own channel options when
+  it is given any, so the balanced channel keeps what tritonclient sets by default -- unlimited send
+  and receive message sizes (gRPC's default receive limit is 4 MiB; bert-ee's hidden state at batch
+  64 is 4.7 MB) -- and adds keepalive pings: after ``KEEPALIVE.keepalive_time_ms`` without a frame
+  on a connection with a call in flight, a ping; no answer within ``keepalive_timeout_ms`` closes the
+  connection (a node that vanished without closing its sockets), and the call fails with UNAVAILABLE
+  and is tried once more on another pod. Pings are sent only while calls are in flight
+  (``keepalive_permit_without_calls`` off): Triton's server refuses pings on idle connections more
+  often than every 5 minutes (its ``--grpc-http2-min-recv-ping-interval-without-data``) and answers
+  repeated ones by closing the connection.
 """
 
 from __future__ import annotations
@@ -23,9 +33,7 @@ import time
 
 import numpy as np
 
-from e3.serving.triton_io import BlsError, BlsTimeout, bls_error
-
-__all__ = ["RemoteSplit"]
+__all__ = ["RemoteSplit", "channel_args", "KEEPALIVE_TIME_MS", "KEEPALIVE_TIMEOUT_MS"]
 
 # Extra client-side wait past the batch's deadline (s): the server answers an expired request itself.
 CLIENT_GRACE_S = 1.0
@@ -33,6 +41,28 @@ CLIENT_GRACE_S = 1.0
 UNAVAILABLE_TRIES = 2
 # A server address resolved by gRPC itself, every address balanced round-robin (e.g. a headless Service).
 DNS_SCHEME = "dns:///"
+# Keepalive (ms): a ping after this long without a frame while a call is in flight, and the wait for its answer.
+KEEPALIVE_TIME_MS = 30_000
+KEEPALIVE_TIMEOUT_MS = 10_000
+
+
+def channel_args(server: str) -> list[tuple[str, object]]:
+    """The gRPC channel options for ``server``: tritonclient's defaults (unlimited message sizes, its
+    keepalive option names) with keepalive pings on, and round-robin balancing for a ``dns:///`` name."""
+    from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions   # tritonclient's "unlimited": INT32_MAX
+    keep = KeepAliveOptions(keepalive_time_ms=KEEPALIVE_TIME_MS, keepalive_timeout_ms=KEEPALIVE_TIMEOUT_MS,
+                            keepalive_permit_without_calls=False)
+    args: list[tuple[str, object]] = [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keep.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keep.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", int(keep.keepalive_permit_without_calls)),
+        ("grpc.http2.max_pings_without_data", keep.http2_max_pings_without_data),
+    ]
+    if server.startswith(DNS_SCHEME):
+        args.append(("grpc.lb_policy_name", "round_robin"))
+    return args
 
 
 class RemoteSplit:
@@ -48,9 +78,8 @@ class RemoteSplit:
         client = getattr(self._local, "client", None)
         if client is None:
             import tritonclient.grpc as grpc
-            balanced = self.server.startswith(DNS_SCHEME)
-            client = self._local.client = grpc.InferenceServerClient(
-                self.server, channel_args=[("grpc.lb_policy_name", "round_robin")] if balanced else None)
+            client = self._local.client = grpc.InferenceServerClient(self.server,
+                                                                     channel_args=channel_args(self.server))
             with self._lock:
                 self._clients.append(client)
         return client
@@ -63,6 +92,9 @@ class RemoteSplit:
         """
         import tritonclient.grpc as grpc
         from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+        # Imported here: triton_io needs the Python backend's module, and channel_args is tested without it.
+        from e3.serving.triton_io import BlsError, BlsTimeout, bls_error
         tensors = []
         for name, value in inputs.items():
             value = np.ascontiguousarray(value)

@@ -23,14 +23,19 @@ import triton_python_backend_utils as pb_utils
 from e3.core.rows import request_slices, split_rows
 from e3.core.spec import TensorSpec, dtype_from_config
 from e3.serving.input_policy import InputError, check_request
+from e3.serving.output_policy import nonfinite_output
 
 __all__ = ["ResponseSender", "InputError", "BlsError", "BlsTimeout", "Gathered", "model_parameters", "io_specs", "gather",
-           "error_response", "tensor_response", "answer_responses", "split_responses", "bls", "bls_error",
-           "EXPIRED_IN_QUEUE", "INPUT_BOUNDS"]
+           "error_response", "tensor_response", "checked_response", "answer_responses", "split_responses", "bls",
+           "bls_error", "EXPIRED_IN_QUEUE", "INPUT_BOUNDS", "INTERNAL_ID"]
 
 
 # Triton's text for a request rejected because its timeout expired in a model's queue.
 EXPIRED_IN_QUEUE = "Request timeout expired"
+# The request id of this project's own BLS calls (:func:`bls`): a model called by another one answers such a
+# request's non-finite outputs as they are, so that one client's overflowing rows do not fail the rows of
+# other clients merged into the same call; the front door refuses them per client request.
+INTERNAL_ID = "e3-internal"
 # A model config's parameter holding {input name: [low, high]}: the value bounds of its inputs
 # (TensorSpec.bounds), which config.pbtxt's input fields cannot carry.
 INPUT_BOUNDS = "input_bounds"
@@ -66,6 +71,7 @@ class Gathered:
     sizes: list[int]               # rows per valid request
     valid: list[int]               # indices (into requests) of the valid requests
     responses: list                # one slot per request; error responses already filled in
+    internal: frozenset = frozenset()   # indices of requests from this project's BLS calls (INTERNAL_ID)
 
     @property
     def rows(self) -> int:
@@ -76,8 +82,10 @@ def gather(requests: list, specs: tuple[TensorSpec, ...]) -> Gathered:
     """Concatenate the inputs of ``requests``; reject those :func:`~e3.serving.input_policy.check_request`
     refuses with their own client error."""
     parts = {t.name: [] for t in specs}
-    sizes, valid, responses = [], [], [None] * len(requests)
+    sizes, valid, responses, internal = [], [], [None] * len(requests), set()
     for i, request in enumerate(requests):
+        if request.request_id() == INTERNAL_ID:
+            internal.add(i)
         try:
             arrays = {}
             for t in specs:
@@ -92,7 +100,7 @@ def gather(requests: list, specs: tuple[TensorSpec, ...]) -> Gathered:
         sizes.append(n)
         valid.append(i)
     arrays = {name: np.concatenate(p) if p else np.zeros(0) for name, p in parts.items()}
-    return Gathered(arrays, sizes, valid, responses)
+    return Gathered(arrays, sizes, valid, responses, frozenset(internal))
 
 
 def error_response(message: str, client_error: bool = False, unavailable: bool = False):
@@ -109,6 +117,13 @@ def tensor_response(outputs: dict[str, np.ndarray]):
                                                       for k, v in outputs.items()])
 
 
+def checked_response(outputs: dict[str, np.ndarray]):
+    """:func:`tensor_response`, or a client error when a float output is not finite
+    (:func:`e3.serving.output_policy.nonfinite_output`): what every answer and split output goes through."""
+    problem = nonfinite_output(outputs)
+    return error_response(problem, client_error=True) if problem else tensor_response(outputs)
+
+
 def answer_responses(got: Gathered, answers) -> list:
     """Fill ``got.responses`` with the front-door answers (DESIGN §2) of each valid request.
 
@@ -116,16 +131,16 @@ def answer_responses(got: Gathered, answers) -> list:
     ``probs`` [N, C] float32 over the concatenated batch (a BatchRoute).
     """
     for i, rows in zip(got.valid, request_slices(got.sizes)):
-        got.responses[i] = tensor_response({"label": answers.label[rows, None],
-                                            "exit_ramp": answers.exit_ramp[rows, None],
-                                            "probs": answers.probs[rows]})
+        respond = tensor_response if i in got.internal else checked_response
+        got.responses[i] = respond({"label": answers.label[rows, None], "exit_ramp": answers.exit_ramp[rows, None],
+                                    "probs": answers.probs[rows]})
     return got.responses
 
 
 def split_responses(got: Gathered, outputs: dict[str, np.ndarray]) -> list:
     """Fill ``got.responses`` with each valid request's rows of ``outputs`` (arrays over the concatenated batch)."""
     for i, part in zip(got.valid, split_rows(outputs, got.sizes)):
-        got.responses[i] = tensor_response(part)
+        got.responses[i] = tensor_response(part) if i in got.internal else checked_response(part)
     return got.responses
 
 
@@ -137,7 +152,7 @@ def bls(model: str, inputs: dict[str, np.ndarray], outputs: list[str], *, timeou
     callee's message), so a caller can never read outputs of a failed response.
     """
     request = pb_utils.InferenceRequest(
-        model_name=model, requested_output_names=outputs,
+        model_name=model, requested_output_names=outputs, request_id=INTERNAL_ID,
         inputs=[pb_utils.Tensor(k, np.ascontiguousarray(v)) for k, v in inputs.items()],
         **({"timeout": int(timeout_us)} if timeout_us else {}))
     response = request.exec()
@@ -199,7 +214,7 @@ class ResponseSender:
                 return
             request, what = item
             if isinstance(what, dict):
-                response = tensor_response(what)
+                response = checked_response(what)
             elif isinstance(what, str):
                 response = error_response(what)
             else:

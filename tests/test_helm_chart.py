@@ -1,7 +1,8 @@
-"""The Helm chart (deploy/helm/e3): rendered offline for default, multi-pool and GPU values, linted,
-every manifest validated against the Kubernetes schemas, and its key fields (probes, /dev/shm, the
-restricted model-control API, RBAC verbs) checked and compared with golden files
-(tests/golden/helm/; regenerate with E3_UPDATE_GOLDEN=1)."""
+"""The Helm chart (deploy/helm/e3): rendered offline for default (CPU), multi-pool, GPU, HPA, KEDA and
+object-storage (s3, gs) values, linted, every manifest validated against the Kubernetes schemas (CRDs by
+hand), every pod checked against the Pod Security Standards' restricted profile (tests/pss_restricted.py),
+and its key fields (probes, /dev/shm, the restricted model-control API, RBAC verbs) checked and compared
+with golden files (tests/golden/helm/; regenerate with E3_UPDATE_GOLDEN=1)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import helm_python            # pinned in requirements.txt: a missing package fa
 import kubernetes_validate
 import pytest
 import yaml
+
+from pss_restricted import pod_specs, violations
 
 CHART = Path(__file__).resolve().parent.parent / "deploy" / "helm" / "e3"
 GOLDEN = Path(__file__).parent / "golden" / "helm"
@@ -48,7 +51,17 @@ GPU = {
     "restrictedApi": {"enabled": True, "existingSecret": "my-e3-key"},
 }
 
-VALUES = {"default": {}, "multi-pool": MULTI_POOL, "gpu": GPU}
+HPA = {**MULTI_POOL, "autoscaling": {"enabled": True, "kind": "hpa"}}
+KEDA = {**MULTI_POOL, "autoscaling": {"enabled": True, "kind": "keda",
+                                      "prometheusUrl": "http://prometheus.monitoring.svc:9090"}}
+S3 = {"modelRepository": {"source": "objectStorage", "objectStorage": {
+    "url": "s3://models-bucket/e3/bert_ee", "credentialsSecret": "e3-s3", "region": "eu-west-1"}},
+      "controller": {"planConfigMap": "e3-plan"}}
+GCS = {"modelRepository": {"source": "objectStorage", "objectStorage": {
+    "url": "gs://models-bucket/e3/bert_ee", "credentialsSecret": "e3-gcs", "credentialsKey": "key.json"}}}
+
+VALUES = {"default": {}, "multi-pool": MULTI_POOL, "gpu": GPU, "hpa": HPA, "keda": KEDA, "s3": S3, "gcs": GCS}
+CRDS = {"monitoring.coreos.com/": "ServiceMonitor", "keda.sh/": "ScaledObject"}   # no schema ships for these
 
 
 def render(values: dict) -> list[dict]:
@@ -77,7 +90,8 @@ def key_fields(docs: list[dict]) -> dict:
     for name, dep in sorted(by_kind(docs, "Deployment").items()):
         pod = dep["spec"]["template"]["spec"]
         c = pod["containers"][0]
-        entry = {"replicas": dep["spec"]["replicas"], "image": c["image"], "args": c.get("args", []),
+        entry = {"replicas": dep["spec"].get("replicas", "(owned by the controller or an autoscaler)"),
+                 "strategy": dep["spec"].get("strategy"), "image": c["image"], "args": c.get("args", []),
                  "resources": c.get("resources", {}), "nodeSelector": pod.get("nodeSelector", {}),
                  "volumes": pod.get("volumes", []), "mounts": c.get("volumeMounts", []),
                  "initContainers": [{"name": i["name"], "command": i["command"]}
@@ -90,6 +104,9 @@ def key_fields(docs: list[dict]) -> dict:
         out[f"Role/{name}"] = role["rules"]
     for name, svc in sorted(by_kind(docs, "Service").items()):
         out[f"Service/{name}"] = svc["spec"]["ports"]
+    for kind in ("HorizontalPodAutoscaler", "ScaledObject", "NetworkPolicy", "PodDisruptionBudget"):
+        for name, doc in sorted(by_kind(docs, kind).items()):
+            out[f"{kind}/{name}"] = doc["spec"]
     return out
 
 
@@ -99,13 +116,62 @@ def test_every_manifest_is_valid_kubernetes(case):
     assert docs
     checked = 0
     for doc in docs:
-        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-            # A CRD of the Prometheus Operator: no schema for it ships with the validator.
-            assert doc["kind"] == "ServiceMonitor" and doc["spec"]["endpoints"][0]["port"] == "metrics"
+        crd = [kind for group, kind in CRDS.items() if doc["apiVersion"].startswith(group)]
+        if crd:   # CRDs (Prometheus Operator, KEDA): no schema for them ships with the validator; checked by hand
+            assert doc["kind"] == crd[0]
+            if crd[0] == "ServiceMonitor":
+                assert doc["spec"]["endpoints"][0]["port"] == "metrics"
+            else:
+                _check_scaled_object(doc)
             continue
         kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
         checked += 1
     assert checked >= 7
+
+
+def _check_scaled_object(doc: dict) -> None:
+    """A KEDA ScaledObject as keda.sh/v1alpha1 defines it (the fields KEDA's CRD requires and what we set)."""
+    spec = doc["spec"]
+    assert set(spec) <= {"scaleTargetRef", "minReplicaCount", "maxReplicaCount", "pollingInterval", "advanced",
+                         "triggers", "cooldownPeriod", "idleReplicaCount", "fallback"}
+    assert spec["scaleTargetRef"]["name"] and spec["triggers"], spec
+    assert 0 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+    for trigger in spec["triggers"]:
+        assert trigger["type"] == "prometheus" and trigger["metricType"] in ("AverageValue", "Value")
+        assert set(trigger["metadata"]) >= {"serverAddress", "query", "threshold"}
+        assert all(isinstance(v, str) for v in trigger["metadata"].values())   # KEDA's metadata is map[string]string
+
+
+@pytest.mark.parametrize("case", sorted(VALUES))
+def test_every_pod_passes_pod_security_restricted(case):
+    pods = pod_specs(render(VALUES[case]))
+    assert pods
+    for name, pod in pods.items():
+        assert not violations(pod), (name, violations(pod))
+
+
+def test_the_policy_check_catches_what_restricted_forbids():
+    """The checker itself: a pod from the chart passes; each single change that PSS restricted rejects fails."""
+    import copy
+    good = pod_specs(render(GPU))["Deployment/demo-e3-triton-t4"]
+    assert not violations(good) and good["initContainers"]
+    breaks = [
+        lambda p: p["initContainers"][0]["securityContext"].pop("allowPrivilegeEscalation"),
+        lambda p: p["containers"][0]["securityContext"]["capabilities"].update(drop=[]),
+        lambda p: p["containers"][0]["securityContext"]["capabilities"].update(add=["SYS_ADMIN"]),
+        lambda p: (p["securityContext"].pop("seccompProfile"),
+                   p["initContainers"][0]["securityContext"].pop("seccompProfile")),
+        lambda p: (p["securityContext"].pop("runAsNonRoot"),
+                   p["containers"][0]["securityContext"].pop("runAsNonRoot")),
+        lambda p: p["volumes"].append({"name": "host", "hostPath": {"path": "/var"}}),
+        lambda p: p.update(hostNetwork=True),
+        lambda p: p["containers"][0]["ports"][0].update(hostPort=8000),
+        lambda p: p["containers"][0]["securityContext"].update(privileged=True),
+    ]
+    for i, change in enumerate(breaks):
+        pod = copy.deepcopy(good)
+        change(pod)
+        assert violations(pod), f"change {i} should break PSS restricted"
 
 
 @pytest.mark.parametrize("case", sorted(VALUES))
@@ -151,7 +217,7 @@ def test_shm_is_a_memory_volume_sized_for_the_python_backend():
 def test_model_control_is_restricted_with_the_secret_key():
     docs = render({})
     c = _triton(docs, "main")["containers"][0]
-    apis = "model-repository,model-config,shared-memory"   # as `e3 serve` restricts them
+    apis = "model-repository,model-config,shared-memory,logging,trace"   # as `e3 serve`, plus logging and trace
     assert f"--http-restricted-api={apis}:e3-api-key=$(E3_API_KEY)" in c["args"]
     assert f"--grpc-restricted-protocol={apis}:e3-api-key=$(E3_API_KEY)" in c["args"]
     key = next(e for e in c["env"] if e["name"] == "E3_API_KEY")["valueFrom"]["secretKeyRef"]
@@ -185,7 +251,8 @@ def test_pools_get_their_own_deployment_service_and_models():
         ["--load-model=bert_ee_split_4-6"]
     assert deep["nodeSelector"] == {"e3/pool": "deep"}
     assert set(by_kind(docs, "Service")) == {"demo-e3-triton-front", "demo-e3-triton-deep",
-                                             "demo-e3-triton-front-pods", "demo-e3-triton-deep-pods"}
+                                             "demo-e3-triton-front-pods", "demo-e3-triton-deep-pods",
+                                             "demo-e3-controller"}
     assert by_kind(docs, "Service")["demo-e3-triton-deep-pods"]["spec"]["clusterIP"] == "None"
     settings = by_kind(docs, "ConfigMap")["demo-e3-settings"]["data"]
     assert settings["E3_DEVICES"] == "cpu:10"   # 2 devices per pod x (1 + 4) max replicas

@@ -48,7 +48,7 @@ from e3.serving.device.dispatch import QueueView, choose
 from e3.serving.device.executor import DeviceSettings, make_executor
 from e3.serving.policy import BatchRoute
 
-__all__ = ["DevicePipeline", "StockRunner", "NaiveRunner", "Answer", "segments_at"]
+__all__ = ["DevicePipeline", "StockRunner", "NaiveRunner", "Answer", "segments_at", "head_answer"]
 
 log = logging.getLogger(__name__)
 
@@ -381,15 +381,19 @@ class StockRunner:
             m = min(step, n - at)
             chunk = tuple(torch.from_numpy(np.ascontiguousarray(arrays[s.name][at:at + m])) for s in self.card.inputs)
             (logits,) = self.executor.run([chunk], m)
-            route = BatchRoute(m, C, L, self.rule_free(), {})
-            route.observe({L: logits.float().cpu().numpy()})
-            answer.label[at:at + m], answer.probs[at:at + m] = route.label, route.probs
+            part = head_answer(logits.float().cpu().numpy(), self.card)
+            answer.label[at:at + m], answer.probs[at:at + m] = part.label, part.probs
         return answer
 
-    @staticmethod
-    def rule_free() -> ExitRule:
-        from e3.core.exits import EntropyRule
-        return EntropyRule(0.0)   # never consulted: only the head is observed
+
+def head_answer(logits: np.ndarray, card) -> Answer:
+    """The front door's answers of rows that ran the head alone ([n, C] logits): the stock model's, and the
+    admission stage's, by the reference's own code (a :class:`BatchRoute` that observes only the head)."""
+    from e3.core.exits import EntropyRule
+    n, L = len(logits), card.num_blocks
+    route = BatchRoute(n, card.num_classes, L, EntropyRule(0.0), {})   # the rule is never consulted at the head
+    route.observe({L: np.asarray(logits, np.float32)})
+    return Answer(route.label, np.full(n, L, np.int32), route.probs)
 
 
 class NaiveRunner:

@@ -6,10 +6,19 @@
 #   docker build -f deploy/helm/images/e3.Dockerfile -t e3:0.1.0 .
 #
 # Set PYTHON_IMAGE to a Python 3.11 image from the registry you use. Never built in this project (no
-# Docker on its machines). Checkpoints are not in the image: mount them (artifacts/checkpoints) or let
-# `e3 export` train zoo models on first use (minutes per model).
+# Docker on its machines); tests/test_images.py installs the package from exactly the COPY lines below
+# (every folder of pyproject.toml's package-dir), so a folder missing here fails the suite.
+#
+# Checkpoints are not in the image and nothing here trains: `e3 export` of a trained zoo model (bert-ee,
+# resnet-ee, ...) reads them from E3_ARTIFACTS/checkpoints, which the chart mounts from a volume
+# (modelRepository.export.checkpointsPvc); or build the repository outside the cluster and mount or
+# sync it (docs/kubernetes.md). The controller needs no checkpoint: it plans from the latency profile
+# and the served plan.
 ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE}
+# E3_EXTRAS=gpu adds the optional `gpu` extra (TensorRT, ONNX Runtime on CUDA) for an export init container
+# that builds TensorRT engines on a GPU pool (modelRepository.export.format tensorrt); default: none.
+ARG E3_EXTRAS=""
 
 WORKDIR /opt/e3
 COPY requirements.txt requirements.lock requirements-nodeps.txt pyproject.toml README.md ./
@@ -22,8 +31,16 @@ COPY controller controller
 COPY client client
 COPY deploy deploy
 COPY generation generation
-RUN python3 -m pip install --no-cache-dir --no-deps --no-build-isolation -e . && e3 --help > /dev/null
+COPY simulator simulator
+COPY benchmarks benchmarks
+COPY cli cli
+# A regular (not editable) install: the image holds the package, not a link to its build folder.
+RUN python3 -m pip install --no-cache-dir --no-deps --no-build-isolation . && e3 --help > /dev/null \
+ && if [ -n "${E3_EXTRAS}" ]; then python3 -m pip install --no-cache-dir ".[${E3_EXTRAS}]" -c requirements.lock; fi
 
-RUN useradd --uid 1000 --create-home e3 && mkdir -p /opt/e3/artifacts && chown -R e3 /opt/e3/artifacts
+# E3_ARTIFACTS: where `e3` reads checkpoints and writes its files (a volume in the chart; the root
+# filesystem stays read-only).
+ENV E3_ARTIFACTS=/var/lib/e3 OMP_NUM_THREADS=1
+RUN useradd --uid 1000 --create-home e3 && mkdir -p /var/lib/e3 && chown -R e3 /var/lib/e3
 USER 1000
 ENTRYPOINT []

@@ -47,7 +47,7 @@ e3.pool: {{ .pool.name }}
 {{/* A pool entry with every optional field filled in, as JSON (use: include "e3.pool" $entry | fromJson). */}}
 {{- define "e3.pool" -}}
 {{- $d := dict "replicas" 1 "minReplicas" 1 "devicesPerPod" 1 "price" 1.0 "gpu" (dict "type" "" "count" 0)
-      "nodeSelector" (dict) "tolerations" (list) "resources" (dict) "models" (list) -}}
+      "nodeSelector" (dict) "tolerations" (list) "resources" (dict) "models" (list) "repository" (dict) -}}
 {{- $p := mergeOverwrite $d (deepCopy .) -}}
 {{- if not (hasKey . "maxReplicas") -}}{{- $_ := set $p "maxReplicas" (max $p.replicas $p.minReplicas) -}}{{- end -}}
 {{- toJson $p -}}
@@ -56,4 +56,27 @@ e3.pool: {{ .pool.name }}
 {{/* The headless Service of a pool: one DNS record per ready pod, for the controller. */}}
 {{- define "e3.podsName" -}}
 {{- printf "%s-pods" (include "e3.poolName" . | trunc 58 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/* Does a pool's replica count belong to its owner (the controller or an autoscaler) rather than the chart?
+     Every pool that may run between minReplicas and maxReplicas pods, except the router's (one pod).
+     Use: include "e3.scales" (dict "root" $ "pool" $pool) -> "true" or "". */}}
+{{- define "e3.scales" -}}
+{{- if and (ne .pool.name (include "e3.routerPool" .root)) (lt (int .pool.minReplicas) (int .pool.maxReplicas)) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The checksum of the API key every pod that reads it carries: a changed key rolls those pods together. */}}
+{{- define "e3.apiKeyChecksum" -}}
+{{- if .Values.restrictedApi.existingSecret -}}
+{{- printf "existing:%s/%s" .Values.restrictedApi.existingSecret .Values.restrictedApi.secretKey | sha256sum -}}
+{{- else -}}
+{{- include (print .Template.BasePath "/secret.yaml") . | sha256sum -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A container's securityContext (PSS restricted), with readOnlyRootFilesystem: (dict "root" $ "readOnly" bool) */}}
+{{- define "e3.containerSecurity" -}}
+{{- $sc := deepCopy .root.Values.containerSecurityContext -}}
+{{- $_ := set $sc "readOnlyRootFilesystem" .readOnly -}}
+{{- toYaml $sc -}}
 {{- end -}}

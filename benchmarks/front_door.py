@@ -1,0 +1,101 @@
+"""The guard's overhead against Triton's own HTTP port, side by side, one server.
+
+Starts tiny-ee's router and splits on the embedded tritonserver with its HTTP port locked by the guard's
+per-start secret (as ``e3 serve`` runs it), the guard in front (this process, its own event loop thread,
+as in ``e3 serve``), and drives both with Triton's ``perf_analyzer`` (the C++ load generator shipped in the
+client wheel: HTTP, asynchronous, ``--concurrency-range C``, one input per request, binary tensors,
+``--input-data zero``): first through the guard, then straight to Triton's port (the secret sent as a
+header), alternating for ``--rounds``. Each run is a fixed request count sized from a short calibration on
+Triton's port so that it lasts about ``--seconds``; perf_analyzer fails the run on any failed request or
+broken connection, and the guard's answers by status are read from its counters. Prints throughput and
+p99 per run and the ratios guard / direct. The guard, Triton and perf_analyzer share the machine's cores
+(printed): what the guard costs in CPU is taken from Triton.
+
+Usage: ``.venv/bin/python benchmarks/front_door.py [--concurrency 256] [--seconds 30] [--rounds 1]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from e3.deploy.guard import Guard
+from e3.deploy.server import GUARD_HEADER, TritonServer
+from e3.deploy.tools import perf_analyzer_binary, tool_env
+
+MODELS = ["tiny_ee_split_1-2", "tiny_ee_split_3-4", "tiny_ee_router"]
+
+
+def perf(url: str, concurrency: int, requests: int, headers: dict[str, str]) -> dict:
+    """One perf_analyzer run of ``requests`` requests; throughput (req/s), p99 (ms), and its exit status."""
+    cmd = [perf_analyzer_binary(), "-m", "tiny_ee_router", "-u", url, "-i", "http", "--async",
+           "--concurrency-range", str(concurrency), "--request-count", str(requests), "--input-data", "zero",
+           "--percentile", "99", "-b", "1", "--shape", "input_ids:16", "--shape", "attention_mask:16"]
+    for k, v in headers.items():
+        cmd += ["-H", f"{k}:{v}"]
+    p = subprocess.run(cmd, env=tool_env(), capture_output=True, text=True)
+    out = p.stdout + p.stderr
+    tput = re.search(r"Throughput: ([\d.]+) infer/sec", out)
+    p99 = re.search(r"p99 latency: (\d+) usec", out)
+    count = re.search(r"Request count: (\d+)", out)
+    if p.returncode or not tput or not p99:
+        return {"ok": False, "rc": p.returncode, "out": out[-2000:]}
+    return {"ok": True, "rps": float(tput.group(1)), "p99_ms": int(p99.group(1)) / 1e3,
+            "requests": int(count.group(1)) if count else requests}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repo", default=None, help="tiny-ee repository (default: exported into artifacts/)")
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--seconds", type=float, default=30.0, help="approximate length of each run")
+    parser.add_argument("--rounds", type=int, default=1, help="guard/direct pairs, alternating")
+    args = parser.parse_args()
+    from e3.paths import artifacts_dir
+    repo = Path(args.repo) if args.repo else Path(artifacts_dir()) / "bench" / "front-door-tiny-ee"
+    if not (repo / "tiny_ee_router").is_dir():
+        from e3.export.repository import ExportSettings, export_repository
+        export_repository("tiny-ee", "2", repo, settings=ExportSettings(slo_ms=10_000.0), progress=False)
+    with TritonServer.on_free_ports(repo, MODELS, guard_secret=True, exit_timeout_s=3) as server, \
+            Guard(server.http_url, port=0, upstream_headers=server.http_headers) as guard:
+        secret = {GUARD_HEADER: server.http_headers()[GUARD_HEADER]}
+        calib = perf(server.http_url, args.concurrency, 2000, secret)
+        if not calib["ok"]:
+            print(calib["out"], file=sys.stderr)
+            return 1
+        n = max(1000, int(calib["rps"] * args.seconds))
+        print(f"cores: {os.cpu_count()} shared by tritonserver (router + 2 splits, 1 thread each), the guard "
+              f"(one event loop) and perf_analyzer; {args.concurrency} concurrent HTTP clients, "
+              f"{n} requests per run (~{args.seconds:g} s at the calibrated {calib['rps']:.0f} req/s)")
+        rows = []
+        for r in range(args.rounds):
+            for side, url, headers in (("guard", guard.url, {}), ("direct", server.http_url, secret)):
+                before = sum(guard.responses.values())
+                res = perf(url, args.concurrency, n, headers)
+                res["side"], res["round"] = side, r
+                if side == "guard":
+                    res["guard_answers"] = dict(guard.responses)
+                    res["guard_new"] = sum(guard.responses.values()) - before
+                rows.append(res)
+                if not res["ok"]:
+                    print(f"{side}: perf_analyzer failed (exit {res['rc']}):\n{res['out']}")
+                else:
+                    print(f"round {r} {side:<6} {res['rps']:8.1f} req/s  p99 {res['p99_ms']:7.1f} ms  "
+                          f"({res['requests']} requests, 0 failed)")
+        ok = all(x["ok"] for x in rows)
+        if ok:
+            for r in range(args.rounds):
+                g, d = (next(x for x in rows if x["round"] == r and x["side"] == s) for s in ("guard", "direct"))
+                print(f"round {r}: guard/direct throughput {g['rps'] / d['rps']:.2f}x (bound >= 0.9), "
+                      f"p99 {g['p99_ms'] / d['p99_ms']:.2f}x (bound <= 1.2)")
+            print(f"guard answers by status over the whole run: {dict(guard.responses)} "
+                  "(anything but 200 would be a failure the guard produced)")
+        return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

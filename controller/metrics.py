@@ -1,0 +1,127 @@
+"""The controller's own endpoint: Prometheus metrics and its health, for probes and autoscalers.
+
+``/metrics`` (Prometheus text format, ``prometheus_client``):
+
+* ``e3_controller_desired_replicas{pool}`` -- pods each pool should run for the plan the controller wants
+  in force (:func:`e3.controller.signals.desired_replicas`): the signal an HPA (External metric, target
+  AverageValue 1) or a KEDA ScaledObject (Prometheus trigger) scales a pool's Deployment on, when the chart
+  gives the replicas to one of them instead of the controller;
+* ``e3_controller_dropped_rate`` -- inputs/s the router dropped in the last window (the desired replicas'
+  drop rate: drops mean the plan did not serve the traffic in time);
+* ``e3_controller_offered_rate`` and ``e3_controller_planned_rate`` -- inputs/s offered in the last window and
+  the rate its plan was made for;
+* ``e3_controller_windows_total``, ``e3_controller_window_errors_total`` (telemetry or planner failures),
+  ``e3_controller_plans_applied_total``, ``e3_controller_last_window_timestamp_seconds``.
+
+``/healthz`` (liveness): 200 while the control loop has finished a window within ``stale_after_s`` (default
+three windows plus a minute: an apply may wait for pods), else 503, so a wedged loop is restarted.
+``/readyz`` (readiness): 200 once the loop runs (the model's facts are known and the first window began).
+
+Decisions: one registry per controller (not the process-wide default), so tests can run several; the server
+is a ``ThreadingHTTPServer`` in a daemon thread on the port the chart names (``controller.metricsPort``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from e3.controller.signals import desired_replicas
+from e3.core.plan import Plan
+from e3.deploy.pools import Pools
+
+__all__ = ["ControllerMetrics"]
+
+
+class ControllerMetrics:
+    """Gauges and counters of one controller; :meth:`observe` after every window, :meth:`serve` to expose."""
+
+    def __init__(self, *, pools: Pools | None, window_s: float, stale_after_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.pools, self.clock = pools, clock
+        self.stale_after_s = stale_after_s if stale_after_s is not None else 3 * window_s + 60.0
+        self.registry = r = CollectorRegistry()
+        self.desired = Gauge("e3_controller_desired_replicas", "Pods each pool should run for the plan the "
+                             "controller wants in force", ["pool"], registry=r)
+        self.dropped = Gauge("e3_controller_dropped_rate", "Inputs per second dropped in the last window", registry=r)
+        self.offered = Gauge("e3_controller_offered_rate", "Inputs per second offered in the last window", registry=r)
+        self.planned = Gauge("e3_controller_planned_rate", "Inputs per second the last plan was made for",
+                             registry=r)
+        self.windows = Counter("e3_controller_windows", "Control windows closed", registry=r)
+        self.errors = Counter("e3_controller_window_errors", "Windows whose telemetry or planning failed",
+                              registry=r)
+        self.applied = Counter("e3_controller_plans_applied", "Plans applied", registry=r)
+        self.last = Gauge("e3_controller_last_window_timestamp_seconds", "Unix time of the last window",
+                          registry=r)
+        self.ready = False
+        self._beat = clock()
+        self._server: ThreadingHTTPServer | None = None
+
+    def started(self, plan: Plan | None) -> None:
+        """The loop runs: ready, and the desired replicas of the running plan published."""
+        self.ready, self._beat = True, self.clock()
+        self.publish_plan(plan)
+
+    def publish_plan(self, plan: Plan | None) -> None:
+        if self.pools is not None:
+            for pool, n in desired_replicas(plan, self.pools).items():
+                self.desired.labels(pool=pool).set(n)
+
+    def observe(self, report, wanted: Plan | None) -> None:
+        """One window's :class:`~e3.controller.loop.StepReport`, and the plan the controller now wants."""
+        self._beat = self.clock()
+        self.windows.inc()
+        self.last.set(time.time())
+        if report.error:
+            self.errors.inc()
+        if report.applied:
+            self.applied.inc()
+        for gauge, value in ((self.dropped, report.dropped_rps), (self.offered, report.offered_rps),
+                             (self.planned, report.planned_rps)):
+            if value is not None:
+                gauge.set(value)
+        self.publish_plan(wanted)
+
+    def healthy(self) -> bool:
+        return self.clock() - self._beat <= self.stale_after_s
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> int:
+        """Serve /metrics, /healthz and /readyz on ``port`` (0: any free one) in a daemon thread; the port."""
+        metrics = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    code, body, kind = 200, metrics.text(), CONTENT_TYPE_LATEST
+                elif path in ("/healthz", "/readyz"):
+                    ok = metrics.healthy() if path == "/healthz" else metrics.ready
+                    code, body, kind = (200 if ok else 503), (b"ok\n" if ok else b"not ok\n"), "text/plain"
+                else:
+                    code, body, kind = 404, b"not found: /metrics, /healthz, /readyz\n", "text/plain"
+                self.send_response(code)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):   # probes every few seconds: keep the controller's log for windows
+                pass
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        threading.Thread(target=self._server.serve_forever, name="e3-controller-metrics", daemon=True).start()
+        return self._server.server_address[1]
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,63 @@
+"""What the controller must know about the served model, without its checkpoint.
+
+The controller plans and scores plans; for that it needs the model's block count, which blocks have a
+ramp, and its exit rule. It never needs the weights, so it never resolves the zoo model (which loads a
+checkpoint: a controller image has none, and a controller that raised ``CheckpointMissing`` would
+crash-loop). :func:`model_facts` takes them, in this order, from
+
+1. the repository's manifest (``e3_repository.json``: the model card ``e3 export`` wrote), when the
+   controller sees the repository;
+2. else a plan: ``--plan PLAN.json`` (e.g. the plan the repository was exported with), or the plan the
+   router serves now (its config's ``plan`` parameter): the exit rule and the block count; the ramps are
+   the ones the latency profile measured (``e3 profile`` times every ramp the model has).
+
+Decisions: the latency profile is always required (the planner's input) and must describe the same block
+count as the card or plan; a disagreement is an error naming both, not a guess. A plan enables a subset
+of the model's ramps, so its enabled ramps never stand for the model's ramps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from e3.core.plan import Plan
+from e3.core.profile import LatencyProfile
+
+__all__ = ["ModelFacts", "model_facts"]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    num_blocks: int                   # L
+    ramp_blocks: tuple[int, ...]      # blocks followed by a ramp (< L)
+    exit_rule: dict[str, Any]         # e3.core.exits rule, e.g. {"kind": "entropy", "tau_nats": 0.47}
+    source: str                       # where they came from (printed at start)
+
+
+def model_facts(latency: LatencyProfile, *, card: Mapping[str, Any] | None = None, plan: Plan | None = None,
+                plan_source: str = "plan") -> ModelFacts:
+    """The served model's facts from a manifest ``card`` (dict) or a ``plan``, checked against ``latency``.
+
+    Raises ValueError naming what is missing or inconsistent and what to give instead.
+    """
+    if card is not None:
+        facts = ModelFacts(int(card["num_blocks"]), tuple(int(k) for k in card["ramp_blocks"]),
+                           dict(card.get("exit_rule") or {}), "the repository's manifest (model card)")
+        if not facts.exit_rule:
+            raise ValueError("the repository's model card has no exit rule; re-export the model")
+    elif plan is not None:
+        facts = ModelFacts(plan.num_blocks, tuple(latency.ramp_blocks()), dict(plan.exit_rule),
+                           f"{plan_source} {plan.plan_id} (exit rule) and the latency profile (ramps)")
+    else:
+        raise ValueError(f"nothing tells the controller {latency.model}'s exit rule: the repository is not visible "
+                         "here (--repo), no --plan was given and the router serves no plan yet; give --plan "
+                         "PLAN.json (the plan the repository was exported with) or --repo REPO")
+    if facts.num_blocks != latency.num_blocks:
+        raise ValueError(f"the latency profile is for {latency.num_blocks} blocks of {latency.model}, but "
+                         f"{facts.source} says {facts.num_blocks}: profile the served model (e3 profile)")
+    missing = sorted(set(facts.ramp_blocks) - set(latency.ramp_blocks()))
+    if missing:
+        raise ValueError(f"the latency profile has no timings for the ramps after blocks {missing} that "
+                         f"{facts.source} lists: profile the served model with its ramps (e3 profile)")
+    return facts

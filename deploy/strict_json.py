@@ -1,0 +1,132 @@
+"""One strict JSON parse for the HTTP guard (pure: bytes in, Python values or :class:`StrictJSONError` out).
+
+Why (probed on the embedded Triton 2.51 behind the guard of before): the guard validated with Python's
+lenient parser and forwarded the original bytes, which Triton parsed again and read differently. Python keeps
+the *last* of two duplicate keys, Triton's parser acts on the *first* (a body whose first ``"inputs"``
+declared ``[2^33, 16]`` passed the guard and aborted tritonserver with ``std::bad_alloc``); ``json.loads``
+of bytes guesses UTF-16/UTF-32 and skips a BOM, and keeps lone surrogates, which Triton answered with 5xx.
+So the guard parses once, strictly, and forwards only what it re-serialised itself
+(:mod:`e3.deploy.request_check`). What this parse refuses, each with a message naming it:
+
+* any encoding but UTF-8: a byte-order mark, UTF-16/UTF-32 (NUL bytes), invalid UTF-8 sequences (the
+  message gives the byte offset), and ``\\uD800``-style escapes that leave a lone surrogate;
+* a duplicate key in any object (the message names the key);
+* ``NaN``, ``Infinity``, ``-Infinity``, and numbers whose value is not finite (``1e999``);
+* integers of more than :data:`MAX_INT_DIGITS` digits (Python would refuse past 4,300 digits with an
+  exception of its own; no tensor element or size needs more than 20);
+* nesting deeper than :data:`MAX_DEPTH` (checked on the text before parsing, so a deep body costs one
+  scan of its bytes, not a recursion).
+
+The cost of the parse is linear in the body's length.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+__all__ = ["StrictJSONError", "loads_strict", "dumps_canonical", "MAX_INT_DIGITS", "MAX_DEPTH"]
+
+MAX_INT_DIGITS = 20        # 2^64 has 20 digits: every integer datatype and byte size fits
+MAX_DEPTH = 64             # objects and lists nested in one another (a request needs about 6)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_BRACKETS = re.compile(rb'[\[\]{}"\\]')
+
+
+class StrictJSONError(ValueError):
+    """The body is not strict JSON; the message says what and where (for an HTTP 400)."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise StrictJSONError(f"duplicate key {key[:40]!r} in an object (each key may appear once)")
+            seen.add(key)
+    return out
+
+
+def _constant(name: str):
+    raise StrictJSONError(f"{name} is not a JSON number")
+
+
+def _int(text: str) -> int:
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_INT_DIGITS:
+        raise StrictJSONError(f"an integer of {digits} digits (at most {MAX_INT_DIGITS} are accepted)")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise StrictJSONError(f"the number {text[:30]} is out of range (not a finite double)")
+    return value
+
+
+def _depth(data: bytes) -> int:
+    """The deepest nesting of objects and lists in ``data`` (strings skipped), stopping past MAX_DEPTH."""
+    depth = deepest = 0
+    in_string = False
+    skip = -1   # position of a byte escaped by a backslash inside a string
+    for m in _BRACKETS.finditer(data):
+        at, c = m.start(), m.group()
+        if at == skip:
+            continue
+        if in_string:
+            if c == b"\\":
+                skip = at + 1
+            elif c == b'"':
+                in_string = False
+        elif c == b'"':
+            in_string = True
+        elif c in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_DEPTH:
+                break
+        elif c in b"]}":
+            depth -= 1
+    return deepest
+
+
+def loads_strict(data: bytes, *, what: str = "the body") -> Any:
+    """Parse ``data`` (bytes) as strict UTF-8 JSON; raise :class:`StrictJSONError` naming the problem."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        raise StrictJSONError(f"{what} starts with a UTF-8 byte-order mark; send UTF-8 JSON without one")
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise StrictJSONError(f"{what} starts with a UTF-16/UTF-32 byte-order mark; send UTF-8 JSON")
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise StrictJSONError(f"{what} holds a NUL byte at offset {nul} (UTF-16/UTF-32 are not accepted; "
+                              "send UTF-8 JSON)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise StrictJSONError(f"{what} is not valid UTF-8 (byte {err.start}: {err.reason})") from None
+    if _depth(data) > MAX_DEPTH:
+        raise StrictJSONError(f"{what} nests objects and lists deeper than {MAX_DEPTH} levels")
+    try:
+        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_constant, parse_int=_int,
+                           parse_float=_float)
+    except json.JSONDecodeError as err:
+        raise StrictJSONError(f"{what} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") \
+            from None
+    except RecursionError:
+        raise StrictJSONError(f"{what} nests objects and lists too deeply") from None
+    if _SURROGATE_ESCAPE.search(data):
+        try:   # a \uD83D\uDE00 pair is one character after parsing; a lone half stays a surrogate
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise StrictJSONError(f"{what} holds a \\u escape of a lone UTF-16 surrogate (not a character)") \
+                from None
+    return value
+
+
+def dumps_canonical(value: Any) -> bytes:
+    """The one serialisation the guard forwards: compact, ASCII only (every non-ASCII character escaped),
+    keys in the order given. ``value`` must come from :func:`loads_strict` or be built from its parts."""
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode("ascii")
