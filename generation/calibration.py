@@ -219,7 +219,7 @@ def _calm_s_per_token(costs: Costs, rates: np.ndarray, *, measure: str, batch: i
             if rates[j] > 0:                                     # rows leaving here: one kv-fill call per step
                 total += rates[j] * (costs.fill_per_row_s + (costs.head_s if measure != "softmax" else 0.0))
                 total += costs.fill_fixed_s * min(1.0, batch * rates[j]) / batch
-    return total + float(rates[n - 1]) * costs.head_s
+    return float(total + float(rates[n - 1]) * costs.head_s)
 
 
 def calibrate(records: dict, costs: Costs, targets=TARGETS, *, batch: int = 16, grid: int = 40) -> dict:
@@ -251,8 +251,8 @@ def calibrate(records: dict, costs: Costs, targets=TARGETS, *, batch: int = 16, 
         measure, thr, p = best if best else ("classifier", [NEVER] * n_exits, {"agreement": 1.0,
                                                                                "exit_rate": [0.0] * n_exits,
                                                                                "s_per_token": plain_s})
-        speedup = plain_s / p["s_per_token"] if p["s_per_token"] else 1.0
-        fallback = speedup < MIN_GAIN or not any(p["exit_rate"])
+        speedup = float(plain_s / p["s_per_token"]) if p["s_per_token"] else 1.0
+        fallback = bool(speedup < MIN_GAIN or not any(p["exit_rate"]))
         doc["targets"].append({"min_agreement": target, "measure": measure,
                                "thresholds": [NEVER] * n_exits if fallback else [float(x) for x in thr],
                                "predicted_agreement": 1.0 if fallback else p["agreement"],
