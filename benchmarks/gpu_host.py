@@ -1,4 +1,4 @@
-"""What runs on a lent NVIDIA GPU host, in one go: ``python3 benchmarks/gpu_host.py OUT_DIR [side-by-side,profiles,admission,admission-triton]``.
+"""What runs on a lent NVIDIA GPU host, in one go: ``python3 benchmarks/gpu_host.py OUT_DIR [side-by-side,profiles,admission,generation,admission-triton]``.
 
 Such a host has PyTorch with CUDA and no package registry; the repository travels without its virtual
 environment. So this needs only torch, numpy and tqdm, and imports the project from the checkout through a
@@ -14,6 +14,8 @@ OUT_DIR (each step on its own; one failing does not stop the others):
 * ``admission_triton.json``: E²bird's stage through Triton on this GPU, with its memory pool and workers on
   streams, against Triton's batcher (``benchmarks/admission_triton.py``; ``e3 bench admission --measured FILE``
   renders it; not a default step: run it alone, ``... OUT_DIR admission-triton``, it takes a few minutes);
+* ``generation_gpu.json``: early-exit generation's modes with the KV cache on the device
+  (``benchmarks/generation_gpu.py``);
 * ``gpu.txt``: the GPU, its driver, and which ONNX Runtime providers the host has.
 
 Back on a development machine, ``e3 bench gpu --measured OUT_DIR/bert_ee.h100.json`` simulates the
@@ -55,7 +57,7 @@ def _step(name: str, fn) -> None:
         print(f"== {name}: FAILED after {time.perf_counter() - start:.0f} s", flush=True)
 
 
-DEFAULT_STEPS = ("side-by-side", "profiles", "admission")
+DEFAULT_STEPS = ("side-by-side", "profiles", "admission", "generation")
 
 
 def main(out: Path, steps: tuple[str, ...] = DEFAULT_STEPS) -> int:
@@ -118,6 +120,9 @@ def main(out: Path, steps: tuple[str, ...] = DEFAULT_STEPS) -> int:
             spec.loader.exec_module(runner)
             runner.run(runner.Settings(out.resolve(), budget_s=420.0))
         _step("E2bird's stage through Triton on the GPU", admission_triton)
+    if "generation" in steps:   # benchmarks/generation_gpu.py: writes generation_gpu.json
+        from e3.benchmarks.generation_gpu import run as generation
+        _step("early-exit generation, KV on the device", lambda: generation(out))
     return 0
 
 

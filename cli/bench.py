@@ -138,10 +138,12 @@ def _bench_admission_gpu(args) -> int:
 def _bench_generate(args) -> int:
     from e3.benchmarks.generation import GenerateBenchSettings, run_generate_bench
     try:
-        taus = tuple(float(t) for t in args.taus.split(","))
+        floats = lambda text: tuple(float(t) for t in text.split(",") if t)
         run_generate_bench(GenerateBenchSettings(model=args.model, prompts=args.prompts, new_tokens=args.new_tokens,
-                                                 taus=taus, tau=args.tau, fast_tau=args.fast_tau,
-                                                 draft_tokens=args.draft_tokens,
+                                                 targets=floats(args.min_agreement), taus=floats(args.taus),
+                                                 draft_tokens=args.draft_tokens, rounds=args.rounds,
+                                                 lossless_prompts=args.lossless_prompts,
+                                                 extra_systems=args.extra_systems,
                                                  out=Path(args.out) if args.out else None,
                                                  write_docs=not args.no_docs))
     except (ValueError, FileNotFoundError) as err:
@@ -275,19 +277,24 @@ def add_bench(sub, repo_help: str) -> None:
     adm.add_argument("--report", default=None, metavar="JSON",
                      help="with --cuda: do not run; write docs/RESULTS.md's GPU section from a saved run (e.g. one "
                           "made by benchmarks/gpu_host.py on a GPU host)")
-    gen = _verb(bsub, "generate", _bench_generate, "early-exit generation on one server: tokens/s, TTFT, TPOT of the full "
-                                           "model, E3 (CALM exits, re-batched), naive early exit and self-speculative "
-                                           "decoding; agreement and perplexity against the threshold; writes "
-                                           "artifacts/results/generation.json and a section of docs/RESULTS.md")
+    gen = _verb(bsub, "generate", _bench_generate, "early-exit generation on one server: tokens/s (ratio to the full "
+                                           "model, interleaved rounds), TTFT, TPOT of the full model, CALM at "
+                                           "calibrated --min-agreement targets and lossless speculation; agreement, "
+                                           "perplexity, confidence measure, decision and head costs; a lossless check "
+                                           "on held-out prompts; writes artifacts/results/generation.json and a "
+                                           "section of docs/RESULTS.md")
     gen.add_argument("--model", default="smollm2-ee", help="generation model (default smollm2-ee; its exit heads are "
                                                           "trained on first use, a few minutes)")
     gen.add_argument("--prompts", type=int, default=16, help="held-out prompts (default 16)")
     gen.add_argument("--new-tokens", type=int, default=32, help="tokens generated per prompt (default 32)")
-    gen.add_argument("--taus", default="0.1,0.2,0.3,0.5,0.7,0.9", help="thresholds of the quality table")
-    gen.add_argument("--tau", type=float, default=0.5, help="threshold of the speed table's early-exit systems")
-    gen.add_argument("--fast-tau", type=float, default=0.2, help="an extra, aggressive threshold for E3 in the speed "
-                                                                 "table (default 0.2)")
-    gen.add_argument("--draft-tokens", type=int, default=4, help="self-speculative draft length (default 4)")
+    gen.add_argument("--min-agreement", default="0.9,0.95", help="CALM quality targets of the speed table, "
+                                                                  "comma-separated (default 0.9,0.95; calibrated at export)")
+    gen.add_argument("--taus", default="0.5,0.9", help="raw softmax thresholds listed in the quality table")
+    gen.add_argument("--draft-tokens", type=int, default=4, help="most tokens a speculative round drafts (default 4)")
+    gen.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the speed table (default 3)")
+    gen.add_argument("--lossless-prompts", type=int, default=50, help="held-out prompts of the lossless check (default 50)")
+    gen.add_argument("--extra-systems", action="store_true", help="also KV passed as tensors, naive early exit and "
+                                                                  "the full model one at a time")
     gen.add_argument("--out", default=None, help="results JSON (default artifacts/results/generation.json)")
     gen.add_argument("--no-docs", action="store_true", help="do not update docs/RESULTS.md")
     hel = _verb(bsub, "helios", _bench_helios, "HELIOS against each of its candidates alone, one server, one memory budget: "

@@ -11,12 +11,40 @@ def _export_generate(args) -> int:
     from e3.paths import default_repository
     repo = Path(args.repo) if args.repo else default_repository()
     try:
-        spec = export_generation_repository(args.model, repo, max_active=args.max_active)
+        spec = export_generation_repository(args.model, repo, max_active=args.max_active,
+                                            calibrate=False if args.no_calibrate else None,
+                                            calibration_prompts=args.calibration_prompts)
     except (ValueError, FileNotFoundError) as err:
         print(f"e3 export-generate: error: {err}", file=sys.stderr)
         return 2
     print(f"wrote {spec.model}_split_* / _kvfill_* / _generate{{,_naive,_stream}} to {repo}")
+    _print_heads(args.model)
+    if spec.calibration:
+        print("CALM calibrated to (docs/generation.md):")
+    for t in (spec.calibration or {}).get("targets", []):
+        how = ("no exits (they do not pay: plain decoding)" if t["fallback"] else
+               f"{t['measure']} >= {', '.join(f'{x:.3f}' for x in t['thresholds'])}")
+        print(f"  min_agreement {t['min_agreement']:.2f}: {how}; agreement decoded on the calibration prompts "
+              f"{t['predicted_agreement']:.3f}, predicted speed-up {t['predicted_speedup']:.3f}x")
     return 0
+
+
+def _print_heads(model: str) -> None:
+    """The exit heads' training report (whole-vocabulary agreement on held-out text, per exit layer)."""
+    import json
+
+    import torch
+
+    from e3.generation.models import heads_path
+    path = heads_path(model)
+    if not path.exists():
+        return
+    summary = json.loads(torch.load(path, weights_only=True)["summary"])
+    print(f"exit heads ({summary.get('counted', '')}; {summary.get('heldout_positions')} positions; trained in "
+          f"{summary.get('train_s', 0):.0f} s):")
+    for e, r in summary.get("exits", {}).items():
+        print(f"  after layer {e}: trained {r['top1_agreement_full_vocab']:.3f}, untrained "
+              f"{r['top1_agreement_full_vocab_untrained']:.3f}, classifier AUC {r['classifier_auc']:.3f}")
 
 
 def _export_helios(args) -> int:
@@ -47,6 +75,10 @@ def add_export_generate(sub, repo_help: str) -> None:
     eg.add_argument("model", nargs="?", default="smollm2-ee", help="smollm2-ee (default) or tiny-gen")
     eg.add_argument("--repo", default=None, help="model repository (default model_repository/)")
     eg.add_argument("--max-active", type=int, default=16, help="sequences decoded together by <m>_generate (default 16)")
+    eg.add_argument("--calibration-prompts", type=int, default=64,
+                    help="held-out prompts CALM's exits are calibrated on per min_agreement target (default 64)")
+    eg.add_argument("--no-calibrate", action="store_true",
+                    help="skip profiling and calibration (requests must then give tau, not min_agreement)")
     eg.set_defaults(func=_export_generate)
 
 

@@ -29,7 +29,8 @@ class Generated:
     total_ms: float = 0.0     # server: admission to last token
 
 
-def _inputs(module, prompt, max_new_tokens: int, mode: str, tau: float, draft_tokens: int) -> list:
+def _inputs(module, prompt, max_new_tokens: int, mode: str, tau: float | None, draft_tokens: int,
+            min_agreement: float | None = None, measure: str | None = None) -> list:
     items = []
     if isinstance(prompt, str):
         items.append(("text", np.array([prompt.encode("utf-8")], dtype=object), "BYTES"))
@@ -37,8 +38,13 @@ def _inputs(module, prompt, max_new_tokens: int, mode: str, tau: float, draft_to
         items.append(("input_ids", np.asarray(prompt, dtype=np.int64).reshape(-1), "INT64"))
     items += [("max_new_tokens", np.array([max_new_tokens], np.int32), "INT32"),
               ("mode", np.array([mode.encode()], dtype=object), "BYTES"),
-              ("tau", np.array([tau], np.float32), "FP32"),
               ("draft_tokens", np.array([draft_tokens], np.int32), "INT32")]
+    if min_agreement is not None:     # the quality target replaces the raw threshold
+        items.append(("min_agreement", np.array([min_agreement], np.float32), "FP32"))
+    elif tau is not None:
+        items.append(("tau", np.array([tau], np.float32), "FP32"))
+    if measure is not None:
+        items.append(("measure", np.array([measure.encode()], dtype=object), "BYTES"))
     out = []
     for name, arr, dtype in items:
         t = module.InferInput(name, list(arr.shape), dtype)
@@ -48,13 +54,16 @@ def _inputs(module, prompt, max_new_tokens: int, mode: str, tau: float, draft_to
 
 
 def generate(url: str, model: str, prompt: list[int] | str, *, max_new_tokens: int = 32, mode: str = "calm",
-             tau: float = 0.9, draft_tokens: int = 4, client=None) -> Generated:
-    """One non-streaming generation over HTTP (``url`` = host:port); ``client`` reuses a connection."""
+             tau: float | None = 0.9, draft_tokens: int = 4, min_agreement: float | None = None,
+             measure: str | None = None, client=None) -> Generated:
+    """One non-streaming generation over HTTP (``url`` = host:port); ``client`` reuses a connection.
+    ``min_agreement`` (a calibrated model's CALM quality target) is sent instead of ``tau``; ``measure`` picks
+    the confidence ``tau`` applies to (softmax, saturation, classifier)."""
     from tritonclient import http
     from tritonclient.utils import InferenceServerException
     client = client or http.InferenceServerClient(url)
     try:
-        r = client.infer(model, _inputs(http, prompt, max_new_tokens, mode, tau, draft_tokens))
+        r = client.infer(model, _inputs(http, prompt, max_new_tokens, mode, tau, draft_tokens, min_agreement, measure))
     except InferenceServerException as err:
         raise GenerationError(err.message()) from None
     text = r.as_numpy("text_out")

@@ -114,6 +114,11 @@ class Decoder(nn.Module):
                                        for e in c.exit_layers})
         for a in self.adapters.values():
             nn.init.zeros_(a.weight)
+        # CALM's learned early-exit classifier per exit: logistic regression on exit_features (H + 1 inputs)
+        self.classifiers = nn.ModuleDict({str(e): nn.Linear(c.hidden_size + 1, 1) for e in c.exit_layers})
+        for clf in self.classifiers.values():
+            nn.init.zeros_(clf.weight)
+            nn.init.zeros_(clf.bias)
         inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
         self.register_buffer("inv_freq", inv, persistent=False)
 
@@ -170,6 +175,24 @@ class Decoder(nn.Module):
         if after_layer != self.config.num_layers:
             h = h + self.adapters[str(after_layer)](h)
         return self.norm(h) @ self.embed_tokens.weight.T
+
+    def exit_features(self, h: torch.Tensor, before: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(RMS-normalised ``h`` [..., H], state saturation cos(h, before) [..., 1]) for the state ``h`` after an
+        exit layer and ``before``, the state after the layer before it (CALM's cheap confidence inputs)."""
+        z = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.config.rms_eps)
+        sat = (h * before).sum(-1, keepdim=True) * torch.rsqrt(
+            h.pow(2).sum(-1, keepdim=True) * before.pow(2).sum(-1, keepdim=True) + 1e-12)
+        return z, sat
+
+    def exit_scores(self, h: torch.Tensor, before: torch.Tensor, after_layer: int) -> torch.Tensor:
+        """CALM's two cheap confidence measures [..., 2] at exit ``after_layer``: (state saturation in [-1, 1],
+        the learned classifier's probability that the exit head's top-1 equals the full model's). Neither
+        reads the head."""
+        z, sat = self.exit_features(h, before)
+        if str(after_layer) not in self.classifiers:   # the final head: no classifier
+            return torch.cat((sat, torch.ones_like(sat)), dim=-1)
+        p = torch.sigmoid(self.classifiers[str(after_layer)](torch.cat((z, sat), dim=-1)))
+        return torch.cat((sat, p), dim=-1)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(ids)
@@ -245,7 +268,7 @@ def load_smollm2(exit_layers: tuple[int, ...] = ()) -> tuple[Decoder, object, in
     model = Decoder(DecoderConfig(**g.config, exit_layers=tuple(exit_layers)))
     state = {k: torch.from_numpy(v.copy()) for k, v in g.weights.items() if k != "lm_head.weight"}  # tied
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not m.startswith("adapters.")]
+    missing = [m for m in missing if not m.startswith(("adapters.", "classifiers."))]
     if missing or unexpected:
         raise ValueError(f"GGUF weights do not fit the decoder: missing {missing}, unexpected {unexpected}")
     return model.eval(), g.tokenizer, g.eos_id

@@ -10,13 +10,21 @@ One :meth:`GenerationEngine.step`:
 1. **admit** waiting sequences up to ``max_active`` and prefill them together (prompts right-padded into one
    chunk, every split, the final head read at each prompt's last position: no exits in prefill);
 2. **decode** one token for every active CALM/full sequence: the batch enters split 1; after each split,
-   rows whose exit-head confidence is >= their ``tau`` take that head's token and leave, their skipped
-   layers' k/v filled from the exit layer's state by the kv-fill model (CALM); the **survivors are
-   re-batched** and go on to the next split (E3 for generation: the batch shrinks between splits, never
-   inside one). Sequences in ``full`` mode never read a ramp's head;
-3. **speculate** for sequences in ``speculative`` mode (LayerSkip, lossless): draft ``draft_tokens`` tokens
-   with split 1 and its exit head, verify them with the remaining splits in one pass over the drafted
-   positions, keep the agreed prefix plus the full model's correction, truncate the rest of the cache;
+   rows whose confidence there is >= their threshold leave, their skipped layers' k/v filled from the exit
+   layer's state by the kv-fill model (CALM); the **survivors are re-batched** and go on to the next split
+   (E3 for generation: the batch shrinks between splits, never inside one). The confidence is the request's
+   ``measure``: ``softmax`` (CALM's softmax response: the split reads its exit head for every row, and a
+   leaving row takes that head's token) or a cheap one the split computes without the head, ``saturation``
+   or ``classifier`` (then only a leaving row pays for the head, in the kv-fill call that fills its cache
+   anyway). A request gives ``min_agreement`` instead, resolved against the spec's calibration (measure and
+   thresholds per exit, :func:`e3.generation.policy.resolve_target`); a calibration whose exits did not pay
+   has no exits (plain decoding). Sequences in ``full`` mode never read a ramp's head;
+3. **speculate** for sequences in ``speculative`` mode (LayerSkip, lossless): draft up to ``draft_tokens``
+   tokens with the splits up to a ramp and its exit head, verify them with the remaining splits in one pass
+   over the drafted positions, keep the agreed prefix plus the full model's correction, truncate the rest of
+   the cache. With measured costs in the spec, :class:`e3.generation.policy.SpeculationPolicy` chooses each
+   step's draft depth and length from the acceptance measured so far, and decodes the rows plainly when no
+   draft pays (never slower than the full model, and the same tokens either way);
 4. return the sequences that finished (``eos_id`` produced, or ``max_new_tokens`` reached).
 
 With ``max_active = 1`` sequences run one after another, whole: the naive form (no batching across
@@ -47,12 +55,14 @@ from typing import Callable
 import numpy as np
 
 from e3.core.names import split_name
+from e3.generation.policy import Costs, SpeculationPolicy, resolve_target
 
 __all__ = ["EngineSpec", "GenRequest", "Finished", "GenerationEngine", "OrtRunner", "MODES", "split_name",
            "kvfill_name"]
 
 log = logging.getLogger(__name__)
 MODES = ("calm", "full", "speculative")
+MEASURES = ("softmax", "saturation", "classifier")   # CALM's confidence measures; the last two skip the head
 Runner = Callable[[str, dict], dict]
 
 
@@ -74,6 +84,8 @@ class EngineSpec:
     kv_in_splits: bool = False          # the splits keep the cache (e3.generation.kv_store), not the engine
     split_model: str | None = None      # name prefix of the split models (default: model)
     full_layers: int | None = None      # the model's L when ``ranges`` stop early (a partially loaded model)
+    costs: dict | None = None           # measured costs (policy.Costs.to_dict): speculation adapts when set
+    calibration: dict | None = None     # min_agreement targets -> measure, thresholds (calibration.calibrate)
 
     @property
     def num_layers(self) -> int:
@@ -100,7 +112,8 @@ class EngineSpec:
         return {"model": self.model, "ranges": [list(r) for r in self.ranges], "kv_heads": self.kv_heads,
                 "head_dim": self.head_dim, "max_active": self.max_active, "eos_id": self.eos_id,
                 "max_context": self.max_context, "vocab_size": self.vocab_size, "kv_in_splits": self.kv_in_splits,
-                "split_model": self.split_model, "full_layers": self.full_layers}
+                "split_model": self.split_model, "full_layers": self.full_layers, "costs": self.costs,
+                "calibration": self.calibration}
 
     @classmethod
     def from_dict(cls, d: dict) -> "EngineSpec":
@@ -113,8 +126,11 @@ class GenRequest:
     prompt: list[int]                   # token ids, at least one
     max_new_tokens: int
     mode: str = "calm"                  # one of MODES
-    tau: float = 0.9                    # CALM threshold on the softmax margin (calm mode)
-    draft_tokens: int = 4               # tokens drafted per verification (speculative mode)
+    tau: float = 0.9                    # CALM threshold at every exit (calm mode, unless ``thresholds``)
+    draft_tokens: int = 4               # most tokens drafted per verification (speculative mode)
+    measure: str = "softmax"            # CALM confidence measure, one of MEASURES
+    thresholds: tuple[float, ...] | None = None   # per ramp (split order), instead of ``tau``
+    min_agreement: float | None = None  # quality target: measure and thresholds from the spec's calibration
 
     def check(self, spec: EngineSpec) -> None:
         """Raise ValueError naming what is wrong with this request."""
@@ -134,6 +150,14 @@ class GenRequest:
             raise ValueError(f"draft_tokens must be >= 1, got {self.draft_tokens}")
         if np.isnan(self.tau):
             raise ValueError(f"tau must be a number, got {self.tau}")
+        if self.measure not in MEASURES:
+            raise ValueError(f"measure must be one of {', '.join(MEASURES)}, not {self.measure!r}")
+        if self.thresholds is not None and len(self.thresholds) != len(spec.ranges) - 1:
+            raise ValueError(f"thresholds needs one value per exit ({len(spec.ranges) - 1}), got {len(self.thresholds)}")
+
+    def threshold(self, j: int) -> float:
+        """CALM threshold at ramp j (after split j); above 1 never exits."""
+        return float(self.tau if self.thresholds is None else self.thresholds[j])
 
 
 @dataclass
@@ -181,10 +205,22 @@ class GenerationEngine:
         self.next_sid = int.from_bytes(os.urandom(5), "little") << 20
         self.kv_gather_s = 0.0     # time spent assembling and storing cache slices (the price of passing KV)
         self.call_s = 0.0          # time spent in model calls
+        self.decide_s = 0.0        # time spent deciding exits (reading scores, comparing, re-batching)
+        self.exit_head_rows = 0    # rows whose exit head was computed only because they left (cheap measures)
+        self.ramp_head_rows = 0    # rows whose exit head was read at a ramp to decide (softmax measure)
+        self.drafted = 0           # speculative positions drafted ...
+        self.accepted = 0          # ... and accepted
+        self.policy = (SpeculationPolicy(Costs.from_dict(spec.costs), {
+            int(d): a for d, a in (spec.calibration or {}).get("acceptance", {}).items()})
+            if spec.costs and (spec.calibration or {}).get("acceptance")
+            and len(spec.costs["splits"]) == len(spec.ranges) else None)   # a partial model (HELIOS) drafts as asked
 
     # -- public --------------------------------------------------------------------------------------
     def submit(self, req: GenRequest) -> None:
-        """Queue a request (checked first: ValueError on a bad one)."""
+        """Queue a request (checked first: ValueError on a bad one); a ``min_agreement`` is resolved here."""
+        if req.min_agreement is not None and req.mode == "calm":
+            measure, thresholds = resolve_target(self.spec.calibration, req.min_agreement)
+            req = replace(req, measure=measure, thresholds=tuple(thresholds))
         req.check(self.spec)
         self.waiting.append((req, time.perf_counter()))
 
@@ -203,10 +239,16 @@ class GenerationEngine:
             old = [s for s in self.active if s not in fresh and not self._finished(s)]
             plain = [s for s in old if s.req.mode != "speculative"]
             spec = [s for s in old if s.req.mode == "speculative"]
+            depth, k_max = 0, None
+            if spec and self.policy is not None:
+                depth, k_max = self.policy.choose(len(spec), max(s.req.draft_tokens for s in spec))
+                if k_max == 0:               # no draft pays now: these rows decode plainly (same tokens)
+                    plain, spec = plain + spec, []
             if plain:
                 self._decode(plain)
-            for k in sorted({self._draft_len(s) for s in spec}):
-                self._speculate([s for s in spec if self._draft_len(s) == k], k)
+            lengths = {id(s): self._draft_len(s) if k_max is None else min(k_max, self._draft_len(s)) for s in spec}
+            for k in sorted(set(lengths.values())):
+                self._speculate([s for s in spec if lengths[id(s)] == k], k, depth)
         except Exception as e:   # a failed model call fails the sequences of this step, not the engine
             log.exception("generation step failed")
             now = time.perf_counter()
@@ -324,7 +366,9 @@ class GenerationEngine:
         for j, (a, b) in enumerate(self.spec.ranges):
             rows = [seqs[i] for i in live]
             self.split_rows[j].append(len(rows))
-            ramp = b != L and any(s.req.mode == "calm" for s in rows)
+            # rows that may leave after this split, and whether any decides on the head's softmax
+            may = [r for r, s in enumerate(rows) if b != L and s.req.mode == "calm" and s.req.threshold(j) <= 1.0]
+            ramp = any(rows[r].req.measure == "softmax" for r in may)
             heads = np.zeros((len(rows), 1 if (ramp or b == L) else 0), np.int64)
             out = self._call_split(j, rows, x, positions[live], np.ones((len(rows), 1), bool), heads,
                                    [1] * len(rows))
@@ -334,37 +378,60 @@ class GenerationEngine:
                     s.exits.append(L)
                     s.confs.append(float(out["confidence"][r, 0]))
                 return
-            leave = [r for r, s in enumerate(rows) if ramp and s.req.mode == "calm"
-                     and float(out["confidence"][r, 0]) >= s.req.tau]
+            t0 = time.perf_counter()
+            if ramp:
+                self.ramp_head_rows += len(rows)
+            leave = [r for r in may if self._score(rows[r], out, r) >= rows[r].req.threshold(j)]
+            self.decide_s += time.perf_counter() - t0
             if leave:
-                self._fill(b, [rows[r] for r in leave], out["hidden_out"][leave], positions[[live[r] for r in leave]])
-                for r in leave:
-                    rows[r].tokens.append(int(out["token"][r, 0]))
+                cheap = [r for r in leave if rows[r].req.measure != "softmax"]
+                fill = self._fill(b, [rows[r] for r in leave], out["hidden_out"][leave],
+                                  positions[[live[r] for r in leave]], head=bool(cheap))
+                self.exit_head_rows += len(leave) if cheap else 0
+                for i, r in enumerate(leave):
+                    src, at = (fill, i) if rows[r].req.measure != "softmax" else (out, r)
+                    rows[r].tokens.append(int(src["token"][at, 0]))
                     rows[r].exits.append(b)
-                    rows[r].confs.append(float(out["confidence"][r, 0]))
-            stay = [r for r in range(len(rows)) if r not in set(leave)]
+                    rows[r].confs.append(float(src["confidence"][at, 0]))
+            t0 = time.perf_counter()
+            gone = set(leave)
+            stay = [r for r in range(len(rows)) if r not in gone]
             if not stay:
                 return
             live = [live[r] for r in stay]
             x = out["hidden_out"][stay]
+            self.decide_s += time.perf_counter() - t0
 
-    def _speculate(self, seqs: list[_Seq], k: int) -> None:
+    @staticmethod
+    def _score(s: _Seq, out: dict, r: int) -> float:
+        """Row r's confidence under its request's measure (see the module docstring)."""
+        if s.req.measure == "softmax":
+            return float(out["confidence"][r, 0])
+        return float(out["exit_scores"][r, 0, MEASURES.index(s.req.measure) - 1])
+
+    def _speculate(self, seqs: list[_Seq], k: int, depth: int = 0) -> None:
+        """One round for ``seqs``: draft k tokens with splits 0..depth and the exit head after split ``depth``,
+        verify with the later splits over the k positions."""
         L = self.spec.num_layers
-        _, e = self.spec.ranges[0]
+        e = self.spec.ranges[depth][1]
         start = [s.position for s in seqs]
         inputs = np.array([[s.tokens[-1]] for s in seqs], np.int64)
         hidden, drafts = [], []
+        ones = np.ones((len(seqs), 1), bool)
         for i in range(k):
             pos = np.array([[p + i] for p in start], np.int64)
-            out = self._call_split(0, seqs, inputs, pos, np.ones((len(seqs), 1), bool),
-                                   np.zeros((len(seqs), 1), np.int64), [1] * len(seqs))
-            hidden.append(out["hidden_out"])
+            x = inputs
+            for j in range(depth + 1):
+                heads = np.zeros((len(seqs), 1 if j == depth else 0), np.int64)
+                out = self._call_split(j, seqs, x, pos, ones, heads, [1] * len(seqs))
+                x = out["hidden_out"]
+            hidden.append(x)
             inputs = out["token"][:, :1].astype(np.int64)
             drafts.append(inputs[:, 0])
         x = np.concatenate(hidden, axis=1)
         positions = np.array([[p + i for i in range(k)] for p in start], np.int64)
         valid = np.ones((len(seqs), k), bool)
-        for j in range(1, len(self.spec.ranges)):
+        for j in range(depth + 1, len(self.spec.ranges)):
             b = self.spec.ranges[j][1]
             heads = (np.broadcast_to(np.arange(k, dtype=np.int64), (len(seqs), k)).copy() if b == L
                      else np.zeros((len(seqs), 0), np.int64))
@@ -376,6 +443,10 @@ class GenerationEngine:
             accepted = 0
             while accepted < k and draft[r, accepted] == full[r, accepted]:
                 accepted += 1
+            self.drafted += k
+            self.accepted += accepted
+            if self.policy is not None:
+                self.policy.observe(depth, accepted, k)
             new = list(draft[r]) if accepted == k else [*draft[r, :accepted], full[r, accepted]]
             kept = k if accepted == k else accepted + 1
             s.lengths = [start[r] + kept] * len(self.spec.ranges)
@@ -468,17 +539,21 @@ class GenerationEngine:
         s.kv[a - 1:b, :, :, t:t + c] = new
         s.lengths[j] = t + c
 
-    def _fill(self, exit_layer: int, seqs: list[_Seq], hidden: np.ndarray, positions: np.ndarray) -> None:
+    def _fill(self, exit_layer: int, seqs: list[_Seq], hidden: np.ndarray, positions: np.ndarray, *,
+              head: bool = False) -> dict:
         """CALM: k/v of layers exit_layer+1..L for tokens that left after exit_layer, from their exit state (a
-        partial model stores only its own layers' share of the fill)."""
+        partial model stores only its own layers' share of the fill); with ``head`` also the exit head's token
+        and confidence per row (``token``/``confidence`` [B, 1]), for rows that left on a cheap measure."""
         L = self.spec.full_layers or self.spec.num_layers
         out = self.run(kvfill_name(self.spec.model, exit_layer + 1, L),
-                       {"hidden": np.ascontiguousarray(hidden), "positions": positions})
+                       {"hidden": np.ascontiguousarray(hidden), "positions": positions,
+                        "head_index": np.zeros((len(seqs), 1 if head else 0), np.int64)})
         new = out["new_kv"]
         for i, s in enumerate(seqs):
             for j, (a, b) in enumerate(self.spec.ranges):
                 if a > exit_layer:
                     self._store(s, a, b, j, new[i, a - exit_layer - 1:b - exit_layer])
+        return out
 
 
 class OrtRunner:

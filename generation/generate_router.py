@@ -2,8 +2,12 @@
 
 Inputs per request (one sequence): ``input_ids`` INT64 [n] or ``text`` BYTES [1] (tokenized with the
 model's tokenizer, no template added), and optionally ``max_new_tokens`` INT32 [1] (default 32), ``mode``
-BYTES [1] (``calm`` default, ``full``, ``speculative``), ``tau`` FP32 [1] (default 0.9), ``draft_tokens``
-INT32 [1] (default 4). Outputs: ``tokens`` INT64 [m], ``exit_layers`` INT32 [m] (the layer whose head chose
+BYTES [1] (``calm`` default, ``full``, ``speculative``), ``min_agreement`` FP32 [1] (CALM's quality target,
+resolved against the calibration recorded in the router's engine spec; the default for a calibrated model
+when ``tau`` is not given: 0.9), or ``tau`` FP32 [1] (a raw threshold, default 0.9) with ``measure`` BYTES
+[1] (``softmax`` default, ``saturation``, ``classifier``), ``draft_tokens`` INT32 [1] (default 4: the most
+a speculative round drafts; with measured costs the router chooses fewer, or none, see
+:mod:`e3.generation.policy`). Outputs: ``tokens`` INT64 [m], ``exit_layers`` INT32 [m] (the layer whose head chose
 each token; L for the final head), ``text_out`` BYTES [1] (empty without a tokenizer), and the server's
 timings ``ttft_ms`` / ``total_ms`` FP32 [1] (from the request's admission to its first / last token).
 
@@ -33,7 +37,9 @@ from e3.serving.triton_io import bls, error_response, model_parameters, tensor_r
 
 log = logging.getLogger(__name__)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-SPLIT_OUTPUTS = ["hidden_out", "new_kv", "token", "confidence"]
+SPLIT_OUTPUTS = ["hidden_out", "new_kv", "token", "confidence", "exit_scores"]
+FILL_OUTPUTS = ["new_kv", "token", "confidence"]
+DEFAULT_MIN_AGREEMENT = 0.9   # a calibrated model's CALM requests without tau or min_agreement
 
 
 def bls_runner(kv_in_splits: bool):
@@ -43,7 +49,7 @@ def bls_runner(kv_in_splits: bool):
     def run(name: str, inputs: dict) -> dict:
         if "release_ids" in inputs:
             return bls(name, inputs, [])
-        return bls(name, inputs, ["new_kv"] if "_kvfill_" in name else split_outputs)
+        return bls(name, inputs, FILL_OUTPUTS if "_kvfill_" in name else split_outputs)
     return run
 
 
@@ -116,9 +122,15 @@ class TritonPythonModel(InboxFrontDoor):
     # -- engine thread -------------------------------------------------------------------------------
     def _parse(self, request) -> GenRequest:
         prompt = prompt_of(request, self.tokenizer)
+        tau = scalar_input(request, "tau", None)
+        target = scalar_input(request, "min_agreement", None)
+        if tau is None and target is None and self.spec.calibration:
+            target = DEFAULT_MIN_AGREEMENT
         req = GenRequest(request_id=request, prompt=prompt,
                          max_new_tokens=int(scalar_input(request, "max_new_tokens", 32)),
-                         mode=str(scalar_input(request, "mode", "calm")), tau=float(scalar_input(request, "tau", 0.9)),
+                         mode=str(scalar_input(request, "mode", "calm")),
+                         tau=float(0.9 if tau is None else tau), measure=str(scalar_input(request, "measure", "softmax")),
+                         min_agreement=None if target is None else float(target),
                          draft_tokens=int(scalar_input(request, "draft_tokens", 4)))
         return req
 

@@ -31,6 +31,7 @@ __all__ = ["GenerationModel", "load_generation_model", "MODELS", "SMOLLM2_EXITS"
 log = logging.getLogger(__name__)
 SMOLLM2_EXITS = (10, 20)
 SMOLLM2_CONFIGS = {"smollm2-ee": SMOLLM2_EXITS, "smollm2-ee-late": (15, 25)}
+HEADS_FORMAT = 2   # 2: full-vocabulary self-distillation + confidence classifiers (1: candidate-set KL)
 MODELS = (*SMOLLM2_CONFIGS, "tiny-gen", "tiny-helios-a", "tiny-helios-b")
 
 
@@ -64,16 +65,21 @@ def load_generation_model(name: str, progress: bool = True, retrain: bool = Fals
     exits = SMOLLM2_CONFIGS[name]
     decoder, tokenizer, eos = load_smollm2(exits)
     path = heads_path(name)
-    if path.exists() and not retrain:
-        saved = torch.load(path, weights_only=True)
+    saved = torch.load(path, weights_only=True) if path.exists() and not retrain else None
+    if saved is not None and saved.get("format") != HEADS_FORMAT:
+        log.warning("%s holds exit heads of an older training (candidate-set KL, no classifiers): retraining", path)
+        saved = None
+    if saved is not None:
         decoder.adapters.load_state_dict(saved["adapters"])
+        decoder.classifiers.load_state_dict(saved["classifiers"])
         summary = json.loads(saved["summary"])
     else:
         from e3.generation.training import train_exit_heads
         log.info("training exit heads after layers %s (cached at %s)", exits, path)
-        summary = train_exit_heads(decoder, tokenizer, progress=progress)
+        summary = train_exit_heads(decoder, tokenizer, progress=progress, eos_id=eos)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        torch.save({"adapters": decoder.adapters.state_dict(), "summary": json.dumps(summary)}, tmp)
+        torch.save({"adapters": decoder.adapters.state_dict(), "classifiers": decoder.classifiers.state_dict(),
+                    "format": HEADS_FORMAT, "summary": json.dumps(summary)}, tmp)
         tmp.replace(path)
     return GenerationModel(name, decoder.eval(), tokenizer, eos, summary)

@@ -28,10 +28,15 @@ input               shape / type                 meaning
 
 Outputs: ``hidden_out`` [B, S, H], ``new_kv`` [B, n, 2, kvh, S, d], ``token`` [B, K] INT64 (argmax of the
 head), ``confidence`` [B, K] FP32 (softmax margin, the final head's too: CALM never exits on it, but HELIOS's
-breach counter reads it).
+breach counter reads it), ``exit_scores`` [B, S, 2] FP32: CALM's cheap confidence measures at every chunk
+position, (state saturation cos(h_last, h_last-1), the learned classifier's probability), computed without
+the head (577 multiply-adds a position; :meth:`e3.generation.decoder.Decoder.exit_scores`).
 
-A **kv-fill** model (CALM's state copy) takes the exit layer's ``hidden`` [B, 1, H] and ``positions``
-[B, 1] and returns ``new_kv`` [B, n, 2, kvh, 1, d] for layers first..L the token skipped.
+A **kv-fill** model (CALM's state copy, and the exit head for cheap decisions) takes the exit layer's
+``hidden`` [B, 1, H], ``positions`` [B, 1] and ``head_index`` [B, K] (K = 1: read the exit head after
+first-1, K = 0: not) and returns ``new_kv`` [B, n, 2, kvh, 1, d] for layers first..L the token skipped,
+``token`` and ``confidence`` [B, K]: so a token that leaves on a cheap measure pays for the head once, in
+the call that fills its cache anyway.
 """
 
 from __future__ import annotations
@@ -74,7 +79,7 @@ class DecodeSplit(nn.Module):
     def input_names(self) -> list[str]:
         return ["input_ids" if self.first == 1 else "hidden", "positions", "past_kv", "key_valid", "head_index"]
 
-    output_names = ["hidden_out", "new_kv", "token", "confidence"]
+    output_names = ["hidden_out", "new_kv", "token", "confidence", "exit_scores"]
 
     def forward(self, x, positions, past_kv, key_valid, head_index):
         m = self.model
@@ -83,30 +88,38 @@ class DecodeSplit(nn.Module):
         cos, sin = m.rope(positions)
         mask = attention_mask(key_valid, s)
         new = []
+        before = h
         for i, layer in enumerate(range(self.first, self.last + 1)):
+            before = h
             h, k, v = m.layer_forward(layer, h, cos, sin, past_kv[:, i, 0], past_kv[:, i, 1], mask)
             new.append(torch.stack((k, v), dim=1))
-        picked = torch.gather(h, 1, head_index[..., None].expand(-1, -1, h.shape[-1]))
-        logits = m.head_logits(picked, self.last)
-        token = logits.argmax(-1)
-        confidence = softmax_margin(logits)
-        return h, torch.stack(new, dim=1), token, confidence
+        token, confidence = _head(m, h, head_index, self.last)
+        return h, torch.stack(new, dim=1), token, confidence, m.exit_scores(h, before, self.last)
+
+
+def _head(m: Decoder, h: torch.Tensor, head_index: torch.Tensor, after_layer: int):
+    """(argmax, softmax margin) [B, K] of the head after ``after_layer`` at chunk positions ``head_index`` [B, K]
+    of ``h`` [B, S, H]; K = 0 computes nothing."""
+    picked = torch.gather(h, 1, head_index[..., None].expand(-1, -1, h.shape[-1]))
+    logits = m.head_logits(picked, after_layer)
+    return logits.argmax(-1), softmax_margin(logits)
 
 
 class KvFill(nn.Module):
-    """k/v of layers first..last computed from a skipped token's exit-layer state (CALM)."""
+    """k/v of layers first..last computed from a skipped token's exit-layer state (CALM), and optionally the exit
+    head after first-1 (see the module docstring)."""
 
-    input_names = ["hidden", "positions"]
-    output_names = ["new_kv"]
+    input_names = ["hidden", "positions", "head_index"]
+    output_names = ["new_kv", "token", "confidence"]
 
     def __init__(self, model: Decoder, first: int, last: int):
         super().__init__()
         self.model, self.first, self.last = model, first, last
 
-    def forward(self, hidden, positions):
+    def forward(self, hidden, positions, head_index):
         out = [torch.stack(self.model.layer_kv(layer, hidden, positions), dim=1)
                for layer in range(self.first, self.last + 1)]
-        return torch.stack(out, dim=1)
+        return (torch.stack(out, dim=1), *_head(self.model, hidden, head_index, self.first - 1))
 
 
 def _example_split(split: DecodeSplit, batch: int, past: int, chunk: int, seed: int):
@@ -163,7 +176,7 @@ def export_split(model: Decoder, first: int, last: int, *, path: Path) -> float:
                "past_kv": {0: "batch", 4: "past"}, "key_valid": {0: "batch", 1: "keys"},
                "head_index": {0: "batch", 1: "heads"}, "hidden_out": {0: "batch", 1: "chunk"},
                "new_kv": {0: "batch", 4: "chunk"}, "token": {0: "batch", 1: "heads"},
-               "confidence": {0: "batch", 1: "heads"}}
+               "confidence": {0: "batch", 1: "heads"}, "exit_scores": {0: "batch", 1: "chunk"}}
     _export(split, _example_split(split, 2, 3, 2, 0), path, dynamic)
     return _check(split, path, [_example_split(split, 1, 0, 5, 1), _example_split(split, 3, 7, 1, 2)])
 
@@ -172,7 +185,11 @@ def export_kvfill(model: Decoder, first: int, last: int, *, path: Path) -> float
     """Write the kv-fill model of layers first..last to ``path`` and check it; returns the worst relative error."""
     fill = KvFill(model, first, last).eval()
     c = model.config
-    ex = lambda b, seed: (torch.randn(b, 1, c.hidden_size, generator=torch.Generator().manual_seed(seed)),
-                          torch.full((b, 1), 5 + seed, dtype=torch.int64))
-    _export(fill, ex(2, 0), path, {"hidden": {0: "batch"}, "positions": {0: "batch"}, "new_kv": {0: "batch"}})
+    ex = lambda b, seed, k=1: (torch.randn(b, 1, c.hidden_size, generator=torch.Generator().manual_seed(seed)),
+                               torch.full((b, 1), 5 + seed, dtype=torch.int64), torch.zeros(b, k, dtype=torch.int64))
+    _export(fill, ex(2, 0), path, {"hidden": {0: "batch"}, "positions": {0: "batch"}, "new_kv": {0: "batch"},
+                                   "head_index": {0: "batch", 1: "heads"}, "token": {0: "batch", 1: "heads"},
+                                   "confidence": {0: "batch", 1: "heads"}})
+    # K = 0 is not checked: ONNX Runtime's ArgMax over an empty axis returns a wrongly shaped empty tensor
+    # (as in the splits); the engine reads token/confidence only when it asked for the head
     return _check(fill, path, [ex(1, 1), ex(4, 2)])

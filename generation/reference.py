@@ -31,6 +31,9 @@ __all__ = ["Generation", "KVCache", "generate_full", "generate_early_exit", "gen
            "prefill"]
 
 
+_CHEAP = ("saturation", "classifier")   # the columns of Decoder.exit_scores
+
+
 @dataclass
 class Generation:
     tokens: list[int] = field(default_factory=list)        # new tokens, in order
@@ -98,13 +101,20 @@ def generate_full(model: Decoder, prompt: list[int], max_new_tokens: int, *, eos
 @torch.no_grad()
 def generate_early_exit(model: Decoder, prompt: list[int], max_new_tokens: int, *, tau: float,
                         eos_id: int | None = None, kv_fill: str = "copy",
-                        exit_layers: tuple[int, ...] | None = None, depth: int | None = None) -> Generation:
+                        exit_layers: tuple[int, ...] | None = None, depth: int | None = None,
+                        measure: str = "softmax", thresholds: dict[int, float] | None = None) -> Generation:
     """Greedy CALM decoding (see the module docstring); ``exit_layers`` (default: all the model's heads)
     selects which heads may answer; ``tau`` > 1 never exits.
+
+    ``measure``: the confidence compared with the threshold: ``softmax`` (the head's margin), or CALM's cheap
+    ones, ``saturation`` / ``classifier`` (:meth:`Decoder.exit_scores`; the head is then read only for a
+    token that leaves). ``thresholds`` {exit layer: threshold} replaces ``tau`` per exit.
 
     ``depth`` (an exit layer): the model **partially loaded** up to that layer (HELIOS): the head after
     ``depth`` acts as the final head, for the prompt too, and every token that reaches it leaves there
     whatever its confidence; layers past ``depth`` never run and get no k/v."""
+    if measure not in ("softmax", *_CHEAP):
+        raise ValueError(f"measure must be softmax, saturation or classifier, not {measure!r}")
     if kv_fill not in ("copy", "recompute"):
         raise ValueError(f"kv_fill must be 'copy' or 'recompute', not {kv_fill!r}")
     full = model.config.num_layers
@@ -125,17 +135,28 @@ def generate_early_exit(model: Decoder, prompt: list[int], max_new_tokens: int, 
         h = model.embed(torch.tensor([[token]]))
         layer, chosen = 0, L
         for stop in [*exits, L]:
-            if kv_fill == "recompute" and pending:
-                h = _run_with_pending(model, cache, h, position, layer + 1, stop, pending, out)
-            else:
-                h = _run(model, cache, h, position, layer + 1, stop)
-                out.layers_run += stop - layer
+            before = h
+            for first, last in ((layer + 1, stop - 1), (stop, stop)):   # the state before the exit layer too
+                if first > last:
+                    continue
+                if kv_fill == "recompute" and pending:
+                    before, h = h, _run_with_pending(model, cache, h, position, first, last, pending, out)
+                else:
+                    before, h = h, _run(model, cache, h, position, first, last)
+                    out.layers_run += last - first + 1
             layer = stop
             if stop == L:
                 break
-            logits = model.head_logits(h[:, -1], stop)
-            conf = float(softmax_margin(logits))
-            if conf >= tau:
+            threshold = tau if thresholds is None else thresholds[stop]
+            if measure == "softmax":
+                logits = model.head_logits(h[:, -1], stop)
+                conf = float(softmax_margin(logits))
+            else:
+                conf = float(model.exit_scores(h[:, -1], before[:, -1], stop)[..., _CHEAP.index(measure)])
+            if conf >= threshold:
+                if measure != "softmax":      # the head, only for the token that leaves
+                    logits = model.head_logits(h[:, -1], stop)
+                    conf = float(softmax_margin(logits))
                 chosen, token = stop, int(logits.argmax())
                 break
         if chosen == L:

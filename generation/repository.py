@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -41,6 +42,12 @@ from e3.generation.onnx_splits import export_kvfill, export_split, split_ranges
 DOOR_INPUTS = (TensorSpec("input_ids", "INT64", (-1,)), TensorSpec("text", "BYTES", (1,)),
                TensorSpec("max_new_tokens", "INT32", (1,)), TensorSpec("mode", "BYTES", (1,)),
                TensorSpec("tau", "FP32", (1,)), TensorSpec("draft_tokens", "INT32", (1,)))
+# a stateless split's outputs (generation/onnx_splits.py), wherever its Triton config is written
+SPLIT_OUTPUTS = (TensorSpec("hidden_out", "FP32", (-1, -1, -1)), TensorSpec("new_kv", "FP32", (-1,) * 6),
+                 TensorSpec("token", "INT64", (-1, -1)), TensorSpec("confidence", "FP32", (-1, -1)),
+                 TensorSpec("exit_scores", "FP32", (-1, -1, 2)))
+# the generation routers' CALM controls beside ``tau``: a quality target, and the confidence measure for tau
+CALM_INPUTS = (TensorSpec("min_agreement", "FP32", (1,)), TensorSpec("measure", "BYTES", (1,)))
 DOOR_OUTPUTS = (TensorSpec("tokens", "INT64", (-1,)), TensorSpec("exit_layers", "INT32", (-1,)),
                 TensorSpec("text_out", "BYTES", (1,)), TensorSpec("ttft_ms", "FP32", (1,)),
                 TensorSpec("total_ms", "FP32", (1,)))
@@ -81,10 +88,15 @@ def _write(out: Path, desc: ModelDescription, module: str) -> None:
 
 
 def export_generation_repository(model: str, repo: Path, max_active: int = 16, *, progress: bool = True,
-                                 tokenizer: bool = True) -> EngineSpec:
+                                 tokenizer: bool = True, calibrate: bool | None = None,
+                                 calibration_prompts: int = 64) -> EngineSpec:
     """Export ``model`` (see :mod:`e3.generation.models`) into ``repo``; returns the engine spec the routers use.
 
-    Existing models of the same names are replaced. Each ONNX file is checked against PyTorch."""
+    Existing models of the same names are replaced. Each ONNX file is checked against PyTorch. With
+    ``calibrate`` (default: models with a tokenizer, i.e. SmolLM2) the splits' costs are profiled and CALM's
+    exits calibrated to every ``min_agreement`` target on ``calibration_prompts`` held-out prompts
+    (:mod:`e3.generation.calibration`, cached beside the heads); both go into the routers' engine spec, so the
+    served model records what it was calibrated to."""
     gm = load_generation_model(model, progress=progress)
     c = gm.decoder.config
     m = served_name(model)
@@ -102,16 +114,19 @@ def export_generation_repository(model: str, repo: Path, max_active: int = 16, *
             inputs = (TensorSpec("input_ids", "INT64", (-1, -1)) if a == 1 else TensorSpec("hidden", "FP32", (-1, -1, -1)),
                       TensorSpec("positions", "INT64", (-1, -1)), TensorSpec("past_kv", "FP32", (-1,) * 6),
                       TensorSpec("key_valid", "BOOL", (-1, -1)), TensorSpec("head_index", "INT64", (-1, -1)))
-            outputs = (TensorSpec("hidden_out", "FP32", (-1, -1, -1)), TensorSpec("new_kv", "FP32", (-1,) * 6),
-                       TensorSpec("token", "INT64", (-1, -1)), TensorSpec("confidence", "FP32", (-1, -1)))
+            outputs = SPLIT_OUTPUTS
         else:
             export_kvfill(gm.decoder, a, b, path=out / "1" / "model.onnx")
-            inputs = (TensorSpec("hidden", "FP32", (-1, -1, -1)), TensorSpec("positions", "INT64", (-1, -1)))
-            outputs = (TensorSpec("new_kv", "FP32", (-1,) * 6),)
+            inputs = (TensorSpec("hidden", "FP32", (-1, -1, -1)), TensorSpec("positions", "INT64", (-1, -1)),
+                      TensorSpec("head_index", "INT64", (-1, -1)))
+            outputs = (TensorSpec("new_kv", "FP32", (-1,) * 6), TensorSpec("token", "INT64", (-1, -1)),
+                       TensorSpec("confidence", "FP32", (-1, -1)))
         _write(out, ModelDescription(name=name, kind="onnx", max_batch_size=0, inputs=inputs, outputs=outputs,
                                      dynamic_batching=None, parameters={"intra_op_threads": "1"}),
                f"{__package__}.generate_split")
-    router_inputs, router_outputs = DOOR_INPUTS, DOOR_OUTPUTS
+    if calibrate if calibrate is not None else gm.tokenizer is not None:
+        spec = _calibrated(gm, spec, repo, calibration_prompts, progress)
+    router_inputs, router_outputs = (*DOOR_INPUTS, *CALM_INPUTS), DOOR_OUTPUTS
     tok_file = "tokenizer.json" if tokenizer and gm.tokenizer is not None else ""
     for a, b in ranges:   # the same splits keeping the cache in their instance
         name = split_name(f"{m}_kv", a, b)
@@ -124,7 +139,7 @@ def export_generation_repository(model: str, repo: Path, max_active: int = 16, *
                   TensorSpec("append_kv", "FP32", (-1,) * 6), TensorSpec("append_count", "INT64", (-1,)),
                   TensorSpec("release_ids", "INT64", (-1,)))
         outputs = (TensorSpec("hidden_out", "FP32", (-1, -1, -1)), TensorSpec("token", "INT64", (-1, -1)),
-                   TensorSpec("confidence", "FP32", (-1, -1)))
+                   TensorSpec("confidence", "FP32", (-1, -1)), TensorSpec("exit_scores", "FP32", (-1, -1, 2)))
         _write(out, ModelDescription(name=name, kind="onnx", max_batch_size=0, inputs=inputs, outputs=outputs,
                                      dynamic_batching=None, parameters={
                                          "intra_op_threads": "1", "kv_store": "1",
@@ -147,9 +162,32 @@ def export_generation_repository(model: str, repo: Path, max_active: int = 16, *
                 f.write("model_transaction_policy {\n  decoupled: true\n}\n")
         if tok_file:
             gm.tokenizer.save(str(out / "tokenizer.json"))
-        _mark_optional(out / "config.pbtxt", ["input_ids", "text", "max_new_tokens", "mode", "tau", "draft_tokens"])
+        _mark_optional(out / "config.pbtxt", [t.name for t in router_inputs])
     (repo / f"{m}_generation.json").write_text(json.dumps(spec.to_dict(), indent=1))
     return spec
+
+
+def _calibrated(gm, spec: EngineSpec, repo: Path, prompts: int, progress: bool) -> EngineSpec:
+    """``spec`` with measured costs and the calibration of CALM's exits (cached per trained heads)."""
+    from e3.generation.calibration import calibrate_model
+    from e3.generation.models import heads_path
+    from e3.generation.training import calibration_prompts
+    heads = heads_path(gm.name)
+    stamp = f"{heads.stat().st_mtime_ns}-{prompts}" if heads.exists() else "untrained"
+    cache = heads.with_name(f"{heads.stem.removesuffix('_heads')}_calibration_{stamp}.json")
+    if gm.tokenizer is not None:
+        ids = [gm.tokenizer.encode(p).ids for p in calibration_prompts(prompts)]
+    else:   # a test model without a tokenizer: seeded random prompts
+        import random
+        r, vocab = random.Random(300), gm.decoder.config.vocab_size
+        ids = [[r.randrange(vocab) for _ in range(r.randint(2, 12))] for _ in range(prompts)]
+        cache = None if gm.name.startswith("tiny") else cache
+    costs, doc = calibrate_model(gm.decoder, spec, onnx_files(repo, spec), ids, cache=cache, progress=progress)
+    for t in doc["targets"]:
+        log.info("min_agreement %.2f: %s, thresholds %s, predicted agreement %.3f, speed-up %.2f%s",
+                 t["min_agreement"], t["measure"], t["thresholds"], t["predicted_agreement"],
+                 t["predicted_speedup"], " (fallback: exits do not pay)" if t["fallback"] else "")
+    return replace(spec, costs=costs, calibration=doc)
 
 
 def _mark_optional(config: Path, names: list[str]) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from e3.core.spec import TensorSpec
 from e3.export.triton_config import ModelDescription
 from e3.generation.engine import EngineSpec, split_name
-from e3.generation.repository import DOOR_INPUTS, DOOR_OUTPUTS
+from e3.generation.repository import DOOR_INPUTS, DOOR_OUTPUTS, SPLIT_OUTPUTS
 from e3.generation.exegpt.scheduler import ReplanPolicy, RraSchedule, WaaSchedule
 from e3.generation.exegpt.workload import LayerProfile, LengthDistribution
 
@@ -62,8 +62,7 @@ def _export_encoder(repo: Path, model: str, spec: EngineSpec) -> None:
         first = TensorSpec("input_ids", "INT64", (-1, -1)) if a == 1 else TensorSpec("hidden", "FP32", (-1, -1, -1))
         inputs = (first, TensorSpec("positions", "INT64", (-1, -1)), TensorSpec("past_kv", "FP32", (-1,) * 6),
                   TensorSpec("key_valid", "BOOL", (-1, -1)), TensorSpec("head_index", "INT64", (-1, -1)))
-        outputs = (TensorSpec("hidden_out", "FP32", (-1, -1, -1)), TensorSpec("new_kv", "FP32", (-1,) * 6),
-                   TensorSpec("token", "INT64", (-1, -1)), TensorSpec("confidence", "FP32", (-1, -1)))
+        outputs = SPLIT_OUTPUTS
         _write(out, ModelDescription(name=name, kind="onnx", max_batch_size=0, inputs=inputs, outputs=outputs,
                                      dynamic_batching=None, parameters={
                                          "intra_op_threads": "1",
