@@ -40,11 +40,12 @@ class UpstreamError(ConnectionError):
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; at most one request on it at a time."""
 
-    __slots__ = ("pool", "transport", "parser", "waiter", "want", "status", "reason", "headers", "body",
+    __slots__ = ("pool", "loop", "transport", "parser", "waiter", "want", "status", "reason", "headers", "body",
                  "received", "closed", "_name")
 
     def __init__(self, pool: "UpstreamPool"):
         self.pool = pool
+        self.loop = asyncio.get_running_loop()   # made by create_connection on the pool's loop
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future | None = None
@@ -161,7 +162,7 @@ class UpstreamPool:
         conn._reset()
         conn.received = False
         conn.want = want
-        conn.waiter = asyncio.get_running_loop().create_future()
+        conn.waiter = conn.loop.create_future()
         if body:
             conn.transport.writelines((message, body))
         else:
