@@ -15,8 +15,8 @@ over all of Triton's API categories, :meth:`e3.deploy.server.TritonServer.restri
 * **Body**: ``Content-Length`` required (chunked: 411), over ``max_body_bytes`` (Triton's 64 MiB) or a
   JSON part over ``max_json_bytes``: 413 before a byte is read; the body must arrive within
   ``body_timeout_s`` (408); gzip/deflate bodies are inflated up to the limit. Headers must be complete
-  within ``header_timeout_s`` of the connection's start or its previous answer (which also closes idle
-  kept-alive connections); request line and headers at most 64 KiB (431).
+  within ``header_timeout_s`` of the connection's start or its previous answer (aiohttp's keep-alive
+  timer, which also closes idle kept-alive connections).
 * **One parse**: inference bodies become :func:`e3.deploy.request_check.canonical_infer_request`'s bytes,
   repository calls :func:`~e3.deploy.request_check.canonical_repository_request`'s, other JSON bodies
   :func:`e3.deploy.strict_json.dumps_canonical` of a strict parse; anything malformed gets 400 naming the
@@ -28,11 +28,8 @@ over all of Triton's API categories, :meth:`e3.deploy.server.TritonServer.restri
 * ``GET /metrics`` is the guard's own Prometheus page: the supervisor's restart counters
   (``e3_tritonserver_*``) and the guard's answers by status (``e3_guard_responses_total``).
 
-One event loop thread (uvloop's where installed), no thread per connection: the server side is
-:mod:`e3.deploy.http_server` (httptools' request parser), the upstream side :mod:`e3.deploy.upstream`
-(a pool of keep-alive connections, httptools' response parser); listen backlog 1,024 as Triton's own HTTP
-server. Both replaced aiohttp's server and client after profiling under 256 clients (docs/reliability.md,
-"Measured: the front door"). JSON parses
+Built on aiohttp's low-level server (one event loop thread, no thread per connection), listen backlog
+1,024 as Triton's own HTTP server, keep-alive on both sides (a pool of upstream connections). JSON parses
 of bodies over 256 KiB run on one worker thread so that the loop keeps answering meanwhile. Memory per
 request is bounded by about twice ``max_body_bytes`` for the binary extension and about eight times
 ``max_json_bytes`` for a JSON body's Python objects (one such parse at a time). gRPC goes to Triton
@@ -51,7 +48,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Mapping
 
-from e3.deploy.http_server import Request, Response, Server
+from aiohttp import web
+
 from e3.deploy.request_check import RequestError, canonical_infer_request, canonical_repository_request
 from e3.deploy.routes import KEYED, Route, RouteError, route
 from e3.deploy.strict_json import StrictJSONError, dumps_canonical, loads_strict
@@ -69,7 +67,7 @@ _INLINE_PARSE_BYTES = 256 * 2**10
 _PASS_RESPONSE = ("Content-Type", "Content-Encoding", "Inference-Header-Content-Length")
 _WANT_RESPONSE = {k.lower(): k for k in _PASS_RESPONSE}
 _WANT = frozenset(_WANT_RESPONSE)
-_PASS_REQUEST = tuple((k, k.lower()) for k in ("Content-Type", "Accept-Encoding", "Accept"))
+_PASS_REQUEST = ("Content-Type", "Accept-Encoding", "Accept")
 
 
 GC_GEN0_THRESHOLD = 50_000           # net allocations between young collections (CPython's default: 700)
@@ -130,7 +128,7 @@ class Guard:
         self.responses: Counter = Counter()   # status -> answers sent
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._server: Server | None = None
+        self._runner: web.ServerRunner | None = None
         self._pool: UpstreamPool | None = None
         self._parser = ThreadPoolExecutor(1, thread_name_prefix="e3-guard-parse")
         self._inflight: dict[str, set[asyncio.Task]] = {}   # model -> upstream calls in flight
@@ -170,14 +168,17 @@ class Guard:
         return self
 
     async def _start(self) -> None:
-        self._server = Server(self, header_timeout_s=self.header_timeout_s, body_timeout_s=self.body_timeout_s,
-                              max_body_bytes=self.max_body_bytes)
-        self.port = await self._server.start(self.host, self.port, backlog=BACKLOG)   # port 0: the system's
+        server = web.Server(self._handle, keepalive_timeout=self.header_timeout_s, access_log=None)
+        self._runner = web.ServerRunner(server, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=BACKLOG, reuse_address=True)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]   # port 0: the one the system chose
         self._pool = UpstreamPool(*self.upstream, connect_timeout_s=5.0)
 
     async def _close(self) -> None:
-        if self._server is not None:
-            await self._server.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
         if self._pool is not None:
             self._pool.close()
 
@@ -211,56 +212,30 @@ class Guard:
             log.warning("guard: %d request(s) in flight to %s ended with 503", count, model)
         return count
 
-    # -- one request (the http_server's application: head, handle, error) ------------------------------------
-    def _reply(self, status: int, message: str, *, close: bool = False) -> Response:
+    # -- one request --------------------------------------------------------------------------------------------
+    def _reply(self, status: int, message: str, *, close: bool = False) -> web.Response:
         self.responses[status] += 1
-        return Response(status, dumps_canonical({"error": message}), [("Content-Type", "application/json")],
-                        close=close)
+        response = web.json_response({"error": message}, status=status, dumps=lambda v: dumps_canonical(v).decode())
+        if close:
+            response.force_close()
+        return response
 
-    def error(self, status: int, message: str) -> Response:
-        """An answer the server makes itself (malformed HTTP, 408, 413, 431, 500); the connection closes."""
-        return self._reply(status, message, close=True)
-
-    def head(self, request: Request) -> Response | None:
-        """Headers complete, body not read: the refusals that need no body (then the connection closes)."""
-        headers = request.headers
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
-            r = request.state = route(request.method, request.target)   # the target as sent, not normalised
-        except RouteError:
-            return None   # handle() answers once the body (bounded by max_body_bytes) is read
-        if "transfer-encoding" in headers:   # chunked (or any coding): the length must be known up front
-            return self._reply(411, "send the body with a Content-Length (chunked transfer is not accepted)",
-                               close=True)
-        length = request.content_length or 0
-        if length and r.kind in ("plain", "metrics"):
-            return self._reply(400, f"{request.method} {r.path} takes no body", close=True)
-        if length > self.max_body_bytes:
-            return self._reply(413, f"request body of {length} bytes is over the limit of {self.max_body_bytes}",
-                               close=True)
-        json_part = length if "inference-header-content-length" not in headers else 0
-        if json_part > self.max_json_bytes:
-            return self._reply(413, f"a JSON body of {length} bytes is over the limit of {self.max_json_bytes} "
-                                    "(send large tensors in the binary extension)", close=True)
-        return None
-
-    async def handle(self, request: Request) -> Response:
-        r = request.state
-        if r is None:
-            try:
-                r = route(request.method, request.target)
-            except RouteError as err:
-                return self._reply(err.status, str(err), close=err.status == 400)
+            r = route(request.method, request.raw_path)   # the request target as sent (raw, not normalised)
+        except RouteError as err:
+            return self._reply(err.status, str(err), close=err.status == 400)
         if r.kind == "metrics":
             return self._metrics()
         if self.api_key and r.category in KEYED:
             header, key = self.api_key
-            if not hmac.compare_digest(request.headers.get(header.lower(), "").encode(), key.encode()):
+            if not hmac.compare_digest(request.headers.get(header, "").encode(), key.encode()):
                 return self._reply(403, f"This API is restricted, expecting header '{header}'")
         not_ready = self._not_ready(r)
         if not_ready:
             return self._reply(503, not_ready)
-        body = self._inflated(request, request.body)
-        if isinstance(body, Response):
+        body = await self._read_body(request, r)
+        if isinstance(body, web.Response):
             return body
         try:
             forward, header_length = await self._canonical(request, r, body)
@@ -268,7 +243,7 @@ class Guard:
             what = "malformed inference request" if r.kind == "infer" else "refused"
             return self._reply(400, f"{what}: {err}")
         sent = request.headers
-        headers = [(k, sent[low]) for k, low in _PASS_REQUEST if low in sent]
+        headers = [(k, sent[k]) for k in _PASS_REQUEST if k in sent]
         headers += self.upstream_headers().items()
         if header_length is not None:
             headers.append(("Inference-Header-Content-Length", str(header_length)))
@@ -285,10 +260,37 @@ class Guard:
             return f"model {r.model} is not ready: being restored"
         return None
 
-    def _inflated(self, request: Request, body: bytes) -> bytes | Response:
-        if not body:
-            return body
-        encoding = request.headers.get("content-encoding", "").strip().lower()
+    async def _read_body(self, request: web.BaseRequest, r: Route) -> bytes | web.Response:
+        """The whole body, or the answer that says why it cannot be read."""
+        if "chunked" in request.headers.get("Transfer-Encoding", "").lower():
+            return self._reply(411, "send the body with a Content-Length (chunked transfer is not accepted)",
+                               close=True)
+        length = request.content_length or 0
+        if length and r.kind in ("plain", "metrics"):
+            return self._reply(400, f"{request.method} {r.path} takes no body", close=True)
+        if length > self.max_body_bytes:
+            return self._reply(413, f"request body of {length} bytes is over the limit of {self.max_body_bytes}",
+                               close=True)
+        json_part = length if "Inference-Header-Content-Length" not in request.headers else 0
+        if json_part > self.max_json_bytes:
+            return self._reply(413, f"a JSON body of {length} bytes is over the limit of {self.max_json_bytes} "
+                                    "(send large tensors in the binary extension)", close=True)
+        if not length:
+            return b""
+        try:
+            if request.content.is_eof():   # the whole body is buffered already: no wait, no timer
+                body = await request.content.readexactly(length)
+            else:
+                async with asyncio.timeout(self.body_timeout_s):
+                    body = await request.content.readexactly(length)
+        except TimeoutError:
+            return self._reply(408, f"the body did not arrive within {self.body_timeout_s:g} s", close=True)
+        except asyncio.IncompleteReadError:
+            return self._reply(400, "the connection ended before the body did", close=True)
+        return self._inflated(request, body)
+
+    def _inflated(self, request: web.BaseRequest, body: bytes) -> bytes | web.Response:
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
         if encoding in ("", "identity"):
             return body
         if encoding not in ("gzip", "deflate"):
@@ -303,10 +305,10 @@ class Guard:
             return self._reply(413, f"the body inflates past the limit of {self.max_body_bytes} bytes")
         return out
 
-    async def _canonical(self, request: Request, r: Route, body: bytes) -> tuple[bytes, int | None]:
+    async def _canonical(self, request: web.BaseRequest, r: Route, body: bytes) -> tuple[bytes, int | None]:
         """(bytes to forward, their Inference-Header-Content-Length or None); raises RequestError."""
         if r.kind == "infer":
-            header_length = request.headers.get("inference-header-content-length")
+            header_length = request.headers.get("Inference-Header-Content-Length")
             json_bytes = len(body) if header_length is None else min(len(body), int(header_length.strip() or 0)
                                                                         if header_length.strip().isdigit() else 0)
             if json_bytes > self.max_json_bytes:
@@ -327,7 +329,7 @@ class Guard:
             return dumps_canonical(value), None
         return b"", None
 
-    async def _forward(self, method: str, r: Route, headers: list, body: bytes) -> Response:
+    async def _forward(self, method: str, r: Route, headers: list, body: bytes) -> web.Response:
         task = asyncio.ensure_future(self._pool.request(method, r.path, headers, body, want=_WANT))
         held = self._inflight.setdefault(r.model, set()) if r.kind == "infer" else None
         if held is not None:
@@ -347,13 +349,12 @@ class Guard:
             if held is not None:
                 held.discard(task)
         self.responses[status] += 1
-        return Response(status, data, [(_WANT_RESPONSE[k], v) for k, v in out_headers.items()], reason=reason)
+        return web.Response(status=status, reason=reason, body=data,
+                            headers={_WANT_RESPONSE[k]: v for k, v in out_headers.items()})
 
-    def _metrics(self) -> Response:
+    def _metrics(self) -> web.Response:
         lines = [self.metrics() if self.metrics else "",
                  "# HELP e3_guard_responses_total Answers of the HTTP guard, by HTTP status.",
                  "# TYPE e3_guard_responses_total counter"]
         lines += [f'e3_guard_responses_total{{code="{code}"}} {n}' for code, n in sorted(self.responses.items())]
-        self.responses[200] += 1
-        return Response(200, ("\n".join(l for l in lines if l) + "\n").encode(),
-                        [("Content-Type", "text/plain; charset=utf-8")])
+        return web.Response(text="\n".join(l for l in lines if l) + "\n", content_type="text/plain")
