@@ -40,16 +40,15 @@ import json
 import math
 import sys
 import time
-import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 if __package__:   # imported as e3.benchmarks.admission_triton
-    from e3.benchmarks.gpu_host_setup import prepare_host
+    from e3.benchmarks.gpu_host_setup import measure_each, prepare_host
     from e3.benchmarks.gpu_load import OpenLoop
 else:             # run as a script, on a bare host before the project can be imported
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gpu_host_setup import prepare_host
+    from gpu_host_setup import measure_each, prepare_host
     from gpu_load import OpenLoop
 
 __all__ = ["Settings", "run", "main"]
@@ -332,18 +331,9 @@ def run(s: Settings, echo=print) -> dict:
         "budget": f"one {device}; every system a Python-backend model on it in the same engine (PyTorch, "
                   f"{'FP32 eager' if s.cpu else 'FP16 CUDA graphs'}), behind the same gRPC front door; one system "
                   "at a time"})
-    for name in s.models:
-        if s.left_s() < 150:
-            echo(f"== {name}: skipped, the time budget is spent")
-            results.doc.setdefault("skipped", []).append(name)
-            continue
-        echo(f"== {name}")
-        try:
-            measure_model(name, s, results, binary=binary, echo=echo)
-        except Exception:   # noqa: BLE001 - report, keep what was measured, go on with the next model
-            traceback.print_exc()
-            results.doc.setdefault("failed", []).append(name)
-        results.save()
+    measure_each(s.models, results, lambda name: measure_model(name, s, results, binary=binary, echo=echo),
+                 left_s=s.left_s, echo=echo)
+    results.save()
     return results.doc
 
 

@@ -11,8 +11,9 @@ burst's high phase.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from e3.benchmarks.report import load_run
 
 __all__ = ["load_admission_triton", "render_admission_triton", "write_admission_triton_section", "BEGIN", "END",
            "not_measured_section"]
@@ -25,14 +26,8 @@ TARGET_RATIO = 1.3
 
 def load_admission_triton(path: str | Path) -> dict:
     """``admission_triton.json`` from a run folder or the file itself; a clear error if it is not one."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "admission_triton.json"
-    if not p.is_file():
-        raise FileNotFoundError(f"{p} does not exist: give the folder benchmarks/admission_triton.py wrote, or its "
-                                "admission_triton.json")
-    doc = json.loads(p.read_text())
-    if not isinstance(doc, dict) or doc.get("kind") != "admission-triton" or not isinstance(doc.get("models"), dict):
+    p, doc = load_run(path, "admission_triton.json", "benchmarks/admission_triton.py")
+    if doc.get("kind") != "admission-triton" or not isinstance(doc.get("models"), dict):
         raise ValueError(f"{p} is not a run of benchmarks/admission_triton.py (no kind 'admission-triton')")
     return doc
 

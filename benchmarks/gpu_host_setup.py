@@ -8,8 +8,10 @@ import os
 import shutil
 import sys
 import tempfile
+import traceback
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 ROOMS = ("export", "serving", "controller", "client", "deploy", "generation", "simulator", "benchmarks", "cli")
@@ -117,3 +119,23 @@ def prepare_host(out: Path, *, cpu: bool, wheels: Path | None) -> tuple[Path | N
     out.mkdir(parents=True, exist_ok=True)
     os.chdir(out)
     return binary, out
+
+
+def measure_each(names, results, measure: Callable[[str], None], *, left_s: Callable[[], float],
+                 echo=print) -> None:
+    """Every runner's model loop: ``measure(name)`` for each model in turn; a model is skipped (and listed under
+    ``skipped``) once fewer than 150 s of the time budget are left, a model that fails is reported with its
+    traceback and listed under ``failed`` while the run goes on with the next, and ``results`` (anything with a
+    ``doc`` dict and ``save()``) is saved after each, so a run cut short keeps what it measured."""
+    for name in names:
+        if left_s() < 150:
+            echo(f"== {name}: skipped, the time budget is spent")
+            results.doc.setdefault("skipped", []).append(name)
+            continue
+        echo(f"== {name}")
+        try:
+            measure(name)
+        except Exception:   # noqa: BLE001 - report, keep what was measured, go on with the next model
+            traceback.print_exc()
+            results.doc.setdefault("failed", []).append(name)
+        results.save()

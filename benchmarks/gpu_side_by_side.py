@@ -41,16 +41,15 @@ import os
 import shutil
 import sys
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
 if __package__:   # imported as e3.benchmarks.gpu_side_by_side
-    from e3.benchmarks.gpu_host_setup import namespace, prepare_host
+    from e3.benchmarks.gpu_host_setup import measure_each, namespace, prepare_host
     from e3.benchmarks.gpu_load import INPUTS_PER_REQUEST, LoadPool, slo_rows
 else:             # run as a script, on a bare host before the project can be imported
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gpu_host_setup import namespace, prepare_host
+    from gpu_host_setup import measure_each, namespace, prepare_host
     from gpu_load import INPUTS_PER_REQUEST, LoadPool, slo_rows
 
 __all__ = ["Settings", "run", "main", "namespace", "REACH", "MIXES"]
@@ -431,18 +430,9 @@ def run(settings: Settings, echo=print) -> dict:
                                "concurrency": list(settings.concurrency), "duration_s": settings.duration_s,
                                "warmup_s": settings.warmup_s, "torch": torch.__version__,
                                "precision": "fp32" if settings.cpu else "fp16", "graphs": not settings.cpu}
-    for name in settings.models:
-        if settings.left_s() < 150:
-            echo(f"== {name}: skipped, the time budget is spent")
-            results.doc.setdefault("skipped", []).append(name)
-            continue
-        echo(f"== {name}")
-        try:
-            measure_model(name, settings, results, binary=binary, stub_first=stub_first, echo=echo)
-        except Exception:   # noqa: BLE001 - report, keep what was measured, go on with the next model
-            traceback.print_exc()
-            results.doc.setdefault("failed", []).append(name)
-            results.save()
+    measure_each(settings.models, results, lambda name: measure_model(name, settings, results, binary=binary,
+                                                                      stub_first=stub_first, echo=echo),
+                 left_s=settings.left_s, echo=echo)
     results.save()
     return results.doc
 

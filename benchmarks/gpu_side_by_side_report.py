@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from e3.benchmarks.report import load_run
+
 __all__ = ["load_side_by_side", "render_side_by_side", "is_side_by_side", "write_side_by_side_section", "SECTION"]
 
 SECTION = "gpu-side-by-side"
@@ -20,13 +22,7 @@ SYSTEMS = ("e3", "stock", "ee")
 
 def load_side_by_side(path: str | Path) -> dict:
     """``side_by_side.json`` from a run folder or the file itself; a clear error if it is not one."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "side_by_side.json"
-    if not p.is_file():
-        raise FileNotFoundError(f"{p} does not exist: give the folder benchmarks/gpu_side_by_side.py wrote, "
-                                f"or its side_by_side.json")
-    doc = json.loads(p.read_text())
+    p, doc = load_run(path, "side_by_side.json", "benchmarks/gpu_side_by_side.py")
     for key in ("device", "rows", "limit"):
         if key not in doc:
             raise ValueError(f"{p} is not a GPU side-by-side run (no {key!r})")

@@ -3,11 +3,13 @@ its own section there (between two markers) without touching the rest of the fil
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Mapping, Sequence
 
 __all__ = ["BEGIN", "END", "markers", "goodput_table", "validation_table", "within_both", "replace_section",
-           "replace_between", "write_section", "commit"]
+           "replace_between", "write_section", "commit", "load_run"]
 
 
 def markers(name: str = "e3 bench") -> tuple[str, str]:
@@ -114,3 +116,17 @@ def commit() -> str:
                               cwd=project_root(), timeout=10).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def load_run(path: str | Path, filename: str, script: str) -> tuple[Path, dict]:
+    """A runner's JSON document from its run folder or the file itself: (the file, the document); a clear error
+    naming ``script`` (the runner that writes ``filename``) when it is neither. The caller checks its fields."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / filename
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} does not exist: give the folder {script} wrote, or its {filename}")
+    doc = json.loads(p.read_text())
+    if not isinstance(doc, dict):
+        raise ValueError(f"{p} is not a run of {script} (not a JSON object)")
+    return p, doc

@@ -1,4 +1,5 @@
-"""`e3` verbs of the control plane: plan, control, status.
+"""`e3` verbs of the control plane: control, status (`e3 plan` is in cli/models.py, beside the verbs that make its
+inputs).
 
 `e3 control` needs no checkpoint: the model's block count, ramps and exit rule come from the repository's
 manifest, a plan, or the router's running plan (:mod:`e3.controller.model_facts`), and plans come from the
@@ -37,43 +38,6 @@ def _alpha(text: str) -> float | None:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"takes a number or none, got {text!r}") from None
-
-
-def _plan(args) -> int:
-    from e3.controller.planner import PlannerError, best_plan, cheapest_plan, parse_devices, parse_forms
-    from e3.controller.report import planner_result_lines
-    from e3.core.files import write_atomic
-    from e3.core.profile import BatchProfile, LatencyProfile, ProfileError
-    try:
-        latency, batch = LatencyProfile.load(args.latency_profile), BatchProfile.load(args.batch_profile)
-        devices = parse_devices(args.devices)
-        if args.model:  # the model's own ramps and exit rule
-            from e3.export.zoo import resolve_model
-            card = resolve_model(args.model).card
-            ramps, rule = list(card.ramp_blocks), dict(card.exit_rule)
-        else:  # without the model: the ramps the latency profile measured
-            ramps, rule = latency.ramp_blocks(), {"kind": "entropy", "tau_nats": args.tau_nats}
-        common = dict(slo_ms=args.slo_ms, slack=args.slack, pipelined=not args.no_pipelining,
-                      forms=parse_forms(args.forms), exit_wrapper=not args.no_exit_wrapper,
-                      ramp_blocks=ramps if args.model else None)
-        if args.min_goodput is not None:
-            result = cheapest_plan(latency, batch, devices, goodput_rps=args.min_goodput, rate_rps=args.rate_rps,
-                                   **common)
-        else:
-            if args.rate_rps is None:
-                raise PlannerError("--rate-rps is needed (or --min-goodput for the cheapest plan reaching a goodput)")
-            result = best_plan(latency, batch, devices, rate_rps=args.rate_rps, alpha=args.alpha, **common)
-        plan = result.to_plan(model=latency.model, num_blocks=latency.num_blocks, exit_rule=rule, ramp_blocks=ramps,
-                              slo_ms=args.slo_ms, slack=args.slack)
-    except (ProfileError, PlannerError, ValueError) as err:
-        print(f"e3 plan: error: {err}", file=sys.stderr)
-        return 2
-    for line in planner_result_lines(result, plan, latency, devices=devices, slo_ms=args.slo_ms, slack=args.slack):
-        print(line)
-    if args.out:
-        write_atomic(args.out, plan.to_json())
-        print(f"wrote {args.out}")
-    return 0
 
 
 def _control(args) -> int:
@@ -244,30 +208,6 @@ def _status(args) -> int:
     finally:
         applier.close()
     return 0
-
-
-def add_plan(sub, repo_help: str) -> None:
-    """`e3 plan`'s arguments."""
-    pl = sub.add_parser("plan", help="plan cuts, instances per split, device configurations and input batch "
-                                     "(E3's DP) from a latency profile and a batch profile")
-    _planning_args(pl, rate_required=False)
-    pl.add_argument("--batch-profile", "--exits", dest="batch_profile", required=True,
-                    help="batch profile JSON: share of inputs reaching every block (e3 workload writes one per "
-                         "mix); --exits is an old alias")
-    pl.add_argument("--min-goodput", type=float, default=None,
-                    help="instead: the cheapest plan whose throughput reaches this many inputs/s (E3 §5.3)")
-    pl.add_argument("--no-pipelining", action="store_true", help="splits run one after another (E3 §3.2.1)")
-    pl.add_argument("--forms", default="constant,compact",
-                    help="split forms to choose from: constant (own Triton model, constant batch), compact (run "
-                         "in the router, rows leave between blocks); default both, per split the faster")
-    pl.add_argument("--no-exit-wrapper", action="store_true",
-                    help="keep every ramp (default: disable ramps that cost more than their exits save, E3 §3.4)")
-    pl.add_argument("--model", default=None, help="zoo model (or module:factory) whose ramps and exit rule the "
-                                                  "written plan uses (recommended with --out)")
-    pl.add_argument("--tau-nats", type=float, default=0.5,
-                    help="entropy threshold (nats) written into the plan without --model (default 0.5)")
-    pl.add_argument("--out", default=None, help="write the plan JSON here (atomically)")
-    pl.set_defaults(func=_plan)
 
 
 def add_control(sub, repo_help: str) -> None:

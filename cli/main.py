@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from e3.cli import bench
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_profile(sub, repo_help)
     serve.add_serve(sub, repo_help)
     serve.add_infer(sub, repo_help)
-    control.add_plan(sub, repo_help)
+    models.add_plan(sub, repo_help)
     serve.add_demo(sub, repo_help)
     models.add_admission(sub, repo_help)
     bench.add_bench(sub, repo_help)
@@ -75,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # `package.module:factory` names a module in the working directory as `python -m` would find it
+    # (a console script's sys.path starts at its own folder, not the working directory)
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:

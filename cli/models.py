@@ -1,4 +1,5 @@
-"""`e3` verbs over models and their repository: export, profile, admission, train, evaluate, workload, models, clean."""
+"""`e3` verbs over models and their repository: export, profile, plan, admission, train, evaluate, workload, models,
+clean. `--data FILE` (a .npz of the model's inputs and labels, e3.export.user_data) works with any model."""
 
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ def _profile(args) -> int:
     try:
         if args.modelled and args.cuda:
             raise ValueError("--modelled models GPUs, --cuda measures this host's GPU: choose one")
+        if args.data and (args.cuda or args.modelled):
+            raise ValueError("--data times the blocks on your inputs with ONNX Runtime here; not with --cuda or --modelled")
         if (args.eager or args.fp32 or args.untrained or args.hops) and not args.cuda:
             raise ValueError("--eager, --fp32, --untrained and --hops go with --cuda")
         build = resolve_architecture if args.untrained else resolve_model
@@ -63,7 +66,7 @@ def _profile(args) -> int:
         else:
             profile = profile_model(args.model, ProfileSettings(
                 batch_sizes=tuple(batches), repeats=args.repeats, warmup=args.warmup, tx=not args.no_tx),
-                tritonserver=args.tritonserver)
+                tritonserver=args.tritonserver, data=args.data)
         if args.add:
             profile = merge_profiles([profile, *(LatencyProfile.load(p) for p in args.add)])
         out = Path(args.out) if args.out else default_profile_path(
@@ -75,6 +78,73 @@ def _profile(args) -> int:
     print(format_table(profile), end="")
     print(f"wrote {out}" + (" (contains MODELLED devices: not measured)" if profile.modelled else ""))
     return 0
+
+
+def _plan(args) -> int:
+    from e3.controller.planner import PlannerError, best_plan, cheapest_plan, parse_devices, parse_forms
+    from e3.controller.report import planner_result_lines
+    from e3.core.files import write_atomic
+    from e3.core.profile import BatchProfile, LatencyProfile, ProfileError
+    try:
+        latency = LatencyProfile.load(args.latency_profile)
+        if args.data:
+            if not args.model:
+                raise ValueError("--data needs --model: the model is run on the data to measure its exits")
+            from e3.export.workload import data_batch_profile
+            batch = data_batch_profile(args.model, args.data, limit=args.limit)
+        elif args.batch_profile:
+            batch = BatchProfile.load(args.batch_profile)
+        else:
+            raise ValueError("give --batch-profile B.json (e3 workload writes them) or --model M --data FILE")
+        devices = parse_devices(args.devices)
+        relies_on = None
+        if args.model:  # the model's own ramps and exit rule (and what the rule's decisions rely on)
+            from e3.core.exits import make_exit_rule
+            from e3.export.zoo import resolve_model
+            card = resolve_model(args.model).card
+            ramps, rule = list(card.ramp_blocks), dict(card.exit_rule)
+            relies_on = make_exit_rule(rule).relies_on
+        else:  # without the model: the ramps the latency profile measured
+            ramps, rule = latency.ramp_blocks(), dict(batch.exit_rule) or {"kind": "entropy", "tau_nats": args.tau_nats}
+            if batch.exit_rule:
+                relies_on = _relies_on(batch.exit_rule)
+        common = dict(slo_ms=args.slo_ms, slack=args.slack, pipelined=not args.no_pipelining,
+                      forms=parse_forms(args.forms), exit_wrapper=not args.no_exit_wrapper,
+                      ramp_blocks=ramps if args.model else None, relies_on=relies_on)
+        if args.min_goodput is not None:
+            result = cheapest_plan(latency, batch, devices, goodput_rps=args.min_goodput, rate_rps=args.rate_rps,
+                                   **common)
+        else:
+            if args.rate_rps is None:
+                raise PlannerError("--rate-rps is needed (or --min-goodput for the cheapest plan reaching a goodput)")
+            result = best_plan(latency, batch, devices, rate_rps=args.rate_rps, alpha=args.alpha, **common)
+        plan = result.to_plan(model=latency.model, num_blocks=latency.num_blocks, exit_rule=rule, ramp_blocks=ramps,
+                              slo_ms=args.slo_ms, slack=args.slack)
+    except (ProfileError, PlannerError, ValueError) as err:
+        print(f"e3 plan: error: {err}", file=sys.stderr)
+        return 2
+    if args.data:
+        print(f"batch profile from {args.data}: reach {[round(r, 3) for r in batch.reach]} (measured for "
+              f"{len(batch.reach_by_ramps)} sets of ramps)")
+    for line in planner_result_lines(result, plan, latency, devices=devices, slo_ms=args.slo_ms, slack=args.slack):
+        print(line)
+    if args.out:
+        write_atomic(args.out, plan.to_json())
+        print(f"wrote {args.out}")
+    if args.batch_profile_out and args.data:
+        batch.save(args.batch_profile_out)
+        print(f"wrote {args.batch_profile_out}")
+    return 0
+
+
+def _relies_on(rule: dict):
+    """What a batch profile's rule relies on, without the model: a rule whose module does not import here is
+    taken as relying on every earlier ramp (the safe side)."""
+    from e3.core.exits import make_exit_rule
+    try:
+        return make_exit_rule(rule).relies_on
+    except ValueError:
+        return lambda block, enabled: tuple(k for k in enabled if k < block)
 
 
 def _admission(args) -> int:
@@ -122,7 +192,7 @@ def _train(args) -> int:
 def _evaluate(args) -> int:
     from e3.export.evaluate import evaluate, format_evaluation, save_evaluation
     for name in args.models:
-        ev = evaluate(name, limit=args.limit)
+        ev = evaluate(name, limit=args.limit, data=args.data)
         print(format_evaluation(ev))
         js, png = save_evaluation(ev, artifacts_dir() / "results")
         print(f"  wrote {js} and {png}\n")
@@ -131,8 +201,11 @@ def _evaluate(args) -> int:
 
 def _workload(args) -> int:
     from e3.export.workload import build_workloads, load_workload
-    out = Path(args.out) if args.out else artifacts_dir() / "workloads" / args.model
-    for path in build_workloads(args.model, out, count=args.count, rate_rps=args.rate_rps, seed=args.seed):
+    from e3.core.names import served_name
+    out = Path(args.out) if args.out else artifacts_dir() / "workloads" / (
+        served_name(args.model) if ":" in args.model else args.model)
+    for path in build_workloads(args.model, out, count=args.count, rate_rps=args.rate_rps, seed=args.seed,
+                                data=args.data):
         _, meta = load_workload(path)
         hard = float(meta["hard"].mean())
         print(f"wrote {path} ({meta['count']} inputs, {100 * (1 - hard):.0f}% easy / {100 * hard:.0f}% hard; "
@@ -226,8 +299,45 @@ def add_profile(sub, repo_help: str) -> None:
     pr.add_argument("--add", action="append", default=[], metavar="PROFILE",
                     help="merge this latency profile file's devices into the output (repeatable)")
     pr.add_argument("--no-tx", action="store_true", help="skip the Tx measurement (no tritonserver; Tx = 0)")
+    pr.add_argument("--data", default=None, metavar="FILE",
+                    help="time the blocks on states computed from your inputs (.npz of the model's inputs, see "
+                         "README 'Serve your own model') instead of the model's random example inputs")
     pr.add_argument("--tritonserver", default=None, help="tritonserver binary for the Tx measurement")
     pr.set_defaults(func=_profile)
+
+
+def add_plan(sub, repo_help: str) -> None:
+    """`e3 plan`'s arguments."""
+    pl = sub.add_parser("plan", help="plan cuts, instances per split, device configurations and input batch "
+                                     "(E3's DP) from a latency profile and a batch profile")
+    from e3.cli.control import _planning_args
+    _planning_args(pl, rate_required=False)
+    pl.add_argument("--batch-profile", "--exits", dest="batch_profile", default=None,
+                    help="batch profile JSON: share of inputs reaching every block (e3 workload writes one per "
+                         "mix); --exits is an old alias. Or --data with --model")
+    pl.add_argument("--data", default=None, metavar="FILE",
+                    help="measure the batch profile from your data instead (.npz of the model's inputs, see "
+                         "README 'Serve your own model'); needs --model; the exit-wrapper then prices every set "
+                         "of ramps with the exits the rule really gives on the data")
+    pl.add_argument("--limit", type=int, default=None, help="with --data: the first N inputs only")
+    pl.add_argument("--batch-profile-out", default=None, metavar="B.json",
+                    help="with --data: also write the measured batch profile here")
+    pl.add_argument("--min-goodput", type=float, default=None,
+                    help="instead: the cheapest plan whose throughput reaches this many inputs/s (E3 §5.3)")
+    pl.add_argument("--no-pipelining", action="store_true", help="splits run one after another (E3 §3.2.1)")
+    pl.add_argument("--forms", default="constant,compact",
+                    help="split forms to choose from: constant (own Triton model, constant batch), compact (run "
+                         "in the router, rows leave between blocks); default both, per split the faster")
+    pl.add_argument("--no-exit-wrapper", action="store_true",
+                    help="keep every ramp (default: disable ramps that cost more than their exits save, E3 §3.4; "
+                         "a dependent rule's ramps are re-priced from measured exits, or kept where another ramp "
+                         "relies on them)")
+    pl.add_argument("--model", default=None, help="zoo model (or module:factory) whose ramps and exit rule the "
+                                                  "written plan uses (recommended with --out)")
+    pl.add_argument("--tau-nats", type=float, default=0.5,
+                    help="entropy threshold (nats) written into the plan without --model (default 0.5)")
+    pl.add_argument("--out", default=None, help="write the plan JSON here (atomically)")
+    pl.set_defaults(func=_plan)
 
 
 def add_admission(sub, repo_help: str) -> None:
@@ -261,15 +371,21 @@ def add_train(sub, repo_help: str) -> None:
 def add_evaluate(sub, repo_help: str) -> None:
     """`e3 evaluate`'s arguments."""
     ev = sub.add_parser("evaluate", help="accuracy and exits against the threshold, compute saved vs stock")
-    ev.add_argument("models", nargs="+", help="bert-ee, pabee, resnet-ee")
+    ev.add_argument("models", nargs="+", help="bert-ee, pabee, resnet-ee, or package.module:factory with --data")
     ev.add_argument("--limit", type=int, default=None, help="evaluate the first N test inputs only")
+    ev.add_argument("--data", default=None, metavar="FILE",
+                    help="evaluate on your data: a .npz with one array per model input (named as the model card "
+                         "names them) and 'labels' (int64 [N]); any model (README 'Serve your own model')")
     ev.set_defaults(func=_evaluate)
 
 
 def add_workload(sub, repo_help: str) -> None:
     """`e3 workload`'s arguments."""
     w = sub.add_parser("workload", help="easy/hard mixes 80:20, 50:50, 20:80 and a switching stream")
-    w.add_argument("model", help="bert-ee, pabee, resnet-ee")
+    w.add_argument("model", help="bert-ee, pabee, resnet-ee, or package.module:factory with --data")
+    w.add_argument("--data", default=None, metavar="FILE",
+                   help="bin your data's inputs instead of a zoo test split (.npz of the model's inputs and "
+                        "'labels'; README 'Serve your own model')")
     w.add_argument("--count", type=int, default=1000, help="inputs per mix (default 1000)")
     w.add_argument("--rate-rps", type=float, default=50.0, help="nominal arrival rate for the stream's phase times")
     w.add_argument("--seed", type=int, default=0)

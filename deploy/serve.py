@@ -17,9 +17,41 @@ from e3.deploy.guard import Guard, tune_gc
 from e3.deploy.server import ServerError, TritonServer, free_port, port_taken
 from e3.deploy.supervisor import Supervisor
 
-__all__ = ["serve_until_stopped"]
+__all__ = ["serve_until_stopped", "KEEP_SERVING_ARGS", "models_not_loaded"]
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# A model that fails to load does not stop the others: tritonserver keeps running (it exits on the first
+# failed --load-model by default) and reports ready while what loaded serves; e3 serve names what did not.
+KEEP_SERVING_ARGS = ("--exit-on-error=false", "--strict-readiness=false")
+
+
+def models_not_loaded(server: TritonServer, wanted: Sequence[str] | None = None) -> list[tuple[str, str]]:
+    """(name, Triton's reason) of every model of ``wanted`` (default: every model the server was asked to
+    load) that is not READY, from the repository index."""
+    import json
+    import urllib.request
+    request = urllib.request.Request(f"http://{server.http_url}/v2/repository/index", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json", **server.http_headers()})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        index = {m["name"]: m for m in json.loads(r.read())}
+    names = list(wanted) if wanted is not None else _asked(server)
+    return [(n, index.get(n, {}).get("reason") or index.get(n, {}).get("state") or "not in the repository")
+            for n in names if index.get(n, {}).get("state") != "READY"]
+
+
+def _asked(server: TritonServer) -> list[str]:
+    from e3.deploy.server import models_to_serve
+    return list(server.models) if server.models is not None else models_to_serve(server.repo)
+
+
+def _name_failed(server: TritonServer, complain: Callable[[str], None]) -> None:
+    """Say which models did not load and why; ServerError when none did."""
+    asked = _asked(server)
+    failed = models_not_loaded(server, asked)
+    for name, reason in failed:
+        complain(f"e3 serve: {name} did not load and is not served: {reason}")
+    if failed and len(failed) == len(asked):
+        raise ServerError("no model loaded; see the reasons above")
 
 
 def serve_until_stopped(repo: str | Path, models: Sequence[str] | None, stop: threading.Event, *, host: str,
@@ -38,9 +70,15 @@ def serve_until_stopped(repo: str | Path, models: Sequence[str] | None, stop: th
                           http_port=free_port() if guarded else http_port,
                           http_host="127.0.0.1" if guarded else None, grpc_port=grpc_port,
                           metrics_port=metrics_port, tritonserver=tritonserver, echo_logs=True,
-                          api_key=next(iter(headers.items())) if headers else None, guard_secret=guarded)
+                          api_key=next(iter(headers.items())) if headers else None, guard_secret=guarded,
+                          extra_args=list(KEEP_SERVING_ARGS))
     supervisor = Supervisor(server, headers=headers, start_timeout_s=timeout_s)
     server.start(timeout_s=timeout_s)
+    try:
+        _name_failed(server, complain)
+    except BaseException:
+        server.stop()
+        raise
     guard = None
     code = 0
     try:

@@ -48,27 +48,37 @@ class Evaluation:
                 "sweep": self.sweep}
 
 
-def test_split_logits(name: str, progress: bool = True, limit: int | None = None, *, desc: str = "evaluate"):
-    """Zoo model ``name``, its test inputs and labels, and every exit's logits on them
-    (``limit``: first N inputs only)."""
+def test_split_logits(name: str, progress: bool = True, limit: int | None = None, *, desc: str = "evaluate",
+                      data: str | Path | None = None):
+    """Model ``name``, its test inputs and labels, and every exit's logits on them (``limit``: first N inputs
+    only). ``data``: a ``.npz`` file of inputs and labels (:mod:`e3.export.user_data`), for any model; else
+    the zoo model's test split."""
     from e3.export.data import split_inputs
     from e3.export.zoo import ZOO, resolve_model
     entry = ZOO.get(name)
-    if entry is None or entry.dataset is None:
-        raise ValueError(f"{name!r} has no dataset; models with one: "
+    if data is None and (entry is None or entry.dataset is None):
+        raise ValueError(f"{name!r} has no dataset of its own; give your data with --data FILE (a .npz of the "
+                         f"model's inputs and 'labels', docs in e3.export.user_data); zoo models with one: "
                          f"{', '.join(n for n, e in ZOO.items() if e.dataset)}")
     model = resolve_model(name)
+    if data is not None:
+        from e3.export.user_data import load_data
+        inputs, labels = load_data(data, model.card, limit=limit, need_labels=True)
+        return model, inputs, labels, all_exit_logits(model, inputs, progress=progress, desc=f"{desc} {name}")
     inputs, labels = split_inputs(entry.dataset, "test", model.card.max_seq_len)
     if limit:
         inputs, labels = tuple(x[:limit] for x in inputs), labels[:limit]
     return model, inputs, labels, all_exit_logits(model, inputs, progress=progress, desc=f"{desc} {name}")
 
 
-def evaluate(name: str, progress: bool = True, limit: int | None = None) -> Evaluation:
-    """Evaluate zoo model ``name`` on its test split (``limit``: first N inputs only)."""
+def evaluate(name: str, progress: bool = True, limit: int | None = None, *,
+             data: str | Path | None = None) -> Evaluation:
+    """Evaluate model ``name`` on its test split, or on ``data`` (a ``.npz`` of inputs and labels, any model;
+    ``limit``: first N inputs only). A rule other than entropy or patience is evaluated as it is, without a
+    sweep (its parameters are its own)."""
     from e3.export.zoo import ZOO, resolve_stock
-    model, inputs, labels, logits = test_split_logits(name, progress, limit)
-    entry = ZOO[name]
+    model, inputs, labels, logits = test_split_logits(name, progress, limit, data=data)
+    entry = ZOO.get(name)
     card = model.card
     L = card.num_blocks
     rule = card.exit_rule
@@ -76,14 +86,16 @@ def evaluate(name: str, progress: bool = True, limit: int | None = None) -> Eval
     if rule["kind"] == "entropy":
         taus = sorted({*np.round(np.linspace(0, math.log(card.num_classes), 21), 4), rule["tau_nats"]})
         grid = [("tau_nats", float(t), EntropyRule(float(t))) for t in taus]
-    else:
+    elif rule["kind"] == "patience":
         grid = [("patience", p, PatienceRule(p)) for p in range(1, L)]
+    else:
+        grid = []
     sweep = []
     for key, value, r in grid:
         s = summarize_exits(simulate_exits(logits, r, L), labels, L)
         sweep.append({key: value, **s})
     stock_acc = None
-    if entry.build_stock is not None:
+    if entry is not None and entry.build_stock is not None:
         stock = resolve_stock(name)
         stock_logits = all_exit_logits(stock, inputs, progress=progress, desc="evaluate stock")
         stock_acc = float((stock_logits[stock.card.num_blocks].argmax(1) == labels).mean())
@@ -91,12 +103,17 @@ def evaluate(name: str, progress: bool = True, limit: int | None = None) -> Eval
                       float((logits[L].argmax(1) == labels).mean()), sweep)
 
 
+def _sweep_key(rule: dict) -> str | None:
+    return {"entropy": "tau_nats", "patience": "patience"}.get(rule["kind"])
+
+
 def format_evaluation(ev: Evaluation) -> str:
-    key = "tau_nats" if ev.rule["kind"] == "entropy" else "patience"
+    key = _sweep_key(ev.rule) or "-"
     blocks = range(1, ev.num_blocks + 1)
     lines = [f"{ev.model}: default exit rule {ev.rule}"]
     header = f"{key:>9}  {'accuracy':>8}  {'blocks run':>10}  " + "  ".join(f"exit@{k:<2}" for k in blocks)
-    lines += [header, "-" * len(header)]
+    if ev.sweep:
+        lines += [header, "-" * len(header)]
     for row in ev.sweep:
         shares = "  ".join(f"{100 * row['exit_share'].get(k, 0):6.1f}%" for k in blocks)
         mark = " <- default" if row[key] == ev.rule.get(key) else ""
@@ -118,15 +135,16 @@ def plot_evaluation(ev: Evaluation, path: Path) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    key = "tau_nats" if ev.rule["kind"] == "entropy" else "patience"
+    key = _sweep_key(ev.rule)
     xs = [r[key] for r in ev.sweep]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     a.plot(xs, [100 * r["accuracy"] for r in ev.sweep], "o-", label="EE accuracy")
     a.plot(xs, [100 * (1 - r["blocks_fraction"]) for r in ev.sweep], "s-", label="compute saved")
     if ev.stock_accuracy is not None:
         a.axhline(100 * ev.stock_accuracy, color="gray", ls="--", label="stock accuracy")
-    a.axvline(ev.rule[key], color="red", ls=":", label=f"default {key}")
-    a.set_xlabel("τ (nats)" if key == "tau_nats" else "patience")
+    if key is not None:
+        a.axvline(ev.rule[key], color="red", ls=":", label=f"default {key}")
+    a.set_xlabel({"tau_nats": "τ (nats)", "patience": "patience"}.get(key, f"{ev.rule['kind']}: no sweep"))
     a.set_ylabel("%")
     a.set_title(f"{ev.model}: accuracy and compute saved")
     a.legend(fontsize=8)
@@ -145,6 +163,8 @@ def plot_evaluation(ev: Evaluation, path: Path) -> Path:
 
 def save_evaluation(ev: Evaluation, folder: Path) -> tuple[Path, Path]:
     from e3.core.files import write_json_atomic
-    js = write_json_atomic(folder / f"{ev.model}.evaluation.json", ev.to_dict(), indent=2, sort_keys=False,
+    from e3.core.names import served_name
+    stem = served_name(ev.model) if ":" in ev.model else ev.model
+    js = write_json_atomic(folder / f"{stem}.evaluation.json", ev.to_dict(), indent=2, sort_keys=False,
                            default=float)
-    return js, plot_evaluation(ev, folder / f"{ev.model}.evaluation.png")
+    return js, plot_evaluation(ev, folder / f"{stem}.evaluation.png")

@@ -16,7 +16,8 @@ import torch
 
 from e3.export.model_api import EarlyExitModel, SplitModule
 
-__all__ = ["ParityError", "export_onnx", "check_parity", "split_inputs", "RTOL", "ATOL"]
+__all__ = ["ParityError", "StateLayoutError", "export_onnx", "check_parity", "split_inputs", "part_io",
+           "check_state_layout", "RTOL", "ATOL"]
 
 log = logging.getLogger(__name__)
 OPSET = 17
@@ -25,6 +26,45 @@ RTOL, ATOL = 1e-4, 1e-6
 
 class ParityError(RuntimeError):
     """An exported file whose outputs differ from PyTorch beyond the tolerance."""
+
+
+class StateLayoutError(ValueError):
+    """A stem or block that does not hand on the state the model card names; the message names the tensor."""
+
+
+def part_io(path: Path) -> dict[str, list[str]]:
+    """What an exported part reads and writes: ``{"reads": input names, "writes": output names}`` of the ONNX
+    file at ``path`` (torch.onnx drops an input the graph never reads, so ``reads`` may be fewer than the
+    tensors the part is given: serving passes each part exactly these)."""
+    import onnx
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return {"reads": [i.name for i in graph.input], "writes": [o.name for o in graph.output]}
+
+
+@torch.no_grad()
+def check_state_layout(model: EarlyExitModel, *, n: int = 2, seed: int = 0) -> None:
+    """The stem and every block below L return exactly the state ``model.card.state`` names, each with the
+    shape (``card.state_after``) and dtype the card gives; :class:`StateLayoutError` naming the tensor a part
+    drops or mangles. A part may overwrite a state without reading it, or pass one on untouched."""
+    from e3.core.spec import NUMPY_DTYPES
+    card = model.card
+    names = [t.name for t in card.state]
+    state = model.stem(*model.example_inputs(n, seed=seed))
+    for k in range(0, card.num_blocks):
+        if k > 0:
+            state = model.block(k, *state)
+        where = "the stem" if k == 0 else f"block {k}"
+        if not isinstance(state, (tuple, list)) or len(state) != len(names):
+            got = len(state) if isinstance(state, (tuple, list)) else 1
+            lost = names[got:] if got < len(names) else []
+            raise StateLayoutError(
+                f"{where} returns {got} state tensor(s), the model card names {len(names)} ({', '.join(names)})"
+                + (f": it drops {', '.join(repr(x) for x in lost)}, which later blocks and ramps are given" if lost
+                   else "") + "; return every state tensor (pass on the ones the block does not change)")
+        for spec, t in zip(card.state_after(k), state):
+            if tuple(t.shape[1:]) != tuple(spec.shape) or str(t.numpy().dtype) != NUMPY_DTYPES[spec.dtype]:
+                raise StateLayoutError(f"{where} returns state {spec.name!r} as {t.numpy().dtype}{list(t.shape[1:])}, "
+                                       f"the model card says {spec.dtype}{list(spec.shape)}")
 
 
 def split_inputs(split: SplitModule, n: int, seed: int, *, device: str | torch.device | None = None

@@ -287,13 +287,15 @@ def _time_calls(run, repeats: int, warmup: int) -> np.ndarray:
 
 def _alternate(sessions: dict, feeds: dict, settings: ProfileSettings) -> dict:
     """``warmup`` untimed calls of every session, then ``repeats`` timed calls of each (ms), alternating
-    the sessions one call each, so that noise on the shared cores hits them alike."""
-    for s in sessions.values():
-        _time_calls(lambda s=s: s.run(None, feeds), 0, settings.warmup)
+    the sessions one call each, so that noise on the shared cores hits them alike. Each session is given only
+    the inputs its graph reads (torch.onnx drops a state a block never reads)."""
+    own = {key: {i.name: feeds[i.name] for i in s.get_inputs()} for key, s in sessions.items()}
+    for key, s in sessions.items():
+        _time_calls(lambda s=s, f=own[key]: s.run(None, f), 0, settings.warmup)
     samples = {key: np.empty(settings.repeats) for key in sessions}
     for r in range(settings.repeats):
         for key, s in sessions.items():
-            samples[key][r] = _time_calls(lambda s=s: s.run(None, feeds), 1, 0)[0]
+            samples[key][r] = _time_calls(lambda s=s, f=own[key]: s.run(None, f), 1, 0)[0]
     return samples
 
 
@@ -474,8 +476,10 @@ def measure_router(card: ModelCard, batch_sizes: Sequence[int], repeats: int, *,
 
 
 def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings(), progress: bool = True,
-                  *, tritonserver: str | None = None) -> LatencyProfile:
-    """Measure ``model_name`` on this machine (see the module docstring); returns the profile."""
+                  *, tritonserver: str | None = None, data: str | Path | None = None) -> LatencyProfile:
+    """Measure ``model_name`` on this machine (see the module docstring); returns the profile. ``data``: a
+    ``.npz`` of the model's inputs (:mod:`e3.export.user_data`): the blocks are timed on states computed from
+    its rows instead of the model's random example inputs."""
     import onnxruntime as ort
     from tqdm import tqdm
 
@@ -483,6 +487,9 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
 
     model = resolve_model(model_name)
     card = model.card
+    if data is not None:
+        from e3.export.user_data import load_data, use_data_inputs
+        use_data_inputs(model, load_data(data, card)[0])
     batches = list(settings.batch_sizes or default_batch_sizes(card.max_batch_size))
     if batches != sorted(set(batches)) or batches[0] < 1 or batches[-1] > card.max_batch_size:
         raise ValueError(f"batch sizes must be ascending within 1..{card.max_batch_size}, got {batches}")
@@ -513,7 +520,8 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
               f"{router_repeats} repeats; stock graph on {' and '.join(map(str, threads))} thread(s); "
               + (f"request: host CPU per request, {REQUEST_CLIENTS} load-generator clients against a front door "
                  "without compute (clients + tritonserver's process); " if request else "")
-              + f"{os.cpu_count()} CPUs on the host")
+              + f"{os.cpu_count()} CPUs on the host"
+              + (f"; blocks fed with states of {Path(data).name}'s inputs" if data is not None else ""))
     return assemble_profile(served_name(model_name), batches, without, with_ramp=with_, tx=tx, device=settings.device, price=settings.price,
                             source=source, check=check, router=router, stock=stock[1],
                             stock_2t=stock.get(2), request=None if request is None else [r[0] for r in request],

@@ -7,7 +7,17 @@ For model ``m`` (served name ``<m>``) and a plan with splits S1..Sn it writes:
 * ``<m>_stock``          the stock model (no ramps), one ONNX file
 * ``<m>_ee``             the naive in-process early-exit baseline (one ONNX file per block, named as the
                          router's, composed into one graph at load under an entropy rule)
-* ``e3_repository.json`` the manifest: models e3 created, the current plan, the model card
+* ``e3_repository.json`` the manifest: models e3 created, the current plan, the model card, and what every
+                         exported part (block file, split model) reads and writes (``part_io``)
+
+Everything serving needs is checked here, so that a repository that exports also loads: the model's state
+layout (every block hands on every state tensor the card names), the exit rule (built, its module shipped
+beside the router and ``<m>_ee`` under ``1/e3_rules/`` and built again in an isolated interpreter from
+there, and the exported blocks under it answering as PyTorch does: :mod:`e3.export.rules`). torch.onnx
+drops an input a graph never reads (a state a block overwrites without reading, a state only ramps read
+given to the final block); each part's reads are recorded (the split models' configs declare exactly
+those inputs, the router and ``<m>_ee`` get them in their ``part_io`` parameter) and serving passes each
+part exactly those.
 
 Each model is written into a temporary directory and moved into place, so a
 failure leaves nothing half-written. A directory in the repository that the
@@ -33,7 +43,8 @@ from e3.core.names import (block_file, ee_name, preprocess_name, ramp_output, ra
 from e3.core.plan import Plan, SplitPlan, default_plan
 from e3.core.spec import ModelCard, TensorSpec, answer_specs
 from e3.export.model_api import EarlyExitModel, SplitModule
-from e3.export.onnx_export import export_onnx
+from e3.export.onnx_export import StateLayoutError, check_state_layout, export_onnx, part_io
+from e3.export.rules import RuleError, check_rule_parity, check_shipped, resolve_rule, ship_rule
 from e3.export.triton_config import DynamicBatching, ModelDescription, render_config
 from e3.export.zoo import resolve_model, resolve_stock
 
@@ -117,6 +128,10 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
     _check_settings(settings)
     model = resolve_model(model_name)
     card = model.card
+    try:
+        check_state_layout(model)
+    except StateLayoutError as err:
+        raise ExportError(f"{model_name}: {err}") from None
     m = served_name(model_name)
     if plan is None:
         ranges = ranges_from_cuts(cuts, card.num_blocks)
@@ -124,6 +139,13 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
                             batch_size=settings.batch_size, instances=settings.split_instances,
                             queue_delay_us=settings.queue_delay_us, slo_ms=settings.slo_ms)
     plan.validate(card.ramp_blocks)
+    try:
+        rule = resolve_rule(plan.exit_rule)
+        with tempfile.TemporaryDirectory(prefix="e3-rule-") as tmp:   # before anything is written
+            ship_rule(rule, Path(tmp))
+            check_shipped(rule, Path(tmp))
+    except RuleError as err:
+        raise ExportError(f"{model_name}: {err}") from None
     _check_writable(repo)
     try:
         manifest = read_manifest(repo)
@@ -143,35 +165,43 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
         steps += [(preprocess_name(m), "preprocess"), (m, "ensemble")]
     for name, _ in steps:
         _check_owned(repo, name, manifest)
-    for name, kind in tqdm(steps, desc=f"export {m}", unit="model", disable=not progress):
-        with _staging(repo, name) as tmp:
-            if kind == "split":
-                _write_split(model, splits[name], tmp, settings)
-            elif kind == "router":
-                _write_router(model, plan, name, tmp, settings)
-            elif kind == "stock":
-                _write_stock(model_name, name, tmp, settings)
-            elif kind == "preprocess":
-                _write_preprocess(card, name, tmp, settings)
-            elif kind == "ensemble":
-                _write_ensemble(card, m, tmp, settings)
-            else:
-                _write_ee(model, plan, name, tmp, settings)
-        manifest["models"][name] = {"kind": kind, "model": model_name, "target": settings.target}
+    io: dict[str, dict[str, list[str]]] = {}   # part (block file, split model) -> what it reads and writes
+    try:
+        for name, kind in tqdm(steps, desc=f"export {m}", unit="model", disable=not progress):
+            with _staging(repo, name) as tmp:
+                if kind == "split":
+                    io[name] = _write_split(model, splits[name], tmp, settings)
+                elif kind == "router":
+                    io.update(_write_router(model, plan, name, tmp, settings, rule=rule, split_io=io))
+                elif kind == "stock":
+                    _write_stock(model_name, name, tmp, settings)
+                elif kind == "preprocess":
+                    _write_preprocess(card, name, tmp, settings)
+                elif kind == "ensemble":
+                    _write_ensemble(card, m, tmp, settings)
+                else:
+                    _write_ee(model, plan, name, tmp, settings, rule=rule)
+            manifest["models"][name] = {"kind": kind, "model": model_name, "target": settings.target}
+    except BaseException:
+        # what was written is e3's (a second export may replace it); the deployment entry waits for a full export
+        write_manifest(repo, manifest)
+        raise
     front = [router_name(m), *([preprocess_name(m), m] if card.preprocess else [])]
     manifest["deployments"][m] = {"model": model_name, "card": card.to_dict(), "plan": plan.to_dict(),
                                   "front_door": m if card.preprocess else router_name(m), "router": router_name(m),
-                                  "baselines": baselines,
+                                  "baselines": baselines, "part_io": io,
                                   "serve": [*(s.model for s in plan.triton_splits), *front, *baselines]}
     write_manifest(repo, manifest)
     return plan
 
 
-def _write_split(model: EarlyExitModel, split, out: Path, settings: ExportSettings) -> None:
+def _write_split(model: EarlyExitModel, split, out: Path, settings: ExportSettings) -> dict[str, list[str]]:
+    """One constant split's Triton model; returns what its graph reads and writes (its config declares
+    exactly the inputs it reads)."""
     module = SplitModule(model, split.first_block, split.last_block, split.enabled_ramps)
     card = model.card
     outputs = _output_specs(card, module)
-    _write_onnx_model(module, out, ModelDescription(
+    return _write_onnx_model(module, out, ModelDescription(
         name=split.model, kind="onnx", max_batch_size=card.max_batch_size, inputs=module.input_specs,
         outputs=outputs, instances=split.instances,
         # No delay in Triton's batcher: the router's scheduler forms the batches (the plan's delay is its wait),
@@ -190,32 +220,54 @@ def _write_stock(model_name: str, name: str, out: Path, settings: ExportSettings
         output_names=["logits"])
 
 
-def _write_ee(model: EarlyExitModel, plan: Plan, name: str, out: Path, settings: ExportSettings) -> None:
+def _write_ee(model: EarlyExitModel, plan: Plan, name: str, out: Path, settings: ExportSettings,
+              *, rule) -> None:
     card = model.card
     enabled = plan.enabled_ramps
+    io = {}
     for k in range(1, card.num_blocks + 1):
         # named as the router's blocks: its compact split's code runs them (serving/compact.py)
-        export_onnx(SplitModule(model, k, k, tuple(r for r in enabled if r == k)),
-                    out / "1" / block_file(k, ramp=k in enabled), max_batch_size=card.max_batch_size)
+        path = out / "1" / block_file(k, ramp=k in enabled)
+        export_onnx(SplitModule(model, k, k, tuple(r for r in enabled if r == k)), path,
+                    max_batch_size=card.max_batch_size)
+        io[path.name] = part_io(path)
+    _ship(rule, out / "1")
     _write_python_model(out, ModelDescription(
         name=name, kind="python", max_batch_size=card.max_batch_size, inputs=card.inputs,
         outputs=answer_specs(card), instances=settings.baseline_instances,
         dynamic_batching=DynamicBatching((settings.batch_size,), settings.queue_delay_us),
         parameters={"model_card": json.dumps(card.to_dict()), "exit_rule": json.dumps(plan.exit_rule),
-                    "enabled_ramps": json.dumps(list(enabled)), "intra_op_threads": "1"}),
+                    "enabled_ramps": json.dumps(list(enabled)), "intra_op_threads": "1",
+                    "part_io": json.dumps(io, sort_keys=True)}),
         f"{SERVING}.ee", settings)
 
 
-def _write_router(model: EarlyExitModel, plan: Plan, name: str, out: Path, settings: ExportSettings) -> None:
+def _ship(rule, version_dir: Path) -> None:
+    """The rule's module beside a model that runs it (e3.export.rules; export_repository checked up front that
+    it builds from what is shipped, in an isolated interpreter)."""
+    try:
+        ship_rule(rule, version_dir)
+    except RuleError as err:
+        raise ExportError(str(err)) from None
+
+
+def _write_router(model: EarlyExitModel, plan: Plan, name: str, out: Path, settings: ExportSettings,
+                  *, rule, split_io: dict) -> dict[str, dict[str, list[str]]]:
     """The router, with every block as its own ONNX file beside it, with and without its ramp: what it
     runs itself for a compact split (and any later plan may make a split compact or disable a ramp, so
-    they are always there)."""
+    they are always there). Checks the rule on those blocks against PyTorch; returns what every block file
+    reads and writes (its ``part_io`` parameter also holds the split models' ``split_io``)."""
     card = model.card
-    for k in range(1, card.num_blocks + 1):
-        export_onnx(SplitModule(model, k, k, ()), out / "1" / block_file(k), max_batch_size=card.max_batch_size)
-    for k in card.ramp_blocks:
-        export_onnx(SplitModule(model, k, k, (k,)), out / "1" / block_file(k, ramp=True),
-                    max_batch_size=card.max_batch_size)
+    io = {}
+    for k, ramp in [*((k, False) for k in range(1, card.num_blocks + 1)), *((k, True) for k in card.ramp_blocks)]:
+        path = out / "1" / block_file(k, ramp=ramp)
+        export_onnx(SplitModule(model, k, k, (k,) if ramp else ()), path, max_batch_size=card.max_batch_size)
+        io[path.name] = part_io(path)
+    _ship(rule, out / "1")
+    try:
+        check_rule_parity(model, rule, out / "1", enabled_ramps=plan.enabled_ramps, reads=_reads(io))
+    except RuleError as err:
+        raise ExportError(f"{name}: {err}") from None
     first = plan.splits[0]
     _write_python_model(out, ModelDescription(
         name=name, kind="python", max_batch_size=card.max_batch_size, inputs=card.inputs,
@@ -224,8 +276,14 @@ def _write_router(model: EarlyExitModel, plan: Plan, name: str, out: Path, setti
         # hold them; several (inline): requests gather in Triton's queue (Plan.router_queue_delay_us).
         dynamic_batching=DynamicBatching((first.batch_size,), plan.router_queue_delay_us),
         parameters={"model_card": json.dumps(card.to_dict()), "plan": json.dumps(plan.to_dict(), sort_keys=True),
+                    "part_io": json.dumps({**split_io, **io}, sort_keys=True),
                     **({"max_queue_inputs": str(settings.max_queue_inputs)} if settings.max_queue_inputs else {})}),
         f"{SERVING}.router", settings)
+    return io
+
+
+def _reads(io: dict[str, dict[str, list[str]]]) -> dict[str, list[str]]:
+    return {part: v["reads"] for part, v in io.items()}
 
 
 def _write_preprocess(card: ModelCard, name: str, out: Path, settings: ExportSettings) -> None:
@@ -259,8 +317,12 @@ def _output_specs(card: ModelCard, module: SplitModule) -> tuple[TensorSpec, ...
 
 
 def _write_onnx_model(module: SplitModule, out: Path, desc: ModelDescription, settings: ExportSettings,
-                      output_names: list[str] | None = None) -> None:
+                      output_names: list[str] | None = None) -> dict[str, list[str]]:
+    """Export ``module`` as ``model.onnx`` (or a TensorRT plan) with its config, which declares exactly the
+    inputs the graph reads; returns what it reads and writes."""
     export_onnx(module, out / "1" / "model.onnx", output_names=output_names, max_batch_size=desc.max_batch_size)
+    io = part_io(out / "1" / "model.onnx")
+    desc = ModelDescription(**{**desc.__dict__, "inputs": tuple(t for t in desc.inputs if t.name in io["reads"])})
     if settings.format == "tensorrt":
         from e3.export import tensorrt
         preferred = desc.dynamic_batching.preferred_batch_sizes if desc.dynamic_batching else ()
@@ -283,6 +345,7 @@ def _write_onnx_model(module: SplitModule, out: Path, desc: ModelDescription, se
             **desc.parameters, "intra_op_threads": "1", **({"input_bounds": json.dumps(bounds)} if bounds else {})}})
         _write_model_py(out, f"{SERVING}.split")
     write_atomic(out / "config.pbtxt", render_config(desc, settings.target))
+    return io
 
 
 def _write_python_model(out: Path, desc: ModelDescription, module: str, settings: ExportSettings) -> None:

@@ -14,7 +14,10 @@ Two forms, chosen at load:
 
 Both read the per-block files of ``folder`` (``block_<k>[_ramp].onnx``, :func:`~e3.core.names.block_file`,
 with its ramp where the ramp is enabled) and answer identically (tests/test_fused_split.py,
-tests/test_compact.py). Imports without Triton.
+tests/test_compact.py). Each file, and the composed graph, is given exactly the tensors it reads: what export
+recorded (``reads``: file -> input names, the model config's ``part_io``), checked at load against the file
+itself (torch.onnx drops an input a graph never reads, and ONNX Runtime refuses a feed it does not declare).
+Imports without Triton.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from e3.serving.fused_split import can_fuse, compose_split
 from e3.serving.policy import BatchRoute
 from e3.core.session import make_session
 
-__all__ = ["CompactRunner", "COMPOSED", "BLOCK_BY_BLOCK"]
+__all__ = ["CompactRunner", "COMPOSED", "BLOCK_BY_BLOCK", "session_reads", "feed_for"]
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +43,38 @@ COMPOSED = "composed"
 BLOCK_BY_BLOCK = "block by block"
 
 
+def session_reads(session, name: str, recorded=None) -> tuple[str, ...]:
+    """The inputs ONNX Runtime ``session`` (of file ``name``) declares; where export recorded them
+    (``recorded``: a list of names), they must agree, else ``ValueError`` naming the file and the tensors."""
+    declared = tuple(i.name for i in session.get_inputs())
+    if recorded is not None and set(recorded) != set(declared):
+        raise ValueError(f"{name} reads {sorted(declared)}, but its export recorded {sorted(recorded)}: the "
+                         "repository is inconsistent; export the model again")
+    return declared
+
+
+def feed_for(reads, feed: dict[str, np.ndarray], part: str) -> dict[str, np.ndarray]:
+    """The tensors of ``feed`` that a part reads (``reads``: its input names); ``ValueError`` naming the part
+    and the tensor where one is missing."""
+    try:
+        return {k: feed[k] for k in reads}
+    except KeyError as missing:
+        raise ValueError(f"{part} reads {missing}, which the rows it was given do not carry "
+                         f"(they carry {sorted(feed)})") from None
+
+
 class CompactRunner:
     """``runner(feed, rule_state=None) -> (route, survivors' state or None)`` for blocks ``first..last`` of the
     model ``card`` describes, from the block files in ``folder``, with the ramps in ``enabled_ramps`` and
     ``rule``. ``copies``: sessions (or session sets) that calls may use at once (one per instance: instances
     mean cores); ``threads``: each session's ONNX Runtime intra-op threads; ``compose=False``: block by block
-    whatever the rule (to compare the forms). ``form`` says which form runs, ``why`` (None when composed) why
-    it is block by block."""
+    whatever the rule (to compare the forms); ``reads``: block file -> the inputs export recorded for it (None:
+    what each file declares). ``form`` says which form runs, ``why`` (None when composed) why it is block by
+    block."""
 
     def __init__(self, folder: str | os.PathLike, card, rule: ExitRule, first: int, last: int,
-                 enabled_ramps, copies: int = 1, threads: int = 1, compose: bool = True):
+                 enabled_ramps, copies: int = 1, threads: int = 1, compose: bool = True,
+                 reads: dict[str, list[str]] | None = None):
         self.card, self.rule = card, rule
         self.state_names = [t.name for t in card.state]
         enabled = tuple(sorted(set(enabled_ramps)))
@@ -69,11 +94,18 @@ class CompactRunner:
         self.names = list(self.composed.outputs) if self.composed is not None else None
         self.outputs = {k: card.split_outputs(k, k, enabled) for k in self.blocks}   # state out, then its ramp
         self.ramps = {k: card.split_ramps(k, k, enabled) for k in self.blocks}
+        self.files = {k: block_file(k, ramp=k in enabled) for k in self.blocks}
         self.free: queue.Queue = queue.Queue()
         for _ in range(max(1, copies)):
             self.free.put(make_session(self.composed.graph, threads) if self.composed is not None else
-                          {k: make_session(os.path.join(folder, block_file(k, ramp=k in enabled)), threads)
-                           for k in self.blocks})
+                          {k: make_session(os.path.join(folder, self.files[k]), threads) for k in self.blocks})
+        sessions = self.free.queue[0]
+        if self.composed is not None:
+            self.reads = {"composed": session_reads(sessions, f"blocks {first}-{last} composed",
+                                                    (reads or {}).get(self.files[first]))}
+        else:
+            self.reads = {k: session_reads(sessions[k], self.files[k], (reads or {}).get(self.files[k]))
+                          for k in self.blocks}
 
     @property
     def form(self) -> str:
@@ -88,11 +120,12 @@ class CompactRunner:
             if self.composed is None:
                 steps = ((self.ramps[k], partial(self._block, sessions[k], k)) for k in self.blocks)
                 return route, route.follow(feed, steps, self.state_names)
-            out = dict(zip(self.names, sessions.run(self.names, feed)))
+            out = dict(zip(self.names, sessions.run(self.names, feed_for(self.reads["composed"], feed,
+                                                                         "the composed graph"))))
         finally:
             self.free.put(sessions)
         return route, self.composed.advance(route, out)
 
     def _block(self, session, k: int, feed: dict) -> dict:
         """Block k (with its ramp if enabled) on the rows still running."""
-        return dict(zip(self.outputs[k], session.run(self.outputs[k], feed)))
+        return dict(zip(self.outputs[k], session.run(self.outputs[k], feed_for(self.reads[k], feed, self.files[k]))))

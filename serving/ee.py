@@ -18,7 +18,7 @@ import os
 
 import triton_python_backend_utils as pb_utils
 
-from e3.core.exits import make_exit_rule
+from e3.core.exits import SHIPPED_RULES_DIR, make_exit_rule
 from e3.core.spec import ModelCard
 from e3.serving.compact import CompactRunner
 from e3.serving.triton_io import answer_responses, gather, model_parameters
@@ -28,10 +28,13 @@ class TritonPythonModel:
     def initialize(self, args):
         _, params = model_parameters(args)
         self.card = ModelCard.from_dict(json.loads(params["model_card"]))
-        rule = make_exit_rule(json.loads(params["exit_rule"]))
         version_dir = os.path.join(args["model_repository"], args["model_version"])
+        # a user's rule: its module shipped beside the model by export (e3.export.rules)
+        rule = make_exit_rule(json.loads(params["exit_rule"]), paths=[os.path.join(version_dir, SHIPPED_RULES_DIR)])
+        reads = {part: io["reads"] for part, io in json.loads(params.get("part_io") or "{}").items()}
         self.run = CompactRunner(version_dir, self.card, rule, 1, self.card.num_blocks,
-                                 json.loads(params["enabled_ramps"]), threads=int(params.get("intra_op_threads", "1")))
+                                 json.loads(params["enabled_ramps"]), threads=int(params.get("intra_op_threads", "1")),
+                                 reads=reads)
         pb_utils.Logger.log_info(f"{args['model_name']}: blocks 1-{self.card.num_blocks} run {self.run.form}"
                                  + (f": {self.run.why}" if self.run.why else " (one graph)"))
 

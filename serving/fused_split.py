@@ -69,6 +69,8 @@ class ComposedSplit:
     outputs: tuple[str, ...]         # FUSED_OUTPUTS, then (below the head) SURVIVORS and the state's outputs
     ramps: tuple[int, ...]           # the ramps it applies, ascending (the head is ramp L)
     state_names: tuple[str, ...]
+    inputs: tuple[str, ...] = ()     # the split's inputs the graph reads (its first block's: a state that block
+                                     # overwrites without reading, or passes to nobody, is not among them)
 
     def advance(self, route, out: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         """Record one run's answers (``out``: output name -> array) in ``route`` (a
@@ -91,7 +93,8 @@ def compose_split(folder: str | os.PathLike, card, first: int, *, last: int, ena
                          for k in range(first, last + 1)], L, card.num_classes, ramps=ramps, tau_nats=tau_nats,
                         input_names=[t.name for t in (card.inputs if first == 1 else card.state)], state_names=list(state_names))
     outputs = (*FUSED_OUTPUTS, *((SURVIVORS, *map(state_output, state_names)) if last < L else ()))
-    return ComposedSplit(graph.SerializeToString(), outputs, tuple(ramps), state_names)
+    return ComposedSplit(graph.SerializeToString(), outputs, tuple(ramps), state_names,
+                         tuple(i.name for i in graph.graph.input))
 
 
 class _Graph:
@@ -169,8 +172,10 @@ def fuse_blocks(blocks: list[tuple[int, onnx.ModelProto]], num_blocks: int, num_
     in ``ramps`` or is the last block ``num_blocks``) into one graph as the module docstring describes.
 
     ``input_names``: the split's inputs (the model's inputs when the first block is 1, else the state's
-    names); ``state_names``: the state between blocks (``card.state``). Raises ``ValueError`` for blocks that
-    are not consecutive or a graph without the tensors the card names."""
+    names); ``state_names``: the state between blocks (``card.state``). The composed graph reads only the
+    inputs the first block's graph reads (torch.onnx drops an input a graph never reads: a state the block
+    overwrites, or passes to nothing that reads it). Raises ``ValueError`` for blocks that are not consecutive,
+    a graph that reads a tensor the card does not name, or one without the outputs the card names."""
     ks = [k for k, _ in blocks]
     if not ks or ks != list(range(ks[0], ks[0] + len(ks))):
         raise ValueError(f"blocks must be consecutive, got {ks}")
@@ -178,9 +183,12 @@ def fuse_blocks(blocks: list[tuple[int, onnx.ModelProto]], num_blocks: int, num_
     g = _Graph()
     opset = max(o.version for _, m in blocks for o in m.opset_import if o.domain in ("", "ai.onnx"))
     sub_inputs = {i.name: i for i in blocks[0][1].graph.input}
-    for name in input_names:
-        if name not in sub_inputs:
-            raise ValueError(f"block {first}'s graph has no input {name!r}")
+    unknown = sorted(set(sub_inputs) - set(input_names))
+    if unknown:
+        raise ValueError(f"block {first}'s graph reads {unknown}, which the split's inputs {input_names} do not hold")
+    input_names = [n for n in input_names if n in sub_inputs]
+    if not input_names:
+        raise ValueError(f"block {first}'s graph reads none of the split's inputs")
     produced = {o.name: o.type.tensor_type.elem_type for o in blocks[0][1].graph.output}
     types = {"rows": TensorProto.INT64, "label": TensorProto.INT64, "exit_ramp": TensorProto.INT32,
              "probs": TensorProto.FLOAT,

@@ -73,11 +73,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from e3.core.exits import make_exit_rule
+from e3.core.exits import SHIPPED_RULES_DIR, make_exit_rule
+from e3.core.names import block_file
 from e3.core.plan import COMPACT, Plan, SplitPlan
 from e3.core.rows import request_slices
 from e3.core.spec import ModelCard
-from e3.serving.compact import CompactRunner
+from e3.serving.compact import CompactRunner, feed_for
 from e3.serving.policy import DEADLINE, ERROR, BatchRoute, drop_for
 from e3.serving.remote import RemoteSplit
 from e3.serving.router_metrics import RouterMetrics
@@ -109,9 +110,12 @@ class TritonPythonModel:
         self.plan.validate(self.card.ramp_blocks)
         if self.plan.num_blocks != self.card.num_blocks:
             raise ValueError(f"plan is for {self.plan.num_blocks} blocks, the model has {self.card.num_blocks}")
-        self.rule = make_exit_rule(self.plan.exit_rule)
-        self.state_names = [t.name for t in self.card.state]
         self.version_dir = os.path.join(args["model_repository"], args["model_version"])
+        # a user's rule: its module shipped beside the router by export (e3.export.rules)
+        self.rule = make_exit_rule(self.plan.exit_rule, paths=[os.path.join(self.version_dir, SHIPPED_RULES_DIR)])
+        self.state_names = [t.name for t in self.card.state]
+        # what each part (a block file, a constant split's Triton model) reads: recorded by export
+        self.reads = {part: io["reads"] for part, io in json.loads(params.get("part_io") or "{}").items()}
         self.metrics = RouterMetrics(self.plan.model, self.plan.plan_id)
         self.remotes: list[RemoteSplit] = []   # splits the plan places on other servers (gRPC)
         # Several router instances only for plans of compact splits (Plan.router_instances): each runs its
@@ -317,7 +321,15 @@ class TritonPythonModel:
         if remote is not None:
             self.remotes.append(remote)
 
+        reads = self.reads.get(split.model)
+        if reads is None:   # a split exported after this router (e3 control): what its first block's file reads
+            first = block_file(split.first_block, ramp=split.first_block in split.enabled_ramps)
+            reads = self.reads.get(first)
+            log.warning("%s: export recorded no inputs for it; sending what %s reads (%s)", split.model, first,
+                        "every state tensor" if reads is None else ", ".join(reads))
+
         def run(feed, rule_state, timeout_us):
+            feed = feed if reads is None else feed_for(reads, feed, split.model)
             out = remote.infer(feed, outputs, timeout_us) if remote is not None else \
                 bls(split.model, feed, outputs, timeout_us=timeout_us)
             route = BatchRoute(len(next(iter(feed.values()))), C, L, self.rule, rule_state)
@@ -330,6 +342,6 @@ class TritonPythonModel:
         (:class:`~e3.serving.compact.CompactRunner`, which ``<m>_ee`` runs too)."""
         # one session (set) per instance: instances mean cores
         runner = CompactRunner(self.version_dir, self.card, self.rule, split.first_block, split.last_block,
-                               split.enabled_ramps, copies=split.instances // self.share)
+                               split.enabled_ramps, copies=split.instances // self.share, reads=self.reads)
         return lambda feed, rule_state, timeout_us: runner(feed, rule_state)
 

@@ -322,7 +322,10 @@ def test_generated_bodies_get_client_errors_and_the_server_stays_live(guarded):
           f"server RSS over the second half "
           f"{rss_before / MIB:.1f} -> {rss_after / MIB:.1f} MiB ({growth_mib_per_100:+.3f} MiB per 100 requests)")
     assert sent >= BODIES
-    assert record.past_guard >= sent // 8   # the fuzz reaches Triton's checks and the models', not only the guard
+    # The fuzz reaches Triton's checks and the models', not only the guard. A floor, not a figure: with the
+    # front-door probes (encodings, duplicate keys, absolute-form targets) in the mix, 35-43 of 300 bodies got
+    # past the guard in runs on 2026-11-26 (1/8 = 37 failed one of them); 1/12 keeps the check's point.
+    assert record.past_guard >= sent // 12
     assert not record.server_errors, record.server_errors[:5]
     assert server.alive() and server.ready()
     assert growth_mib_per_100 < RSS_BOUND_MIB_PER_100

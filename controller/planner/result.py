@@ -34,6 +34,9 @@ class SearchContext:
     exit_wrapper: bool = True         # disable ramps that cost more than their exits save (E3 §3.4)
     ramp_blocks: tuple[int, ...] | None = None  # ramps a plan may enable (the wrapper's candidates); None:
                                       # the profile's priced ramps and blocks where inputs exit (candidate_ramps)
+    exact_reach: Mapping[str, Sequence[float]] | None = None  # measured reach per set of enabled ramps
+                                      # (BatchProfile.reach_by_ramps); None: effective_reach's approximation
+    relies_on: Any = None             # the exit rule's dependencies, ExitRule.relies_on (None: independent)
 
 
 @dataclass(frozen=True)

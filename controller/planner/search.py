@@ -110,6 +110,15 @@ class _B0Search:
         return bool((self.cost_ok & (fL <= self.budget)).any())
 
 
+def _lowest_reach(batch: BatchProfile) -> np.ndarray:
+    """The batch profile's reach, or, with measured reach per set of ramps, the lowest share of each block
+    over every set (a dependent rule may exit more with fewer ramps: the cheap bound must hold for all)."""
+    reach = np.asarray(batch.reach, dtype=float)
+    for v in batch.reach_by_ramps.values():
+        reach = np.minimum(reach, np.asarray(v, dtype=float))
+    return reach
+
+
 def _cheap_cycle_bound(latency: LatencyProfile, reach: np.ndarray, res: Mapping[str, int],
                        ramps: Iterable[int]) -> float:
     """A lower bound on the pipelined cycle of every plan, for every B0, without building tables: block k
@@ -233,7 +242,7 @@ def best_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str
               rate_rps: float, slack: float = 0.2, alpha: float | None = 1.0, pipelined: bool = True,
               b0s: Iterable[int] | None = None, cost_bound: float | None = None,
               forms: Sequence[str] = FORMS, exit_wrapper: bool = True,
-              ramp_blocks: Iterable[int] | None = None) -> PlannerResult:
+              ramp_blocks: Iterable[int] | None = None, relies_on=None) -> PlannerResult:
     """The plan with the highest throughput (inputs/s) under SLO*(1-slack), the devices and
     cost <= alpha * Cost_baseline (``alpha=None``: no cost bound; ``cost_bound`` sets the bound directly).
 
@@ -241,16 +250,18 @@ def best_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str
     devices: configuration -> device count, e.g. ``{"v100": 6, "t4": 8}``; rate_rps: R, the offered rate;
     forms: the split forms to choose from (``("constant",)`` forces E3's form); exit_wrapper: disable the
     ramps that cost more than they save at each B0 (:mod:`~e3.controller.planner.ramps`); ramp_blocks:
-    the model's ramps (None: :func:`~e3.controller.planner.ramps.candidate_ramps`).
-    Raises :class:`PlannerError` when no plan fits.
+    the model's ramps (None: :func:`~e3.controller.planner.ramps.candidate_ramps`); relies_on: the exit
+    rule's dependencies (:meth:`e3.core.exits.ExitRule.relies_on`; None: independent), which the
+    exit-wrapper respects where the batch profile holds no measured reach (``reach_by_ramps``) to re-price
+    the ramps it disables. Raises :class:`PlannerError` when no plan fits.
     """
     ctx, cands, res = plan_context(latency, batch, devices, slo_ms=slo_ms, rate_rps=rate_rps, slack=slack,
                                    alpha=alpha, pipelined=pipelined, b0s=b0s, cost_bound=cost_bound, forms=forms,
-                                   exit_wrapper=exit_wrapper, ramp_blocks=ramp_blocks)
-    reach = np.asarray(batch.reach, dtype=float)
+                                   exit_wrapper=exit_wrapper, ramp_blocks=ramp_blocks, relies_on=relies_on)
+    reach = _lowest_reach(batch)
 
     def build(b0: int) -> Tables:
-        return plan_tables(latency, reach, res, b0=int(b0), ctx=ctx)
+        return plan_tables(latency, np.asarray(batch.reach, dtype=float), res, b0=int(b0), ctx=ctx)
 
     if pipelined:
         paid = () if exit_wrapper else ctx.ramp_blocks
@@ -275,8 +286,8 @@ def best_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str
 def plan_context(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str, int], *, slo_ms: float,
                  rate_rps: float, slack: float, alpha: float | None, pipelined: bool,
                  b0s: Iterable[int] | None, cost_bound: float | None, forms: Sequence[str] = FORMS,
-                 exit_wrapper: bool = True,
-                 ramp_blocks: Iterable[int] | None = None) -> tuple[SearchContext, list[int], dict[str, int]]:
+                 exit_wrapper: bool = True, ramp_blocks: Iterable[int] | None = None,
+                 relies_on=None) -> tuple[SearchContext, list[int], dict[str, int]]:
     """The search context (cost bound from alpha x the stock baseline unless given; forms, exit-wrapper and
     ramps as given), the B0 candidates and the checked devices
     (:func:`~e3.controller.planner.tables.check_inputs`)."""
@@ -301,13 +312,15 @@ def plan_context(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[
                 log.info("planner: %s", notes[-1])
     return SearchContext(rate_rps=rate_rps, latency_budget_ms=budget, pipelined=pipelined, cost_bound=cost_bound,
                          cost_baseline=baseline_cost, notes=tuple(notes), forms=forms,
-                         exit_wrapper=bool(exit_wrapper), ramp_blocks=ramps), cands, res
+                         exit_wrapper=bool(exit_wrapper), ramp_blocks=ramps,
+                         exact_reach=dict(batch.reach_by_ramps) or None if batch is not None else None,
+                         relies_on=relies_on), cands, res
 
 
 def cheapest_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str, int], *, slo_ms: float,
                   goodput_rps: float, rate_rps: float | None = None, slack: float = 0.2, pipelined: bool = True,
                   b0s: Iterable[int] | None = None, forms: Sequence[str] = FORMS, exit_wrapper: bool = True,
-                  ramp_blocks: Iterable[int] | None = None) -> PlannerResult:
+                  ramp_blocks: Iterable[int] | None = None, relies_on=None) -> PlannerResult:
     """The converse (E3 §5.3): the cheapest plan whose throughput reaches ``goodput_rps`` under
     SLO*(1-slack) and the devices; ties go to the higher throughput. ``rate_rps`` (fill time) defaults
     to the goodput; ``forms``, ``exit_wrapper``, ``ramp_blocks`` as for :func:`best_plan`. Raises
@@ -317,7 +330,7 @@ def cheapest_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping
         raise PlannerError(f"goodput_rps must be > 0, got {goodput_rps}")
     ctx, cands, res = plan_context(latency, batch, devices, slo_ms=slo_ms, rate_rps=rate, slack=slack, alpha=None,
                                    pipelined=pipelined, b0s=b0s, cost_bound=None, forms=forms,
-                                   exit_wrapper=exit_wrapper, ramp_blocks=ramp_blocks)
+                                   exit_wrapper=exit_wrapper, ramp_blocks=ramp_blocks, relies_on=relies_on)
     budget = ctx.latency_budget_ms
     reach = np.asarray(batch.reach, dtype=float)
     cheapest = math.inf
@@ -334,4 +347,4 @@ def cheapest_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping
         raise PlannerError(f"no plan reaches {goodput_rps:g} inputs/s within {budget:.1f} ms with {res}")
     return best_plan(latency, batch, res, slo_ms=slo_ms, rate_rps=rate, slack=slack, alpha=None,
                      pipelined=pipelined, b0s=cands, cost_bound=cheapest, forms=ctx.forms,
-                     exit_wrapper=exit_wrapper, ramp_blocks=ctx.ramp_blocks)
+                     exit_wrapper=exit_wrapper, ramp_blocks=ctx.ramp_blocks, relies_on=relies_on)

@@ -103,14 +103,15 @@ class Tables:
 
 def build_tables(latency: LatencyProfile, reach: np.ndarray, devices: Mapping[str, int], *, b0: int,
                  ramps: Iterable[int] | None = None, forms: Sequence[str] = FORMS, router: bool = True,
-                 verdicts: Sequence[RampVerdict] = ()) -> Tables:
+                 verdicts: Sequence[RampVerdict] = (), exact: Mapping[str, Sequence[float]] | None = None) -> Tables:
     """One B0's table with the ramps ``ramps`` enabled (None: every ramp the profile prices, ``reach`` as
     given) in the better of ``forms`` per cell. ``router=False``: without the router's work (the stock
     model). Illegal cells are inf: more instances than inputs entering the split (m > max(1, ceil(B_a)))
-    or a per-instance batch above the largest measured batch."""
+    or a per-instance batch above the largest measured batch. ``exact``: measured reach per set of ramps
+    (:func:`e3.core.cost.effective_reach`)."""
     bmax = float(latency.batch_sizes[-1])
     ramps = None if ramps is None else tuple(sorted(int(k) for k in ramps))
-    Bk = b0 * effective_reach(reach, ramps)       # [L] inputs reaching block k
+    Bk = b0 * effective_reach(reach, ramps, exact)       # [L] inputs reaching block k
     configs = list(devices)
     T_l, tx_l, f_l, st_l, lat_l = [], [], [], [], []
     for c in configs:
@@ -139,5 +140,7 @@ def plan_tables(latency: LatencyProfile, reach: np.ndarray, devices: Mapping[str
     ramps = candidate_ramps(latency, reach) if ctx.ramp_blocks is None else ctx.ramp_blocks
     verdicts: tuple[RampVerdict, ...] = ()
     if ctx.exit_wrapper:
-        ramps, verdicts = wrap_for_devices(latency, reach, list(devices), b0=b0, ramps=ramps)
-    return build_tables(latency, reach, devices, b0=int(b0), ramps=ramps, forms=ctx.forms, verdicts=verdicts)
+        ramps, verdicts = wrap_for_devices(latency, reach, list(devices), b0=b0, ramps=ramps, exact=ctx.exact_reach,
+                                           relies_on=ctx.relies_on)
+    return build_tables(latency, reach, devices, b0=int(b0), ramps=ramps, forms=ctx.forms, verdicts=verdicts,
+                        exact=ctx.exact_reach)

@@ -50,7 +50,7 @@ import numpy as np
 from e3.core.plan import COMPACT, CONSTANT, FORMS
 from e3.core.profile import LatencyProfile
 
-__all__ = ["StageCost", "PlanCost", "fill_ms", "effective_reach", "split_block_ms", "stage_table", "form_table",
+__all__ = ["StageCost", "PlanCost", "fill_ms", "effective_reach", "ramps_key", "split_block_ms", "stage_table", "form_table",
            "stage_cost", "summarise", "plan_cost", "FORM_TIE_REL"]
 
 FORM_TIE_REL = 1e-9   # compact must be faster than constant by more than this share to be chosen
@@ -92,16 +92,28 @@ def fill_ms(b0: float, rate_rps: float) -> float:
     return 1e3 * (b0 - 1) / rate_rps
 
 
-def effective_reach(reach: Sequence[float], ramps: Iterable[int] | None) -> np.ndarray:
+def ramps_key(ramps: Iterable[int]) -> str:
+    """The key of a set of enabled ramps in ``BatchProfile.reach_by_ramps``: ``"1,3"``; ``""`` for none."""
+    return ",".join(str(k) for k in sorted({int(k) for k in ramps}))
+
+
+def effective_reach(reach: Sequence[float], ramps: Iterable[int] | None,
+                    exact: Mapping[str, Sequence[float]] | None = None) -> np.ndarray:
     """The share of inputs entering each block when only the ramps after ``ramps`` are enabled.
 
-    ``reach`` is the batch profile's (every ramp enabled). Inputs that would have exited at a disabled
-    ramp go on to the next enabled ramp and are assumed to exit there (the exit-wrapper's approximation,
-    E3 §3.4): block k is entered by ``reach`` after the last enabled ramp before k. ``None``: ``reach``.
+    ``reach`` is the batch profile's (every ramp enabled). Where ``exact`` (a batch profile's
+    ``reach_by_ramps``, measured from data) holds this set of ramps, that is the answer. Otherwise inputs
+    that would have exited at a disabled ramp go on to the next enabled ramp and are assumed to exit there
+    (the exit-wrapper's approximation, E3 §3.4): block k is entered by ``reach`` after the last enabled ramp
+    before k. ``None``: ``reach``.
     """
     r = np.asarray(reach, dtype=float)
     if ramps is None:
         return r.copy()
+    if exact:
+        found = exact.get(ramps_key(ramps))
+        if found is not None:
+            return np.asarray(found, dtype=float)
     enabled = {int(k) for k in ramps}
     out, last = np.empty_like(r), 0
     for k in range(1, r.size + 1):

@@ -13,17 +13,33 @@ splits, and the PyTorch reference, the in-process baseline and the router all
 call the same code: splitting changes where compute happens, never the answer.
 
 The final head (block L) always answers; rules are only consulted at ramps.
+
+**Your own rule** (the public extension point): subclass :class:`ExitRule` in a module of your own, give it
+the parameters it needs in ``__init__`` (keyword arguments with JSON values) and implement :meth:`decide`
+(and :meth:`init_state` for state carried across ramps; :meth:`margin` to tell tests its ties). Name it in
+a model card or plan as ``{"kind": "package.module:ClassName", <its parameters>}``, or put the rule object
+itself in ``card.exit_rule``. :func:`make_exit_rule` imports the class and builds it with
+:meth:`ExitRule.from_dict`; the built-in ``entropy``, ``patience`` and ``forced`` rules are made by the same
+code (their short names are aliases of ``e3.core.exits:EntropyRule`` and so on). ``e3 export`` checks the
+rule against PyTorch and ships its module with the model repository (``e3.export.rules``), so Triton's
+processes import it without the user's working directory.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Any
+import importlib
+import os
+import sys
+from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["ExitRule", "EntropyRule", "PatienceRule", "ForcedRule", "make_exit_rule", "softmax", "entropy_nats",
-           "row_uniform"]
+__all__ = ["ExitRule", "EntropyRule", "PatienceRule", "ForcedRule", "make_exit_rule", "rule_class", "rule_config",
+           "check_rule_config", "BUILTIN_RULES", "SHIPPED_RULES_DIR", "softmax", "entropy_nats", "row_uniform"]
+
+# The folder, inside a Triton model's version folder, where `e3 export` ships a user's rule module.
+SHIPPED_RULES_DIR = "e3_rules"
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -43,9 +59,43 @@ def entropy_nats(logits: np.ndarray) -> np.ndarray:
 
 
 class ExitRule(abc.ABC):
-    """Decides, at a ramp, which of the inputs that reached it exit there."""
+    """Decides, at a ramp, which of the inputs that reached it exit there.
 
-    kind: str
+    ``kind`` names the rule in model cards and plans: a built-in's short name, else ``module:ClassName``
+    (set for every subclass that does not set its own). ``dependent``: True when a decision reads state that
+    earlier ramps left (the default: True exactly when :meth:`init_state` is overridden); the exit-wrapper
+    then keeps the ramps a decision relies on (:meth:`relies_on`) unless it can re-price them from data.
+    """
+
+    kind: str = ""
+    dependent: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "kind" not in cls.__dict__:
+            cls.kind = f"{cls.__module__}:{cls.__qualname__}"
+        if "dependent" not in cls.__dict__ and ("init_state" in cls.__dict__ or "init_state_for" in cls.__dict__):
+            cls.dependent = True
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> "ExitRule":
+        """The rule from its dict form: every key but ``kind`` is a keyword argument of ``__init__``."""
+        return cls(**{k: v for k, v in config.items() if k != "kind"})
+
+    def params(self) -> dict[str, Any]:
+        """The rule's parameters as :meth:`from_dict` takes them (default: its public attributes)."""
+        return {k: (v.tolist() if isinstance(v, np.ndarray) else list(v) if isinstance(v, tuple) else v)
+                for k, v in vars(self).items() if not k.startswith("_")}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rule as it is written in model cards and plans: ``kind`` and its parameters."""
+        return {"kind": self.kind, **self.params()}
+
+    def relies_on(self, block: int, enabled: tuple[int, ...]) -> tuple[int, ...]:
+        """The enabled ramps (blocks, before ``block``) whose outcome the decision at ``block`` reads, with the
+        ramps ``enabled``: none for an independent rule; every earlier one for a dependent rule unless it
+        says better (:class:`PatienceRule`: the ``patience`` before it)."""
+        return tuple(k for k in enabled if k < block) if self.dependent else ()
 
     def init_state(self, n: int) -> dict[str, np.ndarray]:
         """Per-input state for ``n`` inputs before block 1 (empty for independent rules)."""
@@ -67,18 +117,15 @@ class ExitRule(abc.ABC):
         Returns a bool array [len(rows)]: True where the input exits here.
         """
 
-    @abc.abstractmethod
     def margin(self, block: int, logits: np.ndarray, state: dict[str, np.ndarray],
                rows: np.ndarray) -> np.ndarray:
         """Distance of each row's exit score from the decision boundary ([len(rows)], >= 0).
 
         Used by tests to exclude ties: inputs within 1e-5 of the boundary may flip
         between runtimes and batch sizes (DESIGN §2). Call before :meth:`decide`.
+        Default: infinite (a rule that does not say is trusted never to tie).
         """
-
-    @abc.abstractmethod
-    def to_dict(self) -> dict[str, Any]:
-        """The rule as it is written in model cards and plans."""
+        return np.full(len(rows), np.inf)
 
 
 class EntropyRule(ExitRule):
@@ -96,9 +143,6 @@ class EntropyRule(ExitRule):
 
     def margin(self, block, logits, state, rows):
         return np.abs(entropy_nats(logits) - self.tau_nats)
-
-    def to_dict(self):
-        return {"kind": self.kind, "tau_nats": self.tau_nats}
 
 
 class PatienceRule(ExitRule):
@@ -133,8 +177,9 @@ class PatienceRule(ExitRule):
         top2 = np.sort(logits.astype(np.float64), axis=1)[:, -2:]
         return top2[:, 1] - top2[:, 0]
 
-    def to_dict(self):
-        return {"kind": self.kind, "patience": self.patience}
+    def relies_on(self, block, enabled):
+        # an exit at block needs the `patience` enabled ramps before it to have agreed
+        return tuple(k for k in enabled if k < block)[-self.patience:]
 
 
 def row_uniform(inputs: dict[str, np.ndarray], n: int) -> np.ndarray:
@@ -169,6 +214,7 @@ class ForcedRule(ExitRule):
     """
 
     kind = "forced"
+    dependent = False   # its state is drawn from the inputs, not left by earlier ramps
 
     def __init__(self, reach):
         r = [float(x) for x in reach]
@@ -195,21 +241,70 @@ class ForcedRule(ExitRule):
     def margin(self, block, logits, state, rows):
         return np.full(len(rows), np.inf)   # a stated exit never ties
 
-    def to_dict(self):
-        return {"kind": self.kind, "reach": list(self.reach)}
+
+BUILTIN_RULES: dict[str, type[ExitRule]] = {c.kind: c for c in (EntropyRule, PatienceRule, ForcedRule)}
 
 
-_RULES = {"entropy": lambda d: EntropyRule(d["tau_nats"]), "patience": lambda d: PatienceRule(d["patience"]),
-          "forced": lambda d: ForcedRule(d["reach"])}
-
-
-def make_exit_rule(config: dict[str, Any]) -> ExitRule:
-    """Build a rule from its dict form: ``{"kind": "entropy", "tau_nats": 0.3}`` or
-    ``{"kind": "patience", "patience": 2}``. Unknown kinds and missing fields are errors."""
+def check_rule_config(config: Any) -> str:
+    """The ``kind`` of a rule's dict form after checking its shape (a dict whose ``kind`` is a built-in name or
+    ``module:ClassName``), without importing anything; raises ``ValueError``."""
+    if isinstance(config, ExitRule):
+        config = config.to_dict()
     kind = config.get("kind") if isinstance(config, dict) else None
-    if kind not in _RULES:
-        raise ValueError(f"unknown exit rule {kind!r}; use one of {sorted(_RULES)}")
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"an exit rule is a dict with a 'kind' ({', '.join(sorted(BUILTIN_RULES))}, or "
+                         f"'package.module:ClassName' for your own), got {config!r}")
+    if kind not in BUILTIN_RULES:
+        module, _, name = kind.partition(":")
+        if not module or not name or not all(p.isidentifier() for p in [*module.split("."), *name.split(".")]):
+            raise ValueError(f"unknown exit rule {kind!r}; use one of {sorted(BUILTIN_RULES)}, or name your own "
+                             "ExitRule subclass as 'package.module:ClassName'")
+        if module == "__main__":
+            raise ValueError(f"exit rule {kind!r} is defined in a script (__main__): define it in a module of "
+                             "its own, so that the server can import it")
+    return kind
+
+
+def rule_class(kind: str, *, paths: Iterable[str | os.PathLike] = ()) -> type[ExitRule]:
+    """The :class:`ExitRule` subclass ``kind`` names (a built-in name, or ``module:ClassName``, imported;
+    ``paths``: folders searched first, e.g. where export shipped the module)."""
+    check_rule_config({"kind": kind})
+    if kind in BUILTIN_RULES:
+        return BUILTIN_RULES[kind]
+    module_name, _, qualname = kind.partition(":")
+    for folder in reversed([os.fspath(p) for p in paths if os.path.isdir(p)]):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
     try:
-        return _RULES[kind](config)
-    except KeyError as missing:
-        raise ValueError(f"exit rule {kind!r} needs the field {missing}") from None
+        found: Any = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"exit rule {kind!r}: cannot import {module_name!r} ({err}); make it importable (run "
+                         "from its folder, install it, or add its folder to PYTHONPATH)") from None
+    except Exception as err:  # noqa: BLE001 - a user's module may fail any way while it runs
+        raise ValueError(f"exit rule {kind!r}: importing {module_name!r} failed: {type(err).__name__}: {err}") from None
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    if not (isinstance(found, type) and issubclass(found, ExitRule)):
+        raise ValueError(f"exit rule {kind!r}: {module_name} has no ExitRule subclass {qualname!r}")
+    return found
+
+
+def rule_config(rule: "ExitRule | dict[str, Any]") -> dict[str, Any]:
+    """The dict form of ``rule`` (an :class:`ExitRule`, or already a dict)."""
+    return rule.to_dict() if isinstance(rule, ExitRule) else dict(rule)
+
+
+def make_exit_rule(config: "dict[str, Any] | ExitRule", *, paths: Iterable[str | os.PathLike] = ()) -> ExitRule:
+    """Build a rule from its dict form: ``{"kind": "entropy", "tau_nats": 0.3}``,
+    ``{"kind": "patience", "patience": 2}`` or ``{"kind": "package.module:ClassName", ...its parameters}``
+    (``paths``: folders searched first for its module). An :class:`ExitRule` is returned as it is. Unknown
+    kinds, missing or unknown fields are ``ValueError``."""
+    if isinstance(config, ExitRule):
+        return config
+    kind = check_rule_config(config)
+    cls = rule_class(kind, paths=paths)
+    try:
+        return cls.from_dict(config)
+    except (TypeError, KeyError) as err:
+        raise ValueError(f"exit rule {kind!r}: its fields {sorted(k for k in config if k != 'kind')} do not "
+                         f"build it ({err})") from None

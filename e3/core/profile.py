@@ -324,6 +324,12 @@ class BatchProfile(_JsonFile):
     reach: list[float]       # [L] share of inputs entering block k (reach[0] == 1), non-increasing
     source: str = ""         # measured window, workload file, or forecast
     version: int = PROFILE_VERSION
+    # Measured from data (``e3 workload/plan --data``): the reach with only some ramps enabled, keyed by
+    # ramps_key(enabled ramps) ("1,3"; "" for none), the rule replayed on every ramp's recorded logits. The
+    # planner prices a set of ramps with its exact reach where one is here (a dependent rule's exits move
+    # in ways the approximation of e3.core.cost.effective_reach cannot follow). Empty: not measured.
+    reach_by_ramps: dict[str, list[float]] = field(default_factory=dict)
+    exit_rule: dict[str, Any] = field(default_factory=dict)   # the rule the shares were measured under ({}: unsaid)
     KIND = "batch profile"
 
     def batch_at(self, k: int, b0: float | None = None) -> float:
@@ -331,14 +337,21 @@ class BatchProfile(_JsonFile):
         return (self.batch_size if b0 is None else b0) * self.reach[k - 1]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "model": self.model, "batch_size": self.batch_size,
-                "reach": list(self.reach), "source": self.source}
+        d = {"version": self.version, "model": self.model, "batch_size": self.batch_size,
+             "reach": list(self.reach), "source": self.source}
+        if self.reach_by_ramps:
+            d["reach_by_ramps"] = {k: list(v) for k, v in self.reach_by_ramps.items()}
+        if self.exit_rule:
+            d["exit_rule"] = dict(self.exit_rule)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BatchProfile":
         try:
             prof = cls(model=d["model"], batch_size=int(d["batch_size"]), reach=[float(r) for r in d["reach"]],
-                       source=d.get("source", ""))
+                       source=d.get("source", ""),
+                       reach_by_ramps={str(k): [float(r) for r in v] for k, v in (d.get("reach_by_ramps") or {}).items()},
+                       exit_rule=dict(d.get("exit_rule") or {}))
         except KeyError as missing:
             raise ProfileError(f"batch profile is missing the field {missing}") from None
         prof.validate()
@@ -350,5 +363,8 @@ class BatchProfile(_JsonFile):
             raise ProfileError("reach[0] must be 1 (every input enters block 1)")
         if any(b > a + 1e-9 for a, b in zip(r, r[1:])) or any(not 0 <= x <= 1 for x in r):
             raise ProfileError(f"reach must be non-increasing shares in [0, 1], got {r}")
+        for key, v in self.reach_by_ramps.items():
+            if len(v) != len(r) or abs(v[0] - 1.0) > 1e-9 or any(b > a + 1e-9 for a, b in zip(v, v[1:])):
+                raise ProfileError(f"reach_by_ramps[{key!r}] must be {len(r)} non-increasing shares from 1, got {v}")
         if self.batch_size < 1:
             raise ProfileError(f"batch_size must be >= 1, got {self.batch_size}")

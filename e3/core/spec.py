@@ -88,7 +88,8 @@ class ModelCard:
     num_classes: int                 # C: size of every ramp's and the head's output
     inputs: tuple[TensorSpec, ...]   # the model's raw inputs (what split 1 takes)
     state: tuple[TensorSpec, ...]    # tensors carried across a cut (what split k>1 takes)
-    exit_rule: dict[str, Any] = field(default_factory=dict)  # default exit rule, see e3.core.exits
+    # default exit rule, see e3.core.exits: its dict form, or an ExitRule (stored as its dict form)
+    exit_rule: dict[str, Any] = field(default_factory=dict)
     max_batch_size: int = 64         # largest batch a split accepts
     max_seq_len: int | None = None   # text models: inputs are padded/truncated to this length
     preprocess: str | None = None    # front-door preprocessing: "minilm" (WordPiece text -> ids/mask) or None
@@ -101,6 +102,9 @@ class ModelCard:
         if bad:
             raise ValueError(f"model {self.name}: ramp blocks {bad} outside 1..{self.num_blocks - 1}")
         object.__setattr__(self, "ramp_blocks", tuple(sorted(set(self.ramp_blocks))))
+        if not isinstance(self.exit_rule, dict):   # an ExitRule object: the card carries its dict form
+            from e3.core.exits import rule_config
+            object.__setattr__(self, "exit_rule", rule_config(self.exit_rule))
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "state", tuple(self.state))
 
