@@ -29,7 +29,9 @@ over all of Triton's API categories, :meth:`e3.deploy.server.TritonServer.restri
   (``e3_tritonserver_*``) and the guard's answers by status (``e3_guard_responses_total``).
 
 Built on aiohttp's low-level server (one event loop thread, no thread per connection), listen backlog
-1,024 as Triton's own HTTP server, keep-alive on both sides (a pool of upstream connections). JSON parses
+1,024 as Triton's own HTTP server, keep-alive on both sides: upstream calls go through
+:class:`e3.deploy.upstream.UpstreamPool` (persistent connections, httptools' response parser; it
+replaced aiohttp's ``ClientSession``, which cost more guard CPU per request than the strict parse). JSON parses
 of bodies over 256 KiB run on one worker thread so that the loop keeps answering meanwhile. Memory per
 request is bounded by about twice ``max_body_bytes`` for the binary extension and about eight times
 ``max_json_bytes`` for a JSON body's Python objects (one such parse at a time). gRPC goes to Triton
