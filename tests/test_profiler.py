@@ -199,3 +199,33 @@ def test_tx_of_the_resnet_is_its_heaviest_real_cut():
     heaviest = max(crossing, key=lambda shapes: sum(int(np.prod(s)) for s in shapes))
     assert len(set(crossing)) > 1                       # the state does change shape between cuts
     assert tuple(t.shape for t in cut_state(model.card)) == heaviest
+
+
+def test_block_order_runs_the_other_blocks_between_two_calls_of_a_block():
+    """One timing round calls every block as a served batch does: 1..L without ramps, then 1..L-1 with;
+    between two calls of a block at least L-2 other blocks run, so no call finds its own weights warm."""
+    from e3.export.profiler import block_order
+    order = block_order(5, (1, 2, 3, 4))
+    assert order == [(1, "without"), (2, "without"), (3, "without"), (4, "without"), (5, "without"),
+                     (1, "with"), (2, "with"), (3, "with"), (4, "with")]
+    assert block_order(3, (2,)) == [(1, "without"), (2, "without"), (3, "without"), (2, "with")]
+    rounds = order * 3
+    for i, (k, _) in enumerate(rounds[:-len(order)]):
+        nxt = next(j for j in range(i + 1, len(rounds)) if rounds[j][0] == k)
+        assert len({b for b, _ in rounds[i + 1:nxt]}) >= 5 - 2
+
+
+def test_router_work_runs_the_serving_code_and_the_compute_between_calls(tiny_model):
+    """router_batch answers every input of the batch through the scheduler (one request each, every exit
+    ramp decided); the `between` work runs once before every timed call, warmup included, and is not timed."""
+    from e3.export.profiler import router_batch
+    card = tiny_model.card
+    answers = router_batch(card, 8, np.random.default_rng(0))()
+    assert len(answers) == 8
+    assert all(a["label"].shape == (1, 1) and a["label"][0, 0] >= 0 and a["exit_ramp"][0, 0] >= 1 for a in answers)
+    calls = []
+    slow = lambda b: (calls.append(b), time.sleep(0.02))   # noqa: E731 - 20 ms per call, never timed
+    router = measure_router(card, [1, 4], repeats=3, warmup=1, between=slow)
+    check = measure_check(card, [4], repeats=2, warmup=0, between=slow)
+    assert calls == [1] * 4 + [4] * 4 + [4] * 2
+    assert all((t < 15).all() for t in router + check)
