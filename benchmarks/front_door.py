@@ -9,7 +9,10 @@ header), alternating for ``--rounds``. Each run is a fixed request count sized f
 Triton's port so that it lasts about ``--seconds``; perf_analyzer fails the run on any failed request or
 broken connection, and the guard's answers by status are read from its counters. Prints throughput and
 p99 per run and the ratios guard / direct. The guard, Triton and perf_analyzer share the machine's cores
-(printed): what the guard costs in CPU is taken from Triton.
+(printed, with the load average after each run): what the guard costs in CPU is taken from Triton. Both
+sides are warmed before the first run (the calibration on Triton's port, 2,000 requests through the guard),
+odd rounds run the direct side first, and the process tunes its garbage collector as ``e3 serve`` does
+(:func:`e3.deploy.guard.tune_gc`).
 
 Usage: ``.venv/bin/python benchmarks/front_door.py [--concurrency 256] [--seconds 30] [--rounds 1]``.
 """
@@ -23,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from e3.deploy.guard import Guard
+from e3.deploy.guard import Guard, tune_gc
 from e3.deploy.server import GUARD_HEADER, TritonServer
 from e3.deploy.tools import perf_analyzer_binary, tool_env
 
@@ -62,10 +65,15 @@ def main() -> int:
         export_repository("tiny-ee", "2", repo, settings=ExportSettings(slo_ms=10_000.0), progress=False)
     with TritonServer.on_free_ports(repo, MODELS, guard_secret=True, exit_timeout_s=3) as server, \
             Guard(server.http_url, port=0, upstream_headers=server.http_headers) as guard:
+        tune_gc()   # as `e3 serve` does once its guard is up
         secret = {GUARD_HEADER: server.http_headers()[GUARD_HEADER]}
         calib = perf(server.http_url, args.concurrency, 2000, secret)
         if not calib["ok"]:
             print(calib["out"], file=sys.stderr)
+            return 1
+        warm = perf(guard.url, args.concurrency, 2000, {})   # the guard's upstream connections opened, as Triton's are
+        if not warm["ok"]:
+            print(warm["out"], file=sys.stderr)
             return 1
         n = max(1000, int(calib["rps"] * args.seconds))
         print(f"cores: {os.cpu_count()} shared by tritonserver (router + 2 splits, 1 thread each), the guard "
@@ -73,7 +81,8 @@ def main() -> int:
               f"{n} requests per run (~{args.seconds:g} s at the calibrated {calib['rps']:.0f} req/s)")
         rows = []
         for r in range(args.rounds):
-            for side, url, headers in (("guard", guard.url, {}), ("direct", server.http_url, secret)):
+            sides = [("guard", guard.url, {}), ("direct", server.http_url, secret)]
+            for side, url, headers in sides if r % 2 == 0 else sides[::-1]:   # odd rounds: direct first
                 before = sum(guard.responses.values())
                 res = perf(url, args.concurrency, n, headers)
                 res["side"], res["round"] = side, r
@@ -85,7 +94,7 @@ def main() -> int:
                     print(f"{side}: perf_analyzer failed (exit {res['rc']}):\n{res['out']}")
                 else:
                     print(f"round {r} {side:<6} {res['rps']:8.1f} req/s  p99 {res['p99_ms']:7.1f} ms  "
-                          f"({res['requests']} requests, 0 failed)")
+                          f"({res['requests']} requests, 0 failed; load average {os.getloadavg()[0]:.1f})")
         ok = all(x["ok"] for x in rows)
         if ok:
             for r in range(args.rounds):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from e3.deploy.request_check import MODEL_NAME
 
@@ -75,8 +76,12 @@ class Route:
     model: str | None  # the model named in the path, if any
 
 
+@lru_cache(maxsize=4096)
 def route(method: str, target: str) -> Route:
-    """The route of a request with ``method`` and request-target ``target`` (as on the request line)."""
+    """The route of a request with ``method`` and request-target ``target`` (as on the request line).
+
+    Routes found are cached (at most 4,096 targets of at most 1,024 characters: about 4 MiB at worst; a
+    :class:`Route` is immutable); refusals raise each time and are not cached."""
     if len(target) > _MAX_TARGET:
         raise RouteError(400, f"request target of {len(target)} characters (at most {_MAX_TARGET})")
     if not target.startswith("/"):

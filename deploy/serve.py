@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from e3.deploy.guard import Guard
+from e3.deploy.guard import Guard, tune_gc
 from e3.deploy.server import ServerError, TritonServer, free_port, port_taken
 from e3.deploy.supervisor import Supervisor
 
@@ -87,6 +87,7 @@ def serve_until_stopped(repo: str | Path, models: Sequence[str] | None, stop: th
                           upstream_headers=server.http_headers, metrics=supervisor.metrics_text,
                           api_key=server.api_key).start()
             supervisor.on_stub_death = guard.abort
+            tune_gc()
         http = guard.url if guard else server.http_url
         echo(f"serving {repo}: HTTP {http}{' (guarded)' if guard else ''}, gRPC {server.grpc_url}, "
              f"metrics {server.metrics_url}{', restarted if it dies' if restart else ''} (Ctrl-C stops)")

@@ -15,7 +15,12 @@ So the guard parses once, strictly, and forwards only what it re-serialised itse
 * integers of more than :data:`MAX_INT_DIGITS` digits (Python would refuse past 4,300 digits with an
   exception of its own; no tensor element or size needs more than 20);
 * nesting deeper than :data:`MAX_DEPTH` (checked on the text before parsing, so a deep body costs one
-  scan of its bytes, not a recursion).
+  scan of its bytes, not a recursion; a body with at most MAX_DEPTH opening brackets in all, which is
+  every inference header, cannot nest deeper and skips the scan: two ``bytes.count`` calls).
+
+Measured on perf_analyzer's request header (395 bytes, 2 shared cores under load): 47 us per parse before
+this skip (36 of them the bracket scan), about 16 after. (Gating the number hooks on a regex scan for long
+digit runs and exponents was tried and dropped: the scan cost 5-50 us, the hooks about 3.)
 
 The cost of the parse is linear in the body's length.
 """
@@ -107,11 +112,10 @@ def loads_strict(data: bytes, *, what: str = "the body") -> Any:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise StrictJSONError(f"{what} is not valid UTF-8 (byte {err.start}: {err.reason})") from None
-    if _depth(data) > MAX_DEPTH:
+    if data.count(b"[") + data.count(b"{") > MAX_DEPTH and _depth(data) > MAX_DEPTH:
         raise StrictJSONError(f"{what} nests objects and lists deeper than {MAX_DEPTH} levels")
     try:
-        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_constant, parse_int=_int,
-                           parse_float=_float)
+        value = _DECODER.decode(text)
     except json.JSONDecodeError as err:
         raise StrictJSONError(f"{what} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") \
             from None
@@ -129,4 +133,11 @@ def loads_strict(data: bytes, *, what: str = "the body") -> Any:
 def dumps_canonical(value: Any) -> bytes:
     """The one serialisation the guard forwards: compact, ASCII only (every non-ASCII character escaped),
     keys in the order given. ``value`` must come from :func:`loads_strict` or be built from its parts."""
-    return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode("ascii")
+    return _ENCODER.encode(value).encode("ascii")
+
+
+# Made once (json.loads/dumps with arguments build a decoder/encoder per call); both are stateless between
+# calls, so the guard's loop thread and its parse thread share them.
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_constant, parse_int=_int,
+                            parse_float=_float)
+_ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False)
