@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -157,3 +158,16 @@ def make_plan(devices_=("t4", "t4", "t4"), instances=(1, 2, 3), ranges=((1, 2), 
     plan = default_plan("bert_ee", 6, list(ranges), exit_rule={"kind": "entropy", "tau_nats": 0.4}, ramp_blocks=POOL_RAMPS)
     return replace(plan, splits=tuple(replace(s, device=d, instances=n)
                                       for s, d, n in zip(plan.splits, devices_, instances)))
+
+
+def read_until_serving(proc, timeout_s: float = 120) -> list[str]:
+    """The lines ``e3 serve`` (``proc``, stdout piped as text) printed up to its "serving ..." line, its exit, or
+    ``timeout_s``; the caller asserts on them."""
+    lines = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if line.startswith("serving ") or proc.poll() is not None:
+            break
+    return lines

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 import torch
 
 from e3.client.sdk import ClientError, E3Client
-from helpers import mixed_sizes, send_concurrently
+from helpers import mixed_sizes, read_until_serving, send_concurrently
 from e3.core.exits import make_exit_rule
 from e3.export.model_api import SplitModule
 from e3.export.reference import reference_answers
@@ -194,13 +193,7 @@ def test_e3_serve_stops_cleanly_on_sigterm(tiny_repo):
                              "--http-port", str(http), "--grpc-port", str(grpc),
                              "--metrics-port", str(free_port())],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        lines.append(line)
-        if line.startswith("serving ") or proc.poll() is not None:
-            break
+    lines = read_until_serving(proc)
     assert any(l.startswith("serving ") for l in lines), "".join(lines[-20:])
     server_pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
                    and _cmdline(p).startswith(str(Path(sys.prefix))) and f"--grpc-port={grpc}" in _cmdline(p)]

@@ -7,13 +7,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 from e3.client.sdk import E3Client
 from e3.deploy.server import free_port
+from helpers import read_until_serving
 
 pytestmark = pytest.mark.e2e
 
@@ -38,14 +38,8 @@ def test_e3_serve_serves_what_loads_and_names_what_did_not(tiny_repo, tiny_model
                              "--models", "broken,tiny_ee_stock", "--http-port", str(http),
                              "--grpc-port", str(free_port()), "--metrics-port", str(free_port()), "--no-restart"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            lines.append(line)
-            if line.startswith("serving ") or proc.poll() is not None:
-                break
+        lines = read_until_serving(proc)
         text = "".join(lines)
         assert any(l.startswith("serving ") for l in lines), text[-3000:]
         named = [l for l in lines if "broken did not load and is not served" in l]
