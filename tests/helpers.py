@@ -171,3 +171,16 @@ def read_until_serving(proc, timeout_s: float = 120) -> list[str]:
         if line.startswith("serving ") or proc.poll() is not None:
             break
     return lines
+
+
+def http_call(address, method: str, target: str, body: bytes | str | None = None, headers: dict | None = None, *,
+              timeout: float = 60) -> tuple[int, str]:
+    """One HTTP call on a fresh connection to ``address`` (host, port): (status, body as text)."""
+    import http.client
+    conn = http.client.HTTPConnection(*address, timeout=timeout)
+    try:
+        conn.request(method, target, body=body, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, r.read().decode(errors="replace")
+    finally:
+        conn.close()

@@ -13,7 +13,6 @@ port locked by the guard's per-start secret (as `e3 serve` runs it) behind the g
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import threading
@@ -24,7 +23,7 @@ import pytest
 
 from e3.deploy.guard import Guard
 from e3.deploy.server import GUARD_HEADER
-from helpers import serving
+from helpers import http_call, serving
 
 pytestmark = pytest.mark.e2e
 MODELS = ["tiny_ee_split_1-2", "tiny_ee_split_3-4", "tiny_ee_router"]
@@ -42,13 +41,7 @@ def _valid(n: int = 2) -> dict:
 
 def _call(address, method: str, target: str, body: bytes | None = None, headers: dict | None = None,
           timeout: float = 60) -> tuple[int, str]:
-    conn = http.client.HTTPConnection(*address, timeout=timeout)
-    try:
-        conn.request(method, target, body=body, headers=headers or {})
-        r = conn.getresponse()
-        return r.status, r.read().decode(errors="replace")
-    finally:
-        conn.close()
+    return http_call(address, method, target, body, headers, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,12 @@ tests/test_e2e.py::test_e3_serve_stops_cleanly_on_sigterm.)"""
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 
 import pytest
 
 from e3.deploy.guard import Guard
-from helpers import serving
+from helpers import http_call, serving
 
 pytestmark = pytest.mark.e2e
 KEY = ("e3-api-key", "s3cret-for-tests")
@@ -22,14 +21,8 @@ SPLIT = "tiny_ee_split_1-2"
 
 def _call(server, method: str, path: str, body: dict | None = None, key: bool = False) -> tuple[int, str]:
     """Through the guard (``server.guard``), as `e3 serve` exposes the server."""
-    conn = http.client.HTTPConnection(server.guard.host, server.guard.port, timeout=60)
-    try:
-        conn.request(method, path, body=json.dumps(body) if body is not None else None,
-                     headers=dict([KEY]) if key else {})
-        r = conn.getresponse()
-        return r.status, r.read().decode(errors="replace")
-    finally:
-        conn.close()
+    return http_call((server.guard.host, server.guard.port), method, path,
+                     json.dumps(body) if body is not None else None, dict([KEY]) if key else {})
 
 
 @pytest.fixture(scope="module")
