@@ -53,6 +53,8 @@ else:             # run as a script, on a bare host before the project can be im
 
 __all__ = ["Settings", "run", "main"]
 
+CAPACITY_REQUESTS = 4000   # the capacity probe's most requests (a few seconds of backlog at most)
+
 
 @dataclass
 class Settings:
@@ -186,13 +188,18 @@ def measure_model(name: str, s: Settings, results: Results, *, binary, echo) -> 
         def poisson(rate: float, seconds: float, seed: int):
             return burst_schedule([Phase("run", rate, seconds)], seed)[0]
 
-        for label in served:   # warm-up (connections, first calls, allocations): not measured
-            go(label, poisson(min(s.light_rps, s.max_rps), min(s.run_s, 0.3), s.seed + 5), math.inf)
+        for label in served:   # warm-up (connections, first calls, allocations): not measured, failures said
+            w = go(label, poisson(min(s.light_rps, s.max_rps), min(s.run_s, 0.3), s.seed + 5), math.inf)
+            if w["failed"]:
+                echo(f"  warm-up of {label}: {w['failed']} requests failed ({'; '.join(w['errors'])})")
         light = go("NO_Wait", poisson(min(s.light_rps, s.max_rps), s.run_s, s.seed), math.inf)
         m["floor_p99_ms"] = light["p99_ms"]
         m["qos_ms"] = qos = light["p99_ms"] + offline["budget_ms"]
         estimate = max_bs / offline["latency_ms"][str(max_bs)] * 1e3 / s.per_request
-        over = poisson(min(1.5 * estimate, s.max_rps), 2 * s.run_s, s.seed + 1)
+        # at most CAPACITY_REQUESTS: offered far more than the front door carries (the in-process estimate is
+        # many times Triton's), a longer probe only leaves seconds of backlog that time out
+        rate_over = min(1.5 * estimate, s.max_rps)
+        over = poisson(rate_over, min(2 * s.run_s, CAPACITY_REQUESTS / rate_over), s.seed + 1)
         m["capacity_rps"] = cap = capacity(load.run(served["NO_Wait"], over, pool, per_request=s.per_request), over)
         echo(f"  QoS target {qos:.2f} ms (NO_Wait's light-load p99 {light['p99_ms']:.2f} + budget "
              f"{offline['budget_ms']:.2f}); NO_Wait's capacity {cap:,.0f} requests/s "

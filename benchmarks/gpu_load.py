@@ -129,10 +129,14 @@ def slo_rows(runs: list[dict], slo_ms: float) -> dict | None:
 # -- open loop -------------------------------------------------------------------------------------------------------
 def _open_worker(url: str, commands, results) -> None:
     """One client process of an open loop: sends each of its requests at its scheduled time (``async_infer``, never
-    waiting for answers), records when each was sent and answered (wall-clock seconds from the common start)."""
-    import numpy as np
+    waiting for answers), records when each was sent and answered (wall-clock seconds from the common start).
+
+    Every run has its own record (:class:`_RunRecord`): an answer arriving after its run was reported lands in
+    that run's record, never in the next run's (callbacks bound to loop variables did that: a late answer of one
+    system was counted, with its error, against the next). A run is reported once every request is answered or
+    timed out, so the next run starts on a server that is no longer working off this one's backlog; a request
+    answered after ``drain_s`` past the last arrival still counts as failed."""
     import tritonclient.grpc as grpcclient
-    from tritonclient.utils import np_to_triton_dtype
     client = grpcclient.InferenceServerClient(url)
     while True:
         cmd = commands.get()
@@ -140,52 +144,76 @@ def _open_worker(url: str, commands, results) -> None:
             client.close()
             return
         model, start_at, offsets, pool, per_request, first, timeout_s, drain_s = cmd
-        n_rows = len(next(iter(pool.values())))
-        requests = []   # a few dozen distinct requests, reused in turn (building one costs more than sending it)
-        for j in range(64):
-            rows = [(first + j * per_request + i) % n_rows for i in range(per_request)]
-            xs = []
-            for name, arr in pool.items():
-                x = grpcclient.InferInput(name, [per_request, *arr.shape[1:]], np_to_triton_dtype(arr.dtype))
-                x.set_data_from_numpy(np.ascontiguousarray(arr[rows]))
-                xs.append(x)
-            requests.append(xs)
+        requests = _requests(grpcclient, pool, per_request, first)
         outputs = [grpcclient.InferRequestedOutput("label")]
-        n = len(offsets)
-        sent, done = np.full(n, np.nan), np.full(n, np.nan)
-        errors: list[str] = []
-        lock = threading.Lock()
-        left = [n]
-        all_done = threading.Event()
-
-        def callback(i: int, result, error) -> None:
-            t = time.time() - start_at
-            with lock:
-                if error is None:
-                    done[i] = t
-                elif len(errors) < 3:
-                    errors.append(str(error)[:200])
-                left[0] -= 1
-                if left[0] == 0:
-                    all_done.set()
-
+        rec = _RunRecord(len(offsets), start_at)
         for i, off in enumerate(offsets):
             while True:
                 wait = start_at + off - time.time()
                 if wait <= 0:
                     break
                 time.sleep(min(wait, 0.0005))
-            sent[i] = time.time() - start_at
+            rec.sent[i] = time.time() - start_at
             try:
                 client.async_infer(model, requests[i % len(requests)],
-                                   callback=lambda result, error, i=i: callback(i, result, error),
+                                   callback=lambda result, error, i=i, rec=rec: rec.answered(i, error),
                                    outputs=outputs, client_timeout=timeout_s)
             except Exception as err:  # noqa: BLE001 - counted as failed, the loop goes on
-                callback(i, None, err)
-        if n:
-            all_done.wait(timeout=max(0.0, start_at + float(offsets[-1]) + drain_s - time.time()))
-        with lock:
-            results.put((offsets, sent.copy(), done.copy(), list(errors)))
+                rec.answered(i, err)
+        if len(offsets):
+            rec.all_done.wait(timeout=max(0.0, start_at + float(offsets[-1]) + timeout_s + 1.0 - time.time()))
+            cutoff = float(offsets[-1]) + drain_s
+            with rec.lock:
+                done = rec.done.copy()
+            done[done > cutoff] = float("nan")
+        else:
+            done = rec.done.copy()
+        with rec.lock:
+            results.put((offsets, rec.sent.copy(), done, list(rec.errors)))
+
+
+def _requests(grpcclient, pool: dict, per_request: int, first: int) -> list:
+    """A few dozen distinct requests of ``per_request`` rows of ``pool``, reused in turn (building one costs more
+    than sending it)."""
+    import numpy as np
+    from tritonclient.utils import np_to_triton_dtype
+    n_rows = len(next(iter(pool.values())))
+    out = []
+    for j in range(64):
+        rows = [(first + j * per_request + i) % n_rows for i in range(per_request)]
+        xs = []
+        for name, arr in pool.items():
+            x = grpcclient.InferInput(name, [per_request, *arr.shape[1:]], np_to_triton_dtype(arr.dtype))
+            x.set_data_from_numpy(np.ascontiguousarray(arr[rows]))
+            xs.append(x)
+        out.append(xs)
+    return out
+
+
+class _RunRecord:
+    """One open-loop run's sends and answers in one client process (the callbacks' only target)."""
+
+    def __init__(self, n: int, start_at: float):
+        import numpy as np
+        self.start_at = start_at
+        self.sent, self.done = np.full(n, np.nan), np.full(n, np.nan)
+        self.errors: list[str] = []
+        self.lock = threading.Lock()
+        self.left = n
+        self.all_done = threading.Event()
+        if n == 0:
+            self.all_done.set()
+
+    def answered(self, i: int, error) -> None:
+        t = time.time() - self.start_at
+        with self.lock:
+            if error is None:
+                self.done[i] = t
+            elif len(self.errors) < 3:
+                self.errors.append(str(error)[:200])
+            self.left -= 1
+            if self.left == 0:
+                self.all_done.set()
 
 
 class OpenLoop:
@@ -206,7 +234,8 @@ class OpenLoop:
             drain_s: float = 2.0) -> dict:
         """Send one request of ``per_request`` inputs (rows of ``pool``) at each of ``arrivals`` (s from now,
         increasing). Returns per request ``latency_ms`` (NaN where it failed or was not answered within ``drain_s``
-        after the last arrival), ``failed``, ``late_ms`` (sent after its time by), the first errors."""
+        after the last arrival), ``failed``, ``late_ms`` (sent after its time by), the first errors. Returns once
+        every request is answered or timed out (``timeout_s``), so runs do not overlap."""
         import numpy as np
         arrivals = np.asarray(arrivals, float)
         k = len(self.commands)
@@ -218,7 +247,7 @@ class OpenLoop:
         errors: list[str] = []
         span = float(arrivals[-1]) if len(arrivals) else 0.0
         for _ in range(k):
-            offsets, sent, done, errs = self.results.get(timeout=span + drain_s + timeout_s + 60)
+            offsets, sent, done, errs = self.results.get(timeout=span + timeout_s + 60)
             idx = np.searchsorted(arrivals, offsets)   # a process's arrivals are a sub-sequence of the schedule
             latency[idx] = (done - offsets) * 1e3
             late[idx] = (sent - offsets) * 1e3

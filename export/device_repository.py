@@ -46,6 +46,7 @@ class DeviceModel:
     variant: str = ""                # appended to the name (E3 planned for one workload mix: "80_20")
     policy: dict | None = None       # admission: the stage's N-Ebird / E-Ebird policy (make_policy's fields)
     pool_slots: int = 0              # admission: rows of its memory pool (0: 8 x the policy's MaxInf)
+    answer: str = "inline"           # admission: "inline" (execute answers) or "thread" (a response thread; CPU only)
 
     @property
     def name(self) -> str:
@@ -92,7 +93,10 @@ def write_device_model(repo: Path, desc: DeviceModel, card: ModelCard) -> str:
             raise ValueError(f"the policy's workers go up to {max(policy.engine)} rows, above max_batch {desc.max_batch}")
         if desc.pool_slots and desc.pool_slots < max(policy.engine):
             raise ValueError(f"a pool of {desc.pool_slots} slots cannot feed a worker of {max(policy.engine)}")
-        params.update(policy=json.dumps(desc.policy, sort_keys=True), pool_slots=str(desc.pool_slots or ""))
+        if desc.answer not in ("inline", "thread"):
+            raise ValueError(f"answer must be 'inline' or 'thread', got {desc.answer!r}")
+        params.update(policy=json.dumps(desc.policy, sort_keys=True), pool_slots=str(desc.pool_slots or ""),
+                      answer=desc.answer)
     text = render_config(ModelDescription(
         name=desc.name, kind="python", max_batch_size=ROUTER_MAX_BATCH if front else desc.max_batch,
         inputs=card.inputs, outputs=answer_specs(card), instances=desc.instances,

@@ -7,6 +7,7 @@ engine on real torch CPU tensors (answers equal to the stock model's) and, where
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 import numpy as np
@@ -236,6 +237,38 @@ def test_on_cpu_tensors_the_engine_thread_answers_as_the_stock_model():
     np.testing.assert_array_equal(got, want.label)
     probs = np.concatenate([head_answer(answered[i].outputs, model.card).probs for i in range(len(sizes))])
     np.testing.assert_allclose(probs, want.probs, atol=1e-5)
+
+
+def test_the_inline_form_answers_every_request_of_the_call_in_the_callers_thread():
+    from e3.serving.device.admission_ops import TorchOps
+    from e3.serving.device.pipeline import StockRunner, head_answer
+    model, settings = _tiny()
+    policy = make_policy("n-ebird", engine=(8, 4, 1), max_inflight=8)
+    answered, threads = {}, set()
+
+    def answer(r):
+        threads.add(threading.get_ident())
+        answered[r.handle] = r
+
+    engine = AdmissionEngine(policy, TorchOps(model, policy.engine, capacity=12, settings=settings), capacity=12,
+                             answer=answer)
+    arrays = model.example_arrays(40, seed=4)
+    sizes = [1, 3, 5, 2, 8, 1, 4, 6, 3, 7]   # 40 rows through a pool of 12: the ring wraps while the call runs
+    at = 0
+    for i, n in enumerate(sizes):
+        engine.admit(i, {k: v[at:at + n] for k, v in arrays.items()})
+        at += n
+    engine.drive(lambda: len(answered) == len(sizes))
+    assert threads == {threading.get_ident()} and not any(r.failed for r in answered.values())
+    want = StockRunner(model, settings).run(arrays)
+    got = np.concatenate([head_answer(answered[i].outputs, model.card).label for i in range(len(sizes))])
+    np.testing.assert_array_equal(got, want.label)
+    # a device error answers what the engine holds, so the call returns instead of hanging
+    answered.clear()
+    engine.ops.launch = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("device lost"))
+    engine.admit("x", {k: v[:3] for k, v in arrays.items()})
+    engine.drive(lambda: "x" in answered)
+    assert "device lost" in answered["x"].failed
 
 
 def test_stopping_answers_what_the_engine_still_holds():

@@ -3,9 +3,11 @@ E-Ebird, completions polled, requests answered. No torch here: the device work g
 (:mod:`e3.serving.device.admission_ops`: CUDA streams and events on a GPU; torch CPU tensors with no streams on
 the CPU), so the loop's order of operations is tested on the CPU with a recording implementation.
 
-One engine thread does every device call (the paper's scheduler, which "monitors the memory pool and the
-inference engine"); ``admit`` (Triton's ``execute`` thread) only queues the host arrays and wakes it. A round
-(:meth:`AdmissionEngine.step`):
+One thread does every device call (the paper's scheduler, which "monitors the memory pool and the inference
+engine"): in the **inline form** (:meth:`AdmissionEngine.drive`, what the served stage uses) Triton's ``execute``
+thread, which admits its requests and runs rounds until each is answered; in the **threaded form**
+(:meth:`AdmissionEngine.start`) an engine thread of its own, ``admit`` only queuing the host arrays and waking it.
+A round (:meth:`AdmissionEngine.step`):
 
 1. **Completions.** Every running worker whose completion event has fired: its outputs (already copied to host
    memory on its stream) go to the requests holding its rows, its slots are released, the policy hears that it
@@ -189,6 +191,22 @@ class AdmissionEngine:
             self.answer(r)
         self.book.inside.clear()
         self.book.waiting.clear()
+
+    # -- the inline form: rounds in the caller's thread ------------------------------------------------------------
+    def drive(self, done: Callable[[], bool]) -> None:
+        """Run rounds in the calling thread until ``done()`` (the inline form: no engine thread; Triton's
+        ``execute`` admits its requests and drives the engine until each is answered). A device error answers
+        every request held with it, so ``done()`` becomes true rather than the call hanging."""
+        if self._thread is not None:
+            raise RuntimeError("the engine thread is running: drive() is the inline form, without start()")
+        try:
+            while not done():
+                if not self.step() and not done():
+                    raise RuntimeError("nothing is left to run while requests wait for answers")
+                time.sleep(self.poll_s)
+        except Exception as e:  # noqa: BLE001 - every held request is answered with the error
+            log.exception("the admission engine failed")
+            self.fail_all(f"the admission engine failed: {e}")
 
     # -- the engine thread ------------------------------------------------------------------------------------------
     def start(self) -> "AdmissionEngine":
