@@ -271,6 +271,43 @@ def test_the_inline_form_answers_every_request_of_the_call_in_the_callers_thread
     assert "device lost" in answered["x"].failed
 
 
+def test_the_inline_form_blocks_on_the_oldest_running_worker_instead_of_polling():
+    class Blocking(DeviceOps):
+        """Workers finish only when the engine waits for them; ready() never fires by itself."""
+        def __init__(self):
+            self.waited, self.launched = [], 0
+
+        def copy_in(self, segments, arrays):
+            pass
+
+        def mark_copied(self):
+            return None
+
+        def launch(self, worker, taken, after):
+            self.launched += 1
+            return {"id": self.launched, "fired": False, "rows": taken.rows}
+
+        def ready(self, event):
+            return event["fired"]
+
+        def wait(self, event):
+            self.waited.append(event["id"])
+            event["fired"] = True
+
+        def result(self, worker, rows):
+            return np.zeros((rows, 2))
+
+    answered = {}
+    device = Blocking()
+    engine = AdmissionEngine(make_policy("n-ebird", engine=(4, 2, 1), max_inflight=8), device, capacity=16,
+                             answer=lambda r: answered.__setitem__(r.handle, r), poll_s=60.0)
+    for i, n in enumerate([3, 4, 5]):
+        engine.admit(i, {"x": np.ones((n, 1))})
+    engine.drive(lambda: len(answered) == 3)   # poll_s of a minute: any polling would time the test out
+    assert sorted(answered) == [0, 1, 2] and not any(r.failed for r in answered.values())
+    assert device.waited == sorted(device.waited) and len(device.waited) == device.launched
+
+
 def test_stopping_answers_what_the_engine_still_holds():
     answered = []
     device = VirtualDevice(8, 0)

@@ -67,6 +67,11 @@ class DeviceOps(abc.ABC):
     def ready(self, event: Any) -> bool:
         """Whether ``event`` has fired (never blocks)."""
 
+    def wait(self, event: Any) -> None:
+        """Block until ``event`` has fired (the inline form's wait for a worker; default: poll :meth:`ready`)."""
+        while not self.ready(event):
+            time.sleep(0)
+
     @abc.abstractmethod
     def result(self, worker: int, rows: int) -> np.ndarray:
         """The host copy of worker ``worker``'s last output, [rows, ...] (a fresh array the caller may keep)."""
@@ -196,14 +201,25 @@ class AdmissionEngine:
     def drive(self, done: Callable[[], bool]) -> None:
         """Run rounds in the calling thread until ``done()`` (the inline form: no engine thread; Triton's
         ``execute`` admits its requests and drives the engine until each is answered). A device error answers
-        every request held with it, so ``done()`` becomes true rather than the call hanging."""
+        every request held with it, so ``done()`` becomes true rather than the call hanging.
+
+        No polling: all the call's requests were admitted before it, so after a round only a worker's completion
+        can change anything; it blocks on the oldest running worker's event (:meth:`DeviceOps.wait`; on a GPU
+        ``cudaEventSynchronize``, the interpreter lock released). (The H200 run in ``docs/admission.md``
+        polled with a 50 us pause per round; this form is not yet measured on a GPU.)"""
         if self._thread is not None:
             raise RuntimeError("the engine thread is running: drive() is the inline form, without start()")
         try:
             while not done():
                 if not self.step() and not done():
                     raise RuntimeError("nothing is left to run while requests wait for answers")
-                time.sleep(self.poll_s)
+                if done():
+                    break
+                if self.running:   # nothing arrives inside one call: only a completion changes anything now
+                    oldest, _ = next(iter(self.running.values()))   # running is in launch order
+                    self.ops.wait(oldest)
+                else:
+                    time.sleep(self.poll_s)
         except Exception as e:  # noqa: BLE001 - every held request is answered with the error
             log.exception("the admission engine failed")
             self.fail_all(f"the admission engine failed: {e}")

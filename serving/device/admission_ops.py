@@ -112,6 +112,10 @@ class TorchOps(DeviceOps):
     def ready(self, event: Any) -> bool:
         return event is None or event.query()
 
+    def wait(self, event: Any) -> None:
+        if event is not None:
+            event.synchronize()   # the interpreter lock is released while the host waits
+
     def result(self, worker: int, rows: int) -> np.ndarray:
         if not self.cuda:
             return self.last[worker][:rows]
