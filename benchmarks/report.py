@@ -108,9 +108,14 @@ def write_section(path, begin: str, end: str, *, section: str) -> None:
 
 
 def commit() -> str:
-    """The project's short commit hash (``unknown`` outside a git checkout), recorded in every results file."""
+    """The project's short commit hash, recorded in every results file: ``E3_COMMIT`` where set (a copy of the tree
+    without ``.git``, as a lent GPU host gets: the caller names the commit it carried), else git's, else
+    ``unknown``."""
+    import os
     import subprocess
     from e3.paths import project_root
+    if os.environ.get("E3_COMMIT"):
+        return os.environ["E3_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=project_root(), timeout=10).stdout.strip() or "unknown"
