@@ -50,7 +50,18 @@ class BlsTimeout(BlsError):
 
 
 def model_parameters(args: dict) -> tuple[dict, dict[str, str]]:
-    """(model config, its string parameters) from ``initialize``'s args."""
+    """(model config, its string parameters) from ``initialize``'s args.
+
+    Every model of this project calls it first in ``initialize``, so it also turns on ``faulthandler`` for the
+    model's process: a fatal signal (a segmentation fault in the backend's C++, say) then leaves every thread's
+    Python stack in the server's log instead of a bare "Stub process ... is not healthy"; with
+    ``E3_STACKS_EVERY_S`` set in the server's environment (a diagnostic run), every thread's stack every that
+    many seconds as well."""
+    import faulthandler
+    import os
+    faulthandler.enable()
+    if os.environ.get("E3_STACKS_EVERY_S"):
+        faulthandler.dump_traceback_later(float(os.environ["E3_STACKS_EVERY_S"]), repeat=True)
     config = json.loads(args["model_config"])
     params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
     return config, params

@@ -35,9 +35,7 @@ chosen, not measured, so that polling does not starve ``execute`` and the sender
 
 from __future__ import annotations
 
-import faulthandler
 import json
-import os
 import sys
 
 import torch
@@ -52,12 +50,7 @@ from e3.serving.triton_io import ResponseSender, checked_response, error_respons
 
 class TritonPythonModel:
     def initialize(self, args):
-        # a fatal signal in this process prints every thread's Python stack into the server's log; with
-        # E3_STACKS_EVERY_S set (a diagnostic run), every thread's stack every that many seconds as well
-        faulthandler.enable()
-        if os.environ.get("E3_STACKS_EVERY_S"):
-            faulthandler.dump_traceback_later(float(os.environ["E3_STACKS_EVERY_S"]), repeat=True)
-        _, params = model_parameters(args)
+        _, params = model_parameters(args)   # (also turns faulthandler on: crash stacks in the server log)
         gpu = args.get("model_instance_kind") == "GPU"
         device = f"cuda:{args.get('model_instance_device_id', '0')}" if gpu else "cpu"
         if not gpu:
