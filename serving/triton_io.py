@@ -59,9 +59,12 @@ def model_parameters(args: dict) -> tuple[dict, dict[str, str]]:
     many seconds as well."""
     import faulthandler
     import os
-    faulthandler.enable()
-    if os.environ.get("E3_STACKS_EVERY_S"):
-        faulthandler.dump_traceback_later(float(os.environ["E3_STACKS_EVERY_S"]), repeat=True)
+    try:
+        faulthandler.enable()
+        if os.environ.get("E3_STACKS_EVERY_S"):
+            faulthandler.dump_traceback_later(float(os.environ["E3_STACKS_EVERY_S"]), repeat=True)
+    except (OSError, ValueError, AttributeError):   # a standard error without a file descriptor: serve anyway
+        pass
     config = json.loads(args["model_config"])
     params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
     return config, params
