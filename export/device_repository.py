@@ -67,7 +67,8 @@ def write_device_model(repo: Path, desc: DeviceModel, card: ModelCard) -> str:
 
     ``admission`` is E²bird's stage (:mod:`e3.serving.device.admission_model`) in front of the model's head path
     (the stock model): one instance, Triton's batcher with no delay and ``ROUTER_MAX_BATCH`` rows in front of it
-    (it only queues requests for its engine), its policy checked here."""
+    (requests that queued while an execute ran arrive in the next one together), its policy and ``answer`` form
+    checked here."""
     if desc.system not in SYSTEMS:
         raise ValueError(f"system must be one of {', '.join(SYSTEMS)}, got {desc.system!r}")
     params = {"role": desc.system, "model": desc.model, "seed": str(desc.seed),

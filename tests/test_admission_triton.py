@@ -27,6 +27,10 @@ def test_the_stage_is_written_as_one_instance_of_the_device_admission_model(tmp_
     config = (tmp_path / name / "config.pbtxt").read_text()
     assert "KIND_GPU" in config and "e-ebird" in config and "max_batch_size: 1024" in config
     assert "e3.serving.device.admission_model" in (tmp_path / name / "1" / "model.py").read_text()
+    assert 'key: "answer"' in config and 'string_value: "inline"' in config   # the form that runs on a GPU host
+    with pytest.raises(ValueError, match="answer must be"):
+        write_device_model(tmp_path, DeviceModel(system="admission", answer="later", policy={"kind": "n-ebird"},
+                                                 **base), _card())
     with pytest.raises(ValueError, match="one instance"):
         write_device_model(tmp_path, DeviceModel(system="admission", instances=2, policy={"kind": "n-ebird"}, **base),
                            _card())
