@@ -76,6 +76,7 @@ class Settings:
     pool_rows: int = 4096                       # rows of the inputs the clients send (cycled)
     offline_repeats: int = 20                   # timings per batch and per worker set (median)
     qos_factor: float = 2.5                     # the rule's compute budget, in latencies of a batch of 32
+    thread_form: bool = False                   # also E-Ebird's threaded form (answers from a thread; CPU only)
     wheels: Path | None = None
     budget_s: float | None = None               # start no new model past this (None: no limit)
     seed: int = 0
@@ -165,6 +166,10 @@ def measure_model(name: str, s: Settings, results: Results, *, binary, echo) -> 
         systems[label] = (DeviceModel(system="admission", policy=p, variant=label.lower().replace("-", "_"), **base),
                           f"workers {list(p.get('engine') or offline['engine'])}, <= {p['max_inflight']} in flight"
                           + (f", sets {p['confs']}" if "confs" in p else ""))
+    if s.thread_form:   # the paper's form: answers from a response thread (crashed on the GPU host: docs/admission.md)
+        p = pol["E-Ebird"]
+        systems["E-Ebird (thread)"] = (DeviceModel(system="admission", policy=p, variant="e_ebird_thread",
+                                                   answer="thread", **base), systems["E-Ebird"][1] + ", answered from a thread")
     served = {label: write_device_model(repo, desc, card) for label, (desc, _) in systems.items()}
     m["systems"] = {label: {"served": served[label], "config": cfg} for label, (_, cfg) in systems.items()}
     echo(f"  starting tritonserver with {len(served)} models")
@@ -361,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         # a smoke run on a shared CPU: a looser budget and lower first rate, so that the sweep meets some rates
         # before it misses and every step of the runner runs
         s.start_fraction, s.rate_step, s.offline_repeats, s.qos_factor = 0.15, 1.8, 3, 10.0
+        s.thread_form = True   # make test serves the threaded form through Triton too
     if a.models:
         s.models = tuple(a.models.split(","))
     if a.per_request:

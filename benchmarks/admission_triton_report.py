@@ -34,7 +34,7 @@ def load_admission_triton(path: str | Path) -> dict:
 
 def _baselines(m: dict) -> list[str]:
     """The baselines' labels as measured: NO_Wait, the delays, the instance counts."""
-    return [lb for lb in m["systems"] if lb not in ("N-Ebird", "E-Ebird")]
+    return [lb for lb in m["systems"] if not lb.startswith(("N-Ebird", "E-Ebird"))]   # the stages, any form
 
 
 def _tput(m: dict, label: str) -> tuple[float, bool]:
