@@ -28,8 +28,8 @@ String parameters (written by :func:`e3.export.device_repository.write_device_mo
 ``model``, ``seed``, ``trained``, ``precision``, ``graphs`` as for the device models; ``policy`` (JSON:
 ``kind``, ``engine``, ``max_inflight``, ``confs``, as :func:`e3.serving.admission.make_policy` takes them) and
 ``pool_slots`` (the ring's rows; default 8 x MaxInf, the paper's "several times MaxInf"); ``answer``
-(``inline`` or ``thread``); ``poll_s`` (the pause between rounds while workers run, default 50 us) and, for the
-threaded form, ``switch_interval_s`` (the process's forced switch of the interpreter lock, default 0.5 ms):
+(``inline`` or ``thread``); for the threaded form ``poll_s`` (the engine thread's pause between rounds while
+workers run, default 50 us; the inline form blocks on the oldest running worker instead) and ``switch_interval_s`` (the process's forced switch of the interpreter lock, default 0.5 ms):
 chosen, not measured, so that polling does not starve ``execute`` and the sender of the lock.
 """
 
