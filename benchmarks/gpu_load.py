@@ -67,17 +67,30 @@ def _client_worker(url: str, commands, results) -> None:
         results.put((lat, errors, exits))
 
 
-class LoadPool:
-    """Persistent client processes (imports paid once), each running its share of the concurrency in threads."""
+class _ClientProcesses:
+    """Persistent client processes (imports paid once) running ``worker(url, commands, results)``: one command
+    queue each, one results queue; ``close`` stops them."""
 
-    def __init__(self, url: str, processes: int):
+    def __init__(self, url: str, processes: int, worker):
         ctx = mp.get_context("spawn")
         self.commands = [ctx.Queue() for _ in range(processes)]
         self.results = ctx.Queue()
-        self.procs = [ctx.Process(target=_client_worker, args=(url, q, self.results), daemon=True)
-                      for q in self.commands]
+        self.procs = [ctx.Process(target=worker, args=(url, q, self.results), daemon=True) for q in self.commands]
         for p in self.procs:
             p.start()
+
+    def close(self) -> None:
+        for q in self.commands:
+            q.put(None)
+        for p in self.procs:
+            p.join(timeout=10)
+
+
+class LoadPool(_ClientProcesses):
+    """Closed loops: each client process runs its share of the concurrency in threads."""
+
+    def __init__(self, url: str, processes: int):
+        super().__init__(url, processes, _client_worker)
 
     def run(self, model: str, concurrency: int, pool: dict, *, warmup_s: float, duration_s: float) -> dict:
         import numpy as np
@@ -102,11 +115,6 @@ class LoadPool:
                 "latencies_ms": ms, "errors": len(errors), "error_sample": errors[:3],
                 "exits": {str(k): v for k, v in sorted(exits.items())}}
 
-    def close(self) -> None:
-        for q in self.commands:
-            q.put(None)
-        for p in self.procs:
-            p.join(timeout=10)
 
 
 def goodput_at(run: dict, slo_ms: float) -> float:
@@ -162,14 +170,7 @@ def _open_worker(url: str, commands, results) -> None:
                 rec.answered(i, err)
         if len(offsets):
             rec.all_done.wait(timeout=max(0.0, start_at + float(offsets[-1]) + timeout_s + 1.0 - time.time()))
-            cutoff = float(offsets[-1]) + drain_s
-            with rec.lock:
-                done = rec.done.copy()
-            done[done > cutoff] = float("nan")
-        else:
-            done = rec.done.copy()
-        with rec.lock:
-            results.put((offsets, rec.sent.copy(), done, list(rec.errors)))
+        results.put(rec.report(offsets, drain_s))
 
 
 def _requests(grpcclient, pool: dict, per_request: int, first: int) -> list:
@@ -204,6 +205,15 @@ class _RunRecord:
         if n == 0:
             self.all_done.set()
 
+    def report(self, offsets, drain_s: float) -> tuple:
+        """(offsets, sent, done, first errors) as the run reports them: an answer later than ``drain_s`` after
+        the last arrival counts as not answered (NaN). Copies: answers arriving later change only this record."""
+        with self.lock:
+            done = self.done.copy()
+            if len(offsets):
+                done[done > float(offsets[-1]) + drain_s] = float("nan")
+            return offsets, self.sent.copy(), done, list(self.errors)
+
     def answered(self, i: int, error) -> None:
         t = time.time() - self.start_at
         with self.lock:
@@ -216,19 +226,13 @@ class _RunRecord:
                 self.all_done.set()
 
 
-class OpenLoop:
+class OpenLoop(_ClientProcesses):
     """Open-loop Poisson load from persistent client processes: every request is sent at its scheduled time,
     whatever the server does; a request's latency runs from its scheduled arrival (so a late client counts
     against the system, and the lateness is reported)."""
 
     def __init__(self, url: str, processes: int):
-        ctx = mp.get_context("spawn")
-        self.commands = [ctx.Queue() for _ in range(processes)]
-        self.results = ctx.Queue()
-        self.procs = [ctx.Process(target=_open_worker, args=(url, q, self.results), daemon=True)
-                      for q in self.commands]
-        for p in self.procs:
-            p.start()
+        super().__init__(url, processes, _open_worker)
 
     def run(self, model: str, arrivals, pool: dict, *, per_request: int, timeout_s: float = REQUEST_TIMEOUT_S,
             drain_s: float = 2.0) -> dict:
@@ -255,8 +259,3 @@ class OpenLoop:
         failed = np.isnan(latency)
         return {"latency_ms": latency, "failed": failed, "late_ms": late, "errors": errors[:3]}
 
-    def close(self) -> None:
-        for q in self.commands:
-            q.put(None)
-        for p in self.procs:
-            p.join(timeout=10)
