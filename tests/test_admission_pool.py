@@ -348,3 +348,9 @@ def test_on_the_gpu_streams_and_events_answer_as_the_stock_model():
     want = StockRunner(model, dataclasses.replace(settings, graphs=False)).run(arrays)
     got = np.concatenate([head_answer(answered[j].outputs, model.card).label for j in range(i)])
     np.testing.assert_array_equal(got, want.label)
+
+
+def test_the_engine_cost_benchmark_times_calls_that_answer_every_request():
+    from e3.benchmarks.admission_engine_cost import POLICIES, engine_us_per_call
+    for policy in POLICIES.values():
+        assert 0 < engine_us_per_call(policy, 8, calls=20, repeats=1) < 1e5   # returns: every call answered
