@@ -97,20 +97,15 @@ def _plan(args) -> int:
         else:
             raise ValueError("give --batch-profile B.json (e3 workload writes them) or --model M --data FILE")
         devices = parse_devices(args.devices)
-        relies_on = None
-        if args.model:  # the model's own ramps and exit rule (and what the rule's decisions rely on)
-            from e3.core.exits import make_exit_rule
+        from e3.controller.model_facts import planning_facts
+        card = None
+        if args.model:
             from e3.export.zoo import resolve_model
             card = resolve_model(args.model).card
-            ramps, rule = list(card.ramp_blocks), dict(card.exit_rule)
-            relies_on = make_exit_rule(rule).relies_on
-        else:  # without the model: the ramps the latency profile measured
-            ramps, rule = latency.ramp_blocks(), dict(batch.exit_rule) or {"kind": "entropy", "tau_nats": args.tau_nats}
-            if batch.exit_rule:
-                relies_on = _relies_on(batch.exit_rule)
+        facts = planning_facts(latency, batch, card=card, tau_nats=args.tau_nats)
         common = dict(slo_ms=args.slo_ms, slack=args.slack, pipelined=not args.no_pipelining,
                       forms=parse_forms(args.forms), exit_wrapper=not args.no_exit_wrapper,
-                      ramp_blocks=ramps if args.model else None, relies_on=relies_on)
+                      ramp_blocks=facts.planner_ramps, relies_on=facts.relies_on)
         if args.min_goodput is not None:
             result = cheapest_plan(latency, batch, devices, goodput_rps=args.min_goodput, rate_rps=args.rate_rps,
                                    **common)
@@ -118,8 +113,8 @@ def _plan(args) -> int:
             if args.rate_rps is None:
                 raise PlannerError("--rate-rps is needed (or --min-goodput for the cheapest plan reaching a goodput)")
             result = best_plan(latency, batch, devices, rate_rps=args.rate_rps, alpha=args.alpha, **common)
-        plan = result.to_plan(model=latency.model, num_blocks=latency.num_blocks, exit_rule=rule, ramp_blocks=ramps,
-                              slo_ms=args.slo_ms, slack=args.slack)
+        plan = result.to_plan(model=latency.model, num_blocks=latency.num_blocks, exit_rule=facts.exit_rule,
+                              ramp_blocks=list(facts.ramp_blocks), slo_ms=args.slo_ms, slack=args.slack)
     except (ProfileError, PlannerError, ValueError) as err:
         print(f"e3 plan: error: {err}", file=sys.stderr)
         return 2
@@ -135,16 +130,6 @@ def _plan(args) -> int:
         batch.save(args.batch_profile_out)
         print(f"wrote {args.batch_profile_out}")
     return 0
-
-
-def _relies_on(rule: dict):
-    """What a batch profile's rule relies on, without the model: a rule whose module does not import here is
-    taken as relying on every earlier ramp (the safe side)."""
-    from e3.core.exits import make_exit_rule
-    try:
-        return make_exit_rule(rule).relies_on
-    except ValueError:
-        return lambda block, enabled: tuple(k for k in enabled if k < block)
 
 
 def _admission(args) -> int:

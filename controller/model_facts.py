@@ -19,12 +19,12 @@ of the model's ramps, so its enabled ramps never stand for the model's ramps.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from e3.core.plan import Plan
 from e3.core.profile import LatencyProfile
 
-__all__ = ["ModelFacts", "model_facts"]
+__all__ = ["ModelFacts", "model_facts", "PlanningFacts", "planning_facts"]
 
 
 @dataclass(frozen=True)
@@ -61,3 +61,37 @@ def model_facts(latency: LatencyProfile, *, card: Mapping[str, Any] | None = Non
         raise ValueError(f"the latency profile has no timings for the ramps after blocks {missing} that "
                          f"{facts.source} lists: profile the served model with its ramps (e3 profile)")
     return facts
+
+
+@dataclass(frozen=True)
+class PlanningFacts:
+    """What ``e3 plan`` plans with."""
+    ramp_blocks: tuple[int, ...]        # the model's ramps, written into the plan
+    exit_rule: dict[str, Any]
+    relies_on: Callable | None          # what the rule's decisions rely on (None: independent ramps)
+    planner_ramps: tuple[int, ...] | None   # best_plan's ramp_blocks (None: the ramps the profiles support)
+
+
+def planning_facts(latency: LatencyProfile, batch, *, card=None, tau_nats: float = 0.0) -> PlanningFacts:
+    """The ramps, exit rule and rule dependencies ``e3 plan`` uses.
+
+    With the model's ``card`` (a :class:`~e3.export.model_api.ModelCard`): its ramps and rule, and the rule's
+    ``relies_on``; the planner is held to those ramps. Without it (a latency and a batch profile alone): the ramps
+    the latency profile measured, the batch profile's rule (else an entropy rule at ``tau_nats``), and the
+    planner picks among the ramps the profiles support. Decision: a batch-profile rule whose module does not
+    import here (a user's rule) is taken as relying on every earlier ramp, the side on which the exit-wrapper
+    never disables a ramp it cannot re-price."""
+    from e3.core.exits import make_exit_rule
+    if card is not None:
+        rule = dict(card.exit_rule)
+        ramps = tuple(int(k) for k in card.ramp_blocks)
+        return PlanningFacts(ramps, rule, make_exit_rule(rule).relies_on, ramps)
+    rule = dict(batch.exit_rule) or {"kind": "entropy", "tau_nats": tau_nats}
+    relies_on = None
+    if batch.exit_rule:
+        try:
+            relies_on = make_exit_rule(rule).relies_on
+        except ValueError:
+            def relies_on(block, enabled):
+                return tuple(k for k in enabled if k < block)
+    return PlanningFacts(tuple(latency.ramp_blocks()), rule, relies_on, None)

@@ -13,12 +13,13 @@ from e3.controller.applier import ControlError
 from e3.controller.k8s_scaler import RecordingScaler
 from e3.controller.loop import StepReport
 from e3.controller.metrics import ControllerMetrics
-from e3.controller.model_facts import model_facts
+from e3.controller.model_facts import model_facts, planning_facts
 from e3.controller.planner.placement import place
 from e3.controller.pooled_applier import PooledApplier
 from e3.controller.recording_applier import RecordingApplier
 from e3.controller.signals import desired_replicas, drop_rate_rps, observed_rate_rps, planned_rate_rps
 from e3.core.plan import default_plan
+from e3.core.profile import BatchProfile
 from e3.deploy.pools import load_pools
 from helpers import make_plan, make_pools, synthetic_profile
 
@@ -53,6 +54,22 @@ def test_model_facts_come_from_a_card_or_a_plan_never_a_checkpoint():
         model_facts(latency, card={**card, "num_blocks": 6, "ramp_blocks": [1]})
     with pytest.raises(ValueError, match="no timings for the ramps after blocks \\[5\\]"):
         model_facts(latency, card={**card, "ramp_blocks": [1, 5]})
+
+
+def test_e3_plan_takes_ramps_and_rule_from_the_card_else_from_the_profiles():
+    from types import SimpleNamespace
+    latency = synthetic_profile()
+    batch = BatchProfile(model="tiny_ee", batch_size=8, reach=[1.0, 0.6, 0.4, 0.3])
+    card = SimpleNamespace(ramp_blocks=(1, 3), exit_rule={"kind": "patience", "patience": 1})
+    facts = planning_facts(latency, batch, card=card)
+    assert facts.ramp_blocks == facts.planner_ramps == (1, 3) and facts.exit_rule["kind"] == "patience"
+    assert facts.relies_on(3, (1, 3)) == (1,)                    # patience relies on the ramp before
+    facts = planning_facts(latency, batch, tau_nats=0.4)         # no card, no rule in the batch profile
+    assert facts.ramp_blocks == tuple(latency.ramp_blocks()) and facts.planner_ramps is None
+    assert facts.exit_rule == {"kind": "entropy", "tau_nats": 0.4} and facts.relies_on is None
+    user = replace(batch, exit_rule={"kind": "not_importable_here:Rule"})   # a user's rule that is not on the path
+    facts = planning_facts(latency, user)
+    assert facts.exit_rule["kind"] == "not_importable_here:Rule" and facts.relies_on(3, (1, 2, 3)) == (1, 2)
 
 
 def test_metrics_endpoint_and_probes():
