@@ -3,7 +3,21 @@
 The architecture follows BERT (post-LayerNorm, erf GELU, [CLS] pooler), so the
 same code serves the tiny random-weight demo model and, later, MiniLM-sized
 checkpoints. Written out by hand (not ``nn.TransformerEncoderLayer``) so that
-ONNX export is plain and every layer is addressable as a block.
+ONNX export is plain, the checkpoints' parameter names (``query``, ``key``,
+``value``, ...) load as they are and every layer is addressable as a block.
+
+Attention goes through ``torch.nn.functional.scaled_dot_product_attention``:
+on a GPU it is one fused kernel (memory-efficient attention with the padding
+bias) where the matmul, softmax, matmul it replaces ran the stock BERT-base at
+half the speed of ``nn.TransformerEncoderLayer``'s fused path on an H200
+(``../shared/gpu/README.md``). Every system (the stock model, the early-exit
+model, E3's splits) runs this one layer, so they stay comparable. The padding
+keeps its old form, an additive bias of -10000 on padded keys, not a boolean
+mask: a row whose keys are all padding (a padding row of a batch bucket) then
+gets uniform weights, as before, instead of NaN. The TorchScript ONNX exporter
+(opset 17, :mod:`e3.export.onnx_export`) writes the call out as MatMul, Add,
+Softmax, MatMul (the scale's square root multiplied into q and k), checked
+against PyTorch like every exported file, so no separate export path is kept.
 """
 
 from __future__ import annotations
@@ -70,11 +84,14 @@ class _Layer(nn.Module):
         return x.view(b, s, self.heads, self.head_dim).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[B, S, H] states and the [B, S] 0/1 mask -> [B, S, H] states after the layer."""
         b, s, h = x.shape
         q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
         bias = (1.0 - mask.to(x.dtype))[:, None, None, :] * -10000.0  # padding gets ~0 weight
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + bias
-        ctx = (self.dropout(scores.softmax(-1)) @ v).transpose(1, 2).reshape(b, s, h)
+        ctx = nn.functional.scaled_dot_product_attention(   # softmax(q k^T / sqrt(d) + bias) v, fused
+            q, k, v, attn_mask=bias, dropout_p=self.dropout.p if self.training else 0.0,
+            scale=1.0 / math.sqrt(self.head_dim))   # a constant: the ONNX graph computes no scale from shapes
+        ctx = ctx.transpose(1, 2).reshape(b, s, h)
         x = self.attn_norm(x + self.dropout(self.attn_out(ctx)))
         ffn = self.output(nn.functional.gelu(self.intermediate(x)))
         return self.out_norm(x + self.dropout(ffn))
