@@ -1,15 +1,40 @@
-"""Does a Triton Python model that answers from a thread after ``execute`` returns survive load here?
+"""Does a Triton Python model that answers from a thread after ``execute`` returns survive load, unload and
+shutdown here? One call probes every variant in about a minute.
 
-``python3 benchmarks/threaded_answer_probe.py OUT_DIR [--kind cpu|gpu] [--rates 200,1000,3000] [--seconds 8]``
+``python3 benchmarks/threaded_answer_probe.py OUT_DIR [--kind cpu|gpu] [--rates 300,1000,3000] [--seconds 1.5]
+[--variants execute-numpy,...] [--cycles 1]``
 
-The CPU router and E²bird's threaded stage answer that way (one response thread, ``execute`` returning
+The CPU router and E²bird's threaded stage answered that way (one response thread, ``execute`` returning
 ``None``, a non-decoupled model). On the H200 host the stage's response thread died with a segmentation fault
-inside ``InferenceResponseSender.send`` (``docs/admission.md``). This probe isolates the pattern: one model,
-numpy only (no PyTorch, no CUDA calls of its own), answering every request from one thread beside a second
-thread that polls every 50 us as the stage's engine did, instance kind ``--kind`` (KIND_GPU runs the same code,
-only the instance is placed on GPU 0). Open-loop Poisson load at each rate (``benchmarks/gpu_load.OpenLoop``);
-the run fails (exit 1) if the server's log shows a fatal error or a request failed. Writes
-``OUT_DIR/threaded_answer_probe.json`` and the server's log beside it.
+inside ``InferenceResponseSender.send``, and on this CPU the router's stub was seen dying with "Fatal Python
+error: Segmentation fault (Garbage-collecting)" at unload; both took ``request.get_response_sender()`` in the
+answering thread, after ``execute`` had returned, keeping the request objects alive. Triton (>= 24.06; the
+embedded server is 24.10) supports a non-decoupled model answering later when the sender is taken *inside*
+``execute`` (its QA test ``test_non_decoupled_one_response_post_return``). The variants (:data:`VARIANTS`):
+
+* **sender** ``execute``: ``execute`` keeps each request's sender and a copy of its input, no request object;
+  the thread drops the sender once it has answered (``serving.triton_io.ResponseSender`` today). ``thread``:
+  ``execute`` queues the request objects and the thread takes each sender when it answers (the router's
+  pattern before, the last request staying bound while the thread waits for the next batch);
+* **torch** or **numpy**: the torch variants import PyTorch in the stub and compute each batch's labels with
+  it, on KIND_GPU on the instance's device (``cuda:<model_instance_device_id>``, a matmul, then ``.cpu()``);
+  the numpy ones never import torch.
+
+Every model answers from one thread beside a second thread that polls every 50 us (as the stage's engine
+did), enables ``faulthandler`` (a crash leaves every thread's stack in the log) and prints one ``PROBE`` line
+(its Python, torch, CUDA, device) when it starts. One server serves them all, one model per variant, in
+explicit model control. For each variant, ``cycles`` times: load it through the repository API, open-loop
+Poisson load at each rate (``benchmarks/gpu_load.OpenLoop``), unload it, wait for its stub to exit, and read
+the log written meanwhile for fatal lines (``Segmentation fault``, ``Fatal Python error``, ``terminate
+called``). Then every variant is loaded again, answers a few requests checked against numpy, and the server
+shuts down with them loaded: the fatal lines of that shutdown are given to the variants whose model files
+appear in the stacks that follow them (else kept as unattributed).
+
+Writes ``OUT_DIR/threaded_answer_probe.json`` (``uname -a``, Python, torch and CUDA, one row per variant)
+and ``OUT_DIR/threaded_answer_probe.log`` (the server's log), nothing else there (the model repository lives
+in a temporary folder): a GPU host brings back only 8 files. The JSON is rewritten after each variant, so a
+run cut short keeps what it measured. Exit 1 (``ok`` false) where any variant failed a request, answered
+wrongly, failed a load or an unload, or left a fatal line.
 
 On a bare GPU host it unpacks the server and client from ``.gpu_wheels/`` as the other GPU runners do
 (``benchmarks/gpu_host_setup.py``); the stub is the one for the running interpreter.
@@ -18,8 +43,19 @@ On a bare GPU host it unpacks the server and client from ``.gpu_wheels/`` as the
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import importlib.util
 import json
+import os
+import platform
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 if __package__:
@@ -30,17 +66,35 @@ else:
     from gpu_host_setup import prepare_host
     from gpu_load import OpenLoop
 
-__all__ = ["write_probe_model", "run", "main"]
+__all__ = ["VARIANTS", "FATAL_PATTERNS", "write_probe_model", "model_name", "fatal_lines", "attribute_fatal",
+           "run", "main"]
 
-MODEL = "thread_echo"
+# name -> (where the sender is taken, torch in the stub); the ones expected to hold first, so a run cut short
+# has measured them
+VARIANTS = {
+    "execute-numpy": ("execute", False),
+    "execute-torch": ("execute", True),
+    "thread-numpy": ("thread", False),
+    "thread-torch": ("thread", True),
+}
+FATAL_PATTERNS = ("Segmentation fault", "Fatal Python error", "terminate called")
+JSON_NAME = "threaded_answer_probe.json"
+LOG_NAME = "threaded_answer_probe.log"
+WIDTH = 16   # input features; the label is argmax over them
+CALL_TIMEOUT_S = 90.0   # one repository call (a torch stub's load on a cold GPU host included)
 
 MODEL_PY = '''import faulthandler
+import os
 import queue
+import sys
 import threading
 import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+SENDER = "{sender}"   # where each request's response sender is taken: "execute" or "thread"
+USE_TORCH = {torch}
 
 
 class TritonPythonModel:
@@ -48,99 +102,440 @@ class TritonPythonModel:
 
     def initialize(self, args):
         faulthandler.enable()
+        self.stopping = threading.Event()
+        torch_info = "no"
+        if USE_TORCH:
+            import torch
+            self.torch = torch
+            if args["model_instance_kind"] == "GPU":
+                self.device = torch.device("cuda:" + str(args["model_instance_device_id"]))
+                torch.cuda.set_device(self.device)
+            else:
+                torch.set_num_threads(1)
+                self.device = torch.device("cpu")
+            self.w = torch.eye({width}, device=self.device)   # x @ I: the answer is numpy's argmax
+            torch_info = "%s cuda=%s" % (torch.__version__, torch.cuda.is_available())
+        print("PROBE %s pid=%d python=%s torch=%s kind=%s device=%s sender=%s" % (
+            args["model_name"], os.getpid(), sys.version.split()[0], torch_info.replace(" ", ","),
+            args["model_instance_kind"], args["model_instance_device_id"], SENDER), file=sys.stderr, flush=True)
         self.outbox = queue.Queue()
-        threading.Thread(target=self.answer, daemon=True).start()
-        threading.Thread(target=self.poll, daemon=True).start()
+        self.answering = threading.Thread(target=self.answer, name="probe-answer", daemon=True)
+        self.polling = threading.Thread(target=self.poll, name="probe-poll", daemon=True)
+        self.answering.start()
+        self.polling.start()
+
+    def labels(self, x):
+        if not USE_TORCH:
+            return np.argmax(x, axis=1).astype(np.int64)[:, None]
+        t = self.torch.from_numpy(x).to(self.device)
+        return self.torch.argmax(t @ self.w, dim=1).to(self.torch.int64)[:, None].cpu().numpy()
 
     def answer(self):
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         while True:
-            request, x = self.outbox.get()
-            label = np.argmax(x, axis=1).astype(np.int64)[:, None]
-            request.get_response_sender().send(pb_utils.InferenceResponse([pb_utils.Tensor("label", label)]),
-                                               flags=final)
+            batch = self.outbox.get()
+            if batch is None:
+                return
+            labels = self.labels(np.concatenate([x for _, x in batch]))
+            start = 0
+            for handle, x in batch:
+                sender = handle if SENDER == "execute" else handle.get_response_sender()
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("label", labels[start:start + len(x)])]),
+                            flags=final)
+                start += len(x)
+            if SENDER == "execute":   # nothing keeps a sender past its answer (serving.triton_io.ResponseSender)
+                batch = handle = sender = x = None
 
     def poll(self):
         a = np.ones((64, 16), np.float32)
-        while True:
+        while not self.stopping.is_set():
             (a @ a.T).sum()
             time.sleep(0.00005)
 
     def execute(self, requests):
+        batch = []
         for r in requests:
-            self.outbox.put((r, pb_utils.get_input_tensor_by_name(r, "x").as_numpy().copy()))
+            x = pb_utils.get_input_tensor_by_name(r, "x").as_numpy().copy()
+            batch.append((r.get_response_sender() if SENDER == "execute" else r, x))
+        requests = r = None
+        self.outbox.put(batch)
         return None
+
+    def finalize(self):   # as the router's: send what is queued, stop the threads
+        self.outbox.put(None)
+        self.answering.join(timeout=5)
+        self.stopping.set()
+        self.polling.join(timeout=5)
 '''
 
 
-def write_probe_model(repo: Path, kind: str) -> str:
-    """The probe model in ``repo`` (instance kind ``cpu`` or ``gpu``); returns its name."""
+def model_name(variant: str) -> str:
+    """The Triton model serving ``variant`` (``execute-numpy`` -> ``probe_execute_numpy``)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
+    return "probe_" + variant.replace("-", "_")
+
+
+def write_probe_model(repo: Path, kind: str, variant: str = "execute-numpy") -> str:
+    """The probe model of ``variant`` in ``repo`` (instance kind ``cpu`` or ``gpu``); returns its name."""
     if kind not in ("cpu", "gpu"):
         raise ValueError(f"--kind must be cpu or gpu, got {kind!r}")
-    d = repo / MODEL
+    name = model_name(variant)
+    sender, torch = VARIANTS[variant]
+    d = Path(repo) / name
     (d / "1").mkdir(parents=True, exist_ok=True)
-    (d / "1" / "model.py").write_text(MODEL_PY)
+    (d / "1" / "model.py").write_text(MODEL_PY.format(sender=sender, torch=torch, width=WIDTH))
     gpus = " gpus: [0]" if kind == "gpu" else ""
     (d / "config.pbtxt").write_text(
-        f'name: "{MODEL}"\nbackend: "python"\nmax_batch_size: 1024\n'
-        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: 1024\n'
+        f'input [ {{ name: "x" data_type: TYPE_FP32 dims: [ {WIDTH} ] }} ]\n'
         'output [ { name: "label" data_type: TYPE_INT64 dims: [ 1 ] } ]\n'
         f'instance_group [ {{ count: 1 kind: KIND_{kind.upper()}{gpus} }} ]\n'
         'dynamic_batching { max_queue_delay_microseconds: 0 }\n')
-    return MODEL
+    return name
 
 
-def run(out: Path, *, kind: str = "cpu", rates=(200.0, 1000.0, 3000.0), seconds: float = 8.0,
-        wheels: Path | None = None, per_request: int = 8, echo=print) -> dict:
+# -- the server's log -------------------------------------------------------------------------------------------------
+def fatal_lines(text: str) -> list[str]:
+    """The lines of ``text`` showing a fatal error (any of :data:`FATAL_PATTERNS`), each once."""
+    return [line.strip() for line in text.splitlines() if any(p in line for p in FATAL_PATTERNS)]
+
+
+def attribute_fatal(text: str, models: dict[str, str], *, window: int = 80) -> dict[str, list[str]]:
+    """Each fatal line of ``text`` given to the variants (``models``: variant -> model name) whose model files
+    (``/<model>/``) appear within the ``window`` lines from it (faulthandler's stacks name them); lines naming
+    none go under ``""``."""
+    lines = text.splitlines()
+    found: dict[str, list[str]] = {}
+    for i, line in enumerate(lines):
+        if not any(p in line for p in FATAL_PATTERNS):
+            continue
+        near = "\n".join(lines[i:i + window])
+        owners = [v for v, m in models.items() if f"/{m}/" in near or f"'{m}'" in near] or [""]
+        for v in owners:
+            found.setdefault(v, []).append(line.strip())
+    return found
+
+
+class _Log:
+    """The server's log file read in segments (what was written since the last read)."""
+
+    def __init__(self, path: Path):
+        self.path, self.at = path, 0
+
+    def since(self) -> str:
+        time.sleep(0.3)   # the server's output reaches the file through a reader thread
+        if not self.path.exists():
+            return ""
+        with self.path.open("rb") as f:
+            f.seek(self.at)
+            data = f.read()
+        self.at += len(data)
+        return data.decode(errors="replace")
+
+
+def _probe_lines(text: str) -> dict[str, str]:
+    """model name -> its latest ``PROBE`` line (what its stub runs: Python, torch, CUDA, device)."""
+    out = {}
+    for m in re.finditer(r"PROBE (\S+) (.*)", text):
+        out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+# -- the repository API -----------------------------------------------------------------------------------------------
+def _call(server, path: str, timeout_s: float = CALL_TIMEOUT_S) -> tuple[bool, str]:
+    request = urllib.request.Request(f"http://{server.http_url}{path}", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json", **server.http_headers()})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as r:
+            return True, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as err:
+        return False, f"HTTP {err.code}: {err.read().decode(errors='replace')[:300]}"
+    except (urllib.error.URLError, OSError) as err:
+        return False, f"{type(err).__name__}: {err}"[:300]
+
+
+def _state(server, model: str) -> str:
+    ok, text = _call(server, "/v2/repository/index", 10)
+    if not ok:
+        return "?"
+    for m in json.loads(text):
+        if m.get("name") == model:
+            return m.get("state", "?")
+    return "absent"
+
+
+def _stub_pids(server, model: str) -> list[int]:
+    """The server's processes running ``model`` (its stubs name the model's file)."""
+    pids = []
+    for pid in server.group_pids():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if f"/{model}/" in cmd and "stub" in cmd:
+            pids.append(pid)
+    return pids
+
+
+def _unload(server, model: str, timeout_s: float = 30.0) -> dict:
+    """Unload ``model`` and wait until Triton reports it gone and its stub has exited."""
+    start = time.monotonic()
+    ok, text = _call(server, f"/v2/repository/models/{model}/unload")
+    state = "?"
+    while time.monotonic() - start < timeout_s:
+        state = _state(server, model)
+        if state != "READY" and not _stub_pids(server, model):
+            break
+        time.sleep(0.1)
+    left = _stub_pids(server, model)
+    return {"ok": ok and state not in ("READY", "?") and not left, "state": state, "stubs_left": len(left),
+            "s": round(time.monotonic() - start, 2), **({} if ok else {"error": text})}
+
+
+# -- the host ---------------------------------------------------------------------------------------------------------
+def host_facts() -> dict:
+    """``uname -a``, this Python, torch and CUDA as the running interpreter sees them (the stubs print theirs)."""
+    try:
+        uname = subprocess.run(["uname", "-a"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except OSError:
+        uname = " ".join(platform.uname())
+    facts = {"uname": uname, "python": sys.version.split()[0], "cpus": os.cpu_count(), "torch": None,
+             "cuda_available": None}
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+        facts.update(torch=torch.__version__, torch_cuda=torch.version.cuda,
+                     cuda_available=bool(torch.cuda.is_available()))
+        if facts["cuda_available"]:
+            facts["gpu"] = torch.cuda.get_device_name(0)
+    return facts
+
+
+def _pct(ok, q: float):
+    import numpy as np
+    return round(float(np.percentile(ok, q)), 3) if len(ok) else None
+
+
+def run(out: Path, *, kind: str = "cpu", seconds: float = 1.5, rates=(300.0, 1000.0, 3000.0),
+        variants=None, wheels: Path | None = None, cycles: int = 1, shutdown_loaded: bool = True,
+        per_request: int = 8, clients: int | None = None, echo=print) -> dict:
+    """Probe ``variants`` (default all of :data:`VARIANTS`) on one server: per variant ``cycles`` times load,
+    open-loop load at each of ``rates`` for ``seconds`` each, a burst of answers checked against numpy,
+    unload; then (``shutdown_loaded``) all loaded again, a checked burst each, and the server's shutdown with
+    them loaded. Returns (and writes to ``out``) the document; ``doc["ok"]`` is the verdict. The defaults take
+    about a minute on a GPU host, the server's start included."""
     import numpy as np
 
+    variants = list(VARIANTS) if variants is None else list(variants)
+    for v in variants:
+        model_name(v)   # unknown names fail before anything starts
+    if kind not in ("cpu", "gpu"):
+        raise ValueError(f"kind must be cpu or gpu, got {kind!r}")
+    t_start = time.monotonic()
+    cwd = os.getcwd()
     binary, out = prepare_host(out, cpu=kind == "cpu", wheels=wheels)
     from e3.deploy.server import TritonServer
-    repo = out / "repo"
-    write_probe_model(repo, kind)
-    log = out / "triton.log"
-    server = TritonServer.on_free_ports(repo, [MODEL], tritonserver=binary, log_file=log)
-    server.start(timeout_s=300)
-    load = OpenLoop(server.grpc_url, 4)
-    pool = {"x": np.random.default_rng(0).random((4096, 16), dtype=np.float32)}
-    doc = {"kind": "threaded-answer-probe", "instance_kind": kind, "python": sys.version.split()[0],
-           "per_request": per_request, "runs": []}
+    repo = Path(tempfile.mkdtemp(prefix="e3-probe-repo-"))   # not in out: only the JSON and the log come back
+    models = {v: write_probe_model(repo, kind, v) for v in variants}
+    log_path = out / LOG_NAME
+    log_path.unlink(missing_ok=True)
+    json_path = out / JSON_NAME
+    doc = {"kind": "threaded-answer-probe", "instance_kind": kind, **host_facts(), "seconds": seconds,
+           "rates": [float(r) for r in rates], "cycles": cycles, "per_request": per_request, "variants": [],
+           "server_starts": 0, "stray_fatal": []}
+    has_torch = doc["torch"] is not None
+    rows = {}
+
+    def save():
+        doc["elapsed_s"] = round(time.monotonic() - t_start, 1)
+        json_path.write_text(json.dumps(doc, indent=1))
+
+    server = TritonServer.on_free_ports(repo, [], tritonserver=binary, log_file=log_path)
+    log = _Log(log_path)
+    load = None
+    pool = {"x": np.random.default_rng(0).random((4096, WIDTH), dtype=np.float32)}
+
+    def between(text: str) -> None:
+        """Fatal lines written outside a variant's own phases: given to the variants the stacks name."""
+        for v, lines in attribute_fatal(text, models).items():
+            (rows[v]["fatal_lines"] if v in rows else doc["stray_fatal"]).extend(lines)
+
+    def ensure_server():
+        if not server.alive():
+            if doc["server_starts"]:
+                echo("the server died; starting it again")
+                server.stop()
+            server.start(timeout_s=300)
+            doc["server_starts"] += 1
+
+    def cycle(v: str, c: int, row: dict) -> None:
+        name = models[v]
+        ensure_server()
+        between(log.since())
+        cyc = {"runs": []}
+        row["cycles"].append(cyc)
+        t0 = time.monotonic()
+        loaded, text = _call(server, f"/v2/repository/models/{name}/load")
+        cyc["load_s"] = round(time.monotonic() - t0, 2)
+        if not loaded:
+            cyc["load_error"] = text
+        for i, rate in enumerate(rates if loaded else ()):
+            rng = np.random.default_rng(1000 * c + i + 1)
+            arrivals = np.cumsum(rng.exponential(1 / rate, max(1, int(rate * seconds))))
+            res = load.run(name, arrivals, pool, per_request=per_request)
+            ok_ms = res["latency_ms"][~res["failed"]]
+            r = {"offered_rps": float(rate), "requests": int(len(arrivals)), "failed": int(res["failed"].sum()),
+                 "p50_ms": _pct(ok_ms, 50), "p99_ms": _pct(ok_ms, 99), "errors": res["errors"]}
+            cyc["runs"].append(r)
+            row["requests"] += r["requests"]
+            row["failed"] += r["failed"]
+        if loaded:
+            cyc["answers"] = _burst(server.grpc_url, {v: name}, pool).get(v, {})
+            _add(row["answers"], cyc["answers"])
+        cyc["serve_fatal"] = fatal_lines(log.since())
+        cyc["stubs_before_unload"] = len(_stub_pids(server, name))
+        cyc["unload"] = _unload(server, name) if loaded else {"ok": False, "error": "not loaded"}
+        cyc["unload_fatal"] = fatal_lines(log.since())
+        row["fatal_lines"] += cyc["serve_fatal"] + cyc["unload_fatal"]
+        runs = ", ".join(f"{r['offered_rps']:,.0f}/s: {r['failed']}/{r['requests']} failed"
+                         + (f" p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} ms" if r["p50_ms"] is not None else "")
+                         for r in cyc["runs"])
+        answers = cyc.get("answers", {})
+        echo(f"{v} [{c + 1}/{cycles}] load {cyc['load_s']:.1f} s; {runs or cyc.get('load_error')}; "
+             f"{answers.get('wrong', 0)} of {answers.get('checked', 0)} answers wrong; "
+             f"unload {'ok' if cyc['unload']['ok'] else 'FAILED'} in {cyc['unload'].get('s', 0):.1f} s; "
+             f"{len(cyc['serve_fatal'])} fatal lines serving, {len(cyc['unload_fatal'])} at unload")
+
     try:
-        for i, rate in enumerate(rates):
-            arrivals = np.cumsum(np.random.default_rng(i + 1).exponential(1 / rate, max(1, int(rate * seconds))))
-            res = load.run(MODEL, arrivals, pool, per_request=per_request)
-            ok = res["latency_ms"][~res["failed"]]
-            row = {"offered_rps": float(rate), "requests": int(len(arrivals)), "failed": int(res["failed"].sum()),
-                   "p50_ms": float(np.percentile(ok, 50)) if len(ok) else None,
-                   "p99_ms": float(np.percentile(ok, 99)) if len(ok) else None, "errors": res["errors"]}
-            doc["runs"].append(row)
-            echo(f"{rate:,.0f} requests/s x {seconds:g} s: {row['failed']} of {row['requests']} failed"
-                 + (f", p50 {row['p50_ms']:.2f} p99 {row['p99_ms']:.2f} ms" if len(ok) else "")
-                 + (f"; {row['errors'][0]}" if row["errors"] else ""))
+        ensure_server()
+        load = OpenLoop(server.grpc_url, clients or (4 if kind == "gpu" else 2))
+        echo(f"server up in {time.monotonic() - t_start:.1f} s ({doc['uname']}; Python {doc['python']}, "
+             f"torch {doc['torch']}, CUDA available {doc['cuda_available']})")
+        for v in variants:
+            sender, torch = VARIANTS[v]
+            row = rows[v] = {"variant": v, "model": models[v], "sender": sender, "torch": torch,
+                             "instance_kind": kind, "cycles": [], "fatal_lines": [], "failed": 0, "requests": 0,
+                             "answers": {"checked": 0, "wrong": 0, "failed": 0}}
+            doc["variants"].append(row)
+            if torch and not has_torch:
+                row["skipped"] = "torch is not installed"
+                echo(f"{v}: skipped (no torch)")
+                continue
+            try:
+                for c in range(cycles):
+                    cycle(v, c, row)
+            except Exception as err:   # noqa: BLE001 - recorded, the next variant goes on
+                row["error"] = f"{type(err).__name__}: {err}"[:500]
+                echo(f"{v}: {row['error']}")
+            row["unload_ok"] = len(row["cycles"]) == cycles and all(c.get("unload", {}).get("ok")
+                                                                    for c in row["cycles"])
+            save()
+
+        # every variant loaded at once, a checked burst each, then the server's shutdown with them loaded
+        live = [v for v in variants if "skipped" not in rows[v]] if shutdown_loaded else []
+        doc["shutdown_loaded"] = live
+        ensure_server()
+        between(log.since())
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(live))) as ex:
+            loaded = dict(zip(live, ex.map(lambda v: _call(server, f"/v2/repository/models/{models[v]}/load"),
+                                           live)))
+        burst = _burst(server.grpc_url, {v: models[v] for v in live if loaded[v][0]}, pool)
+        between(log.since())
+        t0 = time.monotonic()
+        doc["shutdown_returncode"] = server.stop()
+        doc["shutdown_s"] = round(time.monotonic() - t0, 2)
+        found = attribute_fatal(log.since(), models)
+        doc["shutdown_unattributed_fatal"] = found.get("", [])
+        for v in live:
+            row = rows[v]
+            row["final_load_ok"] = loaded[v][0]
+            if not loaded[v][0]:
+                row["final_load_error"] = loaded[v][1]
+            _add(row["answers"], burst.get(v, {}))
+            row["shutdown_fatal"] = found.get(v, [])
+            row["fatal_lines"] += row["shutdown_fatal"]
+    except Exception as err:   # noqa: BLE001 - what was measured is kept, the verdict is a failure
+        doc["error"] = f"{type(err).__name__}: {err}"[:1000]
+        echo(f"the probe stopped: {doc['error']}")
     finally:
-        load.close()
+        if load is not None:
+            load.close()
         server.stop()
-    text = log.read_text(errors="replace") if log.exists() else ""
-    doc["fatal_errors"] = text.count("Fatal Python error")
-    doc["not_healthy"] = text.count("is not healthy")
-    doc["ok"] = not doc["fatal_errors"] and not any(r["failed"] for r in doc["runs"])
-    (out / "threaded_answer_probe.json").write_text(json.dumps(doc, indent=1))
-    echo(f"{'survived' if doc['ok'] else 'FAILED'}: {doc['fatal_errors']} fatal errors in the server log "
-         f"(Python {doc['python']}, KIND_{kind.upper()}); {out / 'threaded_answer_probe.json'}")
+        shutil.rmtree(repo, ignore_errors=True)
+        os.chdir(cwd)
+    doc["stubs"] = _probe_lines(log_path.read_text(errors="replace") if log_path.exists() else "")
+    for row in doc["variants"]:
+        answers = row["answers"]
+        row["ok"] = "skipped" in row or bool(
+            not row["fatal_lines"] and not row["failed"] and row.get("unload_ok") and "error" not in row
+            and all("load_error" not in c for c in row["cycles"]) and row.get("final_load_ok", not shutdown_loaded)
+            and answers["checked"] > 0 and not answers["wrong"] and not answers["failed"])
+    doc["ok"] = bool(doc["variants"]) and all(r["ok"] for r in doc["variants"]) and "error" not in doc \
+        and not doc.get("shutdown_unattributed_fatal") and not doc["stray_fatal"]
+    save()
+    for row in doc["variants"]:
+        if "skipped" in row:
+            echo(f"{row['variant']:>14}: skipped ({row['skipped']})")
+            continue
+        answers = row["answers"]
+        echo(f"{row['variant']:>14}: {'ok' if row['ok'] else 'FAILED'}: {row['failed']} of {row['requests']} "
+             f"requests failed, {answers['wrong']} of {answers['checked']} answers wrong, unloads "
+             f"{'ok' if row.get('unload_ok') else 'FAILED'}, {len(row['fatal_lines'])} fatal lines "
+             f"({len(row.get('shutdown_fatal', []))} at shutdown)")
+    echo(f"{'survived' if doc['ok'] else 'FAILED'} in {doc['elapsed_s']:.0f} s (KIND_{kind.upper()}; "
+         f"{len(doc.get('shutdown_unattributed_fatal', [])) + len(doc['stray_fatal'])} fatal lines no variant's "
+         f"stack names); {json_path}")
     return doc
+
+
+def _add(total: dict, part: dict) -> None:
+    for k, n in part.items():
+        total[k] = total.get(k, 0) + n
+
+
+def _burst(url: str, models: dict[str, str], pool: dict, requests: int = 8, per_request: int = 4) -> dict:
+    """A few requests to each model (variant -> name), each answer checked against numpy's argmax."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(url)
+    out = {}
+    try:
+        for v, name in models.items():
+            got = {"checked": 0, "wrong": 0, "failed": 0}
+            for i in range(requests):
+                x = pool["x"][i * per_request:(i + 1) * per_request]
+                inp = grpcclient.InferInput("x", list(x.shape), "FP32")
+                inp.set_data_from_numpy(x)
+                try:
+                    res = client.infer(name, [inp], outputs=[grpcclient.InferRequestedOutput("label")],
+                                       client_timeout=10)
+                except Exception:   # noqa: BLE001 - counted
+                    got["failed"] += 1
+                    continue
+                got["checked"] += 1
+                got["wrong"] += int(not np.array_equal(res.as_numpy("label").reshape(-1), np.argmax(x, axis=1)))
+            out[v] = got
+    finally:
+        client.close()
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out", type=Path, help="folder for threaded_answer_probe.json and the server's log")
-    p.add_argument("--kind", choices=["cpu", "gpu"], default="cpu", help="the model's instance kind (default cpu)")
-    p.add_argument("--rates", default="200,1000,3000", help="offered requests/s, comma-separated")
-    p.add_argument("--seconds", type=float, default=8.0, help="seconds per rate (default 8)")
+    p.add_argument("out", type=Path, help=f"folder for {JSON_NAME} and {LOG_NAME}")
+    p.add_argument("--kind", choices=["cpu", "gpu"], default="cpu", help="the models' instance kind (default cpu)")
+    p.add_argument("--rates", default="300,1000,3000", help="offered requests/s, comma-separated")
+    p.add_argument("--seconds", type=float, default=1.5, help="seconds per rate (default 1.5)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of: {', '.join(VARIANTS)}")
+    p.add_argument("--cycles", type=int, default=1, help="loads and unloads per variant (default 1)")
+    p.add_argument("--no-shutdown-loaded", action="store_true",
+                   help="skip loading every variant again for the server's shutdown (a shorter run)")
     p.add_argument("--wheels", type=Path, default=None,
                    help="folder with the server and client to unpack (default .gpu_wheels/ for --kind gpu)")
     a = p.parse_args(argv)
-    doc = run(a.out, kind=a.kind, rates=tuple(float(r) for r in a.rates.split(",")), seconds=a.seconds,
-              wheels=a.wheels)
+    doc = run(a.out, kind=a.kind, rates=tuple(float(r) for r in a.rates.split(",") if r), seconds=a.seconds,
+              variants=[v for v in a.variants.split(",") if v], cycles=a.cycles,
+              shutdown_loaded=not a.no_shutdown_loaded, wheels=a.wheels)
     return 0 if doc["ok"] else 1
 
 
