@@ -47,6 +47,8 @@ class DeviceModel:
     policy: dict | None = None       # admission: the stage's N-Ebird / E-Ebird policy (make_policy's fields)
     pool_slots: int = 0              # admission: rows of its memory pool (0: 8 x the policy's MaxInf)
     answer: str = "inline"           # admission: "inline" (execute answers) or "thread" (a response thread; CPU only)
+    answering: str = "continuous"    # E3: "continuous" (execute admits, an engine thread answers) or "inline"
+    max_queue_inputs: int = 0        # E3 continuous: most inputs held at once, past it 503 at once (0: unbounded)
 
     @property
     def name(self) -> str:
@@ -82,7 +84,14 @@ def write_device_model(repo: Path, desc: DeviceModel, card: ModelCard) -> str:
         batches = list(desc.batch_sizes) or [desc.max_batch] * splits
         if len(batches) != splits or max(batches) > desc.max_batch:
             raise ValueError(f"{splits} splits need {splits} batch sizes of at most {desc.max_batch}, got {batches}")
-        params.update(cuts=json.dumps(list(desc.cuts)), batch_sizes=json.dumps(batches), slo_ms=str(desc.slo_ms))
+        if desc.answering not in ("continuous", "inline"):
+            raise ValueError(f"answering must be 'continuous' or 'inline', got {desc.answering!r}")
+        if desc.max_queue_inputs < 0:
+            raise ValueError(f"max_queue_inputs must be >= 0 (0: unbounded), got {desc.max_queue_inputs}")
+        params.update(cuts=json.dumps(list(desc.cuts)), batch_sizes=json.dumps(batches), slo_ms=str(desc.slo_ms),
+                      answering=desc.answering)
+        if desc.max_queue_inputs:
+            params["max_queue_inputs"] = str(desc.max_queue_inputs)
     front = desc.system in ("e3", "admission")   # models that only admit in execute: no delay, large batches
     if desc.system == "admission":
         from e3.serving.admission import make_policy

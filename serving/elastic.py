@@ -55,14 +55,14 @@ import triton_python_backend_utils as pb_utils
 
 from e3.serving.admission import make_policy
 from e3.core.session import make_session
-from e3.serving.triton_io import ResponseSender, bls, gather, io_specs, model_parameters
+from e3.serving.triton_io import ResponseSender, bls, gather, io_specs, model_parameters, sender_of
 
 
 
 @dataclass(eq=False)
 class _Request:
     """One staged request: its rows go to workers in arrival order; its answers fill in as they finish."""
-    handle: object                      # the Triton request (its response sender answers it)
+    handle: object                      # the request's response sender, taken inside execute
     n: int                              # rows
     arrays: dict[str, np.ndarray]       # name -> [n, ...]: its inputs (views of the execute call's copy)
     taken: int = 0                      # rows handed to workers so far
@@ -117,13 +117,14 @@ class TritonPythonModel:
 
     def execute(self, requests):
         got = gather(requests, self.inputs)
-        for request, response in zip(requests, got.responses):
+        senders = [sender_of(r) for r in requests]   # taken inside execute; no request object is kept
+        for sender, response in zip(senders, got.responses):
             if response is not None:  # malformed: answered now, the others go on
-                self.outbox.put(request, response)
+                self.outbox.put(sender, response)
         start = 0
         with self.lock:
             for i, n in zip(got.valid, got.sizes):
-                self.staged.append(_Request(requests[i], n, {k: v[start:start + n] for k, v in got.arrays.items()},
+                self.staged.append(_Request(senders[i], n, {k: v[start:start + n] for k, v in got.arrays.items()},
                                             pending=n))
                 self.staged_rows += n
                 start += n

@@ -84,7 +84,7 @@ from e3.serving.remote import RemoteSplit
 from e3.serving.router_metrics import RouterMetrics
 from e3.serving.scheduler import MAX_QUEUE_INPUTS, WATCHDOG_GRACE_S, Dispatch, Job, Scheduler, queue_limit
 from e3.serving.triton_io import (BlsTimeout, ResponseSender, bls, checked_response, error_response, gather,
-                                  model_parameters)
+                                  model_parameters, sender_of)
 
 log = logging.getLogger(__name__)
 
@@ -171,11 +171,15 @@ class TritonPythonModel:
         now = time.monotonic()
         cpu = time.thread_time()
         got = gather(requests, self.card.inputs)
-        if not self.inline:
-            for request, response in zip(requests, got.responses):
+        # Continuous answering (serving.triton_io.ResponseSender): each request's sender is taken here, inside
+        # execute, and nothing keeps the request objects once execute returns.
+        senders = None if self.inline else [sender_of(r) for r in requests]
+        requests = None
+        if senders is not None:
+            for sender, response in zip(senders, got.responses):
                 if response is not None:  # malformed: answered now, the others go on
-                    self.outbox.put(request, response)
-        handles = {i: (_Inline() if self.inline else requests[i]) for i in got.valid}
+                    self.outbox.put(sender, response)
+        handles = {i: (_Inline() if self.inline else senders[i]) for i in got.valid}
         refused = []   # (request index, inputs, Refusal): over max_queue_inputs, answered at once
         with self.lock:
             for i, rows in zip(got.valid, request_slices(got.sizes)):
@@ -196,7 +200,7 @@ class TritonPythonModel:
                 del handles[i]
                 got.responses[i] = response
             else:
-                self.outbox.put(requests[i], response)
+                self.outbox.put(senders[i], response)
         self._answer_failed(dropped, "it would finish after its deadline")
         self.metrics.timing((time.thread_time() - cpu) * 1e6, 0.0)
         if not self.inline:

@@ -103,7 +103,7 @@ import numpy as np
 from e3.core.plan import COMPACT, Plan
 from e3.serving.policy import DEADLINE, BatchRoute
 
-__all__ = ["Job", "Row", "SplitQueue", "Dispatch", "Refusal", "Scheduler", "make_queues", "queue_limit", "EWMA_ALPHA",
+__all__ = ["Job", "Row", "SplitQueue", "Dispatch", "Refusal", "Scheduler", "make_queues", "queue_limit", "refusal_for", "EWMA_ALPHA",
            "OUTLIER_X", "WARM_BATCHES", "WATCHDOG_GRACE_S", "MAX_QUEUE_INPUTS"]
 
 EWMA_ALPHA = 0.1   # decay per batch of the older batches' weight in a split's expected time
@@ -212,6 +212,22 @@ class Refusal:
     permanent: bool   # the request alone exceeds the limit (the client's error); else the router is full now
 
 
+def refusal_for(limit: int | None, held_inputs: int, n: int) -> Refusal | None:
+    """The admission bound of every router form (the scheduler's, the device engine's): None when a request
+    of ``n`` inputs may be admitted with ``held_inputs`` already held under ``limit`` (None: unbounded); else
+    why not. A request larger than the limit can never fit (the client's error, ``permanent``); one that does
+    not fit now is refused as a full queue (503)."""
+    if limit is None:
+        return None
+    if n > limit:
+        return Refusal(f"request of {n} inputs refused: more than the router's {MAX_QUEUE_INPUTS} of {limit}; "
+                       f"send at most {limit} inputs per request", permanent=True)
+    if held_inputs + n > limit:
+        return Refusal(f"router queue full: {held_inputs} inputs held, {MAX_QUEUE_INPUTS} is {limit}, "
+                       f"this request's {n} would exceed it; retry later", permanent=False)
+    return None
+
+
 def queue_limit(text: str | None) -> int | None:
     """The router's ``max_queue_inputs`` parameter (a config string) as a limit: None (unbounded) when
     absent or empty, else a positive integer; anything else raises ValueError naming the parameter."""
@@ -276,16 +292,7 @@ class Scheduler:
     def refusal(self, n: int) -> Refusal | None:
         """None when a request of ``n`` inputs may be admitted now; else why not (module docstring,
         "Admission"). Decides only: :meth:`admit` takes the inputs."""
-        limit = self.max_queue_inputs
-        if limit is None:
-            return None
-        if n > limit:
-            return Refusal(f"request of {n} inputs refused: more than the router's {MAX_QUEUE_INPUTS} of {limit}; "
-                           f"send at most {limit} inputs per request", permanent=True)
-        if self.held_inputs + n > limit:
-            return Refusal(f"router queue full: {self.held_inputs} inputs held, {MAX_QUEUE_INPUTS} is {limit}, "
-                           f"this request's {n} would exceed it; retry later", permanent=False)
-        return None
+        return refusal_for(self.max_queue_inputs, self.held_inputs, n)
 
     def admit(self, job: Job, inputs: dict[str, np.ndarray], rule_state: dict[str, np.ndarray], now: float) -> None:
         """Queue the job's rows for split 1 (``inputs``: name -> [n, ...]; ``rule_state``: the exit rule's

@@ -25,7 +25,7 @@ from e3.core.spec import TensorSpec, dtype_from_config
 from e3.serving.input_policy import InputError, check_request
 from e3.serving.output_policy import nonfinite_output
 
-__all__ = ["ResponseSender", "InputError", "BlsError", "BlsTimeout", "Gathered", "model_parameters", "io_specs", "gather",
+__all__ = ["ResponseSender", "sender_of", "InputError", "BlsError", "BlsTimeout", "Gathered", "model_parameters", "io_specs", "gather",
            "error_response", "tensor_response", "checked_response", "answer_responses", "split_responses", "bls",
            "bls_error", "EXPIRED_IN_QUEUE", "INPUT_BOUNDS", "INTERNAL_ID"]
 
@@ -197,13 +197,32 @@ def bls_error(model: str, message: str) -> BlsError:
     return BlsError(text)
 
 
-class ResponseSender:
-    """The one thread that answers a model's requests through their response senders.
+def sender_of(request):
+    """The request's response sender, taken inside ``execute`` (:class:`ResponseSender`'s docstring):
+    what a model that answers after ``execute`` keeps instead of the request."""
+    return request.get_response_sender()
 
-    Measured on this Triton (the router): responses and error responses sent from several threads at
-    once crashed the server (SIGSEGV, or boost::interprocess::lock_exception in the Python backend)
-    under a burst of drops, so every model that answers outside ``execute`` sends through one of these.
-    ``put(request, what)``: ``what`` is an outputs dict, an error message or a ready response.
+
+class ResponseSender:
+    """The one thread that answers a model's requests after ``execute`` returned (continuous answering).
+
+    The pattern Triton supports for a non-decoupled Python model (python_backend >= 24.06; the embedded
+    2.51 is 24.10, and Triton's own QA test ``test_non_decoupled_one_response_post_return`` does exactly
+    this): ``execute`` takes each request's response sender *inside* ``execute``
+    (:func:`sender_of`), keeps the sender and a copy of the inputs, **keeps no request object**, and
+    returns ``None``; one thread sends exactly one response per sender, with the FINAL flag.
+
+    Why each part:
+
+    * one thread: responses and error responses sent from several threads at once crashed the server
+      (SIGSEGV, or ``boost::interprocess::lock_exception`` in the Python backend) under a burst of drops;
+    * the sender taken in ``execute``: models that took it in their answering thread after ``execute``
+      returned (keeping the request objects alive) stopped answering under load on an H200 host, died in
+      ``InferenceResponseSender.send`` there, and their stubs died with "Segmentation fault
+      (Garbage-collecting)" at unload on the CPU. :meth:`put` refuses a request object, so that pattern
+      cannot come back by accident.
+
+    ``put(sender, what)``: ``what`` is an outputs dict, an error message or a ready response.
     """
 
     def __init__(self, who: str):
@@ -212,8 +231,11 @@ class ResponseSender:
         self._thread = threading.Thread(target=self._loop, name="e3-responses", daemon=True)
         self._thread.start()
 
-    def put(self, request, what) -> None:
-        self._outbox.put((request, what))
+    def put(self, sender, what) -> None:
+        if not hasattr(sender, "send"):
+            raise TypeError(f"{self.who}: answer through the response sender taken inside execute "
+                            f"(serving.triton_io.sender_of(request)), not through a {type(sender).__name__}")
+        self._outbox.put((sender, what))
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Send what is queued, then stop the thread."""
@@ -226,7 +248,7 @@ class ResponseSender:
             item = self._outbox.get()
             if item is None:
                 return
-            request, what = item
+            sender, what = item
             if isinstance(what, dict):
                 response = checked_response(what)
             elif isinstance(what, str):
@@ -234,6 +256,8 @@ class ResponseSender:
             else:
                 response = what
             try:
-                request.get_response_sender().send(response, flags=final)
+                sender.send(response, flags=final)
             except Exception as err:  # noqa: BLE001 - e.g. the client went away; the others go on
                 pb_utils.Logger.log_warn(f"{self.who}: could not send a response: {err}")
+            # nothing keeps a sender past its answer (a blocked get() would hold the last one till the next)
+            item = sender = what = response = None

@@ -45,7 +45,7 @@ from e3.serving.device.admission_engine import AdmissionEngine
 from e3.serving.device.admission_ops import TorchOps
 from e3.serving.device.executor import DeviceSettings, build_model, prepare_model
 from e3.serving.device.pipeline import head_answer
-from e3.serving.triton_io import ResponseSender, checked_response, error_response, gather, model_parameters
+from e3.serving.triton_io import ResponseSender, checked_response, error_response, gather, model_parameters, sender_of
 
 
 class TritonPythonModel:
@@ -90,12 +90,13 @@ class TritonPythonModel:
         got = gather(requests, self.card.inputs)
         if self.inline:
             return self._execute_inline(requests, got)
-        for request, response in zip(requests, got.responses):
+        senders = [sender_of(r) for r in requests]   # taken inside execute; no request object is kept
+        for sender, response in zip(senders, got.responses):
             if response is not None:   # malformed: answered now, the others go on
-                self.outbox.put(request, response)
+                self.outbox.put(sender, response)
         at = 0
         for i, n in zip(got.valid, got.sizes):
-            self.engine.admit(requests[i], {k: v[at:at + n] for k, v in got.arrays.items()})
+            self.engine.admit(senders[i], {k: v[at:at + n] for k, v in got.arrays.items()})
             at += n
         return None
 

@@ -199,13 +199,16 @@ class DevicePipeline:
 
     # -- admission (any thread) ------------------------------------------------------------------------
     def admit(self, handle: Any, arrays: dict[str, np.ndarray]) -> None:
-        """Queue one request's inputs (name -> [n, ...] host arrays)."""
+        """Queue one request's inputs (name -> [n, ...] host arrays). Safe from any thread while another steps
+        (a deque's append and popleft are atomic)."""
         self.inbox.append((handle, arrays, self.clock()))
 
     def _drain(self) -> None:
         """Queue what arrived for split 1: one chunk per request; the exit rule's initial state computed once for
         all of them (a rule that reads the inputs hashes every row: once per drain, not once per request)."""
-        items, self.inbox = list(self.inbox), deque()
+        items = []
+        while self.inbox:   # popleft, not a swap of the deque: admit() may append from another thread meanwhile
+            items.append(self.inbox.popleft())
         if not items:
             return
         C = self.card.num_classes

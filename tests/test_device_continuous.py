@@ -1,0 +1,238 @@
+"""E3's device form answering continuously (serving/device/continuous.py): the engine's bookkeeping with a pure
+fake pipeline, then the real router through the real tritonserver on the CPU (KIND_CPU, eager PyTorch): answers
+equal to the reference, 100,000 requests from 64 clients with none failed and none unanswered, the admission
+bound's 503s, and a clean unload (no stub crash in the server's log)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import pytest
+
+from e3.serving.device.continuous import ContinuousEngine
+
+
+class FakePipeline:
+    """A pipeline that answers every request one step after it arrived (or fails the step when told to)."""
+
+    def __init__(self, answer, fail):
+        self.answer, self.fail = answer, fail
+        self.inbox: deque = deque()
+        self.queued: list = []
+        self.explode = False
+        self.steps = 0
+
+    def admit(self, handle, arrays):
+        self.inbox.append((handle, arrays))
+
+    def step(self) -> bool:
+        self.steps += 1
+        while self.inbox:
+            self.queued.append(self.inbox.popleft())
+        if not self.queued:
+            return False
+        if self.explode:
+            self.explode = False
+            raise RuntimeError("boom")
+        handle, arrays = self.queued.pop(0)
+        self.answer(handle, {"label": arrays["x"]})
+        return True
+
+    def fail_all(self, message):
+        while self.inbox:
+            self.queued.append(self.inbox.popleft())
+        for handle, _ in self.queued:
+            self.fail(handle, message)
+        self.queued.clear()
+
+
+def _engine(limit=None):
+    sent = []
+    done = threading.Event()
+
+    def send(sender, what):
+        sent.append((sender, what))
+        done.set()
+
+    engine = ContinuousEngine(send, max_queue_inputs=limit)
+    pipe = FakePipeline(engine.answered, engine.failed)
+    return engine, pipe, sent
+
+
+def _wait(cond, timeout_s=5.0):
+    end = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.001)
+
+
+def test_every_submitted_request_is_answered_once_by_the_engine_thread():
+    engine, pipe, sent = _engine()
+    engine.bind(pipe)
+    for i in range(200):
+        assert engine.submit(f"s{i}", {"x": np.full(2, i)}) is None
+    _wait(lambda: len(sent) == 200)
+    assert sorted(s for s, _ in sent) == sorted(f"s{i}" for i in range(200))
+    assert all(int(what["label"][0]) == int(s[1:]) for s, what in sent)
+    assert engine.held_inputs == 0 and engine.counts["answered"] == 200
+    # a second answer for the same request (a late duplicate) is not sent
+    engine.answered(pipe_handle := type("H", (), {"sender": "x", "n": 1})(), {})
+    assert len(sent) == 200 and pipe_handle
+    engine.close()
+
+
+def test_the_bound_refuses_what_does_not_fit_and_frees_as_requests_are_answered():
+    engine, pipe, sent = _engine(limit=5)
+    engine.pipeline = pipe          # not started: nothing is answered, so held inputs stay held
+    assert engine.submit("a", {"x": np.zeros(3)}) is None
+    full = engine.submit("b", {"x": np.zeros(3)})
+    assert full is not None and not full.permanent and "queue full" in full.message and "3 inputs held" in full.message
+    never = engine.submit("c", {"x": np.zeros(6)})
+    assert never is not None and never.permanent
+    assert engine.submit("d", {"x": np.zeros(2)}) is None and engine.held_inputs == 5
+    assert engine.counts["refused"] == 2
+    engine.bind(pipe)               # now run: both admitted requests are answered and their inputs freed
+    _wait(lambda: len(sent) == 2)
+    assert engine.held_inputs == 0 and engine.submit("e", {"x": np.zeros(5)}) is None
+    engine.close()
+
+
+def test_a_failed_step_answers_every_held_request_with_an_error_and_the_engine_goes_on():
+    engine, pipe, sent = _engine()
+    pipe.explode = True
+    with engine._lock:              # admit both before the thread can step once
+        engine.pipeline = pipe
+        pipe.admit(h1 := _held("one"), {"x": np.zeros(1)})
+        pipe.admit(h2 := _held("two"), {"x": np.zeros(1)})
+        engine._held.update({id(h1), id(h2)})
+        engine.held_inputs = 2
+    engine.bind(pipe)
+    _wait(lambda: len(sent) == 2)
+    assert {s: w for s, w in sent} == {"one": "the router failed: boom", "two": "the router failed: boom"}
+    assert engine.submit("three", {"x": np.zeros(1)}) is None
+    _wait(lambda: len(sent) == 3)
+    assert isinstance(sent[-1][1], dict) and engine.held_inputs == 0
+    engine.close()
+
+
+def test_close_answers_what_is_still_held_and_refuses_new_requests():
+    engine, pipe, sent = _engine()
+    engine.pipeline = pipe
+    engine.submit("a", {"x": np.zeros(4)})
+    engine.close()                  # the thread never ran: "a" is still held
+    assert sent == [("a", "the router is unloading; send again")]
+    refused = engine.submit("b", {"x": np.zeros(1)})
+    assert refused is not None and "unloading" in refused.message
+
+
+def _held(sender):
+    from e3.serving.device.continuous import Held
+    return Held(sender, 1)
+
+
+# -- through the real tritonserver ------------------------------------------------------------------------------
+REACH = [1.0, 0.5, 0.35, 0.3]   # tiny-ee's forced exits: every ramp and the head answer some inputs
+POOL = 512                       # distinct inputs; requests draw rows from them, checked against their reference
+
+
+def _repo(tmp_path, **fields):
+    import torch
+    from e3.core.exits import ForcedRule
+    from e3.export.device_repository import DeviceModel, write_device_model
+    from e3.export.reference import reference_answers
+    from e3.serving.device.executor import build_model
+    torch.set_num_threads(1)
+    model = build_model("tiny-ee", seed=0, trained=False)
+    rule = {"kind": "forced", "reach": REACH}
+    names = {}
+    for tag, extra in fields.items():
+        names[tag] = write_device_model(tmp_path, DeviceModel(
+            model="tiny-ee", system="e3", max_batch=8, exit_rule=rule, enabled_ramps=tuple(model.card.ramp_blocks),
+            cuts=(1, 2), slo_ms=60_000.0, variant=tag, **extra), model.card)
+    arrays = model.example_arrays(POOL, seed=11)
+    ref = reference_answers(model, tuple(arrays[s.name] for s in model.card.inputs), ForcedRule(REACH),
+                            enabled_ramps=tuple(model.card.ramp_blocks))
+    return names, arrays, ref
+
+
+async def _drive(url, model, arrays, *, requests, clients, seed=0):
+    """``requests`` requests of 1-4 pool rows from ``clients`` concurrent gRPC streams of calls; returns
+    (answered, failures, wrong) where wrong counts rows whose label or exit ramp differ from the reference."""
+    import tritonclient.grpc.aio as grpcaio
+    from tritonclient.grpc import InferInput
+    rng = np.random.default_rng(seed)
+    plan = [rng.integers(0, POOL, size=int(rng.integers(1, 5))) for _ in range(requests)]
+    out = {"answered": 0, "failures": [], "rows": []}
+    it = iter(range(requests))
+
+    async def client():
+        async with grpcaio.InferenceServerClient(url) as c:
+            for j in it:
+                rows = plan[j]
+                inputs = []
+                for name, a in arrays.items():
+                    x = InferInput(name, [len(rows), *a.shape[1:]], "INT64" if a.dtype == np.int64 else "FP32")
+                    x.set_data_from_numpy(a[rows])
+                    inputs.append(x)
+                try:
+                    res = await c.infer(model, inputs, client_timeout=60)
+                except Exception as err:  # noqa: BLE001 - counted, named in the assertion
+                    out["failures"].append(str(err))
+                    continue
+                out["answered"] += 1
+                out["rows"].append((rows, res.as_numpy("label")[:, 0], res.as_numpy("exit_ramp")[:, 0]))
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return out
+
+
+@pytest.mark.e2e
+def test_continuous_router_answers_100000_requests_from_64_clients_as_the_reference(tmp_path):
+    """The continuous form under load through Triton: every request answered (none failed, none left without a
+    response: each call returns), every row's label and exit ramp equal to the PyTorch reference; then an
+    unload through the repository API leaves no crash in the server's log."""
+    from e3.controller.triton_api import TritonControl
+    from tests.helpers import serving
+    names, arrays, ref = _repo(tmp_path, cont={})
+    model = names["cont"]
+    with serving(tmp_path, [model], name="device-continuous") as server:
+        start = time.monotonic()
+        got = asyncio.run(_drive(server.grpc_url, model, arrays, requests=100_000, clients=64))
+        seconds = time.monotonic() - start
+        assert not got["failures"], (len(got["failures"]), got["failures"][:3])
+        assert got["answered"] == 100_000
+        label = np.concatenate([l for _, l, _ in got["rows"]])
+        exit_ramp = np.concatenate([e for _, _, e in got["rows"]])
+        rows = np.concatenate([r for r, _, _ in got["rows"]])
+        assert np.array_equal(label, ref.label[rows]) and np.array_equal(exit_ramp, ref.exit_ramp[rows])
+        assert set(np.unique(exit_ramp)) == {1, 2, 3, 4}   # every split answered some rows
+        print(f"100,000 requests ({len(rows):,} inputs) from 64 clients in {seconds:.1f} s")
+        log_file = server.log_file
+        with TritonControl(server.http_url, headers=server.http_headers()) as control:
+            control.unload(model)
+        _wait(lambda: "successfully unloaded" in open(log_file, errors="replace").read(), timeout_s=30)
+    text = open(log_file, errors="replace").read()
+    for fatal in ("Segmentation fault", "Fatal Python error", "terminate called"):
+        assert fatal not in text, f"{fatal!r} in the server's log after the unload"
+
+
+@pytest.mark.e2e
+def test_continuous_bound_refuses_with_503_and_inline_fallback_answers_the_same(tmp_path):
+    """``max_queue_inputs`` refuses what does not fit with UNAVAILABLE while everything admitted is answered;
+    the inline fallback answers as the continuous form does."""
+    from tests.helpers import serving
+    names, arrays, ref = _repo(tmp_path, bound={"max_queue_inputs": 8}, inline={"answering": "inline"})
+    with serving(tmp_path, list(names.values()), name="device-continuous-bound") as server:
+        got = asyncio.run(_drive(server.grpc_url, names["bound"], arrays, requests=2_000, clients=32))
+        assert got["answered"] + len(got["failures"]) == 2_000
+        assert got["failures"] and all("queue full" in f for f in got["failures"]), got["failures"][:3]
+        for rows, label, exit_ramp in got["rows"]:
+            assert np.array_equal(label, ref.label[rows]) and np.array_equal(exit_ramp, ref.exit_ramp[rows])
+        inline = asyncio.run(_drive(server.grpc_url, names["inline"], arrays, requests=500, clients=16, seed=3))
+        assert not inline["failures"] and inline["answered"] == 500
+        for rows, label, exit_ramp in inline["rows"]:
+            assert np.array_equal(label, ref.label[rows]) and np.array_equal(exit_ramp, ref.exit_ramp[rows])
