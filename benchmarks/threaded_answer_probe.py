@@ -211,7 +211,7 @@ def attribute_fatal(text: str, models: dict[str, str], *, window: int = 80) -> d
         if not any(p in line for p in FATAL_PATTERNS):
             continue
         near = "\n".join(lines[i:i + window])
-        owners = [v for v, m in models.items() if f"/{m}/" in near or f"'{m}'" in near] or [""]
+        owners = [v for v, m in models.items() if f"/{m}/" in near] or [""]
         for v in owners:
             found.setdefault(v, []).append(line.strip())
     return found
