@@ -45,19 +45,21 @@ def _profile(args) -> int:
             raise ValueError("--modelled models GPUs, --cuda measures this host's GPU: choose one")
         if args.data and (args.cuda or args.modelled):
             raise ValueError("--data times the blocks on your inputs with ONNX Runtime here; not with --cuda or --modelled")
-        if (args.eager or args.fp32 or args.untrained or args.hops) and not args.cuda:
-            raise ValueError("--eager, --fp32, --untrained and --hops go with --cuda")
+        if (args.eager or args.fp32 or args.untrained or args.hops or args.torch_device) and not args.cuda:
+            raise ValueError("--eager, --fp32, --untrained, --hops and --torch-device go with --cuda")
         build = resolve_architecture if args.untrained else resolve_model
         batches = parse_batch_sizes(args.batch_sizes, build(args.model).card.max_batch_size)
         if args.cuda:
-            from e3.export.cuda_profile import CudaSettings, bls_from_run, profile_model_cuda
+            from e3.export.cuda_profile import CudaSettings, bls_from_run
             prices = parse_prices(args.price)
             if len(prices) > 1:
                 raise ValueError("--cuda measures one GPU: give at most one --price GPU=USD")
-            profile = profile_model_cuda(args.model, CudaSettings(
-                batch_sizes=tuple(batches), repeats=max(args.repeats, 50), warmup=max(args.warmup, 5),
-                precision="fp32" if args.fp32 else "fp16", graphs=not args.eager,
-                price=next(iter(prices.values()), 1.0),
+            on_cpu = args.torch_device == "cpu"   # the same executors, eager in FP32: the path checked without a GPU
+            profile = profile_cuda(args.model, CudaSettings(
+                batch_sizes=tuple(batches), repeats=args.repeats if on_cpu else max(args.repeats, 50),
+                warmup=args.warmup if on_cpu else max(args.warmup, 5),
+                precision="fp32" if args.fp32 or on_cpu else "fp16", graphs=not (args.eager or on_cpu),
+                price=next(iter(prices.values()), 1.0), torch_device=args.torch_device or "cuda",
                 bls_ms=bls_from_run(args.hops, args.model) if args.hops else ()), untrained=args.untrained)
         elif args.modelled:
             from e3.export.modelled_profile import model_modelled_profile
@@ -78,6 +80,26 @@ def _profile(args) -> int:
     print(format_table(profile), end="")
     print(f"wrote {out}" + (" (contains MODELLED devices: not measured)" if profile.modelled else ""))
     return 0
+
+
+def profile_cuda(model_name: str, settings, *, untrained: bool = False, progress: bool = True):
+    """``e3 profile MODEL --cuda``: a latency profile of ``model_name`` whose blocks and stock graph are timed
+    with the serving executor (:func:`e3.serving.device.timing.time_blocks`: ``prepare_model`` +
+    ``make_executor`` at each batch size as a bucket) and written by :func:`e3.export.cuda_profile.
+    profile_model_cuda` (hops, exit check, router, the file). ``settings``: a
+    :class:`~e3.export.cuda_profile.CudaSettings`. The CLI joins the two because ``e3.export`` may not import
+    ``e3.serving.device``; any other caller (``benchmarks/gpu_host.py``) calls this too, so every GPU profile
+    times the code that serves."""
+    from e3.export.cuda_profile import profile_model_cuda
+    from e3.serving.device.executor import DeviceSettings
+    from e3.serving.device.timing import time_blocks
+
+    def executor_timer(model, s, batches, bar):
+        device = DeviceSettings(device=s.torch_device, precision=s.precision, graphs=s.graphs,
+                                max_batch=max(batches), buckets=tuple(batches))
+        return time_blocks(model, device, repeats=s.repeats, warmup=s.warmup, seed=s.seed, bar=bar)
+
+    return profile_model_cuda(model_name, settings, progress, untrained=untrained, time_blocks=executor_timer)
 
 
 def _plan(args) -> int:
@@ -271,10 +293,13 @@ def add_profile(sub, repo_help: str) -> None:
                     help="with --modelled: price per device-hour (a30 has no public price); with --cuda: the "
                          "measured GPU's (default 1, relative units)")
     pr.add_argument("--cuda", action="store_true",
-                    help="measure on this host's NVIDIA GPU with PyTorch (FP16, one CUDA graph per call); the "
-                         "device is named after the GPU (h100, a100, ...); see docs/profiling.md")
+                    help="measure on this host's NVIDIA GPU with the serving executors (FP16, one CUDA graph per "
+                         "batch bucket); the device is named after the GPU (h100, a100, ...); see docs/profiling.md")
     pr.add_argument("--eager", action="store_true", help="with --cuda: eager kernel launches, no CUDA graphs")
-    pr.add_argument("--fp32", action="store_true", help="with --cuda: FP32 instead of FP16 autocast")
+    pr.add_argument("--fp32", action="store_true", help="with --cuda: FP32 weights instead of FP16 (model.half())")
+    pr.add_argument("--torch-device", default=None, choices=["cuda", "cpu"],
+                    help="with --cuda: where the serving executors run (default cuda); cpu runs the same path "
+                         "eagerly in FP32, a check of it on a host without a GPU (the device is cpu-eager-fp32)")
     pr.add_argument("--untrained", action="store_true",
                     help="with --cuda: time the architecture with random weights (no trained checkpoint needed; "
                          "latency does not depend on the weights)")

@@ -16,15 +16,20 @@ How each is run and timed, and why:
   project was lent carry PyTorch with CUDA but neither of them, and their wheels (hundreds
   of MB) could not be brought there. PyTorch runs the very modules the ONNX files are
   exported from, so the FLOPs and shapes are the served ones; kernel choice differs.
-* **FP16 under autocast, each call one CUDA graph** (default). The public figures the
-  modelled profiles come from are TensorRT FP16 engines, which launch a whole engine per
-  call; eager PyTorch launches every kernel from Python, tens of microseconds each, which a
-  served engine does not pay and which would flatten every curve at small batches.
-  ``--eager`` / ``--fp32`` measure the other ways (the device is then named e.g.
+* **Blocks and the stock graph: the serving executor, timed in the serving room.** Every block (with and
+  without its ramp) and the stock graph run exactly as E3's device splits serve them
+  (:mod:`e3.serving.device.executor`): ``prepare_model`` (the weights on the GPU, ``model.half()`` for FP16)
+  and ``make_executor`` (one CUDA graph per batch bucket, the batch sizes here being the buckets, or eager
+  launches with ``--eager``), a call copying the rows into the graph's inputs and replaying it. The timing
+  lives beside the executor (:func:`e3.serving.device.timing.time_blocks`) because ``e3.export`` may not import
+  ``e3.serving.device`` (docs/architecture.md); this module receives it as ``time_blocks`` (the CLI passes it,
+  :func:`e3.cli.models.profile_cuda`) and writes what it measured. FP16 and CUDA graphs are the default: the
+  public figures the modelled profiles come from are TensorRT FP16 engines, which launch a whole engine per
+  call, as a graph replay does. ``--eager`` / ``--fp32`` measure the other ways (the device is then named e.g.
   ``h100-eager-fp32``), to show what launch overhead and precision do.
-* **Timing**: wall clock around one call and a ``torch.cuda.synchronize()``: what one
-  instance's call takes, host launch included. ``warmup`` untimed calls, then ``repeats``
-  timed calls alternating the variants of a block; median, spread = IQR.
+* **Timing**: wall clock around one call and a device synchronize: what one call takes, host launch included.
+  ``warmup`` untimed calls, then ``repeats`` timed calls alternating the variants of a block; median, spread =
+  IQR.
 * **Tx**, a cut's hop: the router moves a cut's state through host memory (a BLS call
   returns the split's outputs to the router, the survivors go to the next split), so a hop
   is the state's copy device -> host and host -> device, measured here for B rows, plus
@@ -42,7 +47,9 @@ How each is run and timed, and why:
 
 The weights' values do not change a latency: ``--untrained`` times the architecture with
 random weights (:func:`e3.export.zoo.resolve_architecture`) on a host without the trained
-checkpoints. Measuring needs CUDA; :func:`device_label` and the assembly are pure.
+checkpoints. Measuring needs CUDA, or ``torch_device="cpu"`` (``e3 profile --cuda --torch-device
+cpu``): the same path with eager executors in FP32 on the CPU, a check of the code where no GPU is;
+:func:`device_label` and the assembly are pure.
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -61,7 +68,8 @@ from e3.export.modelled_profile import TX_FIXED_MS
 if TYPE_CHECKING:
     from e3.export.model_api import EarlyExitModel
 
-__all__ = ["CudaSettings", "device_label", "profile_model_cuda", "cuda_available", "bls_from_run", "measured_hop_ms"]
+__all__ = ["CudaSettings", "BlockTimer", "BlockTimings", "device_label", "profile_model_cuda", "cuda_available",
+           "bls_from_run", "measured_hop_ms", "compile_call"]
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +79,14 @@ class CudaSettings:
     batch_sizes: tuple[int, ...] | None = None   # None: 1, 2, 4, ... up to the model's max batch
     repeats: int = 50                            # timed calls per (block, variant, batch)
     warmup: int = 5                              # untimed calls before them (after the graph's capture)
-    precision: str = "fp16"                      # "fp16" (autocast) | "fp32"
-    graphs: bool = True                          # each call one CUDA graph replay (False: eager launches)
+    precision: str = "fp16"                      # "fp16" (the executor's model.half()) | "fp32"
+    graphs: bool = True                          # one CUDA graph per batch bucket (False: eager launches)
     hop_fixed_ms: float = TX_FIXED_MS            # a hop's BLS exchange on the host, when no measured one is given
     bls_ms: tuple[tuple[int, float], ...] = ()   # measured BLS hops with device tensors: (batch, ms) (bls_from_run)
     device: str | None = None                    # device configuration name (None: device_label of the GPU)
     price: float = 1.0                           # its price per hour (relative units unless given)
     seed: int = 0
-    torch_device: str = "cuda"                   # "cpu": the same code eagerly on the CPU (tests without a GPU)
+    torch_device: str = "cuda"                   # "cpu": the same executors eagerly on the CPU (no GPU needed)
 
     def __post_init__(self) -> None:
         if self.torch_device == "cpu" and (self.graphs or self.precision != "fp32"):
@@ -89,6 +97,21 @@ class CudaSettings:
             raise ValueError(f"precision must be fp16 or fp32, got {self.precision!r}")
         if self.hop_fixed_ms < 0:
             raise ValueError(f"hop_fixed_ms must be >= 0, got {self.hop_fixed_ms}")
+
+
+class BlockTimings(Protocol):
+    """Timed repeats of every block and of the stock graph, as the serving executor ran them
+    (:class:`e3.serving.device.timing.ExecutorTimings` is the one implementation)."""
+
+    batch_sizes: tuple[int, ...]                   # rows per call, ascending (the executor's buckets)
+    block_ms: list[list[np.ndarray]]               # [k-1][i]: repeats (ms) of block k alone, no ramp
+    block_ramp_ms: list[list[np.ndarray] | None]   # [k-1][i]: block k with ramp k; None where it has none
+    stock_ms: list[np.ndarray]                     # [i]: repeats (ms) of blocks 1..L with the head only
+    execution: str                                 # how they ran, for the profile's source
+
+
+# (model, settings, batch sizes, progress bar or None) -> the timings; model on the CPU as built
+BlockTimer = Callable[["EarlyExitModel", "CudaSettings", tuple[int, ...], object], BlockTimings]
 
 
 def bls_from_run(path, model_name: str) -> tuple[tuple[int, float], ...]:
@@ -161,8 +184,10 @@ def _timed(calls: dict[str, Callable[[], object]], repeats: int, warmup: int, de
 
 
 def compile_call(module, inputs: Sequence, settings: CudaSettings) -> Callable[[], object]:
-    """One call of ``module`` on ``inputs`` (CUDA tensors) as ``settings`` runs it: under FP16 autocast
-    or not, captured as one CUDA graph (replayed; the inputs stay the graph's static inputs) or eager."""
+    """One call of ``module`` on ``inputs`` (CUDA tensors) under FP16 autocast or not, captured as one CUDA
+    graph (replayed; the inputs stay the graph's static inputs) or eager. Only the GPU admission analogue
+    (``benchmarks/admission_gpu.py``) runs this; the profile times the serving executor instead (module
+    docstring)."""
     import torch
 
     def run():
@@ -188,58 +213,30 @@ def compile_call(module, inputs: Sequence, settings: CudaSettings) -> Callable[[
     return replay
 
 
-def measure_blocks_cuda(model: "EarlyExitModel", batches: Sequence[int], settings: CudaSettings, *, bar=None):
-    """Timings (ms) of every block without and with its ramp: ([k-1][i] repeats, same or None)."""
-    from e3.export.model_api import SplitModule
-    from e3.export.onnx_export import split_inputs
-    card = model.card
-    without, with_ = [], []
-    for k in range(1, card.num_blocks + 1):
-        variants = {"without": SplitModule(model, k, k, ())}
-        if k in card.ramp_blocks:
-            variants["with"] = SplitModule(model, k, k, (k,))
-        rows = {tag: [] for tag in variants}
-        for b in batches:
-            x = split_inputs(variants["without"], b, settings.seed, device=settings.torch_device)
-            calls = {tag: compile_call(m, x, settings) for tag, m in variants.items()}
-            samples = _timed(calls, settings.repeats, settings.warmup, settings.torch_device)
-            for tag in variants:
-                rows[tag].append(samples[tag])
-            del calls
-            if bar is not None:
-                bar.update(1)
-        without.append(rows["without"])
-        with_.append(rows.get("with"))
-    return without, with_
+def _state_dtype(triton_dtype: str, settings: CudaSettings):
+    """A state tensor's dtype as the executor holds it: floats in half precision under FP16 (its
+    ``model.half()``), everything else as the model card declares it."""
+    import torch
 
-
-def measure_stock_cuda(model: "EarlyExitModel", batches: Sequence[int], settings: CudaSettings, *, bar=None):
-    """Timings (ms) of the stock graph (blocks 1..L, no ramp) at each batch size."""
-    from e3.export.model_api import SplitModule
-    from e3.export.onnx_export import split_inputs
-    module = SplitModule(model, 1, model.card.num_blocks, ())
-    out = []
-    for b in batches:
-        call = compile_call(module, split_inputs(module, b, settings.seed, device=settings.torch_device), settings)
-        out.append(_timed({"stock": call}, settings.repeats, settings.warmup, settings.torch_device)["stock"])
-        if bar is not None:
-            bar.update(1)
-    return out
+    from e3.core.spec import NUMPY_DTYPES
+    if triton_dtype.startswith("FP") and settings.precision == "fp16":
+        return torch.float16
+    return getattr(torch, np.dtype(NUMPY_DTYPES[triton_dtype]).name)
 
 
 def measure_hops_cuda(model: "EarlyExitModel", batches: Sequence[int], settings: CudaSettings):
-    """Timings (ms) of a cut's copies (the heaviest cut's state, device -> host -> device) and of the
-    model inputs' copy host -> device, at each batch size; the fixed part is not in them."""
+    """Timings (ms) of a cut's copies (the heaviest cut's state, device -> host -> device, at the
+    executor's precision) and of the model inputs' copy host -> device, at each batch size; the fixed
+    part is not in them."""
     import torch
 
     from e3.export.profiler import cut_state
-    from e3.core.spec import NUMPY_DTYPES
     card = model.card
     dev = settings.torch_device
     tx, tx_in = [], []
     for b in batches:
-        state = [torch.zeros((b, *t.shape), dtype=getattr(torch, np.dtype(NUMPY_DTYPES[t.dtype]).name),
-                             device=dev) for t in cut_state(card)]
+        state = [torch.zeros((b, *t.shape), dtype=_state_dtype(t.dtype, settings), device=dev)
+                 for t in cut_state(card)]
         inputs = [t.cpu() for t in model.example_inputs(b, seed=settings.seed)]
         samples = _timed({"tx": lambda s=state: [x.to("cpu").to(dev) for x in s],
                           "tx_in": lambda i=inputs: [x.to(dev) for x in i]}, settings.repeats, settings.warmup, dev)
@@ -254,7 +251,7 @@ def measure_check_cuda(model: "EarlyExitModel", batches: Sequence[int], settings
     of the heaviest cut's state."""
     import torch
 
-    from e3.export.profiler import _check_inputs, _first_ramp, _route
+    from e3.export.profiler import _check_inputs, _first_ramp, _route, cut_state
     card = model.card
     dev = settings.torch_device
     rng = np.random.default_rng(settings.seed)
@@ -263,7 +260,8 @@ def measure_check_cuda(model: "EarlyExitModel", batches: Sequence[int], settings
     for b in batches:
         logits_np, state_np = _check_inputs(card, b, rng)
         logits = torch.from_numpy(logits_np).to(dev)
-        state = [torch.from_numpy(x).to(dev) for x in state_np.values()]
+        state = [torch.from_numpy(x).to(dev, _state_dtype(spec.dtype, settings))
+                 for spec, x in zip(cut_state(card), state_np.values())]
 
         def check(b=b, logits=logits, state=state):
             route = _route(card, b)
@@ -276,8 +274,12 @@ def measure_check_cuda(model: "EarlyExitModel", batches: Sequence[int], settings
 
 
 def profile_model_cuda(model_name: str, settings: CudaSettings = CudaSettings(), progress: bool = True,
-                       *, untrained: bool = False) -> LatencyProfile:
-    """Measure ``model_name`` on this host's GPU (module docstring); returns the profile."""
+                       *, untrained: bool = False, time_blocks: BlockTimer) -> LatencyProfile:
+    """Measure ``model_name`` on this host's GPU (module docstring); returns the profile.
+
+    ``time_blocks(model, settings, batches, bar)`` times the blocks and the stock graph with the serving
+    executor (:func:`e3.cli.models.profile_cuda` passes the one that does); the rest (hops, the exit check,
+    the router) is measured here. Latencies in ms per call of B rows, B in ``settings.batch_sizes``."""
     import torch
     from tqdm import tqdm
 
@@ -288,7 +290,7 @@ def profile_model_cuda(model_name: str, settings: CudaSettings = CudaSettings(),
     if settings.torch_device != "cpu" and not cuda_available():
         raise ProfileError("--cuda needs an NVIDIA GPU that PyTorch can use (torch.cuda.is_available() is False "
                            "here); profile the CPU without --cuda, or model GPUs with --modelled")
-    model = (resolve_architecture if untrained else resolve_model)(model_name).to(settings.torch_device)
+    model = (resolve_architecture if untrained else resolve_model)(model_name)
     card = model.card
     batches = list(settings.batch_sizes or default_batch_sizes(card.max_batch_size))
     if batches != sorted(set(batches)) or batches[0] < 1 or batches[-1] > card.max_batch_size:
@@ -299,8 +301,10 @@ def profile_model_cuda(model_name: str, settings: CudaSettings = CudaSettings(),
     total = (card.num_blocks + 1) * len(batches)
     with tqdm(total=total, desc=f"profile {served_name(model_name)} on {device}", unit="step",
               disable=not progress) as bar:
-        without, with_ = measure_blocks_cuda(model, batches, settings, bar=bar)
-        stock = measure_stock_cuda(model, batches, settings, bar=bar)
+        timings = time_blocks(model, settings, tuple(batches), bar)
+    if list(timings.batch_sizes) != batches or len(timings.block_ms) != card.num_blocks:
+        raise ProfileError(f"the block timer measured batches {list(timings.batch_sizes)} and "
+                           f"{len(timings.block_ms)} blocks; asked for {batches} and {card.num_blocks}")
     tx, tx_in = measure_hops_cuda(model, batches, settings)
     check = measure_check_cuda(model, batches, settings)
     router = measure_router(card, batches, max(settings.repeats, 50), warmup=settings.warmup, seed=settings.seed)
@@ -317,17 +321,17 @@ def profile_model_cuda(model_name: str, settings: CudaSettings = CudaSettings(),
         tx_in_samples = [np.asarray(s) + fixed for s in tx_in]
         tx_text = (f"Tx = the cut state's copies device->host->device, measured, + {fixed:g} ms for the BLS exchange "
                    f"(assumed, as the modelled profiles); Tx in = the inputs' copy host->device + the same")
-    source = (f"measured on {gpu} ({device}): PyTorch {torch.__version__} CUDA {torch.version.cuda}, "
-              f"{'FP16 autocast' if settings.precision == 'fp16' else 'FP32'}, "
-              f"{'one CUDA graph per call' if settings.graphs else 'eager kernel launches'}, wall clock with a "
-              f"synchronize per call; {settings.repeats} repeats after {settings.warmup} warmup calls, medians, "
-              f"spread = IQR{'; random weights (--untrained: latency does not depend on them)' if untrained else ''}; "
+    cuda = f" CUDA {torch.version.cuda}" if settings.torch_device != "cpu" else ""
+    source = (f"measured on {gpu} ({device}): PyTorch {torch.__version__}{cuda}; blocks and stock graph run by "
+              f"{timings.execution}; wall clock with a synchronize per call; {settings.repeats} repeats after "
+              f"{settings.warmup} warmup calls, medians, spread = IQR"
+              f"{'; random weights (--untrained: latency does not depend on them)' if untrained else ''}; "
               f"{tx_text}; check: "
               f"logits to the host, BatchRoute.observe, survivors' rows gathered on the device; router: this host's "
               f"CPU (numpy, in-process). NOT ONNX Runtime's CUDA provider or TensorRT (not installed on this host)")
-    profile = assemble_profile(served_name(model_name), batches, without, with_ramp=with_,
+    profile = assemble_profile(served_name(model_name), batches, timings.block_ms, with_ramp=timings.block_ramp_ms,
                                tx=tx_samples, device=device, price=settings.price, source=source,
-                               check=check, router=router, stock=stock)
+                               check=check, router=router, stock=timings.stock_ms)
     profile.tx_in_ms[device] = [summarize(s).median_ms for s in tx_in_samples]
     profile.validate()
     return profile
