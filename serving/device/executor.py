@@ -17,6 +17,9 @@ two methods; none is written yet because no host at hand has either (docs/gpu.md
 
 Outputs of one call stay valid until the next call of the same executor (graph outputs are static buffers):
 callers copy what they keep (the survivors' gather does).
+
+The GPU latency profile (``e3 profile --cuda``) times these executors as they are
+(:mod:`~e3.serving.device.timing`), so the planner prices the execution that serves.
 """
 
 from __future__ import annotations
@@ -87,7 +90,8 @@ def build_model(name: str, *, seed: int, trained: bool) -> EarlyExitModel:
 
 
 def prepare_model(model: EarlyExitModel, settings: DeviceSettings) -> EarlyExitModel:
-    """The model on the settings' device and precision, in eval mode (in place)."""
+    """The model on the settings' device and precision (FP16: ``model.half()``, every float weight and the
+    float state between blocks in half precision), in eval mode; in place, returned."""
     model = model.to(settings.device).eval()
     return model.half() if settings.precision == "fp16" else model
 
