@@ -1,6 +1,17 @@
 """gRPC load for the GPU runs: closed loops for the side-by-side (persistent client processes, each running its
-share of the concurrency in threads) and the goodput of a run under a p99 SLO; open-loop Poisson arrivals for the
-admission runner (:class:`OpenLoop`). Needs only numpy and tritonclient."""
+share of the concurrency in threads), the goodput of a point under a p99 SLO, and repeated points
+(:func:`measure_point`); open-loop Poisson arrivals for the admission runner (:class:`OpenLoop`). Needs only
+numpy and tritonclient.
+
+How a closed-loop run is counted (:func:`window_stats`): **throughput** counts every answer that arrives inside
+the measurement window, whatever its send time (a rule that kept only requests both sent after the warm-up and
+answered before the window's end under-read a system of latency W by about W / window: 13-20% on the H200 at
+W = 160-240 ms in a 1.2 s window). **Latency percentiles** come from the requests *sent* inside the window,
+answered whenever (every client waits for its last answer, so none is cut off). **Goodput at an SLO** counts
+the answers inside the window whose latency met it. A point (:func:`measure_point`) is at least three runs, each
+at least ten times the point's p50 long (lengthened from a hint or from its first run); its figures are the
+medians of the runs, with their min and max beside them.
+"""
 
 from __future__ import annotations
 
@@ -10,61 +21,65 @@ import time
 
 INPUTS_PER_REQUEST = 8
 REQUEST_TIMEOUT_S = 10.0   # a request not answered by then counts as an error (a stuck server ends the run, not the bench)
+WINDOW_LATENCIES = 10.0    # a run's window is at least this many times the point's p50
+MIN_REPS = 3               # runs per point: the median is the figure, min and max its spread
 
 
 def _client_worker(url: str, commands, results) -> None:
-    """One client process: for each command, ``threads`` closed-loop gRPC clients for warmup + duration."""
+    """One client process: for each command, ``threads`` closed-loop gRPC clients for warmup + duration.
+
+    Reports every request's send and answer times in seconds from the window's start (answer NaN: failed), its
+    errors (warm-up included: a point with any is not a figure), and the exit ramps of the answers that arrived
+    inside the window. Requests are built once per command, before the clock starts
+    (building one costs more than sending it)."""
+    import numpy as np
     import tritonclient.grpc as grpcclient
     while True:
         cmd = commands.get()
         if cmd is None:
             return
         model, threads, warmup_s, duration_s, pool, offset = cmd
+        requests = _requests(grpcclient, pool, INPUTS_PER_REQUEST, offset)
+        outputs = [grpcclient.InferRequestedOutput("exit_ramp")]
         start = time.monotonic()
         t0, t1 = start + warmup_s, start + warmup_s + duration_s
-        lat, errors, exits, lock = [], [], {}, threading.Lock()
+        sent_all, done_all, errors, exits, lock = [], [], [], {}, threading.Lock()
 
         def run(tid: int) -> None:
             client = grpcclient.InferenceServerClient(url)
-            n = len(next(iter(pool.values())))
-            i = (offset + tid * 7919) % n
-            mine, errs, seen = [], [], {}
+            k = tid * 17
+            sent, done, errs, seen = [], [], [], {}
             while True:
-                now = time.monotonic()
-                if now >= t1:
+                s = time.monotonic()
+                if s >= t1:
                     break
-                rows = [(i + j) % n for j in range(INPUTS_PER_REQUEST)]
-                i = (i + INPUTS_PER_REQUEST) % n
-                inputs = []
-                for name, arr in pool.items():
-                    x = grpcclient.InferInput(name, [INPUTS_PER_REQUEST, *arr.shape[1:]], "INT64")
-                    x.set_data_from_numpy(arr[rows])
-                    inputs.append(x)
-                sent = time.monotonic()
                 try:
-                    res = client.infer(model, inputs, outputs=[grpcclient.InferRequestedOutput("exit_ramp")],
+                    res = client.infer(model, requests[k % len(requests)], outputs=outputs,
                                        client_timeout=REQUEST_TIMEOUT_S)
-                    done = time.monotonic()
-                    if sent >= t0 and done <= t1:
-                        mine.append(done - sent)
+                    d = time.monotonic()
+                    if t0 <= d <= t1:
                         for r in res.as_numpy("exit_ramp").reshape(-1):
                             seen[int(r)] = seen.get(int(r), 0) + 1
-                except Exception as err:  # noqa: BLE001 - counted and reported, the run goes on
-                    if time.monotonic() <= t1:
-                        errs.append(str(err)[:200])
+                except Exception as err:  # noqa: BLE001 - counted (warm-up included) and reported, the run goes on
+                    d = float("nan")
+                    errs.append(str(err)[:200])
+                sent.append(s - t0)
+                done.append(d - t0)
+                k += 1
             client.close()
             with lock:
-                lat.extend(mine)
+                sent_all.extend(sent)
+                done_all.extend(done)
                 errors.extend(errs)
-                for k, v in seen.items():
-                    exits[k] = exits.get(k, 0) + v
+                for key, v in seen.items():
+                    exits[key] = exits.get(key, 0) + v
 
         ts = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
         for t in ts:
             t.start()
         for t in ts:
             t.join()
-        results.put((lat, errors, exits))
+        results.put((np.asarray(sent_all, float), np.asarray(done_all, float), errors, exits))
 
 
 class _ClientProcesses:
@@ -92,46 +107,146 @@ class LoadPool(_ClientProcesses):
     def __init__(self, url: str, processes: int):
         super().__init__(url, processes, _client_worker)
 
+    @property
+    def processes(self) -> int:
+        return len(self.commands)
+
     def run(self, model: str, concurrency: int, pool: dict, *, warmup_s: float, duration_s: float) -> dict:
+        """One closed-loop run of ``concurrency`` requests in flight (of ``INPUTS_PER_REQUEST`` rows of ``pool``):
+        :func:`window_stats` of its window, with ``concurrency``, the errors and the exit ramps answered."""
         import numpy as np
-        share = [concurrency // len(self.commands) + (1 if i < concurrency % len(self.commands) else 0)
-                 for i in range(len(self.commands))]
+        share = [concurrency // self.processes + (1 if i < concurrency % self.processes else 0)
+                 for i in range(self.processes)]
         used = 0
         for i, (q, k) in enumerate(zip(self.commands, share)):
             if k:
                 q.put((model, k, warmup_s, duration_s, pool, i * 104729))
                 used += 1
-        lat, errors, exits = [], [], {}
+        sent, done, errors, exits = [], [], [], {}
         for _ in range(used):
-            part_lat, part_err, part_exits = self.results.get(timeout=warmup_s + duration_s + REQUEST_TIMEOUT_S + 60)
-            lat += part_lat
+            part_sent, part_done, part_err, part_exits = self.results.get(
+                timeout=warmup_s + duration_s + REQUEST_TIMEOUT_S + 60)
+            sent.append(part_sent)
+            done.append(part_done)
             errors += part_err
             for k, v in part_exits.items():
                 exits[k] = exits.get(k, 0) + v
-        ms = np.asarray(lat) * 1e3
-        return {"concurrency": concurrency, "requests": len(lat), "inputs_per_s": len(lat) * INPUTS_PER_REQUEST / duration_s,
-                "p50_ms": float(np.percentile(ms, 50)) if len(ms) else None,
-                "p99_ms": float(np.percentile(ms, 99)) if len(ms) else None,
-                "latencies_ms": ms, "errors": len(errors), "error_sample": errors[:3],
+        stats = window_stats(np.concatenate(sent), np.concatenate(done), duration_s)
+        return {"concurrency": concurrency, **stats, "errors": len(errors), "error_sample": errors[:3],
                 "exits": {str(k): v for k, v in sorted(exits.items())}}
 
 
+def window_stats(sent, done, duration_s: float) -> dict:
+    """A closed-loop run's figures from its requests' send and answer times (s from the window's start; answer
+    NaN: failed), window ``[0, duration_s]`` (module docstring): ``requests`` and ``inputs_per_s`` count the
+    answers inside the window whatever their send time; ``p50_ms`` / ``p99_ms`` and ``latencies_ms`` are of the
+    requests sent inside it; ``answer_latencies_ms`` are the latencies of the answers inside it (what goodput
+    at an SLO counts, :func:`goodput_at`)."""
+    import numpy as np
+    sent, done = np.asarray(sent, float), np.asarray(done, float)
+    answered = ~np.isnan(done)
+    inside = answered & (done >= 0.0) & (done <= duration_s)
+    from_window = answered & (sent >= 0.0) & (sent < duration_s)
+    lat = (done[from_window] - sent[from_window]) * 1e3
+    n = int(inside.sum())
+    return {"requests": n, "inputs_per_s": n * INPUTS_PER_REQUEST / duration_s, "duration_s": duration_s,
+            "p50_ms": float(np.percentile(lat, 50)) if len(lat) else None,
+            "p99_ms": float(np.percentile(lat, 99)) if len(lat) else None,
+            "latencies_ms": lat, "answer_latencies_ms": (done[inside] - sent[inside]) * 1e3}
+
 
 def goodput_at(run: dict, slo_ms: float) -> float:
-    """Inputs/s answered within ``slo_ms`` in one run."""
+    """Inputs/s answered inside one run's window within ``slo_ms``."""
     import numpy as np
-    ms = run["latencies_ms"]
+    ms = run.get("answer_latencies_ms", run["latencies_ms"])
     return float(np.count_nonzero(ms <= slo_ms)) * INPUTS_PER_REQUEST / run["duration_s"] if len(ms) else 0.0
 
 
-def slo_rows(runs: list[dict], slo_ms: float) -> dict | None:
-    """The best operating point of a p99-against-goodput curve under a p99 SLO: among the runs whose p99 meets
-    it, the one with the most inputs/s answered within it (None: no run meets it)."""
-    ok = [r for r in runs if r["p99_ms"] is not None and r["p99_ms"] <= slo_ms and not r["errors"]]
+def _slo_key(slo_ms) -> str:
+    return "null" if slo_ms is None else f"{float(slo_ms):g}"
+
+
+def aggregate(runs: list[dict], slos_ms=()) -> dict:
+    """One point from its repeated runs (same system, configuration and concurrency): the median of each figure
+    (inputs/s, p50, p99, goodput at each SLO) with its min and max over the runs; errors summed, exits added.
+    ``p99_ms`` is None where a run answered nothing (the point then meets no SLO)."""
+    import numpy as np
+
+    def spread(values) -> tuple:
+        if any(v is None for v in values) or not values:
+            return None, None, None
+        return float(np.median(values)), float(min(values)), float(max(values))
+
+    ips, ips_min, ips_max = spread([r["inputs_per_s"] for r in runs])
+    p99, p99_min, p99_max = spread([r["p99_ms"] for r in runs])
+    p50, _, _ = spread([r["p50_ms"] for r in runs])
+    exits: dict[str, int] = {}
+    for r in runs:
+        for k, v in r.get("exits", {}).items():
+            exits[k] = exits.get(k, 0) + v
+    goodput, goodput_spread = {}, {}
+    for slo in slos_ms:
+        g, lo, hi = spread([goodput_at(r, slo) for r in runs])
+        goodput[_slo_key(slo)], goodput_spread[_slo_key(slo)] = g, [lo, hi]
+    errors = sum(r["errors"] for r in runs)
+    return {"concurrency": runs[0]["concurrency"], "reps": len(runs), "inputs_per_s": ips,
+            "inputs_per_s_min": ips_min, "inputs_per_s_max": ips_max, "p50_ms": p50, "p99_ms": p99,
+            "p99_ms_min": p99_min, "p99_ms_max": p99_max, "goodput": goodput, "goodput_spread": goodput_spread,
+            "requests": sum(r["requests"] for r in runs), "errors": errors,
+            "error_sample": [e for r in runs for e in r.get("error_sample", [])][:3], "exits": exits,
+            "window_s": max(r["duration_s"] for r in runs)}
+
+
+def window_for(p50_ms: float | None, *, min_s: float, max_s: float) -> float:
+    """A run's window: ``WINDOW_LATENCIES`` times ``p50_ms`` (s), within [``min_s``, ``max_s``]."""
+    want = WINDOW_LATENCIES * p50_ms / 1e3 if p50_ms else 0.0
+    return min(max_s, max(min_s, want))
+
+
+def measure_point(load: LoadPool, model: str, concurrency: int, pool: dict, *, warmup_s: float, min_window_s: float,
+                  max_window_s: float, reps: int = MIN_REPS, p50_hint_ms: float | None = None, slos_ms=()) -> dict:
+    """One point, repeated: ``reps`` runs (at least ``MIN_REPS``) of ``concurrency`` requests in flight, each
+    window ``WINDOW_LATENCIES`` times the point's p50 or longer (:func:`window_for` of ``p50_hint_ms``, e.g. the
+    previous point's p50 scaled to this concurrency). A run whose window proves shorter than that (its own p50
+    was longer than the hint) is a probe: it is set aside once, and the runs that count use the lengthened
+    window. Returns :func:`aggregate` of the runs that count, with ``window_over_p50`` (the shortest window of
+    them over its run's p50: 10 or more unless ``max_window_s`` capped it) and ``probe_discarded``."""
+    reps = max(MIN_REPS, reps)
+    window = window_for(p50_hint_ms, min_s=min_window_s, max_s=max_window_s)
+    runs, discarded = [], False
+    while len(runs) < reps:
+        r = load.run(model, concurrency, pool, warmup_s=warmup_s, duration_s=window)
+        need = window_for(r["p50_ms"], min_s=min_window_s, max_s=max_window_s)
+        if not discarded and need > window * 1.05:
+            window, discarded = need, True
+            continue
+        runs.append(r)
+    point = aggregate(runs, slos_ms)
+    ratios = [r["duration_s"] * 1e3 / r["p50_ms"] for r in runs if r["p50_ms"]]
+    point.update(window_over_p50=min(ratios) if ratios else None, probe_discarded=discarded)
+    return point
+
+
+def slo_rows(points: list[dict], slo_ms: float | None) -> dict | None:
+    """The best operating point of a p99-against-goodput curve (points of :func:`aggregate`, one configuration):
+    under a p99 SLO, among the error-free points whose (median) p99 meets it, the one with the most inputs/s
+    answered within it; with ``slo_ms`` None, the error-free point with the most inputs/s (saturating
+    throughput). None: no point qualifies. Returns goodput (median over the point's runs) and its [min, max],
+    the point's p99 and concurrency."""
+    ok = [p for p in points if not p["errors"] and p["p99_ms"] is not None and p["inputs_per_s"] is not None
+          and (slo_ms is None or p["p99_ms"] <= slo_ms)]
     if not ok:
         return None
-    best = max(ok, key=lambda r: goodput_at(r, slo_ms))
-    return {"goodput": goodput_at(best, slo_ms), "p99_ms": best["p99_ms"], "concurrency": best["concurrency"]}
+    if slo_ms is None:
+        best = max(ok, key=lambda p: p["inputs_per_s"])
+        value, spread = best["inputs_per_s"], [best["inputs_per_s_min"], best["inputs_per_s_max"]]
+    else:
+        key = _slo_key(slo_ms)
+        best = max(ok, key=lambda p: p["goodput"][key])
+        value, spread = best["goodput"][key], best["goodput_spread"][key]
+    return {"goodput": value, "goodput_min": spread[0], "goodput_max": spread[1], "p99_ms": best["p99_ms"],
+            "p99_ms_min": best["p99_ms_min"], "p99_ms_max": best["p99_ms_max"], "concurrency": best["concurrency"],
+            "reps": best["reps"], "window_s": best["window_s"]}
 
 
 # -- open loop -------------------------------------------------------------------------------------------------------
