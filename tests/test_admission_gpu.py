@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from e3.benchmarks.admission_gpu import Ebird, GpuAdmissionSettings, TritonBatcher, poisson, serve
-from e3.export.cuda_profile import CudaSettings, cuda_available, device_label, profile_model_cuda
+from e3.cli.models import profile_cuda
+from e3.export.cuda_profile import CudaSettings, cuda_available, device_label
 from e3.serving.admission import dynamic_batch, make_policy
 
 NO_GPU = "needs an NVIDIA GPU that PyTorch can use (torch.cuda.is_available() is False here)"
@@ -107,7 +108,7 @@ def test_device_labels_name_the_gpu_and_the_way_it_was_run():
 def test_the_cuda_profiler_assembles_a_valid_profile_when_run_on_the_cpu():
     """The same code path eagerly on the CPU (torch_device='cpu'): curves for every block, the stock graph,
     hops with their fixed part, the check and the router."""
-    p = profile_model_cuda("tiny-ee", CudaSettings(torch_device="cpu", graphs=False, precision="fp32", repeats=3,
+    p = profile_cuda("tiny-ee", CudaSettings(torch_device="cpu", graphs=False, precision="fp32", repeats=3,
                                                    warmup=1, batch_sizes=(1, 4)), progress=False)
     d = "cpu-eager-fp32"
     assert list(p.devices) == [d] and not p.devices[d].modelled
@@ -121,7 +122,7 @@ def test_the_cuda_profiler_assembles_a_valid_profile_when_run_on_the_cpu():
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda_available(), reason=NO_GPU)
 def test_cuda_profile_on_the_gpu_is_measured_and_named_after_it():   # pragma: no cover - GPU hosts only
-    p = profile_model_cuda("tiny-ee", CudaSettings(batch_sizes=(1, 8), repeats=5, warmup=2), progress=False)
+    p = profile_cuda("tiny-ee", CudaSettings(batch_sizes=(1, 8), repeats=5, warmup=2), progress=False)
     (d,) = p.devices
     assert not p.devices[d].modelled and "measured on" in p.source
     assert all(v > 0 for row in p.block_ms[d] for v in row)

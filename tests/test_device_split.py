@@ -269,7 +269,8 @@ def test_measured_hops_replace_the_assumed_exchange_in_a_cuda_profile(tmp_path):
     import json
 
     from e3.core.profile import ProfileError
-    from e3.export.cuda_profile import CudaSettings, bls_from_run, measured_hop_ms, profile_model_cuda
+    from e3.cli.models import profile_cuda
+    from e3.export.cuda_profile import CudaSettings, bls_from_run, measured_hop_ms
     run = tmp_path / "run"
     run.mkdir()
     (run / "side_by_side.json").write_text(json.dumps({"hops": [
@@ -280,7 +281,7 @@ def test_measured_hops_replace_the_assumed_exchange_in_a_cuda_profile(tmp_path):
     assert measured_hop_ms(hops, [1, 2, 4, 8, 16]) == pytest.approx([1.0, 1.0, 1.5, 2.0, 2.0])
     with pytest.raises(ProfileError, match="no measured hop"):
         bls_from_run(run, "bert-ee")
-    p = profile_model_cuda("tiny-ee", CudaSettings(torch_device="cpu", graphs=False, precision="fp32", repeats=2,
+    p = profile_cuda("tiny-ee", CudaSettings(torch_device="cpu", graphs=False, precision="fp32", repeats=2,
                                                    warmup=1, batch_sizes=(1, 4), bls_ms=hops), progress=False)
     (device,) = p.devices
     assert p.tx_ms[device] == pytest.approx([1.0, 1.5], abs=1e-9)

@@ -20,7 +20,7 @@ from e3.core.exits import BUILTIN_RULES, check_rule_config, make_exit_rule
 from e3.core.names import ramps_in_range, split_name
 
 __all__ = ["PLAN_VERSION", "PlanError", "SplitPlan", "Plan", "default_plan", "entry_queue_delay_us", "FORMS",
-           "CONSTANT", "COMPACT"]
+           "CONSTANT", "COMPACT", "DEVICE"]
 
 PLAN_VERSION = 1
 
@@ -31,8 +31,15 @@ PLAN_VERSION = 1
 #   COMPACT  -- the router runs the split's blocks itself, one ONNX Runtime call per block, and rows that
 #               exit leave the batch between blocks (as ``<m>_ee`` does): no hop, no wasted rows. What a
 #               CPU wants: its latency grows linearly with the batch, so every exited row is time saved.
-CONSTANT, COMPACT = "constant", "compact"
-FORMS = (CONSTANT, COMPACT)
+#   DEVICE   -- E3's form on an accelerator (DESIGN §2b): the split runs inside the router's process on the
+#               router instance's execution device (a GPU; the CPU eagerly in tests), at a constant batch;
+#               its cut state stays on the device and survivors of any requests are gathered there into the
+#               next split's queue (one small host copy per run: the exit decisions). No Triton hop.
+#               Decision: a plan is all-device or has no device split (the device router runs the whole
+#               model; a device split beside BLS-reached ones is not built), every device split has one
+#               instance (the router's one instance per device: the splits share that device, one at a time).
+CONSTANT, COMPACT, DEVICE = "constant", "compact", "device"
+FORMS = (CONSTANT, COMPACT, DEVICE)
 
 
 class PlanError(ValueError):
@@ -83,7 +90,7 @@ class Plan:
         processes at once, as the in-process baseline's instances do (measured: with one instance, its
         per-request work, 1 input per request, left bert-ee's compact plan at 0.84x ``<m>_ee``).
         """
-        if any(s.form == CONSTANT for s in self.splits):
+        if any(s.form in (CONSTANT, DEVICE) for s in self.splits):   # device: one instance holds every split
             return 1
         return math.gcd(*(s.instances for s in self.splits))
 
@@ -94,6 +101,11 @@ class Plan:
         answering inline) requests can gather only in Triton's queue, so it waits split 1's delay there
         (measured on ``<m>_ee``, which runs the same way: 2 ms beat 0 by 20% with single-input requests)."""
         return 0 if self.router_instances == 1 else self.splits[0].queue_delay_us
+
+    @property
+    def on_device(self) -> bool:
+        """Every split is of the device form: the router runs the whole model on its device (DESIGN §2b)."""
+        return self.splits[0].form == DEVICE
 
     @property
     def triton_splits(self) -> tuple[SplitPlan, ...]:
@@ -193,6 +205,12 @@ class Plan:
                                 f"{split_name(self.model, s.first_block, s.last_block)!r}")
             if s.form not in FORMS:
                 raise PlanError(f"{where}: form {s.form!r} is not one of {', '.join(FORMS)}")
+            if (s.form == DEVICE) != (self.splits[0].form == DEVICE):
+                raise PlanError(f"{where}: form {s.form!r} beside a {self.splits[0].form!r} split; a plan's splits are "
+                                f"either all of the device form (the router runs the model on its device) or none")
+            if s.form == DEVICE and s.instances != 1:
+                raise PlanError(f"{where}: a device split has one instance (the router's, on its device), "
+                                f"got {s.instances}")
             if s.server:
                 if s.form != CONSTANT:
                     raise PlanError(f"{where}: a {s.form} split runs inside the router; only a constant split "
