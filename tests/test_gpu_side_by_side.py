@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,43 @@ def test_e3_bench_gpu_measured_renders_a_run_folder_into_its_section(tmp_path):
     assert written.startswith("# Results\n\nkept\n") and text.strip() in written
     report.write_side_by_side_section(ROOT / "docs" / "data" / "h200", results)   # again: replaced, not appended
     assert results.read_text() == written
+
+
+def test_the_standing_gpu_run_times_out_a_hung_step_keeps_what_it_wrote_and_brings_back_at_most_8_files(tmp_path):
+    """benchmarks/gpu_host.py's steps are children with their own timeouts: a hung one is killed after writing
+    a file, which still comes back; the next step runs; past 8 files the rest stay in the work folder."""
+    from e3.benchmarks import gpu_host
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    out.mkdir()
+    log = gpu_host._Log(work / "gpu_host.log")
+    py = sys.executable
+    hung = gpu_host.Step("hung", [py, "-c", "import pathlib, time; pathlib.Path('a.json').write_text('{}'); "
+                                          "print('wrote', flush=True); time.sleep(60)"], 3.0,
+                         [("a.json", "a.json", False)])
+    many = gpu_host.Step("many", [py, "-c", "import pathlib\nfor i in range(9): pathlib.Path(f'f{i}.log')"
+                                            ".write_text('\\n'.join(map(str, range(5000))))"], 30.0,
+                         [(f"f{i}.log", f"f{i}.log", True) for i in range(9)])
+    t = time.monotonic()
+    assert gpu_host.run_step(hung, work, log) == "timed out"
+    assert time.monotonic() - t < 20
+    assert gpu_host.run_step(many, work, log) == "ok"
+    copied = gpu_host.collect([hung, many], work, out, log, first=["gpu.txt", "gpu_host.log"])
+    assert len(copied) == gpu_host.MAX_FILES and copied[2] == "a.json" and (out / "a.json").read_text() == "{}"
+    assert len(list(out.iterdir())) == gpu_host.MAX_FILES - 2          # the two written there first are not here
+    assert len((out / "f0.log").read_text().splitlines()) == gpu_host.LOG_TAIL_LINES   # logs come back as tails
+    text = (work / "gpu_host.log").read_text()
+    assert "wrote" in text and "hung: timed out" in text and "not copied" in text and "f8.log" in text
+
+
+def test_the_standing_gpu_run_plans_the_probe_first_and_the_headline_side_by_side():
+    from e3.benchmarks import gpu_host
+    steps = gpu_host.plan_steps(list(gpu_host.DEFAULT_STEPS), Path("/tmp/w"), {"reported": "bert-base"})
+    assert [s.name for s in steps] == ["probe", "side-by-side"]
+    assert {name for s in steps for _, name, _ in s.files} == {
+        "threaded_answer_probe.json", "threaded_answer_probe.log", "side_by_side.json", "side_by_side.server.log"}
+    assert gpu_host.DEFAULT_BUDGET_S <= 420 and gpu_host.STEP_TIMEOUT_S["probe"] <= 120
+    from e3.benchmarks.gpu_side_by_side import Settings
+    s = Settings(Path("."))
+    assert (s.models, s.batches, s.mixes, s.slos_ms) == (("bert-base-ee",), (32,), ("80-20",), (20, 10))
+    assert s.instances == (1, 2, 4) and s.delays_us == (0, 500, 2000) and s.processes == 12 and s.reps >= 3
