@@ -209,13 +209,17 @@ def measure_point(load: LoadPool, model: str, concurrency: int, pool: dict, *, w
     window ``WINDOW_LATENCIES`` times the point's p50 or longer (:func:`window_for` of ``p50_hint_ms``, e.g. the
     previous point's p50 scaled to this concurrency). A run whose window proves shorter than that (its own p50
     was longer than the hint) is a probe: it is set aside once, and the runs that count use the lengthened
-    window. Returns :func:`aggregate` of the runs that count, with ``window_over_p50`` (the shortest window of
+    window. A run that answered nothing and failed ends the point at once (each of its requests waited for its
+    timeout; the point is no figure). Returns :func:`aggregate` of the runs that count, with ``window_over_p50`` (the shortest window of
     them over its run's p50: 10 or more unless ``max_window_s`` capped it) and ``probe_discarded``."""
     reps = max(MIN_REPS, reps)
     window = window_for(p50_hint_ms, min_s=min_window_s, max_s=max_window_s)
     runs, discarded = [], False
     while len(runs) < reps:
         r = load.run(model, concurrency, pool, warmup_s=warmup_s, duration_s=window)
+        if r["errors"] and not r["requests"]:   # nothing answered: a stuck or failing model, not a figure to repeat
+            runs.append(r)
+            break
         need = window_for(r["p50_ms"], min_s=min_window_s, max_s=max_window_s)
         if not discarded and need > window * 1.05:
             window, discarded = need, True

@@ -1,7 +1,7 @@
 """E3 against the stock model and the naive early-exit model on one GPU, through Triton's gRPC front door.
 
 ``python3 benchmarks/gpu_side_by_side.py OUT_DIR [--cpu] [--quick] [--budget-s S] [--models a,b] [--batches 32]
-[--mixes 80-20] [--instances 1,2,4] [--delays 0,500,2000] [--concurrency 4,12,24,48] [--processes 12] [--reps 3]``
+[--mixes 80-20] [--instances 1,2,4] [--delays 0,500,2000] [--concurrency 4,8,16,32,96] [--processes 12] [--reps 3]``
 
 On a bare GPU host (PyTorch with CUDA, no package registry, nothing of the project installed) it unpacks the
 server and client it is given (``--wheels``, default ``.gpu_wheels/`` of the checkout, filled by ``make
@@ -82,14 +82,14 @@ class Settings:
     models: tuple[str, ...] = ("bert-base-ee",)
     batches: tuple[int, ...] = (32,)                 # B: every system's max batch
     mixes: tuple[str, ...] = ("80-20",)
-    concurrency: tuple[int, ...] = (4, 12, 24, 48)   # requests in flight (of 8 inputs); the last saturates
+    concurrency: tuple[int, ...] = (4, 8, 16, 32, 96)   # requests in flight (of 8 inputs); the last saturates
     instances: tuple[int, ...] = (1, 2, 4)           # every system's instance counts tried (E3's router too)
     delays_us: tuple[int, ...] = (0, 500, 2000)      # the baselines' batcher delays tried (beyond 0: budget allowing)
     slos_ms: tuple[float, ...] = (20, 10)            # p99 SLOs of the goodput rows
     inline_extra: bool = True                        # E3 answering inline as a labelled extra row (budget allowing)
     reps: int = 3                                    # runs per point (at least 3)
-    warmup_s: float = 0.2
-    min_window_s: float = 0.6                        # a run's window: 10 x the point's p50, within these
+    warmup_s: float = 0.15
+    min_window_s: float = 0.5                        # a run's window: 10 x the point's p50, within these
     max_window_s: float = 4.0
     processes: int = 12                              # client processes (threads share the concurrency)
     wheels: Path | None = None
@@ -133,6 +133,8 @@ def _rule_and_ramps(name: str):
 
 
 def measure_model(name: str, settings: Settings, results: Results, *, binary: Path | None, echo) -> None:
+    import dataclasses
+
     import torch
 
     from e3.deploy.server import TritonServer
@@ -183,7 +185,6 @@ def measure_model(name: str, settings: Settings, results: Results, *, binary: Pa
     # E3 once more at full precision (FP32, no reduced-precision kernels): its answers are checked exactly
     check_mix, B0 = settings.mixes[0], min(settings.batches)
     check = device_model(Config("e3", 1, 0, e3_form), B=B0, mix=check_mix, base=base, cuts=plans[(check_mix, B0)])
-    import dataclasses
     check = write_device_model(repo, dataclasses.replace(check, variant="fp32", precision="fp32"), card)
     hops = write_hop_models(repo, card, gpu=not settings.cpu, precision=dev_settings.precision)
     null = write_null_model(repo, card, instances=1 if settings.cpu else 2)
@@ -340,13 +341,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path)
     p.add_argument("--cpu", action="store_true", help="tiny-ee on this CPU, short runs (what make test runs)")
-    p.add_argument("--quick", action="store_true", help="instances 1,2, concurrency 8,48, no delay sweep, no inline row")
+    p.add_argument("--quick", action="store_true", help="instances 1,2, concurrency 8,96, no delay sweep, no inline row")
     p.add_argument("--models", default=None, help="zoo models (default bert-base-ee)")
     p.add_argument("--batches", default=None, help="max batches B (default 32)")
     p.add_argument("--mixes", default=None, help="workload mixes (default 80-20; also 50-50)")
     p.add_argument("--instances", default=None, help="instance counts every system tries (default 1,2,4)")
     p.add_argument("--delays", default=None, help="the baselines' batcher delays in us (default 0,500,2000)")
-    p.add_argument("--concurrency", default=None, help="requests in flight per point (default 4,12,24,48)")
+    p.add_argument("--concurrency", default=None, help="requests in flight per point (default 4,8,16,32,96)")
     p.add_argument("--processes", type=int, default=None, help="client processes (default 12; --cpu 2)")
     p.add_argument("--reps", type=int, default=None, help="runs per point (default and least 3)")
     p.add_argument("--no-inline", action="store_true", help="skip E3's inline fallback row")
@@ -358,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cpu:
         s.for_cpu()
     if a.quick:
-        s.instances, s.concurrency, s.delays_us, s.inline_extra = (1, 2), (8, 48), (0,), False
+        s.instances, s.concurrency, s.delays_us, s.inline_extra = (1, 2), (8, 96), (0,), False
     for flag, attr, parse in (("models", "models", lambda t: tuple(t.split(","))), ("batches", "batches", _ints),
                               ("mixes", "mixes", lambda t: tuple(t.split(","))), ("instances", "instances", _ints),
                               ("delays", "delays_us", _ints), ("concurrency", "concurrency", _ints)):

@@ -134,3 +134,15 @@ def test_slo_rows_pick_the_best_goodput_among_points_whose_median_p99_meets_the_
     sat = slo_rows(points, None)
     assert sat["goodput"] == 2480 and sat["concurrency"] == 48
     assert slo_rows([high], 10) is None
+
+
+def test_a_point_that_answered_nothing_is_not_repeated():
+    class Dead(FakeLoad):
+        def run(self, model, concurrency, pool, *, warmup_s, duration_s):
+            self.windows.append(duration_s)
+            return {"concurrency": concurrency, "requests": 0, "inputs_per_s": 0.0, "duration_s": duration_s,
+                    "p50_ms": None, "p99_ms": None, "latencies_ms": np.array([]), "answer_latencies_ms": np.array([]),
+                    "errors": 4, "error_sample": ["Deadline Exceeded"], "exits": {}}
+    dead = Dead({})
+    p = measure_point(dead, "m", 4, {}, warmup_s=0.1, min_window_s=0.5, max_window_s=4.0, slos_ms=(10,))
+    assert len(dead.windows) == 1 and p["errors"] == 4 and p["p99_ms"] is None and slo_rows([p], None) is None
