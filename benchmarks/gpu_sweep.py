@@ -262,7 +262,7 @@ class Sweep:
             for mix in mixes:
                 best = self._best("e3", mix, B)
                 later.append((Config("e3", best.instances if best else 1, 0, "inline"), mix, B))
-        self.rows(B)   # the rows of what is measured so far: a run cut short past here keeps them
+        self.rows(B, say=False)   # the rows of what is measured so far: a run cut short past here keeps them
         extra_s = 20.0 * (1 if later else 0)   # loading them
         while later and self.s.left_s() < len(later) * len(self.s.concurrency) * self._point_s() + extra_s + 5.0:
             dropped = later.pop()   # the budget decides: the inline row goes first, then the longest delays
@@ -282,10 +282,11 @@ class Sweep:
         self.rows(B)
 
     # -- rows ------------------------------------------------------------------------------------------------
-    def rows(self, B: int) -> None:
+    def rows(self, B: int, *, say: bool = True) -> None:
         """Per system, mix and SLO the best configuration's figure (module docstring); the client bound's
-        verdict and E3's through-Triton share of its in-process figure."""
+        verdict and E3's through-Triton share of its in-process figure (``say``: printed)."""
         doc = self.results.doc
+        echo = self.echo if say else (lambda _: None)
         mine = lambda r: r["model"] == self.reported and r["max_batch"] == B   # noqa: E731
         doc["rows"] = [r for r in doc["rows"] if not mine(r)]   # written again as the sweep goes on
         doc["e3_triton_over_in_process"] = [r for r in doc.get("e3_triton_over_in_process", []) if not mine(r)]
@@ -293,15 +294,15 @@ class Sweep:
         for mix in self.s.mixes:
             for system in ("e3", "stock", "ee"):
                 curve_mix = None if system == "stock" else mix
-                mine = {cfg: pts for (s, m, b, cfg), pts in self.curves.items()
-                        if s == system and m == curve_mix and b == B}
-                main = {cfg: pts for cfg, pts in mine.items() if cfg.answering != "inline"}
-                extra = {cfg: pts for cfg, pts in mine.items() if cfg.answering == "inline"}
+                curves = {cfg: pts for (s, m, b, cfg), pts in self.curves.items()
+                          if s == system and m == curve_mix and b == B}
+                main = {cfg: pts for cfg, pts in curves.items() if cfg.answering != "inline"}
+                extra = {cfg: pts for cfg, pts in curves.items() if cfg.answering == "inline"}
                 for group, label in ((main, None), (extra, "labelled fallback: E3's router answering inline")):
                     if not group:
                         continue
                     for slo in (None, *self.s.slos_ms):
-                        row = self._row(system, mix, B, slo, group, label)
+                        row = self._row(system, mix, B, slo, group, label, echo)
                         doc["rows"].append(row)
                         if slo is None and label is None:
                             best_rate = max(best_rate, row["goodput"])
@@ -311,11 +312,11 @@ class Sweep:
             self.bound.update(best_system_ips=best_rate, ratio=ratio, ok=ok)
             doc["client_bound_ok"] = all(b.get("ok", True) for b in doc.get("client_bound", [self.bound]))
             if not ok:
-                self.echo("!" * 100 + f"\n!!! THE CLIENT MAY BE THE LIMIT: its bound ({self.bound['inputs_per_s']:,.0f} "
+                echo("!" * 100 + f"\n!!! THE CLIENT MAY BE THE LIMIT: its bound ({self.bound['inputs_per_s']:,.0f} "
                           f"inputs/s) is {ratio or 0:.1f}x the best system's rate ({best_rate:,.0f}), below "
                           f"{BOUND_FACTOR:.0f}x: use more client processes (--processes)\n" + "!" * 100)
             else:
-                self.echo(f"    the client's bound is {ratio:.1f}x the best system's rate: the client is not the limit")
+                echo(f"    the client's bound is {ratio:.1f}x the best system's rate: the client is not the limit")
         for mix in self.s.mixes:
             limit = next((r for r in doc["limit"] if r["model"] == self.reported and r["mix"] == mix
                           and r["max_batch"] == B), None)
@@ -326,11 +327,11 @@ class Sweep:
                 doc.setdefault("e3_triton_over_in_process", []).append(
                     {"model": self.reported, "mix": mix, "max_batch": B, "through_triton": sat["goodput"],
                      "in_process": limit["e3"], "ratio": ratio})
-                self.echo(f"    E3 through Triton / in process ({mix}, B={B}): {sat['goodput']:,.0f} / "
+                echo(f"    E3 through Triton / in process ({mix}, B={B}): {sat['goodput']:,.0f} / "
                           f"{limit['e3']:,.0f} = {ratio or 0:.2f}")
         self.results.save()
 
-    def _row(self, system: str, mix: str, B: int, slo, group: dict, extra: str | None) -> dict:
+    def _row(self, system: str, mix: str, B: int, slo, group: dict, extra: str | None, echo) -> dict:
         found = {cfg: slo_rows(pts, slo) for cfg, pts in group.items()}
         won = [cfg for cfg, r in found.items() if r]
         cfg = max(won, key=lambda c: found[c]["goodput"]) if won else next(iter(group))
@@ -351,7 +352,7 @@ class Sweep:
         row = {"model": self.reported, "mix": mix, "max_batch": B, "slo_ms": slo, "system": system,
                "goodput": r.get("goodput", 0.0), "p99_ms": r.get("p99_ms"), "config": config}
         spread = f"[{r['goodput_min']:,.0f}-{r['goodput_max']:,.0f}]" if r else ""
-        self.echo(f"  {'saturating' if slo is None else f'p99 <= {slo} ms':>14s} {system:5s} {mix} B={B}"
+        echo(f"  {'saturating' if slo is None else f'p99 <= {slo} ms':>14s} {system:5s} {mix} B={B}"
                   f"{' (' + extra + ')' if extra else ''}: {row['goodput']:,.0f} inputs/s {spread} "
                   f"with {cfg.label}; {self._bound_text()}")
         return row
