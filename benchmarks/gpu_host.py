@@ -311,14 +311,15 @@ def child(name: str, out: Path, options: dict) -> int:
     _ensure_e3()
     if name == "profiles":
         from e3.core.profile import ProfileError
-        from e3.export.cuda_profile import CudaSettings, bls_from_run, profile_model_cuda
+        from e3.cli.models import profile_cuda   # the blocks timed by the serving executor (docs/profiling.md)
+        from e3.export.cuda_profile import CudaSettings, bls_from_run
         from e3.export.profiler import format_table
         for model, kw in (("bert-ee", {}), ("resnet-ee", {}), ("bert-ee", {"precision": "fp32", "graphs": False})):
             try:   # the BLS hops the side-by-side measured in Triton on this GPU, where it ran
                 kw.setdefault("bls_ms", bls_from_run(out.parent / "side-by-side", model))
             except (OSError, ValueError, ProfileError) as err:
                 echo(f"   (no measured hop for {model}: {err}; Tx adds the assumed exchange)")
-            prof = profile_model_cuda(model, CudaSettings(**kw), progress=False, untrained=True)
+            prof = profile_cuda(model, CudaSettings(**kw), progress=False, untrained=True)
             (dev,) = prof.devices
             prof.save(out / f"{model.replace('-', '_')}.{dev}.json")
             echo(format_table(prof))
