@@ -116,8 +116,13 @@ def _plan(args) -> int:
             batch = data_batch_profile(args.model, args.data, limit=args.limit)
         elif args.batch_profile:
             batch = BatchProfile.load(args.batch_profile)
+        elif args.reach:
+            batch = BatchProfile(model=latency.model, batch_size=latency.batch_sizes[-1],
+                                 reach=[float(r) for r in args.reach.split(",") if r.strip()], source="--reach")
+            batch.validate()
         else:
-            raise ValueError("give --batch-profile B.json (e3 workload writes them) or --model M --data FILE")
+            raise ValueError("give --batch-profile B.json (e3 workload writes them), --reach 1,0.35,... or "
+                             "--model M --data FILE")
         devices = parse_devices(args.devices)
         from e3.controller.model_facts import planning_facts
         card = None
@@ -145,6 +150,10 @@ def _plan(args) -> int:
               f"{len(batch.reach_by_ramps)} sets of ramps)")
     for line in planner_result_lines(result, plan, latency, devices=devices, slo_ms=args.slo_ms, slack=args.slack):
         print(line)
+    if result.compared:   # both kinds of plan were weighed: say which won and by how much
+        rps = dict(result.compared)
+        print(f"  chosen: {'the device form (every split inside the router, on one ' + result.splits[0].device + ')' if result.on_device else 'constant/compact splits'}; "
+              + ", ".join(f"best {kind} plan {v:.1f} inputs/s" for kind, v in rps.items()))
     if args.out:
         write_atomic(args.out, plan.to_json())
         print(f"wrote {args.out}")
@@ -335,9 +344,14 @@ def add_plan(sub, repo_help: str) -> None:
     pl.add_argument("--min-goodput", type=float, default=None,
                     help="instead: the cheapest plan whose throughput reaches this many inputs/s (E3 §5.3)")
     pl.add_argument("--no-pipelining", action="store_true", help="splits run one after another (E3 §3.2.1)")
-    pl.add_argument("--forms", default="constant,compact",
-                    help="split forms to choose from: constant (own Triton model, constant batch), compact (run "
-                         "in the router, rows leave between blocks); default both, per split the faster")
+    pl.add_argument("--reach", default=None, metavar="R1,R2,...",
+                    help="instead of --batch-profile: the share of inputs reaching every block, e.g. "
+                         "1,0.35,0.25,0.22,0.21,0.21 (bert-ee's 80:20 mix)")
+    pl.add_argument("--forms", default="constant,compact,device",
+                    help="forms to choose from: constant (own Triton model, constant batch), compact (run in the "
+                         "router, rows leave between blocks), per split the faster; device (every split inside the "
+                         "router on one accelerator, DESIGN §2b: weighed as a whole plan against the others on every "
+                         "configuration that is not a CPU and whose profile has check_ms); default all three")
     pl.add_argument("--no-exit-wrapper", action="store_true",
                     help="keep every ramp (default: disable ramps that cost more than their exits save, E3 §3.4; "
                          "a dependent rule's ramps are re-priced from measured exits, or kept where another ramp "

@@ -65,6 +65,19 @@ goodput under an SLO, drops) plus the batch each split ran.
   exchange's handshake, host threads) being latency. A compact split runs
   its blocks from the router's own thread, so its router work stays inside
   its time on every device.
+* **The device form** (a plan of device splits, :attr:`Plan.on_device`, DESIGN §2b): one device runs the
+  plan's splits one at a time inside the router. Every split has a queue of rows (survivors of any
+  requests); each time the device is free the device router's own dispatch rule
+  (``e3.serving.device.dispatch.choose``, passed in as ``dispatch``: the layering table lets the simulator
+  import ``e3.serving``, not ``e3.serving.device``; the rule reads only the four fields of its
+  ``QueueView``, which :class:`DeviceQueueView` repeats) names the split and its rows; a run of n rows holds
+  the device for the cost model's stage time of the device form at the executor's bucket for n (the smallest
+  profiled batch >= n): its blocks, one exit check and the router's work
+  (:func:`e3.core.cost.batch_ms` + ``router``); rows whose exit block lies in the split are answered, the
+  rest join the next split's queue. A request whose rows can no longer finish by its SLO (now plus the
+  expected run of its split and of every later one, the cost model's at the plan's batch) is dropped, as
+  ``DevicePipeline`` does. Not modelled: the pipeline's second run in flight while the host decides the
+  first (``DEPTH``), which the cost model does not count either.
 * **Not modelled**: OS scheduling noise (time slices of a few ms between the
   instances and the front door's threads, which widen the real tails), the
   Python GIL inside the router. The validation table (``e3 bench``) says how
@@ -73,20 +86,22 @@ goodput under an SLO, drops) plus the batch each split ran.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import simpy
 
-from e3.core.plan import COMPACT, CONSTANT, Plan
+from e3.core.plan import COMPACT, CONSTANT, DEVICE, Plan
 from e3.core.profile import LatencyProfile
-from e3.core.cost import batch_ms
+from e3.core.cost import batch_ms, device_table
 from e3.serving.admission import batch_cut
 from e3.serving.scheduler import Scheduler
 from e3.simulator.load import Arrivals, Clock, SimResult
 
-__all__ = ["Arrivals", "Baseline", "CallCosts", "SimResult", "simulate_plan", "simulate_baseline", "next_enabled_exit"]
+__all__ = ["Arrivals", "Baseline", "CallCosts", "SimResult", "simulate_plan", "simulate_baseline", "next_enabled_exit",
+           "DeviceQueueView", "Dispatch"]
 
 
 @dataclass(frozen=True)
@@ -375,9 +390,134 @@ class _Router:
         self.pump()
 
 
+@dataclass(frozen=True)
+class DeviceQueueView:
+    """What the device dispatch rule reads of one split's queue: the fields of
+    ``e3.serving.device.dispatch.QueueView``, repeated here (see the module docstring)."""
+    rows: int                        # rows waiting
+    batch: int                       # the plan's batch for this split (rows per run)
+    oldest_target_s: float | None    # earliest target (arrival + SLO x (1 - slack)) among the waiting rows (s)
+    expected_s: float                # expected time of one run of this split (s)
+
+
+Dispatch = Callable[[list, float], Any]   # (queue views, now in s) -> a choice with .split (None: nothing), .rows
+
+
+@dataclass(eq=False)
+class _DeviceJob:
+    pending: int                     # rows not yet decided
+    deadline: float                  # arrival + SLO (s): past it, the request is dropped
+    done: simpy.Event
+    live: bool = True
+
+
+class _DeviceRouter:
+    """The device router in simulated time (module docstring, the device form): one device, the plan's device
+    splits, a queue each, the device dispatch rule."""
+
+    def __init__(self, env: simpy.Environment, latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray,
+                 device: str, batches: dict[int, list[int]], costs: CallCosts, dispatch: Dispatch):
+        self.env, self.latency, self.plan, self.costs, self.dispatch = env, latency, plan, costs, dispatch
+        self.splits = plan.splits
+        self.device = [s.device if s.device in latency.devices else device for s in self.splits]
+        self.ramps = plan.enabled_ramps
+        self.exits = next_enabled_exit(exit_ramp, self.ramps, plan.num_blocks)
+        self.queues: list[deque] = [deque() for _ in self.splits]   # chunks: (job, pool rows, target s)
+        self.rows = [0] * len(self.splits)
+        self.expected_s = []
+        for s, dev in zip(self.splits, self.device):   # the cost model's run at the plan's batch
+            T, _ = device_table(latency, dev, np.zeros(plan.num_blocks), batch=float(s.batch_size), ramps=self.ramps)
+            self.expected_s.append(float(T[s.first_block - 1, s.last_block - 1]) / 1e3)
+        self.target_s = plan.slo_ms * (1 - plan.slack) / 1e3
+        self.slo_s = plan.slo_ms / 1e3
+        self.batches = batches
+        self.rng = np.random.default_rng(costs.service_seed)
+        self.wake: simpy.Event | None = None
+        env.process(self._engine())
+
+    def admit(self, pool_rows: np.ndarray) -> simpy.Event:
+        """A request of these inputs joins split 1's queue; the event fires with True (answered) or False
+        (dropped)."""
+        now = self.env.now
+        job = _DeviceJob(len(pool_rows), now + self.slo_s, self.env.event())
+        self._push(0, job, np.asarray(pool_rows), now + self.target_s)
+        if self.wake is not None and not self.wake.triggered:
+            self.wake.succeed()
+        return job.done
+
+    def _push(self, i: int, job: _DeviceJob, rows: np.ndarray, target: float) -> None:
+        if len(rows):
+            self.queues[i].append((job, rows, target))
+            self.rows[i] += len(rows)
+
+    def _take(self, i: int, n: int) -> list[tuple[_DeviceJob, np.ndarray, float]]:
+        out, want, q = [], n, self.queues[i]
+        while want and q:
+            job, rows, target = q.popleft()
+            if len(rows) > want:
+                q.appendleft((job, rows[want:], target))
+                rows = rows[:want]
+            out.append((job, rows, target))
+            want -= len(rows)
+        self.rows[i] -= n - want
+        return out
+
+    def run_ms(self, i: int, rows: np.ndarray) -> float:
+        """One run of split i on these rows: the device form's stage at the executor's bucket for them."""
+        s, dev = self.splits[i], self.device[i]
+        n = len(rows)
+        bucket = next((b for b in self.latency.batch_sizes if b >= n), n)
+        return (float(self.latency.router(dev, bucket))
+                + batch_ms(self.latency, dev, s.first_block, last=s.last_block, exit_block=np.zeros(bucket, int),
+                           ramps=self.ramps, form=DEVICE))
+
+    def _drop_late(self) -> None:
+        now, dead = self.env.now, False
+        for i, q in enumerate(self.queues):
+            left = sum(self.expected_s[i:])
+            for job, _, _ in q:
+                if job.live and now + left > job.deadline:
+                    job.live, dead = False, True
+                    job.done.succeed(False)
+        if dead:
+            for i, q in enumerate(self.queues):
+                self.queues[i] = deque(c for c in q if c[0].live)
+                self.rows[i] = sum(len(c[1]) for c in self.queues[i])
+
+    def _engine(self) -> Iterator:
+        while True:
+            self._drop_late()
+            views = [DeviceQueueView(self.rows[i], s.batch_size,
+                                     min((c[2] for c in self.queues[i]), default=None), self.expected_s[i])
+                     for i, s in enumerate(self.splits)]
+            choice = self.dispatch(views, self.env.now)
+            if choice.split is None:
+                self.wake = self.env.event()
+                yield self.wake
+                continue
+            i = choice.split
+            chunks = self._take(i, choice.rows)
+            rows = np.concatenate([c[1] for c in chunks])
+            self.batches[i].append(len(rows))
+            ms = self.run_ms(i, rows) * self.costs.jitter(self.rng, self.latency, self.device[i], len(rows))
+            yield self.env.timeout(ms / 1e3)
+            last = self.splits[i].last_block
+            for job, r, target in chunks:
+                if not job.live:
+                    continue
+                leaves = self.exits[r] <= last
+                job.pending -= int(leaves.sum())
+                if job.pending == 0:
+                    job.live = False
+                    job.done.succeed(True)
+                elif i + 1 < len(self.splits):
+                    self._push(i + 1, job, r[~leaves], target)
+
+
 def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, *, arrivals: Arrivals,
                   device: str = "cpu", num_classes: int = 2, slo_ms: float | None = None,
-                  max_batch: int = 64, costs: CallCosts = CallCosts()) -> SimResult:
+                  max_batch: int = 64, costs: CallCosts = CallCosts(),
+                  dispatch: Dispatch | None = None) -> SimResult:
     """E3 serving ``plan`` (the router's scheduler, its splits and instances); ``exit_ramp``: [pool] the
     reference exit block of every input the load cycles through. ``slo_ms``: goodput's objective
     (default: the plan's SLO decides drops, goodput counts every answer).
@@ -387,9 +527,22 @@ def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, *,
     instance answers inline: Triton's batcher (delay :attr:`Plan.router_queue_delay_us`, at most
     ``max_batch`` rows) hands a free instance the queued requests, and the instance takes no more until
     all of them are answered, together, when the last is (its ``execute`` returns their responses). ``costs``: what calls cost beside the blocks (:class:`CallCosts`); a split
-    runs on its plan's device where the profile has that device, else on ``device``."""
+    runs on its plan's device where the profile has that device, else on ``device``.
+
+    A plan of the device form (:attr:`Plan.on_device`) runs on one device under ``dispatch``, the device
+    router's rule: pass ``e3.serving.device.dispatch.choose`` (see the module docstring); it reads
+    :class:`DeviceQueueView` s. ``max_batch`` and the call costs other than the jitter do not apply to it."""
     env = simpy.Environment()
     batches: dict[int, list[int]] = {i: [] for i in range(len(plan.splits))}
+    if plan.on_device:
+        if dispatch is None:
+            raise ValueError("a plan of the device form runs under the device router's dispatch rule: pass "
+                             "dispatch=e3.serving.device.dispatch.choose")
+        engine = _DeviceRouter(env, latency, plan, exit_ramp, device, batches, costs, dispatch)
+        clock = Clock(env, arrivals, len(exit_ramp), engine.admit)
+        clock.start()
+        env.run(until=clock.all_done)
+        return clock.result(slo_ms, batches)
     routers = [_Router(env, latency, plan, exit_ramp, device, num_classes, batches, costs)
                for _ in range(plan.router_instances)]
     if len(routers) == 1:

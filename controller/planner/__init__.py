@@ -7,9 +7,13 @@ One job per module:
 result.py   what a search returns (PlannerResult, its plan document) and the search's context
 ramps.py    the exit-wrapper (E3 §3.4): which ramps are worth keeping at a B0
 tables.py   the inputs checked, the B0 candidates, and one B0's table of every split's stage and hop
-            in its better form (priced by E3's one cost model, :mod:`e3.core.cost`)
+            in its better form (priced by E3's one cost model, :mod:`e3.core.cost`); which
+            configurations may run the device form (:func:`~e3.controller.planner.tables.runs_device_form`)
 dp.py       the dynamic programs over (blocks, devices used) and the backtrack to a plan
-search.py   the searches: best plan (fast, exact), cheapest plan, stock baseline
+device.py   the device form's cuts on one accelerator (an exact DP of the added split loads)
+search.py   the searches: best plan (fast, exact), cheapest plan, stock baseline; each weighs the best
+            plan of constant and compact splits against the best all-device plan
+placement.py  splits on device pools
 
 The model of a plan
 -------------------
@@ -28,6 +32,11 @@ B_k/m samples"). A split has a form (:mod:`e3.core.plan`):
 * compact (the router runs the blocks, rows leave between blocks):
   stage time   T_i  = sum_{k=a..b} P(k, c, B_k / m) + sum_{enabled ramps k} check(c, B_k / m) + R(c, B_a / m)
   hop into it  Tx_i = 0
+* device (DESIGN §2b: a form of the whole plan, on one device of an accelerator, one instance per split,
+  every split at the constant batch b = B0; survivors gathered across cycles until they fill b):
+  stage time   T_i  = sum_{k=a..b} P(k, c, B0) + check(c, B0) + R(c, B0)   (one run)
+  runs         n_i  = B_a / B0 = reach(a) per cycle;  hop Tx_i = 0
+  the splits share the device, so their loads add: they are one pipeline stage of sum_i n_i T_i
 * R: the router's own work per batch (stacking, exit rule, answers), part of the stage
 * cycle time   C    = max_i max(T_i, Tx_i)  (pipelined, §3.2.2), or
                       sum_i (T_i + Tx_i)   (``pipelined=False``, §3.2.1)
@@ -54,6 +63,15 @@ Decisions where the paper is silent or ambiguous
   What decides it is the profile: a CPU's latency grows with the batch (every
   exited row saved pays), an accelerator's barely does while every exit check
   costs a device-to-host sync (``check_ms``).
+* **The device form** is weighed as a whole plan: for every accelerator configuration whose profile
+  prices the exit check (:func:`~e3.controller.planner.tables.runs_device_form`) and every B0 up to the
+  largest measured batch, the cuts (a subset of the ramps the exit-wrapper keeps on that configuration)
+  with the least cycle sum_i n_i T_i whose latency (fill time + sum_i T_i) fits the budget; it costs one
+  device. The best such plan is compared with the DP's best plan of constant and compact splits by
+  throughput (ties: cost, latency; an exact tie goes to the DP's plan) and the result records both
+  (``PlannerResult.compared``) with a note. A row waiting for a later device split's batch to fill is not
+  charged to latency: the device's dispatch rule runs a partial batch as soon as nothing upstream can add
+  rows (the device would be idle) and forces one before the SLO breaks (:mod:`e3.core.cost`).
 * **Tx** is the hop *into* a constant split, taken at the receiving configuration and
   its per-instance batch (``LatencyProfile.tx(c, B_a/m)``): each instance
   receives its share in one call, instances receive in parallel. It is its own

@@ -1,7 +1,7 @@
 """Plan placement: which device pool runs each constant split of a plan (the planner's last step when the
 model is served by several Triton servers, ``docs/kubernetes.md``).
 
-A compact split runs inside the router, so it stays in the router's pool; a constant split goes to the
+A compact or device split runs inside the router, so it stays in the router's pool; a constant split goes to the
 router's pool when that pool has the split's device, else to the first pool that has it; ``pin`` overrides
 the choice. The split's ``server`` is the chosen pool's gRPC address ("" for the router's own server).
 """
@@ -12,7 +12,7 @@ import uuid
 from dataclasses import replace
 from typing import Mapping
 
-from e3.core.plan import COMPACT, Plan
+from e3.core.plan import COMPACT, DEVICE, Plan
 from e3.deploy.pools import PoolError, Pools
 
 __all__ = ["place"]
@@ -31,9 +31,9 @@ def place(plan: Plan, pools: Pools, pin: Mapping[str, str] | None = None) -> Pla
     router = pools.router
     splits = []
     for s in plan.splits:
-        if s.form == COMPACT:
+        if s.form in (COMPACT, DEVICE):
             if s.device != router.device or s.model in pin and pin[s.model] != router.name:
-                raise PoolError(f"{s.model} is compact (it runs inside the router), so it needs the router's pool "
+                raise PoolError(f"{s.model} is {s.form} (it runs inside the router), so it needs the router's pool "
                                 f"{router.name!r} ({router.device}); the plan puts it on {s.device}")
             splits.append(s)
             continue

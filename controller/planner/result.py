@@ -5,16 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from e3.core.cost import StageCost, summarise
+from e3.core.cost import SPLIT_FORMS, StageCost, summarise
 from e3.core.names import ramps_in_range, split_name
-from e3.core.plan import FORMS, Plan, SplitPlan, entry_queue_delay_us
+from e3.core.plan import DEVICE, FORMS, Plan, SplitPlan, entry_queue_delay_us
 
 if TYPE_CHECKING:
     from e3.controller.planner.ramps import RampVerdict
 
-__all__ = ["PlannerError", "SearchContext", "PlannerResult", "make_result", "better"]
+__all__ = ["PlannerError", "SearchContext", "PlannerResult", "make_result", "better", "DEVICE_KIND", "SPLIT_KIND"]
 
 REL = 1e-9  # relative tolerance when comparing throughputs and costs
+DEVICE_KIND = "device"                      # PlannerResult.compared: the best all-device plan
+SPLIT_KIND = "constant/compact"             # ... and the best plan of constant and compact splits
 
 
 class PlannerError(ValueError):
@@ -30,13 +32,19 @@ class SearchContext:
     cost_bound: float | None = None   # alpha * Cost_baseline; None: unbounded
     cost_baseline: float | None = None  # cost of the stock baseline plan (see stock_baseline)
     notes: tuple[str, ...] = ()       # anything the caller should know (e.g. fallback baselines)
-    forms: tuple[str, ...] = FORMS    # split forms the planner may choose (("constant",): force one)
+    forms: tuple[str, ...] = SPLIT_FORMS  # per-split forms the DP may choose (("constant",): force one)
+    device_form: bool = False         # also weigh an all-device plan on each accelerator (tables.runs_device_form)
     exit_wrapper: bool = True         # disable ramps that cost more than their exits save (E3 §3.4)
     ramp_blocks: tuple[int, ...] | None = None  # ramps a plan may enable (the wrapper's candidates); None:
                                       # the profile's priced ramps and blocks where inputs exit (candidate_ramps)
     exact_reach: Mapping[str, Sequence[float]] | None = None  # measured reach per set of enabled ramps
                                       # (BatchProfile.reach_by_ramps); None: effective_reach's approximation
     relies_on: Any = None             # the exit rule's dependencies, ExitRule.relies_on (None: independent)
+
+    @property
+    def all_forms(self) -> tuple[str, ...]:
+        """Every form this search may choose, in FORMS order (what ``forms=`` of a search takes)."""
+        return tuple(f for f in FORMS if f in self.forms or (f == DEVICE and self.device_form))
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,14 @@ class PlannerResult:
     notes: tuple[str, ...] = field(default=())  # anything the caller should know (e.g. fallback baselines)
     enabled_ramps: tuple[int, ...] = ()  # the ramps this plan was priced with (blocks)
     ramp_verdicts: tuple[RampVerdict, ...] = ()  # the exit-wrapper's verdict per ramp at this B0 (empty: off)
+    compared: tuple[tuple[str, float], ...] = ()  # (kind, inputs/s) of the best plan of each kind the search
+                                      # weighed: DEVICE_KIND and SPLIT_KIND (0.0: none of that kind fits); empty
+                                      # when only one kind was searched
+
+    @property
+    def on_device(self) -> bool:
+        """Every split is of the device form (DESIGN §2b)."""
+        return bool(self.splits) and self.splits[0].form == DEVICE
 
     @property
     def cuts(self) -> list[int]:

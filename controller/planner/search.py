@@ -1,24 +1,34 @@
 """The planner's searches: the best plan (fast and exact), the cheapest plan for a goodput (E3 §5.3) and
-the stock baseline that sets Cost_baseline. See the package docstring for why the fast search is exact."""
+the stock baseline that sets Cost_baseline. See the package docstring for why the fast search is exact.
+
+Both searches weigh two kinds of plan under the same SLO, devices and cost bound: plans of constant and
+compact splits (the DP) and, where the device form is allowed, all-device plans on one accelerator
+(:func:`device_plan`, :mod:`~e3.controller.planner.device`); the better one wins (:func:`better`), and the
+result says what the other kind would have given (``PlannerResult.compared``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from e3.controller.planner.device import best_device_cuts
 from e3.controller.planner.dp import (Found, best_cell, cost_grid, cost_ok_grid, feasible_ignoring_latency,
                                       latency_dp, lower_bound_cycle, result_of, solve_unpipelined)
 from e3.controller.planner.ramps import candidate_ramps
-from e3.controller.planner.result import REL, PlannerError, PlannerResult, SearchContext, better, make_result
-from e3.controller.planner.tables import Tables, b0_candidates, build_tables, check_inputs, parse_forms, plan_tables
-from e3.core.cost import StageCost, fill_ms
-from e3.core.plan import CONSTANT, FORMS
+from e3.controller.planner.result import (DEVICE_KIND, REL, SPLIT_KIND, PlannerError, PlannerResult, SearchContext,
+                                          better, make_result)
+from e3.controller.planner.tables import (Tables, b0_candidates, build_tables, check_inputs, parse_forms, plan_ramps,
+                                          plan_tables, runs_device_form)
+from e3.core.cost import SPLIT_FORMS, StageCost, device_table, effective_reach, fill_ms
+from e3.core.names import ranges_from_cuts
+from e3.core.plan import CONSTANT, DEVICE, FORMS
 from e3.core.profile import BatchProfile, LatencyProfile
 
-__all__ = ["best_plan", "cheapest_plan", "stock_baseline", "plan_context"]
+__all__ = ["best_plan", "cheapest_plan", "stock_baseline", "plan_context", "device_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +258,9 @@ def best_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str
 
     latency: P(k, c, B) and Tx per configuration; batch: share of inputs reaching every block;
     devices: configuration -> device count, e.g. ``{"v100": 6, "t4": 8}``; rate_rps: R, the offered rate;
-    forms: the split forms to choose from (``("constant",)`` forces E3's form); exit_wrapper: disable the
+    forms: the forms to choose from (``("constant",)`` forces E3's form; with ``"device"``, an all-device plan
+    on each accelerator, :func:`device_plan`, is weighed against the plans of the other forms and the result's
+    ``compared`` and notes say what each kind gives); exit_wrapper: disable the
     ramps that cost more than they save at each B0 (:mod:`~e3.controller.planner.ramps`); ramp_blocks:
     the model's ramps (None: :func:`~e3.controller.planner.ramps.candidate_ramps`); relies_on: the exit
     rule's dependencies (:meth:`e3.core.exits.ExitRule.relies_on`; None: independent), which the
@@ -258,29 +270,93 @@ def best_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str
     ctx, cands, res = plan_context(latency, batch, devices, slo_ms=slo_ms, rate_rps=rate_rps, slack=slack,
                                    alpha=alpha, pipelined=pipelined, b0s=b0s, cost_bound=cost_bound, forms=forms,
                                    exit_wrapper=exit_wrapper, ramp_blocks=ramp_blocks, relies_on=relies_on)
-    reach = _lowest_reach(batch)
-
-    def build(b0: int) -> Tables:
-        return plan_tables(latency, np.asarray(batch.reach, dtype=float), res, b0=int(b0), ctx=ctx)
-
-    if pipelined:
-        paid = () if exit_wrapper else ctx.ramp_blocks
-        best = _search(build, cands, _cheap_cycle_bound(latency, reach, res, paid), ctx)
-    else:
-        best = None
-        for b0 in cands:
-            t = build(b0)
-            max_cycle = math.inf if best is None else 1e3 * b0 / best.throughput_rps * (1 + 1e-9)
-            found = solve_unpipelined(t, ctx.latency_budget_ms - fill_ms(b0, rate_rps), ctx.cost_bound, max_cycle=max_cycle)
-            if found is not None:
-                r = result_of(t, found, ctx)
-                if best is None or better(r, best):
-                    best = r
+    split = _best_split_plan(latency, batch, res, cands, ctx) if ctx.forms else None
+    device = device_plan(latency, np.asarray(batch.reach, dtype=float), res, cands, ctx) if ctx.device_form else None
+    best = _pick(split, device, ctx)
     if best is None:
         raise PlannerError(f"no plan meets latency <= {ctx.latency_budget_ms:.1f} ms (SLO {slo_ms:g} ms, slack "
                            f"{slack:g}) at {rate_rps:g} inputs/s with {res}" +
-                           (f" and cost <= {ctx.cost_bound:.4g}" if ctx.cost_bound is not None else ""))
+                           (f" and cost <= {ctx.cost_bound:.4g}" if ctx.cost_bound is not None else "") +
+                           f" (forms {', '.join(ctx.all_forms)})")
     return best
+
+
+def _best_split_plan(latency: LatencyProfile, batch: BatchProfile, res: Mapping[str, int], cands: list[int],
+                     ctx: SearchContext) -> PlannerResult | None:
+    """The best plan of constant and compact splits (E3's DP, the package docstring); None: none fits."""
+    def build(b0: int) -> Tables:
+        return plan_tables(latency, np.asarray(batch.reach, dtype=float), res, b0=int(b0), ctx=ctx)
+
+    if ctx.pipelined:
+        paid = () if ctx.exit_wrapper else ctx.ramp_blocks
+        return _search(build, cands, _cheap_cycle_bound(latency, _lowest_reach(batch), res, paid), ctx)
+    best = None
+    for b0 in cands:
+        t = build(b0)
+        max_cycle = math.inf if best is None else 1e3 * b0 / best.throughput_rps * (1 + 1e-9)
+        found = solve_unpipelined(t, ctx.latency_budget_ms - fill_ms(b0, ctx.rate_rps), ctx.cost_bound,
+                                  max_cycle=max_cycle)
+        if found is not None:
+            r = result_of(t, found, ctx)
+            if best is None or better(r, best):
+                best = r
+    return best
+
+
+def device_plan(latency: LatencyProfile, reach: np.ndarray, res: Mapping[str, int], cands: Iterable[int],
+                ctx: SearchContext, *, configs: Iterable[str] | None = None) -> PlannerResult | None:
+    """The best all-device plan (DESIGN §2b): on one device of an accelerator configuration
+    (:func:`~e3.controller.planner.tables.runs_device_form`; ``configs``: only these), every split one instance
+    at the batch B0 (a candidate no larger than the largest measured batch), cut after a subset of the ramps
+    the exit-wrapper keeps on that configuration at that B0; the cuts with the least cycle whose latency fits
+    SLO x (1 - slack) less the fill time (:func:`~e3.controller.planner.device.best_device_cuts`), priced by
+    :func:`e3.core.cost.device_table`; the device's price within the cost bound. None: no such plan fits."""
+    bmax = float(latency.batch_sizes[-1])
+    best = None
+    for c in (res if configs is None else configs):
+        price = latency.devices[c].price
+        if not runs_device_form(latency, c) or res.get(c, 0) < 1:
+            continue
+        if ctx.cost_bound is not None and price > ctx.cost_bound * (1 + REL) + 1e-12:
+            continue
+        for b0 in cands:
+            budget = ctx.latency_budget_ms - fill_ms(b0, ctx.rate_rps)
+            if b0 > bmax + 1e-9 or budget <= 0:
+                continue
+            ramps, verdicts = plan_ramps(latency, reach, [c], b0=int(b0), ctx=ctx)
+            batch_in = b0 * effective_reach(reach, ramps, ctx.exact_reach)
+            T, runs = device_table(latency, c, batch_in, batch=float(b0), ramps=ramps)
+            got = best_device_cuts(T, runs, ramps, budget_ms=budget)
+            if got is None:
+                continue
+            stages = [StageCost(a, b, c, 1, float(b0), float(T[a - 1, b - 1]), 0.0, DEVICE, float(runs[a - 1]))
+                      for a, b in ranges_from_cuts(list(got.cuts), latency.num_blocks)]
+            r = make_result(stages, int(b0), {c: price}, ctx=ctx, enabled_ramps=ramps, ramp_verdicts=verdicts)
+            if best is None or better(r, best):
+                best = r
+    return best
+
+
+def _pick(split: PlannerResult | None, device: PlannerResult | None, ctx: SearchContext) -> PlannerResult | None:
+    """The better of the two kinds (ties: the plan of constant and compact splits), with what each gives
+    (``compared``) and a note saying why, when both kinds were searched."""
+    if split is None or device is None or better(device, split):
+        chosen = device if device is not None else split
+    else:
+        chosen = split
+    if chosen is None or not (ctx.forms and ctx.device_form):
+        return chosen
+    rps = {kind: (r.throughput_rps if r is not None else 0.0) for kind, r in ((DEVICE_KIND, device), (SPLIT_KIND, split))}
+    if device is None:
+        why = "no all-device plan fits (no accelerator configuration, or none within the latency and cost bounds)"
+    elif split is None:
+        why = "no plan of constant or compact splits fits"
+    else:
+        lead = "pays" if chosen is device else "does not pay"
+        why = (f"the device form {lead}: {device.throughput_rps:.1f} inputs/s predicted on {device.splits[0].device} "
+               f"(B0 {device.input_batch_size}, cuts {device.cuts}) against {split.throughput_rps:.1f} for the best "
+               f"plan of constant and compact splits (B0 {split.input_batch_size}, cuts {split.cuts})")
+    return dataclasses.replace(chosen, compared=tuple(rps.items()), notes=chosen.notes + (why,))
 
 
 def plan_context(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str, int], *, slo_ms: float,
@@ -293,6 +369,10 @@ def plan_context(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[
     (:func:`~e3.controller.planner.tables.check_inputs`)."""
     res = check_inputs(latency, batch, devices, slo_ms=slo_ms, slack=slack, rate_rps=rate_rps)
     forms = parse_forms(forms)
+    if forms == (DEVICE,) and not any(runs_device_form(latency, c) for c in res):
+        raise PlannerError(f"the device form runs on an accelerator whose latency profile prices its exit check "
+                           f"(check_ms); none of {sorted(res)} is one (allow constant or compact splits, e.g. "
+                           f"--forms constant,compact)")
     ramps = candidate_ramps(latency, batch) if ramp_blocks is None else tuple(sorted({int(k) for k in ramp_blocks}))
     budget = slo_ms * (1 - slack)
     cands = list(b0s) if b0s is not None else b0_candidates(latency, res, rate_rps, latency_budget_ms=budget)
@@ -311,7 +391,9 @@ def plan_context(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[
                              f"plan's ({base.throughput_rps:.1f} inputs/s)")
                 log.info("planner: %s", notes[-1])
     return SearchContext(rate_rps=rate_rps, latency_budget_ms=budget, pipelined=pipelined, cost_bound=cost_bound,
-                         cost_baseline=baseline_cost, notes=tuple(notes), forms=forms,
+                         cost_baseline=baseline_cost, notes=tuple(notes),
+                         forms=tuple(f for f in forms if f in SPLIT_FORMS),
+                         device_form=DEVICE in forms and any(runs_device_form(latency, c) for c in res),
                          exit_wrapper=bool(exit_wrapper), ramp_blocks=ramps,
                          exact_reach=dict(batch.reach_by_ramps) or None if batch is not None else None,
                          relies_on=relies_on), cands, res
@@ -334,7 +416,12 @@ def cheapest_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping
     budget = ctx.latency_budget_ms
     reach = np.asarray(batch.reach, dtype=float)
     cheapest = math.inf
-    for b0 in cands:
+    if ctx.device_form:   # one device of the cheapest accelerator whose all-device plan reaches the goodput
+        for c in res:
+            r = device_plan(latency, reach, res, cands, ctx, configs=[c])
+            if r is not None and r.throughput_rps >= goodput_rps * (1 - REL):
+                cheapest = min(cheapest, r.cost)
+    for b0 in cands if ctx.forms else ():
         t = plan_tables(latency, reach, res, b0=int(b0), ctx=ctx)
         cycle = 1e3 * b0 / goodput_rps * (1 + 1e-12)
         f = latency_dp(t, cycle if pipelined else np.inf)
@@ -346,5 +433,5 @@ def cheapest_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping
     if not math.isfinite(cheapest):
         raise PlannerError(f"no plan reaches {goodput_rps:g} inputs/s within {budget:.1f} ms with {res}")
     return best_plan(latency, batch, res, slo_ms=slo_ms, rate_rps=rate, slack=slack, alpha=None,
-                     pipelined=pipelined, b0s=cands, cost_bound=cheapest, forms=ctx.forms,
+                     pipelined=pipelined, b0s=cands, cost_bound=cheapest, forms=ctx.all_forms,
                      exit_wrapper=exit_wrapper, ramp_blocks=ctx.ramp_blocks, relies_on=relies_on)

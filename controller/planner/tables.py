@@ -5,7 +5,9 @@ start, end, device configuration and instance count, in the form (constant or
 compact) with the smaller stage time. It is priced by E3's one cost model
 (:func:`e3.core.cost.form_table`) with the ramps the exit-wrapper keeps at that
 B0 (:mod:`e3.controller.planner.ramps`); the planner never interpolates a
-latency profile itself.
+latency profile itself. The device form, a form of the whole plan, is priced by
+the same model (:func:`e3.core.cost.device_table`) in :mod:`~e3.controller.planner.device`,
+for the configurations :func:`runs_device_form` admits.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from e3.core.cost import effective_reach, form_table
 from e3.core.plan import FORMS
 from e3.core.profile import BatchProfile, LatencyProfile
 
-__all__ = ["parse_devices", "parse_forms", "check_inputs", "b0_candidates", "Tables", "build_tables", "plan_tables"]
+__all__ = ["parse_devices", "parse_forms", "runs_device_form", "check_inputs", "b0_candidates", "Tables", "build_tables",
+           "plan_ramps", "plan_tables"]
 
 
 def parse_devices(text: str) -> dict[str, int]:
@@ -52,6 +55,29 @@ def parse_forms(text: str | Sequence[str]) -> tuple[str, ...]:
         raise PlannerError(f"split forms are some of {','.join(FORMS)} (e.g. constant,compact or constant); "
                            f"got {text!r}")
     return tuple(f for f in FORMS if f in items)
+
+
+def runs_device_form(latency: LatencyProfile, config: str) -> bool:
+    """Whether the planner offers the device form (DESIGN §2b: every split inside the router, on the router
+    instance's device) on device configuration ``config`` of ``latency``: an accelerator whose profile prices
+    the form's one sync per run.
+
+    Decision, two conditions:
+
+    * **an accelerator**: the name says it, as it says everything else about a configuration in a latency
+      profile: a CPU configuration is named ``cpu`` (``e3 profile``'s default) or ``cpu<anything>``, every
+      other one is an accelerator. A CPU is left out because its profile prices ONNX Runtime sessions (the
+      constant and compact forms), not the device executor the form runs (on a CPU only eagerly, as the
+      tests' check of its answers), and there the compact form already runs in the router's process with
+      rows leaving between blocks.
+    * **its exit check priced** (``check_ms`` on ``config``: the logits to the host, the rule and the
+      survivors' gather on the device; ``e3 profile --cuda`` measures it with the serving executor, a
+      modelled GPU profile models it): it is the form's price of a cut, and a profile without it would price
+      every run's sync at 0, so that the form would win on no evidence.
+
+    ``--forms`` (``forms=``) without ``device`` turns the form off everywhere.
+    """
+    return not config.lower().startswith("cpu") and config in latency.check_ms
 
 
 def check_inputs(latency: LatencyProfile, batch: BatchProfile | None, devices: Mapping[str, int],
@@ -132,15 +158,22 @@ def build_tables(latency: LatencyProfile, reach: np.ndarray, devices: Mapping[st
                   all_ramps, tuple(verdicts))
 
 
+def plan_ramps(latency: LatencyProfile, reach: np.ndarray, configs: Sequence[str], *, b0: int,
+               ctx: SearchContext) -> tuple[tuple[int, ...], tuple[RampVerdict, ...]]:
+    """The ramps a plan on ``configs`` enables at this B0, and the exit-wrapper's verdicts: the wrapper's
+    choice among ``ctx.ramp_blocks`` (when ``ctx.exit_wrapper``), else those ramps as they are."""
+    ramps = candidate_ramps(latency, reach) if ctx.ramp_blocks is None else ctx.ramp_blocks
+    if not ctx.exit_wrapper:
+        return tuple(ramps), ()
+    return wrap_for_devices(latency, reach, list(configs), b0=b0, ramps=ramps, exact=ctx.exact_reach,
+                            relies_on=ctx.relies_on)
+
+
 def plan_tables(latency: LatencyProfile, reach: np.ndarray, devices: Mapping[str, int], *, b0: int,
                 ctx: SearchContext) -> Tables:
     """One B0's table as a search needs it: the exit-wrapper (when ``ctx.exit_wrapper``) picks the ramps of
     ``ctx.ramp_blocks`` worth keeping at this B0 on ``devices``, the table is priced with them and
     ``ctx.forms``. The one way the product's searches and the tests' reference search build tables."""
-    ramps = candidate_ramps(latency, reach) if ctx.ramp_blocks is None else ctx.ramp_blocks
-    verdicts: tuple[RampVerdict, ...] = ()
-    if ctx.exit_wrapper:
-        ramps, verdicts = wrap_for_devices(latency, reach, list(devices), b0=b0, ramps=ramps, exact=ctx.exact_reach,
-                                           relies_on=ctx.relies_on)
+    ramps, verdicts = plan_ramps(latency, reach, list(devices), b0=b0, ctx=ctx)
     return build_tables(latency, reach, devices, b0=int(b0), ramps=ramps, forms=ctx.forms, verdicts=verdicts,
                         exact=ctx.exact_reach)

@@ -21,22 +21,37 @@ inputs entering it. A split has a *form* (:mod:`e3.core.plan`):
   rows that exit leave between blocks:
   ``T = sum_{k=a..b} P(k, c, B_k / m) + sum_{enabled ramps k in a..b} check(c, B_k / m) + R(c, B_a / m)``,
   no hop (``Tx = 0``: it runs inside the router process).
+* **device** -- the router runs the split on its own device (DESIGN §2b) at a constant batch ``b`` (the
+  split's batch; the planner gives every split the plan's B0), one instance: survivors of any number of
+  cycles are gathered on the device until they fill ``b``, so the split runs ``n = B_a / b`` times per cycle:
+  ``T = sum_{k=a..b} P(k, c, b) + check(c, b) + R(c, b)`` per run (its blocks at the constant batch, one
+  sync with the exit rule and the survivors' gather on the device, the router's work), ``Tx = 0`` (no hop:
+  the hand-off is the gather inside ``check``).
 
 ``P`` includes the ramp of every enabled ramp; ``R`` is the router's own work
 per batch of the split (``router_ms``: stacking rows, the exit rule at the
 split's end, answering), part of the stage for both latency and cycle;
 ``check`` is one exit check and compaction of the rows (``check_ms``). Then
 
-* cycle time   ``C  = max over splits of max(T, Tx)``      (pipelined, §3.2.2), or
-               ``sum over splits of (T + Tx)``             (not pipelined, §3.2.1)
+* cycle time   ``C  = max(max over splits of max(T, Tx), sum over device splits of n x T)``
+                                                            (pipelined, §3.2.2), or
+               ``sum over splits of (n x T + Tx)``         (not pipelined, §3.2.1)
+  where ``n`` (a stage's ``runs``) is 1 for constant and compact splits. The device splits of a plan share
+  one device and run one at a time (:mod:`e3.serving.device.dispatch`), so their times *add*: one pipeline
+  stage of ``sum n x T``. With ``b = B0`` (the planner's choice) that is ``sum reach(a) x T``: the device
+  time per B0 inputs of ``controller/planner/device.py``'s cut search, which calls this model.
 * throughput   ``1000 * B0 / C``                           (inputs/s)
 * worst-case latency ``1000 * (B0 - 1) / R + sum (T + Tx)`` (ms): the first input of a batch
-  waits for the batch to fill at the offered rate R, then passes every stage and hop once
-* cost         ``sum of instances x price``
+  waits for the batch to fill at the offered rate R, then passes every stage and hop once (a device split
+  once: a row waiting for a later split's batch to fill is not charged, since the device's dispatch rule
+  runs a partial batch as soon as nothing upstream can add rows, and forces one before the SLO breaks)
+* cost         ``sum of instances x price``; a device configuration holding device splits counts once
+  (they share that device)
 
-The planner prices both forms of every split candidate and keeps the one with
-the smaller stage time T (tie: constant) -- :func:`form_table`. Profiles
-without ``check_ms`` / ``router_ms`` price them as 0.
+The planner prices both per-split forms (constant, compact) of every split candidate and keeps the one with
+the smaller stage time T (tie: constant) -- :func:`form_table`; the device form is a form of the whole plan
+(all its splits or none, :mod:`e3.core.plan`), priced by :func:`device_table` and chosen against the
+best other plan by the planner. Profiles without ``check_ms`` / ``router_ms`` price them as 0.
 """
 
 from __future__ import annotations
@@ -47,11 +62,13 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from e3.core.plan import COMPACT, CONSTANT, FORMS
+from e3.core.plan import COMPACT, CONSTANT, DEVICE, FORMS
 from e3.core.profile import LatencyProfile
 
 __all__ = ["StageCost", "PlanCost", "fill_ms", "effective_reach", "ramps_key", "split_block_ms", "stage_table", "form_table",
-           "stage_cost", "summarise", "plan_cost", "FORM_TIE_REL"]
+           "device_table", "stage_cost", "summarise", "plan_cost", "FORM_TIE_REL", "SPLIT_FORMS"]
+
+SPLIT_FORMS = (CONSTANT, COMPACT)   # the forms chosen split by split (form_table); DEVICE is a whole plan's
 
 FORM_TIE_REL = 1e-9   # compact must be faster than constant by more than this share to be chosen
 
@@ -63,10 +80,18 @@ class StageCost:
     last_block: int               # last block (inclusive)
     device: str                   # device configuration, as in the latency profile
     instances: int                # m: instances of the split (the paper's replicas), all on `device`
-    batch_per_instance: float     # B_a / m: inputs each instance takes per cycle (may be fractional)
-    stage_ms: float               # T: the split's blocks (with enabled ramps, checks) + the router's work (ms)
-    tx_ms: float                  # Tx: the hop into this split (ms); 0 for a compact split
-    form: str = CONSTANT          # CONSTANT (own Triton model, constant batch) or COMPACT (in the router)
+    batch_per_instance: float     # B_a / m: inputs each instance takes per cycle (may be fractional); a device
+                                  # split: the batch b of every run
+    stage_ms: float               # T: the split's blocks (with enabled ramps, checks) + the router's work (ms);
+                                  # a device split: one run's
+    tx_ms: float                  # Tx: the hop into this split (ms); 0 for a compact or device split
+    form: str = CONSTANT          # CONSTANT (own Triton model), COMPACT (in the router) or DEVICE (on its device)
+    runs: float = 1.0             # n: runs per cycle; 1, a device split B_a / b (its rows gather across cycles)
+
+    @property
+    def load_ms(self) -> float:
+        """Time (ms) the split's instances are busy per cycle: ``runs x stage_ms``."""
+        return self.runs * self.stage_ms
 
     @property
     def preferred_batch(self) -> int:
@@ -149,13 +174,15 @@ def batch_ms(latency: LatencyProfile, device: str, first: int, *, last: int, exi
              ramps: Iterable[int], form: str) -> float:
     """Compute time (ms) of one batch of rows through blocks ``first..last`` in ``form``, priced as a stage is
     (module docstring) but at the rows this batch really holds: ``exit_block[r]`` is the block where row r
-    leaves (later than ``last``: it goes on). Constant: every block at the entering batch; compact: block k at
-    the rows that reach it, plus an exit check at every enabled ramp (``ramps``), ending when no row is left.
+    leaves (later than ``last``: it goes on). Constant: every block at the entering batch; device: the same and
+    one exit check (the run's sync, rule and gather); compact: block k at the rows that reach it, plus an exit
+    check at every enabled ramp (``ramps``), ending when no row is left.
     The router's work and the hop are the caller's. The simulator prices every batch it runs here."""
     enabled = {int(k) for k in ramps if first <= k <= last and k < latency.num_blocks}
     n = len(exit_block)
-    if form == CONSTANT:
-        return sum(latency.block(k, device, n, with_ramp=k in enabled) for k in range(first, last + 1))
+    if form in (CONSTANT, DEVICE):   # device: its one sync, rule and gather per run too (:func:`device_table`)
+        return (sum(latency.block(k, device, n, with_ramp=k in enabled) for k in range(first, last + 1))
+                + (float(latency.check(device, n)) if form == DEVICE else 0.0))
     if form != COMPACT:
         raise ValueError(f"form {form!r} is not one of {', '.join(FORMS)}")
     ms = 0.0
@@ -172,6 +199,8 @@ def batch_ms(latency: LatencyProfile, device: str, first: int, *, last: int, exi
 def _stages(latency: LatencyProfile, device: str, batch_in: np.ndarray, m: np.ndarray, *,
             ramps: Iterable[int] | None, form: str, router: bool) -> tuple[np.ndarray, np.ndarray]:
     """``T`` [a-1, j-1, i] and ``tx`` [a-1, i] of one form for the instance counts ``m`` (see the module doc)."""
+    if form == DEVICE:
+        raise ValueError("the device form is priced per run at its constant batch: device_table, not stage_table")
     if form not in FORMS:
         raise ValueError(f"form {form!r} is not one of {', '.join(FORMS)}")
     L = latency.num_blocks
@@ -215,13 +244,18 @@ def stage_table(latency: LatencyProfile, device: str, batch_in: np.ndarray, *, m
 def form_table(latency: LatencyProfile, device: str, batch_in: np.ndarray, *, max_instances: int,
                ramps: Iterable[int] | None = None, forms: Sequence[str] = FORMS,
                router: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`stage_table` of every form in ``forms``, each candidate (a, j, m) in the form with the smaller
-    stage time T (tie, within :data:`FORM_TIE_REL`: constant). Returns ``T`` and ``tx`` [a-1, j-1, m-1] of
-    the chosen form and ``form`` [a-1, j-1, m-1]: its index in :data:`e3.core.plan.FORMS`."""
+    """:func:`stage_table` of every per-split form in ``forms``, each candidate (a, j, m) in the form with the
+    smaller stage time T (tie, within :data:`FORM_TIE_REL`: constant). Returns ``T`` and ``tx`` [a-1, j-1, m-1]
+    of the chosen form and ``form`` [a-1, j-1, m-1]: its index in :data:`e3.core.plan.FORMS`. ``DEVICE`` in
+    ``forms`` is passed over: it is a whole plan's form (:func:`device_table`); at least one of
+    :data:`SPLIT_FORMS` must be given."""
     ramps = None if ramps is None else tuple(ramps)
-    chosen = [f for f in FORMS if f in set(forms)]
-    if not chosen or set(forms) - set(FORMS):
+    if set(forms) - set(FORMS):
         raise ValueError(f"forms must be some of {', '.join(FORMS)}, got {list(forms)}")
+    chosen = [f for f in SPLIT_FORMS if f in set(forms)]
+    if not chosen:
+        raise ValueError(f"form_table chooses among {', '.join(SPLIT_FORMS)}, got {list(forms)} (the device form "
+                         f"is priced by device_table)")
     best_T = best_tx = best_f = None
     for f in chosen:
         T, tx = stage_table(latency, device, batch_in, max_instances=max_instances, ramps=ramps, form=f, router=router)
@@ -236,12 +270,43 @@ def form_table(latency: LatencyProfile, device: str, batch_in: np.ndarray, *, ma
     return best_T, best_tx, best_f
 
 
+def device_table(latency: LatencyProfile, device: str, batch_in: np.ndarray, *, batch: float,
+                 ramps: Iterable[int] | None = None, router: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Every split's price in the device form on ``device`` at the constant batch ``batch`` (module doc).
+
+    ``batch_in[k-1]``: inputs reaching block k per cycle (the enabled ramps applied, :func:`effective_reach`);
+    ``ramps``: the enabled ramps (None: every ramp the profile prices). Returns ``T`` [a-1, j-1]: one run of
+    the split over blocks a..j (ms; inf where j < a) -- its blocks at ``batch``, one exit check and, unless
+    ``router=False``, the router's work, all at ``batch`` -- and ``runs`` [a-1]: its runs per cycle,
+    ``batch_in[a-1] / batch``. The hop is 0.
+    """
+    if not batch > 0:
+        raise ValueError(f"a device split's batch must be > 0, got {batch}")
+    L = latency.num_blocks
+    ramps = None if ramps is None else tuple(ramps)
+    P = latency.blocks_at(device, np.full(L, float(batch)), with_ramp=_ramp_mask(latency, ramps))   # [k]
+    cs = np.concatenate([[0.0], np.cumsum(P)])
+    a_idx, j_idx = np.meshgrid(np.arange(L), np.arange(L), indexing="ij")
+    per_run = float(latency.check(device, batch)) + (float(latency.router(device, batch)) if router else 0.0)
+    T = np.where(j_idx >= a_idx, cs[j_idx + 1] - cs[a_idx] + per_run, np.inf)
+    return T, np.asarray(batch_in, dtype=float) / float(batch)
+
+
 def stage_cost(latency: LatencyProfile, reach: Sequence[float], b0: float, *, first: int, last: int, device: str,
-               instances: int, ramps: Iterable[int] | None = None, form: str = CONSTANT) -> StageCost:
+               instances: int, ramps: Iterable[int] | None = None, form: str = CONSTANT,
+               batch: float | None = None) -> StageCost:
     """One split priced: blocks ``first..last`` on ``device`` with ``instances`` instances in ``form``,
     B0 = ``b0``. ``reach``: the batch profile's (every ramp enabled); ``ramps``: the plan's enabled ramps
-    (None: every ramp, reach as given)."""
+    (None: every ramp, reach as given). ``batch``: a device split's constant batch (default ``b0``; the
+    device form has one instance)."""
     batch_in = b0 * effective_reach(reach, ramps)
+    if form == DEVICE:
+        if instances != 1:
+            raise ValueError(f"a device split has one instance (the router's, on its device), got {instances}")
+        b = float(b0 if batch is None else batch)
+        T, runs = device_table(latency, device, batch_in, batch=b, ramps=ramps)
+        return StageCost(first, last, device, 1, b, float(T[first - 1, last - 1]), 0.0, DEVICE,
+                         float(runs[first - 1]))
     T, tx = _stages(latency, device, batch_in, np.array([float(instances)]), ramps=ramps, form=form, router=True)
     per = float(batch_in[first - 1] / instances)
     return StageCost(first, last, device, int(instances), per, float(T[first - 1, last - 1, 0]),
@@ -250,11 +315,21 @@ def stage_cost(latency: LatencyProfile, reach: Sequence[float], b0: float, *, fi
 
 def summarise(stages: Sequence[StageCost], b0: float, rate_rps: float, *, prices: Mapping[str, float],
               pipelined: bool = True) -> PlanCost:
-    """Cycle, throughput, worst-case latency and cost of priced ``stages`` (see the module docstring)."""
+    """Cycle, throughput, worst-case latency and cost of priced ``stages`` (see the module docstring): device
+    splits on one configuration share one device, so their loads (``runs x T``) add into one stage and the
+    configuration counts one device."""
     pipe = sum(s.stage_ms + s.tx_ms for s in stages)
-    cycle = max(max(s.stage_ms, s.tx_ms) for s in stages) if pipelined else pipe
-    used: dict[str, int] = {}
+    shared: dict[str, float] = {}          # device configuration -> its device splits' load per cycle (ms)
     for s in stages:
+        if s.form == DEVICE:
+            shared[s.device] = shared.get(s.device, 0.0) + s.load_ms
+    own = [s for s in stages if s.form != DEVICE]
+    if pipelined:
+        cycle = max([max(s.stage_ms, s.tx_ms) for s in own] + list(shared.values()))
+    else:
+        cycle = sum(s.stage_ms + s.tx_ms for s in own) + sum(shared.values())
+    used: dict[str, int] = {c: 1 for c in shared}
+    for s in own:
         used[s.device] = used.get(s.device, 0) + s.instances
     return PlanCost(stages=tuple(stages), input_batch_size=b0, cycle_ms=cycle,
                     throughput_rps=1e3 * b0 / cycle if cycle > 0 else math.inf,
@@ -264,9 +339,10 @@ def summarise(stages: Sequence[StageCost], b0: float, rate_rps: float, *, prices
 
 def plan_cost(latency: LatencyProfile, reach: Sequence[float], splits: Iterable[tuple], *, b0: float,
               rate_rps: float, pipelined: bool = True, ramps: Iterable[int] | None = None) -> PlanCost:
-    """Price a plan given as ``(first_block, last_block, device, instances[, form])`` per split, in block
-    order (form: CONSTANT when left out). ``reach``: the batch profile's; ``ramps``: the plan's enabled
-    ramps (None: every ramp the profile prices, reach as given).
+    """Price a plan given as ``(first_block, last_block, device, instances[, form[, batch]])`` per split, in
+    block order (form: CONSTANT when left out; batch: a device split's constant batch, default ``b0``).
+    ``reach``: the batch profile's; ``ramps``: the plan's enabled ramps (None: every ramp the profile
+    prices, reach as given).
 
     Raises ValueError when a split's device is not in the profile, a form is unknown or ``reach`` does
     not describe the profile's blocks.
@@ -278,8 +354,10 @@ def plan_cost(latency: LatencyProfile, reach: Sequence[float], splits: Iterable[
     for split in splits:
         first, last, device, instances = split[:4]
         form = split[4] if len(split) > 4 else CONSTANT
+        batch = split[5] if len(split) > 5 else None
         if device not in latency.devices:
             raise ValueError(f"device {device!r} is not in the latency profile ({sorted(latency.devices)})")
-        stages.append(stage_cost(latency, reach, b0, first=first, last=last, device=device, instances=instances, ramps=ramps, form=form))
+        stages.append(stage_cost(latency, reach, b0, first=first, last=last, device=device, instances=instances,
+                                 ramps=ramps, form=form, batch=batch))
     prices = {c: latency.devices[c].price for c in latency.devices}
     return summarise(stages, b0, rate_rps, prices=prices, pipelined=pipelined)
