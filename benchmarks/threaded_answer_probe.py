@@ -2,7 +2,7 @@
 shutdown here? One call probes every variant in about a minute.
 
 ``python3 benchmarks/threaded_answer_probe.py OUT_DIR [--kind cpu|gpu] [--rates 300,1000,3000] [--seconds 1.5]
-[--variants execute-numpy,...] [--cycles 1]``
+[--variants execute-numpy,...] [--cycles 1] [--unload-under-load] [--no-shutdown-loaded]``
 
 The CPU router and E²bird's threaded stage answered that way (one response thread, ``execute`` returning
 ``None``, a non-decoupled model). On the H200 host the stage's response thread died with a segmentation fault
@@ -26,7 +26,7 @@ did), enables ``faulthandler`` (a crash leaves every thread's stack in the log) 
 explicit model control. For each variant, ``cycles`` times: load it through the repository API, open-loop
 Poisson load at each rate (``benchmarks/gpu_load.OpenLoop``), unload it, wait for its stub to exit, and read
 the log written meanwhile for fatal lines (``Segmentation fault``, ``Fatal Python error``, ``terminate
-called``). Then every variant is loaded again, answers a few requests checked against numpy, and the server
+called``); with ``--unload-under-load`` the unload comes while requests still arrive. Then every variant is loaded again, answers a few requests checked against numpy, and the server
 shuts down with them loaded: the fatal lines of that shutdown are given to the variants whose model files
 appear in the stacks that follow them (else kept as unattributed).
 
@@ -53,6 +53,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -60,11 +61,11 @@ from pathlib import Path
 
 if __package__:
     from e3.benchmarks.gpu_host_setup import prepare_host
-    from e3.benchmarks.gpu_load import OpenLoop
+    from e3.benchmarks.gpu_load import REQUEST_TIMEOUT_S, OpenLoop
 else:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gpu_host_setup import prepare_host
-    from gpu_load import OpenLoop
+    from gpu_load import REQUEST_TIMEOUT_S, OpenLoop
 
 __all__ = ["VARIANTS", "FATAL_PATTERNS", "write_probe_model", "model_name", "fatal_lines", "attribute_fatal",
            "run", "main"]
@@ -81,6 +82,7 @@ FATAL_PATTERNS = ("Segmentation fault", "Fatal Python error", "terminate called"
 JSON_NAME = "threaded_answer_probe.json"
 LOG_NAME = "threaded_answer_probe.log"
 WIDTH = 16   # input features; the label is argmax over them
+GONE = ("UNAVAILABLE", "absent")   # the repository index's word for an unloaded model
 CALL_TIMEOUT_S = 90.0   # one repository call (a torch stub's load on a cold GPU host included)
 
 MODEL_PY = '''import faulthandler
@@ -285,11 +287,11 @@ def _unload(server, model: str, timeout_s: float = 30.0) -> dict:
     state = "?"
     while time.monotonic() - start < timeout_s:
         state = _state(server, model)
-        if state != "READY" and not _stub_pids(server, model):
+        if state in GONE and not _stub_pids(server, model):
             break
         time.sleep(0.1)
     left = _stub_pids(server, model)
-    return {"ok": ok and state not in ("READY", "?") and not left, "state": state, "stubs_left": len(left),
+    return {"ok": ok and state in GONE and not left, "state": state, "stubs_left": len(left),
             "s": round(time.monotonic() - start, 2), **({} if ok else {"error": text})}
 
 
@@ -318,12 +320,14 @@ def _pct(ok, q: float):
 
 def run(out: Path, *, kind: str = "cpu", seconds: float = 1.5, rates=(300.0, 1000.0, 3000.0),
         variants=None, wheels: Path | None = None, cycles: int = 1, shutdown_loaded: bool = True,
-        per_request: int = 8, clients: int | None = None, echo=print) -> dict:
+        unload_under_load: bool = False, per_request: int = 8, clients: int | None = None, echo=print) -> dict:
     """Probe ``variants`` (default all of :data:`VARIANTS`) on one server: per variant ``cycles`` times load,
     open-loop load at each of ``rates`` for ``seconds`` each, a burst of answers checked against numpy,
     unload; then (``shutdown_loaded``) all loaded again, a checked burst each, and the server's shutdown with
-    them loaded. Returns (and writes to ``out``) the document; ``doc["ok"]`` is the verdict. The defaults take
-    about a minute on a GPU host, the server's start included."""
+    them loaded. ``unload_under_load``: each unload comes while requests still arrive (the last rate for
+    ``2 * seconds``, the unload after ``seconds``); the requests it cuts off are counted apart, not as failed.
+    Returns (and writes to ``out``) the document; ``doc["ok"]`` is the verdict. The defaults take about a minute
+    on a GPU host, the server's start included."""
     import numpy as np
 
     variants = list(VARIANTS) if variants is None else list(variants)
@@ -341,7 +345,7 @@ def run(out: Path, *, kind: str = "cpu", seconds: float = 1.5, rates=(300.0, 100
     log_path.unlink(missing_ok=True)
     json_path = out / JSON_NAME
     doc = {"kind": "threaded-answer-probe", "instance_kind": kind, **host_facts(), "seconds": seconds,
-           "rates": [float(r) for r in rates], "cycles": cycles, "per_request": per_request, "variants": [],
+           "rates": [float(r) for r in rates], "cycles": cycles, "unload_under_load": unload_under_load, "per_request": per_request, "variants": [],
            "server_starts": 0, "stray_fatal": []}
     has_torch = doc["torch"] is not None
     rows = {}
@@ -382,7 +386,9 @@ def run(out: Path, *, kind: str = "cpu", seconds: float = 1.5, rates=(300.0, 100
         for i, rate in enumerate(rates if loaded else ()):
             rng = np.random.default_rng(1000 * c + i + 1)
             arrivals = np.cumsum(rng.exponential(1 / rate, max(1, int(rate * seconds))))
-            res = load.run(name, arrivals, pool, per_request=per_request)
+            # failed: answered with an error or not at all within the client's timeout (a late answer on an
+            # overloaded machine is not what this probe looks for)
+            res = load.run(name, arrivals, pool, per_request=per_request, drain_s=REQUEST_TIMEOUT_S)
             ok_ms = res["latency_ms"][~res["failed"]]
             r = {"offered_rps": float(rate), "requests": int(len(arrivals)), "failed": int(res["failed"].sum()),
                  "p50_ms": _pct(ok_ms, 50), "p99_ms": _pct(ok_ms, 99), "errors": res["errors"]}
@@ -394,7 +400,23 @@ def run(out: Path, *, kind: str = "cpu", seconds: float = 1.5, rates=(300.0, 100
             _add(row["answers"], cyc["answers"])
         cyc["serve_fatal"] = fatal_lines(log.since())
         cyc["stubs_before_unload"] = len(_stub_pids(server, name))
-        cyc["unload"] = _unload(server, name) if loaded else {"ok": False, "error": "not loaded"}
+        if not loaded:
+            cyc["unload"] = {"ok": False, "error": "not loaded"}
+        elif unload_under_load:
+            rate = float(rates[-1])
+            arrivals = np.cumsum(np.random.default_rng(1000 * c + 999).exponential(1 / rate, int(2 * rate * seconds)))
+            res = {}
+            sending = threading.Thread(target=lambda: res.update(load.run(name, arrivals, pool, per_request=per_request,
+                                                                          drain_s=REQUEST_TIMEOUT_S)))
+            sending.start()
+            time.sleep(0.3 + seconds)   # OpenLoop starts its schedule 0.3 s after the call
+            cyc["unload"] = _unload(server, name)
+            sending.join()
+            cyc["cut_by_unload"] = {"offered_rps": rate, "requests": len(arrivals),
+                                    "answered": int((~res["failed"]).sum()) if res else 0,
+                                    "errors": res.get("errors", [])}
+        else:
+            cyc["unload"] = _unload(server, name)
         cyc["unload_fatal"] = fatal_lines(log.since())
         row["fatal_lines"] += cyc["serve_fatal"] + cyc["unload_fatal"]
         runs = ", ".join(f"{r['offered_rps']:,.0f}/s: {r['failed']}/{r['requests']} failed"
@@ -403,7 +425,9 @@ def run(out: Path, *, kind: str = "cpu", seconds: float = 1.5, rates=(300.0, 100
         answers = cyc.get("answers", {})
         echo(f"{v} [{c + 1}/{cycles}] load {cyc['load_s']:.1f} s; {runs or cyc.get('load_error')}; "
              f"{answers.get('wrong', 0)} of {answers.get('checked', 0)} answers wrong; "
-             f"unload {'ok' if cyc['unload']['ok'] else 'FAILED'} in {cyc['unload'].get('s', 0):.1f} s; "
+             f"unload {'ok' if cyc['unload']['ok'] else 'FAILED'} in {cyc['unload'].get('s', 0):.1f} s"
+             + (f" (under load: {cyc['cut_by_unload']['answered']} of {cyc['cut_by_unload']['requests']} answered)"
+                if "cut_by_unload" in cyc else "") + "; "
              f"{len(cyc['serve_fatal'])} fatal lines serving, {len(cyc['unload_fatal'])} at unload")
 
     try:
@@ -528,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=1.5, help="seconds per rate (default 1.5)")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of: {', '.join(VARIANTS)}")
     p.add_argument("--cycles", type=int, default=1, help="loads and unloads per variant (default 1)")
+    p.add_argument("--unload-under-load", action="store_true",
+                   help="unload each variant while requests still arrive (the last rate)")
     p.add_argument("--no-shutdown-loaded", action="store_true",
                    help="skip loading every variant again for the server's shutdown (a shorter run)")
     p.add_argument("--wheels", type=Path, default=None,
@@ -535,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     doc = run(a.out, kind=a.kind, rates=tuple(float(r) for r in a.rates.split(",") if r), seconds=a.seconds,
               variants=[v for v in a.variants.split(",") if v], cycles=a.cycles,
-              shutdown_loaded=not a.no_shutdown_loaded, wheels=a.wheels)
+              shutdown_loaded=not a.no_shutdown_loaded, unload_under_load=a.unload_under_load, wheels=a.wheels)
     return 0 if doc["ok"] else 1
 
 
