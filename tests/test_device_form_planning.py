@@ -324,3 +324,24 @@ def test_simulator_needs_the_device_dispatch_rule_for_a_device_plan_and_drops_wh
     light = simulate_plan(lat, plan, ex, arrivals=Arrivals(batch=1, requests=300, clients=None, rate_rps=500),
                           device="h200", dispatch=choose)
     assert light.dropped_inputs == 0 and light.p99_ms < 5.0
+
+
+# ---------------------------------------------------------------- e3 plan
+
+def test_e3_plan_writes_an_all_device_plan_from_the_kept_h200_profile_and_says_why(tmp_path, capsys):
+    from e3.cli import main
+    args = ["plan", "--latency-profile", str(H200), "--reach", ",".join(str(r) for r in REACH_80_20),
+            "--devices", "h200:1", "--slo-ms", "100", "--rate-rps", "20000"]
+    assert main(args + ["--out", str(tmp_path / "plan.json")]) == 0
+    out = capsys.readouterr().out
+    plan = Plan.from_json((tmp_path / "plan.json").read_text())
+    assert plan.on_device and all(s.form == DEVICE and s.instances == 1 and s.device == "h200" for s in plan.splits)
+    assert "the device form pays" in out and "best constant/compact plan" in out
+    # the same without the device form: a plan of constant or compact splits, nothing of the device form
+    assert main(args + ["--forms", "constant,compact", "--out", str(tmp_path / "split.json")]) == 0
+    out = capsys.readouterr().out
+    split = Plan.from_json((tmp_path / "split.json").read_text())
+    assert not split.on_device and "device form" not in out
+    assert split.predicted["throughput_rps"] < plan.predicted["throughput_rps"]
+    assert main(args[:4] + ["1,0.35,0.5,0.2,0.2,0.2"] + args[5:]) == 2   # a reach that rises again: refused
+    assert "non-increasing" in capsys.readouterr().err
