@@ -26,9 +26,11 @@ did), enables ``faulthandler`` (a crash leaves every thread's stack in the log) 
 explicit model control. For each variant, ``cycles`` times: load it through the repository API, open-loop
 Poisson load at each rate (``benchmarks/gpu_load.OpenLoop``), unload it, wait for its stub to exit, and read
 the log written meanwhile for fatal lines (``Segmentation fault``, ``Fatal Python error``, ``terminate
-called``); with ``--unload-under-load`` the unload comes while requests still arrive. Then every variant is loaded again, answers a few requests checked against numpy, and the server
-shuts down with them loaded: the fatal lines of that shutdown are given to the variants whose model files
-appear in the stacks that follow them (else kept as unattributed).
+called``); with ``--unload-under-load`` the unload comes while requests still arrive. A rate at which a request
+fails ends that variant's load (a stuck model would cost the client's timeout at every rate). Then every variant
+is loaded again, answers a few requests checked against numpy, and the server shuts down with them loaded: the
+fatal lines of that shutdown are given to the variants whose model files appear in the stacks that follow them
+(else kept as unattributed).
 
 Writes ``OUT_DIR/threaded_answer_probe.json`` (``uname -a``, Python, torch and CUDA, one row per variant)
 and ``OUT_DIR/threaded_answer_probe.log`` (the server's log), nothing else there (the model repository lives
@@ -280,7 +282,7 @@ def _stub_pids(server, model: str) -> list[int]:
     return pids
 
 
-def _unload(server, model: str, timeout_s: float = 30.0) -> dict:
+def _unload(server, model: str, timeout_s: float = 20.0) -> dict:
     """Unload ``model`` and wait until Triton reports it gone and its stub has exited."""
     start = time.monotonic()
     ok, text = _call(server, f"/v2/repository/models/{model}/unload")
@@ -331,6 +333,7 @@ def run(out: Path, *, kind: str = "cpu", seconds: float = 1.5, rates=(300.0, 100
     import numpy as np
 
     variants = list(VARIANTS) if variants is None else list(variants)
+    rates = [float(r) for r in rates]
     for v in variants:
         model_name(v)   # unknown names fail before anything starts
     if kind not in ("cpu", "gpu"):
@@ -345,8 +348,8 @@ def run(out: Path, *, kind: str = "cpu", seconds: float = 1.5, rates=(300.0, 100
     log_path.unlink(missing_ok=True)
     json_path = out / JSON_NAME
     doc = {"kind": "threaded-answer-probe", "instance_kind": kind, **host_facts(), "seconds": seconds,
-           "rates": [float(r) for r in rates], "cycles": cycles, "unload_under_load": unload_under_load, "per_request": per_request, "variants": [],
-           "server_starts": 0, "stray_fatal": []}
+           "rates": rates, "cycles": cycles, "unload_under_load": unload_under_load, "per_request": per_request,
+           "variants": [], "server_starts": 0, "stray_fatal": []}
     has_torch = doc["torch"] is not None
     rows = {}
 
@@ -395,6 +398,9 @@ def run(out: Path, *, kind: str = "cpu", seconds: float = 1.5, rates=(300.0, 100
             cyc["runs"].append(r)
             row["requests"] += r["requests"]
             row["failed"] += r["failed"]
+            if r["failed"]:   # the verdict is made; a stuck model would cost the client's timeout at every rate
+                cyc["rates_skipped"] = rates[i + 1:]
+                break
         if loaded:
             cyc["answers"] = _burst(server.grpc_url, {v: name}, pool).get(v, {})
             _add(row["answers"], cyc["answers"])
@@ -435,6 +441,7 @@ def run(out: Path, *, kind: str = "cpu", seconds: float = 1.5, rates=(300.0, 100
         load = OpenLoop(server.grpc_url, clients or (4 if kind == "gpu" else 2))
         echo(f"server up in {time.monotonic() - t_start:.1f} s ({doc['uname']}; Python {doc['python']}, "
              f"torch {doc['torch']}, CUDA available {doc['cuda_available']})")
+        save()   # the host's facts, whatever happens next
         for v in variants:
             sender, torch = VARIANTS[v]
             row = rows[v] = {"variant": v, "model": models[v], "sender": sender, "torch": torch,
@@ -535,7 +542,7 @@ def _burst(url: str, models: dict[str, str], pool: dict, requests: int = 8, per_
                                        client_timeout=10)
                 except Exception:   # noqa: BLE001 - counted
                     got["failed"] += 1
-                    continue
+                    break   # a stuck model would cost the client's timeout per request
                 got["checked"] += 1
                 got["wrong"] += int(not np.array_equal(res.as_numpy("label").reshape(-1), np.argmax(x, axis=1)))
             out[v] = got
