@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e3.core.files import write_atomic
-from e3.core.names import served_name
+from e3.core.names import ranges_from_cuts, served_name, split_name
+from e3.core.plan import DEVICE, Plan, SplitPlan
 from e3.core.spec import ModelCard, answer_specs
 from e3.export.triton_config import DynamicBatching, ModelDescription, render_config
 
-__all__ = ["DeviceModel", "device_model_name", "write_device_model", "write_hop_models", "ROUTER_MAX_BATCH", "SYSTEMS"]
+__all__ = ["DeviceModel", "device_model_name", "device_plan", "write_device_model", "write_hop_models", "ROUTER_MAX_BATCH", "SYSTEMS"]
 
 ROUTER_MAX_BATCH = 1024   # requests' rows Triton hands E3's router per execute: admission only, no compute
 MODULE = "e3.serving.device.triton_model"
@@ -88,7 +89,8 @@ def write_device_model(repo: Path, desc: DeviceModel, card: ModelCard) -> str:
             raise ValueError(f"answering must be 'continuous' or 'inline', got {desc.answering!r}")
         if desc.max_queue_inputs < 0:
             raise ValueError(f"max_queue_inputs must be >= 0 (0: unbounded), got {desc.max_queue_inputs}")
-        params.update(cuts=json.dumps(list(desc.cuts)), batch_sizes=json.dumps(batches), slo_ms=str(desc.slo_ms),
+        params.update(plan=device_plan(card, desc.exit_rule, cuts=desc.cuts, batch_sizes=batches,
+                                       enabled_ramps=desc.enabled_ramps, slo_ms=desc.slo_ms).to_json(),
                       answering=desc.answering)
         if desc.max_queue_inputs:
             params["max_queue_inputs"] = str(desc.max_queue_inputs)
@@ -115,6 +117,22 @@ def write_device_model(repo: Path, desc: DeviceModel, card: ModelCard) -> str:
         parameters=params))
     _write_model(repo, desc.name, text, ADMISSION_MODULE if desc.system == "admission" else MODULE)
     return desc.name
+
+
+def device_plan(card: ModelCard, exit_rule: dict, *, cuts: tuple[int, ...], batch_sizes: list[int],
+                enabled_ramps: tuple[int, ...], slo_ms: float, slack: float = 0.2) -> Plan:
+    """The plan document of E3's device form for ``card`` cut after ``cuts``: one device split per block range,
+    each at its batch, one instance (the router's, on its device), the ramps inside it that are enabled."""
+    m = served_name(card.name)
+    ranges = ranges_from_cuts(list(cuts), card.num_blocks)
+    splits = tuple(SplitPlan(model=split_name(m, a, b), first_block=a, last_block=b, batch_size=batch, instances=1,
+                             form=DEVICE, queue_delay_us=0,
+                             enabled_ramps=tuple(k for k in enabled_ramps if a <= k <= b and k < card.num_blocks))
+                   for (a, b), batch in zip(ranges, batch_sizes))
+    plan = Plan(model=m, num_blocks=card.num_blocks, exit_rule=dict(exit_rule), splits=splits, slo_ms=slo_ms,
+                slack=slack)
+    plan.validate(card.ramp_blocks)
+    return plan
 
 
 def _write_model(repo: Path, name: str, config_text: str, module: str) -> None:

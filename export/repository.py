@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from e3.core.files import write_atomic
 from e3.core.manifest import ManifestError, read_manifest, write_manifest
-from e3.core.names import (block_file, ee_name, preprocess_name, ramp_output, ramps_in_range,
+from e3.core.names import (SHIPPED_MODELS_DIR, WEIGHTS_FILE, block_file, ee_name, preprocess_name, ramp_output, ramps_in_range,
                            ranges_from_cuts, router_name, served_name, split_name, state_output, stock_name)
 from e3.core.plan import Plan, SplitPlan, default_plan
 from e3.core.spec import ModelCard, TensorSpec, answer_specs
@@ -46,13 +46,16 @@ from e3.export.model_api import EarlyExitModel, SplitModule
 from e3.export.onnx_export import StateLayoutError, check_state_layout, export_onnx, part_io
 from e3.export.rules import RuleError, check_rule_parity, check_shipped, resolve_rule, ship_rule
 from e3.export.triton_config import DynamicBatching, ModelDescription, render_config
-from e3.export.zoo import resolve_model, resolve_stock
+from e3.export.zoo import load_shipped_model, resolve_model, resolve_stock
 
 __all__ = ["ExportError", "ExportSettings", "export_repository", "answer_specs",
            "all_ranges"]
 
 log = logging.getLogger(__name__)
 SERVING = "e3.serving"   # the package whose modules the generated model.py files import
+# <m>_router's module: the CPU router, or the device router for a plan of device splits (chosen at load, so a
+# plan switch between forms is a reload like any other)
+ROUTER_MODULE = f"{SERVING}.device.router"
 
 
 class ExportError(RuntimeError):
@@ -269,17 +272,43 @@ def _write_router(model: EarlyExitModel, plan: Plan, name: str, out: Path, setti
     except RuleError as err:
         raise ExportError(f"{name}: {err}") from None
     first = plan.splits[0]
+    # the model itself too, for the device form: any later plan may run it on the router's device (a plan switch
+    # is a reload of this model with the plan in a config override), as any later plan may make a split compact
+    device = _ship_model(model, out / "1")
+    gpu = plan.on_device and settings.gpus > 0
     _write_python_model(out, ModelDescription(
         name=name, kind="python", max_batch_size=card.max_batch_size, inputs=card.inputs,
         outputs=answer_specs(card), instances=settings.router_instances or plan.router_instances,
+        # the device form: one instance per GPU (each holds every split on its device); KIND_CPU runs it eagerly
+        instance_kind="KIND_GPU" if gpu else "KIND_CPU", gpus=tuple(range(settings.gpus)) if gpu else (),
         # One instance: its execute only admits requests to its scheduler and returns at once, no reason to
         # hold them; several (inline): requests gather in Triton's queue (Plan.router_queue_delay_us).
         dynamic_batching=DynamicBatching((first.batch_size,), plan.router_queue_delay_us),
         parameters={"model_card": json.dumps(card.to_dict()), "plan": json.dumps(plan.to_dict(), sort_keys=True),
-                    "part_io": json.dumps({**split_io, **io}, sort_keys=True),
+                    "part_io": json.dumps({**split_io, **io}, sort_keys=True), **device,
                     **({"max_queue_inputs": str(settings.max_queue_inputs)} if settings.max_queue_inputs else {})}),
-        f"{SERVING}.router", settings)
+        ROUTER_MODULE, settings)
     return io
+
+
+def _ship_model(model: EarlyExitModel, version_dir: Path) -> dict[str, str]:
+    """What the device router builds its model from (:mod:`e3.serving.device.router`): the model's weights
+    (``weights.safetensors``, its state dict) and, for a user's ``package.module:factory``, the factory's
+    module under ``e3_models/`` (Triton's stub ignores ``PYTHONPATH``); returns the router's parameters naming
+    them. Checked here: the architecture built as the server will build it loads the weights exactly."""
+    from safetensors.torch import save_model
+
+    from e3.export.rules import ship_module
+    name = model.card.name
+    if ":" in name:
+        try:
+            ship_module(name.partition(":")[0], version_dir, SHIPPED_MODELS_DIR)
+        except ValueError as err:
+            raise ExportError(f"{name}: {err}") from None
+    version_dir.mkdir(parents=True, exist_ok=True)
+    save_model(model, str(version_dir / WEIGHTS_FILE))
+    load_shipped_model(name, str(version_dir / WEIGHTS_FILE), modules=str(version_dir / SHIPPED_MODELS_DIR))
+    return {"model": name, "weights": WEIGHTS_FILE}
 
 
 def _reads(io: dict[str, dict[str, list[str]]]) -> dict[str, list[str]]:

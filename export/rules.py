@@ -37,7 +37,7 @@ import numpy as np
 
 from e3.core.exits import BUILTIN_RULES, SHIPPED_RULES_DIR, ExitRule, make_exit_rule, rule_config
 
-__all__ = ["RuleError", "resolve_rule", "ship_rule", "check_shipped", "check_rule_parity", "RuleParity"]
+__all__ = ["RuleError", "resolve_rule", "ship_rule", "ship_module", "check_shipped", "check_rule_parity", "RuleParity"]
 
 MAX_MODULE_BYTES = 1 << 20
 TIE_BAND = 1e-5          # DESIGN §2: rows this close to a boundary may flip between runtimes
@@ -82,22 +82,35 @@ def ship_rule(rule: ExitRule, version_dir: Path) -> str | None:
     module_name = type(rule).__module__
     if rule.kind in BUILTIN_RULES or module_name == "e3" or module_name.startswith("e3."):
         return None
+    try:
+        return ship_module(module_name, version_dir, SHIPPED_RULES_DIR)
+    except ValueError as err:
+        raise RuleError(f"exit rule {rule.kind}: {err}") from None
+
+
+def ship_module(module_name: str, version_dir: Path, folder: str) -> str | None:
+    """Copy the source file of the imported module ``module_name`` into ``version_dir/folder`` under its
+    package path (empty parent ``__init__.py`` files), so that Triton's Python stub, which ignores
+    ``PYTHONPATH`` and the user's working directory, imports it from there; returns the copied file's path
+    relative to ``version_dir``, or None for a module of an installed package (the server's environment has
+    it). ValueError when there is no source file to ship or it is too large. One piece of code for a user's
+    exit rule (``e3_rules/``) and a user's model (``e3_models/``)."""
     module = sys.modules.get(module_name)
     source = Path(getattr(module, "__file__", "") or "")
     if not source.is_file() or source.suffix != ".py":
-        raise RuleError(f"exit rule {rule.kind}: its module has no Python source file to ship ({source}); "
-                        "install it as a package in the server's environment instead")
+        raise ValueError(f"its module {module_name} has no Python source file to ship ({source}); "
+                         "install it as a package in the server's environment instead")
     if _installed(source):
         return None
     if source.stat().st_size > MAX_MODULE_BYTES:
-        raise RuleError(f"exit rule {rule.kind}: {source} is over {MAX_MODULE_BYTES >> 20} MB; install it as a "
-                        "package in the server's environment instead")
+        raise ValueError(f"{source} is over {MAX_MODULE_BYTES >> 20} MB; install it as a "
+                         "package in the server's environment instead")
     parts = module_name.split(".")
     if source.name == "__init__.py":
         dest = Path(*parts) / "__init__.py"
     else:
         dest = Path(*parts[:-1], f"{parts[-1]}.py")
-    root = version_dir / SHIPPED_RULES_DIR
+    root = version_dir / folder
     for i in range(1, len(dest.parts)):   # parent packages: empty __init__.py files
         init = root.joinpath(*dest.parts[:i], "__init__.py")
         if not init.exists():
@@ -105,7 +118,7 @@ def ship_rule(rule: ExitRule, version_dir: Path) -> str | None:
             init.write_text("")
     (root / dest).parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source, root / dest)
-    return str(Path(SHIPPED_RULES_DIR) / dest)
+    return str(Path(folder) / dest)
 
 
 _CHECK = """

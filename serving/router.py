@@ -165,6 +165,11 @@ class TritonPythonModel:
         for remote in self.remotes:
             remote.close()
         self.metrics.close()
+        # Free the scheduler's bookkeeping now, while the stub can still take what it reaches, not at the
+        # interpreter's teardown (the crashes at unload: docs/reliability.md).
+        self.sched = self.runners = None
+        import gc
+        gc.collect()
 
     # -- Triton's call: admit and return ---------------------------------------------------------------
     def execute(self, requests):
@@ -285,8 +290,8 @@ class TritonPythonModel:
         if d.abandoned_at is None:   # an abandoned batch's exits are not counted: its requests were dropped
             self.metrics.record(route, new_inputs=len(d.rows) if d.split == 0 else 0)
         for job in done:
-            self._deliver(job.handle, {"label": job.label[:, None], "exit_ramp": job.exit_ramp[:, None],
-                                       "probs": job.probs})
+            self._deliver(job, {"label": job.label[:, None], "exit_ramp": job.exit_ramp[:, None],
+                                "probs": job.probs})
         # The router's own work: this thread's CPU time outside the split itself (its ONNX Runtime
         # calls for a compact split, the wait for a BLS call otherwise).
         self.metrics.timing((time.thread_time() - cpu - call_cpu) * 1e6, ms * 1e3)
@@ -298,12 +303,16 @@ class TritonPythonModel:
                 f"{self.plan.splits[job.stuck_in].model} had not returned by the deadline; its call was abandoned")
             drop = drop_for(self.plan, late=job.failed == DEADLINE, detail=why)
             job.answered = True
-            self._deliver(job.handle, drop.message)
+            self._deliver(job, drop.message)
             self.metrics.dropped(drop.reason, job.n)
 
-    def _deliver(self, handle, what) -> None:
+    def _deliver(self, job: Job, what) -> None:
         """A request's answers (a dict) or error (a message): to the execute that holds it (inline), else
-        to the sending thread."""
+        to the sending thread. The job lets go of its sender here (only the sending thread holds it then,
+        until it has sent): no sender outlives its answer in the router's bookkeeping."""
+        handle, job.handle = job.handle, None
+        if handle is None:   # delivered once already
+            return
         if isinstance(handle, _Inline):
             with self.lock:
                 handle.what = what

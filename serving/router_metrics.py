@@ -65,10 +65,25 @@ class RouterMetrics:
             self.flush()
 
     def close(self) -> None:
+        """Flush, stop the thread, then release every Metric and MetricFamily now, Metrics first.
+
+        Released here, inside ``finalize``, and not left to the stub's teardown: a MetricFamily destroyed while
+        the stub itself is being destroyed touches the stub's gone state and kills the process
+        ("Segmentation fault" at every unload and most shutdowns; Triton server issue #8662), and a Metric
+        must not outlive its family (python_backend PR #254)."""
         self._stop.set()
         self._soon.set()
         self._flusher.join(timeout=2)
         self.flush()
+        with self._lock:
+            self._pending = {}
+        self._cache.clear()
+        self.inputs = self.batches = self.rejected_requests = self.rejected_inputs = None
+        self.overhead = self.bls = self._plan_metric = None
+        self._reached = self._exited = self._dropped = self._plan = None
+        self._families.clear()
+        import gc
+        gc.collect()
 
     def _labelled(self, fam, **labels):
         """A key for the counter of ``fam`` with ``labels``; its Metric is made by :meth:`flush`."""

@@ -15,7 +15,7 @@ import pytest
 from e3.client.sdk import E3Client
 from e3.controller.triton_api import TritonControl
 from e3.core.exits import make_exit_rule
-from e3.core.plan import COMPACT, CONSTANT, Plan, default_plan
+from e3.core.plan import COMPACT, CONSTANT, DEVICE, Plan, default_plan
 from e3.core.manifest import read_manifest
 from e3.export.reference import reference_answers
 from e3.export.repository import ExportSettings, export_repository
@@ -70,6 +70,10 @@ def _plan(card, m, ranges, forms, enabled=None):
     (CUSTOM, "summit", [(1, 1), (2, 4)], [CONSTANT, COMPACT], (1, 3)),          # mixed, ramp 2 disabled
     (ENTROPY, "summit_entropy", [(1, 4)], [COMPACT], None),                     # composed into one graph
     (ENTROPY, "summit_entropy", [(1, 2), (3, 4)], [CONSTANT, CONSTANT], None),
+    # the device form (DESIGN §2b) on this CPU: the router runs the model it shipped (module + weights)
+    (CUSTOM, "summit", [(1, 1), (2, 3), (4, 4)], [DEVICE] * 3, None),
+    (CUSTOM, "summit", [(1, 2), (3, 4)], [DEVICE] * 2, (1, 3)),
+    (ENTROPY, "summit_entropy", [(1, 4)], [DEVICE], None),
 ])
 def test_the_router_answers_like_pytorch_in_every_form(summit_server, model_name, m, ranges, forms, enabled):
     server, repo = summit_server
@@ -83,6 +87,8 @@ def test_the_router_answers_like_pytorch_in_every_form(summit_server, model_name
     x = model.example_arrays(120, seed=5)["x"]
     ref = reference_answers(model, (x,), make_exit_rule(card.exit_rule), enabled_ramps=plan.enabled_ramps)
     _check(_ask(server.http_url, f"{m}_router", x, [1, 7, 16, 3, 32, 5, 24, 32]), ref)
+    if plan.on_device:   # served by the device router, from the module and weights export shipped
+        assert f"{m} device router: {len(ranges)} splits" in server.log_file.read_text()
 
 
 @pytest.mark.parametrize("model_name, m, form", [(CUSTOM, "summit", "block by block"),
@@ -104,5 +110,8 @@ def test_export_recorded_what_each_part_reads_and_shipped_the_rule(summit_server
     assert io["summit_split_4-4"]["reads"] == ["h"]
     assert sorted(io["summit_split_2-3"]["reads"]) == ["h", "summ"]
     assert (repo / "summit_router" / "1" / "e3_rules" / "custom_rule.py").is_file()
+    # the device form's model: the user's module (the stub ignores PYTHONPATH) and the weights
+    assert (repo / "summit_router" / "1" / "e3_models" / "custom_ee.py").is_file()
+    assert (repo / "summit_router" / "1" / "weights.safetensors").is_file()
     assert (repo / "summit_ee" / "1" / "e3_rules" / "custom_rule.py").is_file()
     assert not (repo / "summit_entropy_router" / "1" / "e3_rules").exists()   # a built-in rule ships nothing

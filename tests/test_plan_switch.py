@@ -25,6 +25,11 @@ def _answered(server) -> bool:
     return stats["inference_count"] > 200
 
 
+def _routed(server) -> int:
+    """Inputs the router has taken so far."""
+    return server.model_statistics("tiny_ee_router")["model_stats"][0]["inference_count"]
+
+
 @pytest.fixture(scope="module")
 def switch_server(tmp_path_factory):
     with serving_every_range(tmp_path_factory, "switch-repo") as server:
@@ -118,3 +123,38 @@ def test_router_telemetry_counts_every_input(switch_server, tiny_model):
     assert sum(snap.exited.values()) == pytest.approx(snap.inputs)
     assert snap.reached[1] == pytest.approx(snap.inputs)
     assert snap.exited[L] == pytest.approx(snap.reached[L])
+
+
+def test_switch_into_and_between_device_plans_under_load_loses_nothing(switch_server, tiny_model):
+    """The controller's switch (a reload of the router with the plan in a config override) from a CPU plan to
+    the device form (the router then runs the model it shipped on its own device: here the CPU, eagerly), and
+    from one device plan to another, each while 8 clients keep sending: no request fails, the device plan's
+    router reports its plan in the metrics, and its answers equal the reference."""
+    from e3.client.sdk import E3Client
+    from e3.export.device_repository import device_plan
+    card = tiny_model.card
+    plans = [device_plan(card, card.exit_rule, cuts=cuts, batch_sizes=[4] * (len(cuts) + 1),
+                         enabled_ramps=card.ramp_blocks, slo_ms=10_000.0) for cuts in ((1,), (1, 2))]
+    ids, mask = (x.numpy() for x in tiny_model.example_inputs(256, seed=13))
+    pool = {"input_ids": ids, "attention_mask": mask}
+    with TritonControl(switch_server.http_url) as control:
+        for plan in plans:
+            results = {}
+            load = threading.Thread(target=lambda: results.setdefault("r", closed_loop(
+                switch_server.http_url, "tiny_ee_router", pool, concurrency=8, batch=3, requests=REQUESTS)))
+            start = _routed(switch_server)
+            load.start()
+            wait_until(lambda: _routed(switch_server) > start + 200, 60, "the router serving under load")
+            control.switch_plan("tiny_ee_router", plan)
+            assert load.is_alive(), "the load must still be running when the switch completes"
+            load.join()
+            assert control.current_plan("tiny_ee_router").plan_id == plan.plan_id
+            assert results["r"].errors == 0, results["r"].error_messages
+            assert results["r"].requests == REQUESTS
+            metrics = urllib.request.urlopen(switch_server.metrics_url, timeout=10).read().decode()
+            assert f'plan_id="{plan.plan_id}"' in metrics
+    with E3Client(switch_server.http_url) as client:
+        got = client.infer("tiny_ee_router", {"input_ids": ids[:40], "attention_mask": mask[:40]})
+    ref = reference_answers(tiny_model, (ids[:40], mask[:40]), make_exit_rule(card.exit_rule))
+    clear = ref.min_margin > 1e-5
+    assert (got.exit_ramp[clear] == ref.exit_ramp[clear]).all() and (got.label[clear] == ref.label[clear]).all()

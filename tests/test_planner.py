@@ -18,7 +18,7 @@ import pytest
 
 from e3.controller.planner import PlannerError, best_plan, cheapest_plan, parse_devices, parse_forms, stock_baseline
 from e3.controller.planner.ramps import candidate_ramps, wrap_for_devices
-from e3.core.cost import effective_reach, plan_cost
+from e3.core.cost import SPLIT_FORMS, effective_reach, plan_cost
 from e3.core.plan import COMPACT, CONSTANT, FORMS, Plan
 from e3.core.profile import BatchProfile, DeviceConfig, LatencyProfile
 from planner_oracle import reference_best_plan
@@ -175,8 +175,8 @@ def assert_feasible(r, lat, batch, res, slo_ms, slack, rate_rps, cost_bound=None
 
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("names,counts", [(["gpu"], [3]), (["a", "b"], [2, 2])], ids=["homogeneous", "two-configs"])
-@pytest.mark.parametrize("forms,extras,wrapper", [((CONSTANT,), False, False), (FORMS, False, False),
-                                                  (FORMS, True, False), (FORMS, True, True)],
+@pytest.mark.parametrize("forms,extras,wrapper", [((CONSTANT,), False, False), (SPLIT_FORMS, False, False),
+                                                  (SPLIT_FORMS, True, False), (SPLIT_FORMS, True, True)],
                          ids=["constant", "forms", "forms+curves", "forms+curves+wrapper"])
 def test_best_plan_matches_brute_force(seed, names, counts, forms, extras, wrapper):
     rng = np.random.default_rng(seed * 7 + len(names))
@@ -216,7 +216,7 @@ def test_fast_search_matches_reference_search(seed):
     kw = dict(slo_ms=float(rng.uniform(15, 120)), slack=0.2, rate_rps=float(rng.uniform(200, 5000)),
               alpha=None, cost_bound=float(rng.uniform(2, 12)) if seed % 4 == 1 else None,
               b0s=None if seed % 2 else [1, 2, 4, 8, 16, 32], exit_wrapper=seed % 7 != 6,
-              forms=(CONSTANT,) if seed % 6 == 5 else FORMS)
+              forms=(CONSTANT,) if seed % 6 == 5 else SPLIT_FORMS)
     try:
         want = reference_best_plan(lat, batch, res, **kw)
     except PlannerError:
@@ -237,7 +237,8 @@ def test_random_instances_are_not_trivial():
         batch = make_batch(random_reach(rng, 4))
         slo, rate = float(rng.uniform(10, 60)), float(rng.uniform(100, 2000))
         try:
-            r = best_plan(lat, batch, {"a": 2, "b": 2}, slo_ms=slo, rate_rps=rate, b0s=[1, 2, 4, 8], alpha=None)
+            r = best_plan(lat, batch, {"a": 2, "b": 2}, slo_ms=slo, rate_rps=rate, b0s=[1, 2, 4, 8], alpha=None,
+                          forms=SPLIT_FORMS)
         except PlannerError:
             seen_infeasible += 1
             continue
@@ -245,7 +246,7 @@ def test_random_instances_are_not_trivial():
         seen_configs |= set(r.devices_used)
         seen_forms |= {s.form for s in r.splits}
         seen_disabled |= bool(r.disabled_ramps)
-    assert seen_cuts and seen_configs == {"a", "b"} and seen_forms == set(FORMS) and seen_disabled
+    assert seen_cuts and seen_configs == {"a", "b"} and seen_forms == set(SPLIT_FORMS) and seen_disabled
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -383,8 +384,8 @@ def test_cost_model_reproduces_the_planners_numbers_and_the_brute_force():
     rng = np.random.default_rng(5)
     lat = random_profile(rng, 5, ["a", "b"], extras=True)
     batch = make_batch(random_reach(rng, 5))
-    r = best_plan(lat, batch, {"a": 3, "b": 2}, slo_ms=80, rate_rps=800, alpha=None)
-    assert {s.form for s in r.splits} == set(FORMS)      # both forms, so both are re-priced
+    r = best_plan(lat, batch, {"a": 3, "b": 2}, slo_ms=80, rate_rps=800, alpha=None, forms=SPLIT_FORMS)
+    assert {s.form for s in r.splits} == set(SPLIT_FORMS)   # both forms, so both are re-priced
     pc = plan_cost(lat, batch.reach, [(s.first_block, s.last_block, s.device, s.instances, s.form)
                                       for s in r.splits], b0=r.input_batch_size, rate_rps=800, ramps=r.enabled_ramps)
     assert (pc.throughput_rps, pc.latency_ms, pc.cost) == pytest.approx((r.throughput_rps, r.latency_ms, r.cost))

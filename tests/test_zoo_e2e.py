@@ -124,3 +124,43 @@ def test_bad_text_is_refused_and_serving_goes_on(zoo_server):
         long_text = " ".join(["wonderful"] * 500)  # far past max_seq_len: truncated, still answered
         got = client.infer("bert_ee", {"TEXT": np.array([long_text.encode(), texts[0].encode()], dtype=object)[:, None]})
         assert len(got.label) == 2
+
+
+@pytest.mark.parametrize("name, front", [("bert-ee", "text"), ("pabee", "router"), ("resnet-ee", "router")])
+def test_the_device_form_switched_in_answers_as_the_reference(zoo_server, name, front):
+    """The same routers switched to E3's device form (DESIGN §2b; here KIND_CPU, eager): every split runs inside
+    the router on its device, from the model and weights export shipped beside it; a thousand inputs from
+    sixteen clients answer as the PyTorch reference (entropy, patience carried across splits, changing state
+    shapes). Last in this file: it leaves the routers on device plans."""
+    from e3.controller.triton_api import TritonControl
+    from e3.export.device_repository import device_plan
+    from e3.export.zoo import resolve_model
+    server, texts, ids, mask, pixels = zoo_server
+    model = resolve_model(name)
+    card = model.card
+    m = served_name(name)
+    plan = device_plan(card, card.exit_rule, cuts=(2, 4), batch_sizes=[8, 8, 8], enabled_ramps=card.ramp_blocks,
+                       slo_ms=120_000)
+    with TritonControl(server.http_url) as control:
+        control.switch_plan(f"{m}_router", plan)
+    if front == "text":
+        target = m
+        make = lambda a, b: {"TEXT": np.array([t.encode() for t in texts[a:b]], dtype=object)[:, None]}  # noqa: E731
+    elif name == "resnet-ee":
+        target = f"{m}_router"
+        make = lambda a, b: {"pixels": pixels[a:b]}  # noqa: E731
+    else:
+        target = f"{m}_router"
+        make = lambda a, b: {"input_ids": ids[a:b], "attention_mask": mask[a:b]}  # noqa: E731
+    label, ramp = send_concurrently(server.http_url, target, make, mixed_sizes(N_INPUTS, 16, len(name) + 11),
+                                    workers=CLIENTS)
+    inputs = (pixels,) if name == "resnet-ee" else (ids, mask)
+    if name not in _REFERENCE:
+        _REFERENCE[name] = reference_answers(model, inputs, make_exit_rule(card.exit_rule))
+    ref = _REFERENCE[name]
+    clear = ref.min_margin > TIE_BAND
+    assert (~clear).sum() <= 3, "tie band must stay tiny"
+    assert (ramp[clear] == ref.exit_ramp[clear]).all()
+    assert (label[clear] == ref.label[clear]).all()
+    assert len(set(ramp.tolist())) >= 3, f"exits should spread over ramps, got {np.unique(ramp)}"
+    assert f"{m} device router: 3 splits 1-2, 3-4, 5-" in server.log_file.read_text()

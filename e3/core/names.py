@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 
 __all__ = [
+    "SHIPPED_MODELS_DIR",
+    "WEIGHTS_FILE",
     "CutError",
     "served_name",
     "split_name",
@@ -26,6 +28,10 @@ __all__ = [
     "zoo_name_of",
     "block_file",
 ]
+
+# What e3 export ships beside a router that runs the model itself (the device form, e3.serving.device.router):
+SHIPPED_MODELS_DIR = "e3_models"        # a user's model module (Triton's stub ignores PYTHONPATH)
+WEIGHTS_FILE = "weights.safetensors"   # the model's state dict
 
 _SERVED = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _SPLIT = re.compile(r"^(?P<m>.+)_split_(?P<first>\d+)-(?P<last>\d+)$")

@@ -14,7 +14,8 @@ from typing import Callable
 
 from e3.export.model_api import EarlyExitModel
 
-__all__ = ["ZooEntry", "ZOO", "resolve_model", "resolve_stock", "resolve_architecture", "UnknownModelError"]
+__all__ = ["ZooEntry", "ZOO", "resolve_model", "resolve_stock", "resolve_architecture", "load_shipped_model",
+           "UnknownModelError"]
 
 
 class UnknownModelError(ValueError):
@@ -139,3 +140,21 @@ def resolve_stock(name: str) -> EarlyExitModel:
     if entry is not None and entry.build_stock is not None:
         return entry.build_stock().eval()
     return resolve_model(name)
+
+
+def load_shipped_model(name: str, weights: str, *, modules: str | None = None) -> EarlyExitModel:
+    """The model ``e3 export`` shipped beside a router: ``name``'s architecture (a zoo name, or a user's
+    ``package.module:factory`` imported from ``modules``, the folder its module was shipped to: Triton's stub
+    ignores ``PYTHONPATH``) with the state dict in the safetensors file ``weights``, in eval mode. Every tensor
+    must match: a missing or unexpected one raises (a model that changed since its export is not served).
+    The exporter loads what it shipped with this very function, so a model that would not load fails the
+    export, not the serve."""
+    import os
+    import sys
+
+    from safetensors.torch import load_model
+    if modules and os.path.isdir(modules) and modules not in sys.path:
+        sys.path.insert(0, modules)
+    model = resolve_architecture(name)
+    load_model(model, weights, strict=True)
+    return model.eval()

@@ -95,21 +95,28 @@ class ContinuousEngine:
 
     # -- the pipeline's callbacks (the engine thread) ------------------------------------------------------
     def answered(self, held: Held, outputs: dict) -> None:
-        if self._release(held, "answered"):
-            self.send(held.sender, outputs)
+        sender = self._release(held, "answered")
+        if sender is not None:
+            self.send(sender, outputs)
 
     def failed(self, held: Held, message: str) -> None:
-        if self._release(held, "failed"):
-            self.send(held.sender, message)
+        sender = self._release(held, "failed")
+        if sender is not None:
+            self.send(sender, message)
 
-    def _release(self, held: Held, how: str) -> bool:
+    def _release(self, held: Held, how: str):
+        """The request's sender, once (None if it was answered already: a request has exactly one response).
+        The sender leaves the pipeline's bookkeeping here: only the sending thread holds it from now on and
+        drops it once sent, so no sender outlives its answer (one dying with the stub's teardown is the
+        lead for the crashes at unload, docs/reliability.md)."""
         with self._lock:
-            if id(held) not in self._held:   # answered once already: a request has exactly one response
-                return False
+            if id(held) not in self._held:
+                return None
             self._held.discard(id(held))
             self.held_inputs -= held.n
             self.counts[how] += 1
-            return True
+            sender, held.sender = held.sender, None
+            return sender
 
     # -- the engine thread ---------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -137,3 +144,4 @@ class ContinuousEngine:
             self._thread.join(timeout=timeout_s)
         if self.pipeline is not None:
             self.pipeline.fail_all("the router is unloading; send again")
+            self.pipeline = None

@@ -46,7 +46,7 @@ from e3.core.names import ranges_from_cuts
 from e3.export.model_api import EarlyExitModel
 from e3.serving.device.dispatch import QueueView, choose
 from e3.serving.device.executor import DeviceSettings, make_executor
-from e3.serving.policy import BatchRoute
+from e3.serving.policy import DEADLINE, ERROR, BatchRoute
 
 __all__ = ["DevicePipeline", "StockRunner", "NaiveRunner", "Answer", "segments_at", "head_answer"]
 
@@ -178,8 +178,13 @@ class DevicePipeline:
     def __init__(self, model: EarlyExitModel, *, cuts: tuple[int, ...], batch_sizes: list[int],
                  enabled_ramps: tuple[int, ...], rule: ExitRule, settings: DeviceSettings, slo_ms: float,
                  slack: float = 0.2, answer: Callable[[Any, dict], None], fail: Callable[[Any, str], None],
-                 clock: Callable[[], float] = time.monotonic, depth: int | None = None):
+                 clock: Callable[[], float] = time.monotonic, depth: int | None = None,
+                 on_run: Callable[[int, BatchRoute], None] | None = None,
+                 on_drop: Callable[[str, int], None] | None = None):
         card = model.card
+        # telemetry hooks (the router's metrics): every decided run (split index, its route), every request
+        # dropped (reason as e3.serving.policy names them, its inputs)
+        self.on_run, self.on_drop = on_run, on_drop
         self.card, self.rule, self.settings = card, rule, settings
         self.ranges = segments_at(card.num_blocks, cuts)
         if len(batch_sizes) != len(self.ranges):
@@ -342,6 +347,8 @@ class DevicePipeline:
         self.counts["runs"][s] += 1
         self.counts["rows"][s] += n
         self.queues[s].learn(time.perf_counter() - run.started)
+        if self.on_run is not None:
+            self.on_run(s, route)
 
     # -- drops -------------------------------------------------------------------------------------------------
     def _drop_late(self, now: float) -> None:
@@ -352,17 +359,20 @@ class DevicePipeline:
             for c in itertools.islice(q.chunks, 4):
                 for job in set(c.jobs[:8]):
                     if job.live and now + left > job.deadline and q.runs > 1:
-                        self._fail_rows(np.array([job], dtype=object), "it would finish after its deadline")
+                        self._fail_rows(np.array([job], dtype=object), "it would finish after its deadline",
+                                        DEADLINE)
                         self.counts["dropped"] += 1
                         dead = True
         if dead:
             for q in self.queues:
                 q.drop_dead()
 
-    def _fail_rows(self, jobs: np.ndarray, message: str) -> None:
+    def _fail_rows(self, jobs: np.ndarray, message: str, reason: str = ERROR) -> None:
         for job in set(jobs):
             if job.live:
                 job.live = False
+                if self.on_drop is not None:
+                    self.on_drop(reason, len(job.answer.label))
                 self.fail_cb(job.handle, message)
 
 
