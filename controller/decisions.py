@@ -126,7 +126,10 @@ def score_plan(latency: LatencyProfile, batch: BatchProfile, plan: Plan, *, rate
 
 
 def devices_used(plan: Plan) -> dict[str, int]:
-    """Device configuration -> instances the plan's splits use."""
+    """Device configuration -> instances the plan's splits use. A plan of device splits uses one device (the
+    router's instance runs every split on it, e3.core.plan), however many splits it has."""
+    if plan.on_device:
+        return {plan.splits[0].device: 1}
     out: dict[str, int] = {}
     for s in plan.splits:
         out[s.device] = out.get(s.device, 0) + s.instances

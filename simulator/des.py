@@ -68,9 +68,8 @@ goodput under an SLO, drops) plus the batch each split ran.
 * **The device form** (a plan of device splits, :attr:`Plan.on_device`, DESIGN §2b): one device runs the
   plan's splits one at a time inside the router. Every split has a queue of rows (survivors of any
   requests); each time the device is free the device router's own dispatch rule
-  (``e3.serving.device.dispatch.choose``, passed in as ``dispatch``: the layering table lets the simulator
-  import ``e3.serving``, not ``e3.serving.device``; the rule reads only the four fields of its
-  ``QueueView``, which :class:`DeviceQueueView` repeats) names the split and its rows; a run of n rows holds
+  (``e3.serving.device.dispatch.choose``, the pure module the layering table lets the simulator import)
+  names the split and its rows; a run of n rows holds
   the device for the cost model's stage time of the device form at the executor's bucket for n (the smallest
   profiled batch >= n): its blocks, one exit check and the router's work
   (:func:`e3.core.cost.batch_ms` + ``router``); rows whose exit block lies in the split are answered, the
@@ -96,12 +95,13 @@ import simpy
 from e3.core.plan import COMPACT, CONSTANT, DEVICE, Plan
 from e3.core.profile import LatencyProfile
 from e3.core.cost import batch_ms, device_table
+from e3.serving.device.dispatch import QueueView, choose
 from e3.serving.admission import batch_cut
 from e3.serving.scheduler import Scheduler
 from e3.simulator.load import Arrivals, Clock, SimResult
 
 __all__ = ["Arrivals", "Baseline", "CallCosts", "SimResult", "simulate_plan", "simulate_baseline", "next_enabled_exit",
-           "DeviceQueueView", "Dispatch"]
+           "Dispatch"]
 
 
 @dataclass(frozen=True)
@@ -390,16 +390,6 @@ class _Router:
         self.pump()
 
 
-@dataclass(frozen=True)
-class DeviceQueueView:
-    """What the device dispatch rule reads of one split's queue: the fields of
-    ``e3.serving.device.dispatch.QueueView``, repeated here (see the module docstring)."""
-    rows: int                        # rows waiting
-    batch: int                       # the plan's batch for this split (rows per run)
-    oldest_target_s: float | None    # earliest target (arrival + SLO x (1 - slack)) among the waiting rows (s)
-    expected_s: float                # expected time of one run of this split (s)
-
-
 Dispatch = Callable[[list, float], Any]   # (queue views, now in s) -> a choice with .split (None: nothing), .rows
 
 
@@ -487,8 +477,8 @@ class _DeviceRouter:
     def _engine(self) -> Iterator:
         while True:
             self._drop_late()
-            views = [DeviceQueueView(self.rows[i], s.batch_size,
-                                     min((c[2] for c in self.queues[i]), default=None), self.expected_s[i])
+            views = [QueueView(self.rows[i], s.batch_size,
+                               min((c[2] for c in self.queues[i]), default=None), self.expected_s[i])
                      for i, s in enumerate(self.splits)]
             choice = self.dispatch(views, self.env.now)
             if choice.split is None:
@@ -530,15 +520,12 @@ def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, *,
     runs on its plan's device where the profile has that device, else on ``device``.
 
     A plan of the device form (:attr:`Plan.on_device`) runs on one device under ``dispatch``, the device
-    router's rule: pass ``e3.serving.device.dispatch.choose`` (see the module docstring); it reads
-    :class:`DeviceQueueView` s. ``max_batch`` and the call costs other than the jitter do not apply to it."""
+    router's rule (default: :func:`e3.serving.device.dispatch.choose`, the router's own). ``max_batch`` and the
+    call costs other than the jitter do not apply to it."""
     env = simpy.Environment()
     batches: dict[int, list[int]] = {i: [] for i in range(len(plan.splits))}
     if plan.on_device:
-        if dispatch is None:
-            raise ValueError("a plan of the device form runs under the device router's dispatch rule: pass "
-                             "dispatch=e3.serving.device.dispatch.choose")
-        engine = _DeviceRouter(env, latency, plan, exit_ramp, device, batches, costs, dispatch)
+        engine = _DeviceRouter(env, latency, plan, exit_ramp, device, batches, costs, dispatch or choose)
         clock = Clock(env, arrivals, len(exit_ramp), engine.admit)
         clock.start()
         env.run(until=clock.all_done)

@@ -307,14 +307,17 @@ def test_simulated_device_plan_reaches_the_cost_models_throughput_and_beats_stoc
     assert (sim.inputs_per_s > stock.inputs_per_s) == (r.throughput_rps > predicted_stock)   # ... the simulator does
 
 
-def test_simulator_needs_the_device_dispatch_rule_for_a_device_plan_and_drops_what_cannot_make_its_slo():
+def test_simulator_runs_a_device_plan_under_the_routers_dispatch_rule_and_drops_what_cannot_make_its_slo():
     lat = h200()
     r = best_plan(lat, bert_batch(), {"h200": 1}, slo_ms=1000, rate_rps=1e5, b0s=[8], alpha=None)
     plan = r.to_plan(model="bert_ee", num_blocks=6, exit_rule={"kind": "entropy", "tau_nats": 0.5},
                      ramp_blocks=(1, 2, 3, 4, 5), slo_ms=1000, slack=0.2)
     ex = exits_for(REACH_80_20, n=400)
-    with pytest.raises(ValueError, match="dispatch"):
-        simulate_plan(lat, plan, ex, arrivals=Arrivals(batch=8, requests=10, clients=2), device="h200")
+    # the router's own rule by default: the same run as with it passed explicitly
+    by_default = simulate_plan(lat, plan, ex, arrivals=Arrivals(batch=8, requests=40, clients=2), device="h200")
+    explicit = simulate_plan(lat, plan, ex, arrivals=Arrivals(batch=8, requests=40, clients=2), device="h200",
+                             dispatch=choose)
+    assert by_default.batches == explicit.batches and by_default.answered_inputs == 40 * 8
     # an SLO below one run of the plan: every request is dropped with an explicit answer, none is lost
     tight = Plan.from_dict(dict(plan.to_dict(), slo_ms=0.3))
     sim = simulate_plan(lat, tight, ex, arrivals=Arrivals(batch=8, requests=50, clients=4, warmup=0),
@@ -345,3 +348,16 @@ def test_e3_plan_writes_an_all_device_plan_from_the_kept_h200_profile_and_says_w
     assert split.predicted["throughput_rps"] < plan.predicted["throughput_rps"]
     assert main(args[:4] + ["1,0.35,0.5,0.2,0.2,0.2"] + args[5:]) == 2   # a reach that rises again: refused
     assert "non-increasing" in capsys.readouterr().err
+
+
+def test_the_controller_counts_one_device_for_a_device_plan():
+    from e3.controller.decisions import devices_used
+    from e3.core.plan import CONSTANT, Plan, SplitPlan
+    device = Plan(model="m", num_blocks=4, exit_rule={"kind": "entropy", "tau_nats": 0.1}, splits=(
+        SplitPlan("m_split_1-2", 1, 2, 8, device="h200", form="device", enabled_ramps=(1, 2)),
+        SplitPlan("m_split_3-4", 3, 4, 8, device="h200", form="device", enabled_ramps=(3,))))
+    assert devices_used(device) == {"h200": 1}
+    constant = Plan(model="m", num_blocks=4, exit_rule={"kind": "entropy", "tau_nats": 0.1}, splits=(
+        SplitPlan("m_split_1-2", 1, 2, 8, instances=2, device="h200", form=CONSTANT),
+        SplitPlan("m_split_3-4", 3, 4, 8, device="h200", form=CONSTANT)))
+    assert devices_used(constant) == {"h200": 3}

@@ -164,3 +164,57 @@ def test_the_device_form_switched_in_answers_as_the_reference(zoo_server, name, 
     assert (label[clear] == ref.label[clear]).all()
     assert len(set(ramp.tolist())) >= 3, f"exits should spread over ramps, got {np.unique(ramp)}"
     assert f"{m} device router: 3 splits 1-2, 3-4, 5-" in server.log_file.read_text()
+
+
+def test_plan_export_serve_the_device_form_from_the_kept_h200_profile(zoo_server, tmp_path):
+    """A GPU user's path, run on this CPU: ``e3 plan`` on the H200 profile kept in docs/data/h200 chooses the
+    device form (80:20 batch profile), ``e3 export --plan`` writes it (no split models: every split runs in the
+    router), ``e3 serve`` serves it (KIND_CPU, eager) and its answers equal the PyTorch reference."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from e3.deploy.server import free_port
+    from e3.export.zoo import resolve_model
+    from helpers import read_until_serving
+    root = Path(__file__).resolve().parents[1]
+    server, texts, ids, mask, pixels = zoo_server
+    plan_file, repo = tmp_path / "plan.json", tmp_path / "repo"
+    e3 = [sys.executable, "-m", "e3.cli"]
+    done = subprocess.run([*e3, "plan", "--latency-profile", str(root / "docs/data/h200/bert_ee.h200.json"),
+                           "--model", "bert-ee", "--reach", "1,0.35,0.25,0.22,0.21,0.21", "--devices", "h200:1",
+                           "--slo-ms", "100", "--rate-rps", "20000", "--out", str(plan_file)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "chosen: the device form" in done.stdout, done.stdout
+    plan = json.loads(plan_file.read_text())
+    assert {s["form"] for s in plan["splits"]} == {"device"} and len(plan["splits"]) >= 2, plan
+    done = subprocess.run([*e3, "export", "bert-ee", "--plan", str(plan_file), "--repo", str(repo)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not list(repo.glob("bert_ee_split_*")), "a device plan has no split models"
+    assert (repo / "bert_ee_router" / "1" / "weights.safetensors").is_file()
+    http = free_port()
+    proc = subprocess.Popen([*e3, "serve", "--repo", str(repo), "--http-port", str(http), "--grpc-port",
+                             str(free_port()), "--metrics-port", str(free_port()), "--no-restart"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = read_until_serving(proc, timeout_s=240)
+        assert any(l.startswith("serving ") for l in lines), "".join(lines)[-3000:]
+        model = resolve_model("bert-ee")
+        n = 200
+        with E3Client(f"127.0.0.1:{http}") as client:
+            got = [client.infer("bert_ee_router", {"input_ids": ids[a:a + 8], "attention_mask": mask[a:a + 8]})
+                   for a in range(0, n, 8)]
+        label = np.concatenate([g.label for g in got])
+        ramp = np.concatenate([g.exit_ramp for g in got])
+        ref = reference_answers(model, (ids[:n], mask[:n]), make_exit_rule(plan["exit_rule"]),
+                                enabled_ramps=tuple(k for s in plan["splits"] for k in s["enabled_ramps"]))
+        clear = ref.min_margin > TIE_BAND
+        assert (ramp[clear] == ref.exit_ramp[clear]).all() and (label[clear] == ref.label[clear]).all()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, rest[-3000:]
