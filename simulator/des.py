@@ -73,9 +73,8 @@ goodput under an SLO, drops) plus the batch each split ran.
   the device for the cost model's stage time of the device form at the executor's bucket for n (the smallest
   profiled batch >= n): its blocks, one exit check and the router's work
   (:func:`e3.core.cost.batch_ms` + ``router``); rows whose exit block lies in the split are answered, the
-  rest join the next split's queue. A request whose rows can no longer finish by its SLO (now plus the
-  expected run of its split and of every later one, the cost model's at the plan's batch) is dropped, as
-  ``DevicePipeline`` does. Not modelled: the pipeline's second run in flight while the host decides the
+  rest join the next split's queue. A request is dropped when even its split's run (the cost model's at the
+  plan's batch) would end past its deadline, as ``DevicePipeline`` and the CPU router's scheduler do. Not modelled: the pipeline's second run in flight while the host decides the
   first (``DEPTH``), which the cost model does not count either.
 * **Not modelled**: OS scheduling noise (time slices of a few ms between the
   instances and the front door's threads, which widen the real tails), the
@@ -464,9 +463,8 @@ class _DeviceRouter:
     def _drop_late(self) -> None:
         now, dead = self.env.now, False
         for i, q in enumerate(self.queues):
-            left = sum(self.expected_s[i:])
-            for job, _, _ in q:
-                if job.live and now + left > job.deadline:
+            for job, _, _ in q:   # the router's rule: this split's run would end past the deadline
+                if job.live and now + self.expected_s[i] > job.deadline:
                     job.live, dead = False, True
                     job.done.succeed(False)
         if dead:

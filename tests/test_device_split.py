@@ -16,6 +16,7 @@ from e3.export.reference import reference_answers
 from e3.serving.device.dispatch import QueueView, choose
 from e3.serving.device.executor import DeviceSettings, bucket_for, buckets_for, build_model
 from e3.serving.device.pipeline import DevicePipeline, NaiveRunner, StockRunner
+from e3.serving.scheduler import WARM_BATCHES
 
 TIE = 1e-5
 
@@ -223,8 +224,9 @@ def test_requests_that_cannot_make_their_slo_are_dropped_with_an_error_and_the_r
     for _ in range(3):
         pipe.step()   # learn some runs
     for q in pipe.queues:
-        q.expected_s = 0.040   # every split now expected to take 40 ms: two of them miss a 50 ms SLO
-        q.runs = max(q.runs, 2)
+        for _ in range(4 * WARM_BATCHES):   # every split now expected to take about 90 ms: past the 50 ms SLO
+            q.learn(8, 0.090)
+        assert q.trusted and q.expected_s > 0.050
     pipe.run_until_idle()
     assert len(got) + len(failed) == 8                  # every request answered exactly once
     assert failed and all("deadline" in m for m in failed.values())

@@ -19,9 +19,12 @@
   device computed: the rule code stays one (dependent rules such as PABEE's patience carry their state
   unchanged) and the copy is B x C floats per ramp. The survivors' indices go back to the device as one
   small copy.
-* Drops: a request whose row can no longer finish within its SLO (now plus the expected time of its split
-  and every later one passes its deadline) is answered with an explicit error and counted; expected times
-  are learnt from the runs (an exponentially weighted mean per split, ignoring each split's first run).
+* Drops, and the time model, are the CPU router's (``serving/scheduler.py``, the same code): a split's
+  expected run time is a line fitted to its runs (the first not learnt, outliers clipped once
+  ``WARM_BATCHES`` are learnt); a request is answered with an explicit error and counted when even its
+  split's run would end past its deadline (before ``WARM_BATCHES`` runs, only once the deadline has passed).
+  The dispatch rule (``dispatch.py``) forces a partial batch by the expected time of its split and every
+  later one, as the scheduler does.
 
 :class:`StockRunner` (``<m>_stock`` on the device): the model without ramps, one captured graph per bucket,
 behind Triton's dynamic batcher. :class:`NaiveRunner` (``<m>_ee`` on the device): one batch through the model,
@@ -47,12 +50,12 @@ from e3.export.model_api import EarlyExitModel
 from e3.serving.device.dispatch import QueueView, choose
 from e3.serving.device.executor import DeviceSettings, make_executor
 from e3.serving.policy import DEADLINE, ERROR, BatchRoute
+from e3.serving.scheduler import WARM_BATCHES, SplitQueue
 
 __all__ = ["DevicePipeline", "StockRunner", "NaiveRunner", "Answer", "segments_at", "head_answer"]
 
 log = logging.getLogger(__name__)
 
-EWMA_ALPHA = 0.2   # weight of the newest run in a split's expected time
 DEPTH = 2          # split runs in flight on a GPU: the device runs one while the host decides the other
 
 
@@ -118,8 +121,19 @@ class _Queue:
         self.batch = batch
         self.chunks: deque[_Chunk] = deque()
         self.rows = 0
-        self.expected_s = 0.0
-        self.runs = 0
+        # The CPU router's time model, the same code (serving/scheduler.SplitQueue): a line fitted to the runs,
+        # the first run not learnt, an outlier clipped once WARM_BATCHES runs are learnt.
+        self.times = SplitQueue(batch, slots=1, queue_delay_s=0.0)
+
+    @property
+    def expected_s(self) -> float:
+        """Expected time of a run at the plan's batch (s); 0 before any run is learnt."""
+        return self.times.expected_ms(self.batch) / 1e3
+
+    @property
+    def trusted(self) -> bool:
+        """Enough runs learnt to drop on the expectation (before that, only rows already past their deadline)."""
+        return self.times.batches >= WARM_BATCHES
 
     def push(self, chunk: _Chunk) -> None:
         if len(chunk):
@@ -142,11 +156,8 @@ class _Queue:
         heads = [c.target.min() for c in itertools.islice(self.chunks, 4)]
         return float(min(heads)) if heads else None
 
-    def learn(self, seconds: float) -> None:
-        self.runs += 1
-        if self.runs == 1:   # the first run pays one-time costs (allocations, lazy init): not learnt
-            return
-        self.expected_s = seconds if self.runs == 2 else (1 - EWMA_ALPHA) * self.expected_s + EWMA_ALPHA * seconds
+    def learn(self, rows: int, seconds: float) -> None:
+        self.times.observe(rows, seconds * 1e3)
 
     @torch.inference_mode()
     def drop_dead(self) -> None:
@@ -346,19 +357,22 @@ class DevicePipeline:
                                            {k: v[idx] for k, v in route.rule_state.items()}))
         self.counts["runs"][s] += 1
         self.counts["rows"][s] += n
-        self.queues[s].learn(time.perf_counter() - run.started)
+        self.queues[s].learn(n, time.perf_counter() - run.started)
         if self.on_run is not None:
             self.on_run(s, route)
 
     # -- drops -------------------------------------------------------------------------------------------------
     def _drop_late(self, now: float) -> None:
-        """Answer with an error every request whose row at a queue's head cannot finish by its deadline."""
+        """Answer with an error every request with a row near a queue's head that will miss its deadline: by
+        the CPU router's rule (serving/scheduler.py), when even this split's run would end after the deadline
+        (its expected time, once ``WARM_BATCHES`` runs are learnt; before that, only once the deadline has
+        passed). Later splits are not charged: the row may exit in this one."""
         dead = False
-        for s, q in enumerate(self.queues):
-            left = sum(u.expected_s for u in self.queues[s:])
+        for q in self.queues:
+            at_end = now + (q.expected_s if q.trusted else 0.0)
             for c in itertools.islice(q.chunks, 4):
                 for job in set(c.jobs[:8]):
-                    if job.live and now + left > job.deadline and q.runs > 1:
+                    if job.live and at_end > job.deadline:
                         self._fail_rows(np.array([job], dtype=object), "it would finish after its deadline",
                                         DEADLINE)
                         self.counts["dropped"] += 1
