@@ -20,7 +20,8 @@ def _export(args) -> int:
     plan = export_repository(args.model, args.cuts, Path(args.repo), settings=ExportSettings(
         target=args.target, batch_size=args.batch_size, split_instances=args.instances,
         router_instances=args.router_instances, format=args.format, fp16=args.fp16,
-        split_queue_policy=args.split_queue_policy, max_queue_inputs=args.max_queue_inputs, gpus=args.gpus),
+        split_queue_policy=args.split_queue_policy, max_queue_inputs=args.max_queue_inputs, gpus=args.gpus,
+        baselines=not args.no_baselines),
         plan=plan, extra_ranges=extra)
     if extra:
         print(f"pre-exported every block range ({len(extra)} split models) beside the plan's")
@@ -30,7 +31,11 @@ def _export(args) -> int:
               f"batch {s.batch_size}  instances {s.instances}  {s.form}")
     m = plan.model
     door = f"{m} (text) -> {router_name(m)}" if (Path(args.repo) / m / "config.pbtxt").exists() else router_name(m)
-    print(f"  front door {door}, baselines {stock_name(m)} and {ee_name(m)}; exit rule {plan.exit_rule}")
+    baselines = "no baselines" if args.no_baselines else f"baselines {stock_name(m)} and {ee_name(m)}"
+    print(f"  front door {door}, {baselines}; exit rule {plan.exit_rule}")
+    if plan.on_device:
+        print(f"  the device form: every split runs inside {router_name(m)} on its instance's device (the model's "
+              f"weights beside it); no split models")
     return 0
 
 
@@ -282,6 +287,9 @@ def add_export(sub, repo_help: str) -> None:
     e.add_argument("--max-queue-inputs", type=int, default=None, metavar="N",
                    help="bound the router: refuse at once (HTTP 503, counted in e3_rejected_total) a request that "
                         "would take the inputs it holds (admitted, not yet answered) past N (default: no bound)")
+    e.add_argument("--no-baselines", action="store_true",
+                   help="write the E3 path only (no <m>_stock and <m>_ee: e.g. when the stock checkpoint is not "
+                        "trained)")
     e.set_defaults(func=_export)
 
 

@@ -89,6 +89,12 @@ def zoo_server(tmp_path_factory):
 @pytest.mark.parametrize("name, front", [("bert-ee", "text"), ("pabee", "text"), ("pabee", "router"),
                                          ("resnet-ee", "router")])
 def test_thousand_inputs_from_sixteen_clients_equal_the_reference(zoo_server, name, front):
+    _thousand_inputs_answer_as_the_reference(zoo_server, name, front, seed=len(name) + len(front))
+
+
+def _thousand_inputs_answer_as_the_reference(zoo_server, name, front, *, seed):
+    """N_INPUTS inputs from CLIENTS clients in requests of mixed sizes through ``front`` (the text ensemble or the
+    router): labels and exit ramps equal to the PyTorch reference, the tie band excluded and tiny."""
     from e3.export.zoo import resolve_model
     server, texts, ids, mask, pixels = zoo_server
     model = resolve_model(name)
@@ -102,8 +108,7 @@ def test_thousand_inputs_from_sixteen_clients_equal_the_reference(zoo_server, na
     else:
         target = f"{m}_router"
         make = lambda a, b: {"input_ids": ids[a:b], "attention_mask": mask[a:b]}  # noqa: E731
-    label, ramp = send_concurrently(server.http_url, target, make, mixed_sizes(N_INPUTS, 16, len(name) + len(front)),
-                                    workers=CLIENTS)
+    label, ramp = send_concurrently(server.http_url, target, make, mixed_sizes(N_INPUTS, 16, seed), workers=CLIENTS)
     inputs = (pixels,) if name == "resnet-ee" else (ids, mask)
     if name not in _REFERENCE:          # pabee is checked through two front doors against one reference
         _REFERENCE[name] = reference_answers(model, inputs, make_exit_rule(model.card.exit_rule))
@@ -135,34 +140,14 @@ def test_the_device_form_switched_in_answers_as_the_reference(zoo_server, name, 
     from e3.controller.triton_api import TritonControl
     from e3.export.device_repository import device_plan
     from e3.export.zoo import resolve_model
-    server, texts, ids, mask, pixels = zoo_server
-    model = resolve_model(name)
-    card = model.card
+    server = zoo_server[0]
+    card = resolve_model(name).card
     m = served_name(name)
     plan = device_plan(card, card.exit_rule, cuts=(2, 4), batch_sizes=[8, 8, 8], enabled_ramps=card.ramp_blocks,
                        slo_ms=120_000)
     with TritonControl(server.http_url) as control:
         control.switch_plan(f"{m}_router", plan)
-    if front == "text":
-        target = m
-        make = lambda a, b: {"TEXT": np.array([t.encode() for t in texts[a:b]], dtype=object)[:, None]}  # noqa: E731
-    elif name == "resnet-ee":
-        target = f"{m}_router"
-        make = lambda a, b: {"pixels": pixels[a:b]}  # noqa: E731
-    else:
-        target = f"{m}_router"
-        make = lambda a, b: {"input_ids": ids[a:b], "attention_mask": mask[a:b]}  # noqa: E731
-    label, ramp = send_concurrently(server.http_url, target, make, mixed_sizes(N_INPUTS, 16, len(name) + 11),
-                                    workers=CLIENTS)
-    inputs = (pixels,) if name == "resnet-ee" else (ids, mask)
-    if name not in _REFERENCE:
-        _REFERENCE[name] = reference_answers(model, inputs, make_exit_rule(card.exit_rule))
-    ref = _REFERENCE[name]
-    clear = ref.min_margin > TIE_BAND
-    assert (~clear).sum() <= 3, "tie band must stay tiny"
-    assert (ramp[clear] == ref.exit_ramp[clear]).all()
-    assert (label[clear] == ref.label[clear]).all()
-    assert len(set(ramp.tolist())) >= 3, f"exits should spread over ramps, got {np.unique(ramp)}"
+    _thousand_inputs_answer_as_the_reference(zoo_server, name, front, seed=len(name) + 11)
     assert f"{m} device router: 3 splits 1-2, 3-4, 5-" in server.log_file.read_text()
 
 
@@ -191,10 +176,15 @@ def test_plan_export_serve_the_device_form_from_the_kept_h200_profile(zoo_server
     assert "chosen: the device form" in done.stdout, done.stdout
     plan = json.loads(plan_file.read_text())
     assert {s["form"] for s in plan["splits"]} == {"device"} and len(plan["splits"]) >= 2, plan
-    done = subprocess.run([*e3, "export", "bert-ee", "--plan", str(plan_file), "--repo", str(repo)],
+    # planned for an H200 within 100 ms; this CPU runs it eagerly, far slower: a generous SLO (the answers are
+    # the point here, not this CPU's latency)
+    plan["slo_ms"] = 120_000
+    plan_file.write_text(json.dumps(plan))
+    done = subprocess.run([*e3, "export", "bert-ee", "--plan", str(plan_file), "--repo", str(repo), "--no-baselines"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert not list(repo.glob("bert_ee_split_*")), "a device plan has no split models"
+    assert "the device form: every split runs inside bert_ee_router" in done.stdout, done.stdout
     assert (repo / "bert_ee_router" / "1" / "weights.safetensors").is_file()
     http = free_port()
     proc = subprocess.Popen([*e3, "serve", "--repo", str(repo), "--http-port", str(http), "--grpc-port",
