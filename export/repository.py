@@ -175,7 +175,8 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
                 if kind == "split":
                     io[name] = _write_split(model, splits[name], tmp, settings)
                 elif kind == "router":
-                    io.update(_write_router(model, plan, name, tmp, settings, rule=rule, split_io=io))
+                    io.update(_write_router(model, plan, name, tmp, settings, rule=rule, split_io=io,
+                                            source=model_name))
                 elif kind == "stock":
                     _write_stock(model_name, name, tmp, settings)
                 elif kind == "preprocess":
@@ -255,7 +256,7 @@ def _ship(rule, version_dir: Path) -> None:
 
 
 def _write_router(model: EarlyExitModel, plan: Plan, name: str, out: Path, settings: ExportSettings,
-                  *, rule, split_io: dict) -> dict[str, dict[str, list[str]]]:
+                  *, rule, split_io: dict, source: str) -> dict[str, dict[str, list[str]]]:
     """The router, with every block as its own ONNX file beside it, with and without its ramp: what it
     runs itself for a compact split (and any later plan may make a split compact or disable a ramp, so
     they are always there). Checks the rule on those blocks against PyTorch; returns what every block file
@@ -274,7 +275,7 @@ def _write_router(model: EarlyExitModel, plan: Plan, name: str, out: Path, setti
     first = plan.splits[0]
     # the model itself too, for the device form: any later plan may run it on the router's device (a plan switch
     # is a reload of this model with the plan in a config override), as any later plan may make a split compact
-    device = _ship_model(model, out / "1")
+    device = _ship_model(model, source, out / "1")
     gpu = plan.on_device and settings.gpus > 0
     _write_python_model(out, ModelDescription(
         name=name, kind="python", max_batch_size=card.max_batch_size, inputs=card.inputs,
@@ -291,15 +292,16 @@ def _write_router(model: EarlyExitModel, plan: Plan, name: str, out: Path, setti
     return io
 
 
-def _ship_model(model: EarlyExitModel, version_dir: Path) -> dict[str, str]:
+def _ship_model(model: EarlyExitModel, name: str, version_dir: Path) -> dict[str, str]:
     """What the device router builds its model from (:mod:`e3.serving.device.router`): the model's weights
     (``weights.safetensors``, its state dict) and, for a user's ``package.module:factory``, the factory's
     module under ``e3_models/`` (Triton's stub ignores ``PYTHONPATH``); returns the router's parameters naming
-    them. Checked here: the architecture built as the server will build it loads the weights exactly."""
+    them. ``name``: how the model was named to ``e3 export`` (a zoo name or ``package.module:factory``; a card's
+    own name may differ). Checked here: the architecture built as the server will build it loads the weights
+    exactly."""
     from safetensors.torch import save_model
 
     from e3.export.rules import ship_module
-    name = model.card.name
     if ":" in name:
         try:
             ship_module(name.partition(":")[0], version_dir, SHIPPED_MODELS_DIR)
