@@ -18,24 +18,6 @@ from e3.serving.policy import BatchRoute
 __all__ = ["RouterMetrics"]
 
 
-def _pinned(obj):
-    """``obj`` (a MetricFamily or Metric) kept alive for the life of the stub process, deliberately: never
-    destroyed, so never destroyed wrongly.
-
-    Triton 2.51's Python backend shares a metric family and its metrics by name across the model instances
-    that create them, and destroys the shared object when any one instance's Python object goes: a router
-    replaced by a reload (a plan switch: the new instance is up before the old one unloads) then left the
-    new instance on freed memory (measured: the server aborted with "malloc(): unaligned fastbin chunk
-    detected" right after a switch when the old router released its families in ``finalize``; Triton server
-    issue #8663). Left to the stub's own teardown instead, the destructor runs while the stub is half
-    destroyed and kills the stub ("Segmentation fault" at every unload of a router; issue #8662). Pinned,
-    neither happens; the cost is one family and a few metrics per router load, held by the server until it
-    exits."""
-    import ctypes
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
-    return obj
-
-
 class RouterMetrics:
     """The router's Prometheus counters (Triton custom metrics), labelled by model and ramp."""
 
@@ -44,25 +26,23 @@ class RouterMetrics:
         self._families = []
 
         def family(name, doc, kind=pb_utils.MetricFamily.COUNTER):
-            self._families.append(_pinned(pb_utils.MetricFamily(name=name, description=doc, kind=kind)))
+            self._families.append(pb_utils.MetricFamily(name=name, description=doc, kind=kind))
             return self._families[-1]
 
         self.model = model
-        self.inputs = _pinned(family(telemetry.INPUTS, "inputs that entered split 1").Metric({"model": model}))
-        self.batches = _pinned(family(telemetry.BATCHES, "input batches (batches dispatched to split 1)"
-                                      ).Metric({"model": model}))
+        self.inputs = family(telemetry.INPUTS, "inputs that entered split 1").Metric({"model": model})
+        self.batches = family(telemetry.BATCHES, "input batches (batches dispatched to split 1)").Metric({"model": model})
         self._reached = family(telemetry.RAMP_REACHED, "inputs not yet answered when they reached ramp k")
         self._exited = family(telemetry.RAMP_EXITED, "inputs answered at ramp k")
         self._dropped = family(telemetry.DROPPED, "inputs answered with an error")
-        self.rejected_requests = _pinned(family(telemetry.REJECTED, "requests refused at admission (max_queue_inputs)"
-                                                ).Metric({"model": model}))
-        self.rejected_inputs = _pinned(family(telemetry.REJECTED_INPUTS, "inputs of requests refused at admission"
-                                              ).Metric({"model": model}))
-        self.overhead = _pinned(family(telemetry.ROUTER_OVERHEAD_US, "router's own Python work (us)"
-                                       ).Metric({"model": model}))
-        self.bls = _pinned(family(telemetry.ROUTER_BLS_US, "router time waiting on splits (us)").Metric({"model": model}))
+        self.rejected_requests = family(telemetry.REJECTED, "requests refused at admission (max_queue_inputs)"
+                                        ).Metric({"model": model})
+        self.rejected_inputs = family(telemetry.REJECTED_INPUTS, "inputs of requests refused at admission"
+                                      ).Metric({"model": model})
+        self.overhead = family(telemetry.ROUTER_OVERHEAD_US, "router's own Python work (us)").Metric({"model": model})
+        self.bls = family(telemetry.ROUTER_BLS_US, "router time waiting on splits (us)").Metric({"model": model})
         self._plan = family(telemetry.PLAN_INFO, "plan in force", pb_utils.MetricFamily.GAUGE)
-        self._plan_metric = _pinned(self._plan.Metric({"model": model, "plan_id": plan_id}))
+        self._plan_metric = self._plan.Metric({"model": model, "plan_id": plan_id})
         self._plan_metric.set(1)
         self._cache: dict = {}
         # Each Metric call is a message to the server process; counts are summed locally and
@@ -85,7 +65,6 @@ class RouterMetrics:
             self.flush()
 
     def close(self) -> None:
-        """Flush and stop the thread. The Metric and MetricFamily objects are not released: see :func:`_pinned`."""
         self._stop.set()
         self._soon.set()
         self._flusher.join(timeout=2)
@@ -99,7 +78,7 @@ class RouterMetrics:
         if isinstance(key, tuple):
             if key not in self._cache:
                 fam, labels = key
-                self._cache[key] = _pinned(fam.Metric({"model": self.model, **dict(labels)}))
+                self._cache[key] = fam.Metric({"model": self.model, **dict(labels)})
             return self._cache[key]
         return key
 
