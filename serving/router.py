@@ -165,11 +165,6 @@ class TritonPythonModel:
         for remote in self.remotes:
             remote.close()
         self.metrics.close()
-        # Free the scheduler's bookkeeping now, while the stub can still take what it reaches, not at the
-        # interpreter's teardown (the crashes at unload: docs/reliability.md).
-        self.sched = self.runners = None
-        import gc
-        gc.collect()
 
     # -- Triton's call: admit and return ---------------------------------------------------------------
     def execute(self, requests):

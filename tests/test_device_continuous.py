@@ -27,6 +27,7 @@ class FakePipeline:
         self.queued: list = []
         self.explode = False
         self.steps = 0
+        self.answered: list = []   # handles this pipeline answered, in order
 
     def admit(self, handle, arrays):
         self.inbox.append((handle, arrays))
@@ -41,6 +42,7 @@ class FakePipeline:
             self.explode = False
             raise RuntimeError("boom")
         handle, arrays = self.queued.pop(0)
+        self.answered.append(handle)
         self.answer(handle, {"label": arrays["x"]})
         return True
 
@@ -81,9 +83,11 @@ def test_every_submitted_request_is_answered_once_by_the_engine_thread():
     assert sorted(s for s, _ in sent) == sorted(f"s{i}" for i in range(200))
     assert all(int(what["label"][0]) == int(s[1:]) for s, what in sent)
     assert engine.held_inputs == 0 and engine.counts["answered"] == 200
-    # a second answer for the same request (a late duplicate) is not sent
-    engine.answered(pipe_handle := type("H", (), {"sender": "x", "n": 1})(), {})
-    assert len(sent) == 200 and pipe_handle
+    # a second answer or an error for a request already answered (a late duplicate) is not sent, and the held
+    # count does not go below zero
+    engine.answered(pipe.answered[0], {"label": np.zeros(2)})
+    engine.failed(pipe.answered[1], "late")
+    assert len(sent) == 200 and engine.held_inputs == 0 and engine.counts["answered"] == 200
     engine.close()
 
 

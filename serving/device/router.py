@@ -164,8 +164,3 @@ class DeviceRouter:
             self.engine.close()
             self.outbox.close()
         self.metrics.close()
-        # Free what this model built (the pipeline's queues, the model, every Python object of the backend's
-        # it may still reach) now, while the stub can still take it, not at the interpreter's teardown.
-        self.pipeline = self.engine = self.outbox = None
-        import gc
-        gc.collect()
