@@ -19,7 +19,6 @@ a bare host before the project's namespace exists.
 from __future__ import annotations
 
 import sys
-import time
 from collections import deque
 from pathlib import Path
 from typing import Callable, Generator, Iterable
@@ -175,17 +174,12 @@ def overlapped(batches: Iterable[dict], start: Callable[[dict], Generator], dept
 
 # -- the limit ---------------------------------------------------------------------------------------------------
 def _timed(fn, reps: int, sync) -> float:
+    """Median ms of ``fn`` and a ``sync`` after 3 untimed calls: the profile's own timer
+    (:func:`e3.serving.device.timing.timed`), so the in-process prices and ``e3 profile --cuda`` time alike."""
     import numpy as np
-    for _ in range(3):
-        fn()
-    sync()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        sync()
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts)) * 1e3
+
+    from e3.serving.device.timing import timed
+    return float(np.median(timed({"call": fn}, repeats=reps, warmup=3, sync=sync)["call"]))
 
 
 def _batches(pool: dict, B: int, count: int) -> list[dict]:
