@@ -5,7 +5,7 @@ For each model (its stock form, ``<m>_stock``, one input per request):
 
 1. **Offline phase** (in this process, before the server starts): one worker's latency per batch,
    MaxBS for the QoS target, and E-Ebird's best worker set per TotalBS
-   (:func:`e3.export.admission.profile_admission`). The QoS target defaults to
+   (:func:`e3.serving.ebird.repository.profile_admission`). The QoS target defaults to
    ``qos_factor`` x the latency of a batch of 16 alone on one thread (at least ``qos_floor_ms``), so
    that MaxBS is about 16.
 2. **Systems** on the same server and cores:
@@ -42,7 +42,7 @@ staging itself (answering nothing until a worker takes the input, no batch-formi
 the client, on the server's machine, hands every system its inputs through Triton's system shared memory
 (``shm``, on by default, for all systems alike).
 
-Glue only: the policies live in :mod:`e3.serving.admission`, the figures in
+Glue only: the policies live in :mod:`e3.serving.ebird.policy`, the figures in
 :mod:`e3.benchmarks.admission_report`.
 """
 
@@ -131,7 +131,7 @@ def run_admission_bench(settings: AdmissionBenchSettings = AdmissionBenchSetting
 def _bench_model(name: str, settings: AdmissionBenchSettings, echo) -> dict:
     from e3.controller.triton_api import TritonControl
     from e3.deploy.server import TritonServer
-    from e3.export.admission import naive_engine, profile_admission, workers_name, write_admission
+    from e3.serving.ebird.repository import naive_engine, profile_admission, workers_name, write_admission
     from e3.export.recipes import missing_checkpoints, train
     from e3.export.repository import ExportSettings, export_repository
     from e3.export.zoo import resolve_model
@@ -236,7 +236,7 @@ def _bench_model(name: str, settings: AdmissionBenchSettings, echo) -> dict:
 
 
 def _engine_of(profile: dict, kind: str, max_bs: int) -> list[int]:
-    from e3.export.admission import naive_engine
+    from e3.serving.ebird.repository import naive_engine
     return naive_engine(max_bs) if kind == "N-Ebird" else profile["engine"]
 
 

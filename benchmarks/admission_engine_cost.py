@@ -1,6 +1,6 @@
 """What E²bird's serving loop costs on the host, without a device: ``python benchmarks/admission_engine_cost.py``.
 
-Times :meth:`e3.serving.device.admission_engine.AdmissionEngine.drive` (the inline form the served stage uses)
+Times :meth:`e3.serving.ebird.engine.AdmissionEngine.drive` (the inline form the served stage uses)
 over a device that answers at once, for 1, 4 and 8 requests of 8 inputs per call under N-Ebird and E-Ebird with
 resnet-stock's H200 configuration (MaxBS 64), and how long ``time.sleep(50 us)`` (the threaded form's polling
 pause) really sleeps here. ``docs/admission.md`` quotes it beside the H200 run to say how much of the stage's
@@ -21,8 +21,8 @@ if not __package__:
 
 import numpy as np
 
-from e3.serving.admission import make_policy
-from e3.serving.device.admission_engine import AdmissionEngine, DeviceOps
+from e3.serving.ebird.policy import make_policy
+from e3.serving.ebird.engine import AdmissionEngine, DeviceOps
 
 POLICIES = {"N-Ebird": dict(kind="n-ebird", engine=(32, 16, 8, 4, 2, 1, 1), max_inflight=64),
             "E-Ebird": dict(kind="e-ebird", confs={4: (4,), 8: (8,), 16: (16,), 32: (32,), 64: (64,)},
@@ -45,7 +45,7 @@ class InstantDevice(DeviceOps):
         return True
 
     def result(self, worker, rows):
-        return np.zeros((rows, 10), np.float32)
+        return {"logits": np.zeros((rows, 10), np.float32)}
 
 
 def engine_us_per_call(policy: dict, requests: int, *, calls: int = 2000, repeats: int = 5) -> float:

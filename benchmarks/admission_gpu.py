@@ -15,17 +15,17 @@ serving loop is emulated here:
   compile_call`: FP16, one graph per call, as a TensorRT engine) on the stream of the instance or worker
   that runs it, and polls the batches' completion events. An input's latency is from its arrival to the
   poll that saw its batch done.
-* **the decisions are the real ones**: N-Ebird and E-Ebird are :mod:`e3.serving.admission`'s policies
+* **the decisions are the real ones**: N-Ebird and E-Ebird are :mod:`e3.serving.ebird.policy`'s policies
   (the same objects the Triton stage runs); the baselines follow Triton's dynamic batcher
-  (:func:`e3.serving.admission.dynamic_batch`: preferred = max batch = MaxBS; NO_Wait with no delay,
+  (:func:`e3.serving.ebird.policy.dynamic_batch`: preferred = max batch = MaxBS; NO_Wait with no delay,
   OPT_Wait with the delay of a sweep that gave the most throughput at the target, and ``instances``
   instances with no delay, each instance its own stream, as Triton's instances of one GPU are).
 * **the offline phase is measured on the GPU**: one worker's latency per batch, MaxBS for the QoS
-  target (:func:`~e3.serving.admission.max_batch_for_qos`), and every worker set of at most
+  target (:func:`~e3.serving.ebird.policy.max_batch_for_qos`), and every worker set of at most
   ``max_workers`` workers per TotalBS launched at once on their own streams (mean latency over the
   inputs), the best set per TotalBS (E-Ebird's configurations). E-Ebird's cap on inputs in flight
   (MaxInf) comes from the same profile, with totals above MaxBS (2, 3, 4 x MaxBS of workers no larger
-  than MaxBS) whose sets end within the target (:func:`~e3.serving.admission.max_inflight_for_qos`:
+  than MaxBS) whose sets end within the target (:func:`~e3.serving.ebird.policy.max_inflight_for_qos`:
   the paper's MaxInf = MaxBS rests on an equal-sharing hypothesis E-Ebird exists to replace; measured
   here, a first run with MaxInf = MaxBS held E-Ebird to NO_Wait's throughput while four instances of
   the same batch cap sustained 1.5x it). N-Ebird keeps the paper's MaxBS.
@@ -51,8 +51,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from e3.benchmarks.admission_report import Phase, RatePoint, burst_schedule, meets, phase_latencies, throughput_at_qos
-from e3.serving.admission import (PROFILED_TOTALS, ElasticPolicy, best_worker_sets, dynamic_batch, engine_for,
-                                  make_policy, max_batch_for_qos, max_inflight_for_qos, naive_engine, worker_sets)
+from e3.serving.ebird.policy import PROFILED_TOTALS, ElasticPolicy, dynamic_batch, make_policy, naive_engine
 
 __all__ = ["GpuAdmissionSettings", "TritonBatcher", "Ebird", "serve", "poisson", "run_gpu_admission",
            "gpu_admission_markdown", "write_gpu_admission"]
@@ -201,21 +200,24 @@ class _Executors:
         return event
 
 
-def _run_sets(execs: _Executors, sets_of: list[tuple[int, ...]], repeats: int
-              ) -> dict[tuple[int, ...], tuple[float, float]]:
-    """Per worker set launched at once (worker i on executor i): the mean latency (ms) over its inputs and
-    its slowest worker's, medians over ``repeats``, from a start event every stream waits on to each
-    worker's end event."""
+def _offline(module, inputs_of, settings: GpuAdmissionSettings, cuda_settings, echo) -> dict:
+    """The offline phase on the GPU (module docstring): E²bird's one offline phase
+    (:func:`e3.serving.ebird.offline.offline_phase`) over this emulation's CUDA-graph executors, a set's workers
+    on their own streams from one start event, each timed to its end event; E-Ebird's MaxInf from totals above
+    MaxBS (:func:`e3.serving.ebird.policy.max_inflight_for_qos`)."""
     import torch
-    out = {}
-    for workers in sets_of:
-        means, slowest = [], []
-        for _ in range(repeats + 2):
+
+    from e3.serving.ebird.offline import OfflineRule, offline_phase
+
+    def timer_for(slots: list[list[int]]):
+        execs = _Executors(module, inputs_of, slots, cuda_settings)
+
+        def run(sizes) -> list[float]:
             torch.cuda.synchronize()
             start = torch.cuda.Event(enable_timing=True)
             start.record()
             ends = []
-            for i, b in enumerate(workers):
+            for i, b in enumerate(sizes):
                 s = execs.streams[i]
                 s.wait_event(start)
                 with torch.cuda.stream(s):
@@ -224,36 +226,13 @@ def _run_sets(execs: _Executors, sets_of: list[tuple[int, ...]], repeats: int
                     end.record(s)
                 ends.append(end)
             torch.cuda.synchronize()
-            took = [start.elapsed_time(end) for end in ends]
-            means.append(sum(ms * b for ms, b in zip(took, workers)) / sum(workers))
-            slowest.append(max(took))
-        out[tuple(workers)] = (float(np.median(means[2:])), float(np.median(slowest[2:])))
-    return out
+            return [start.elapsed_time(end) for end in ends]
+        return run
 
-
-def _offline(module, inputs_of, settings: GpuAdmissionSettings, cuda_settings, echo) -> dict:
-    """The offline phase on the GPU (module docstring), with E-Ebird's MaxInf from totals above MaxBS
-    (:func:`e3.serving.admission.max_inflight_for_qos`)."""
-    sizes = list(settings.batches)
-    one = _Executors(module, inputs_of, [sizes], cuda_settings)
-    latency = {b: _run_sets(one, [(b,)], settings.repeats)[(b,)][0] for b in sizes}
-    qos = settings.qos_ms or max(settings.qos_floor_ms, round(settings.qos_factor * latency[32], 2))
-    max_bs = max_batch_for_qos(latency, qos)
-    totals = [t for t in settings.totals if t <= max_bs] + [k * max_bs for k in range(2, settings.max_workers + 1)]
-    sets = [w for t in totals for w in worker_sets(t, settings.max_workers, largest=max_bs)]
-    per_slot = [sorted({w[i] for w in sets if len(w) > i}) for i in range(settings.max_workers)]
-    many = _Executors(module, inputs_of, per_slot, cuda_settings)
-    measured = _run_sets(many, sets, settings.repeats)
-    confs = best_worker_sets({w: mean for w, (mean, _) in measured.items()})
-    max_inflight = max_inflight_for_qos({w: slow for w, (_, slow) in measured.items()}, confs, qos, max_bs=max_bs)
-    confs = {t: w for t, w in confs.items() if t <= max_inflight}
-    echo(f"[offline] one worker (ms): { {b: round(v, 3) for b, v in latency.items()} }; QoS {qos} ms; "
-         f"MaxBS {max_bs}; E-Ebird sets {confs}, MaxInf {max_inflight}")
-    return {"qos_ms": qos, "latency_ms": {str(b): round(v, 4) for b, v in latency.items()}, "max_bs": max_bs,
-            "max_workers": settings.max_workers, "max_inflight": max_inflight,
-            "sets_ms": {",".join(map(str, w)): round(v[0], 4) for w, v in measured.items()},
-            "sets_slowest_ms": {",".join(map(str, w)): round(v[1], 4) for w, v in measured.items()},
-            "confs": {str(t): list(w) for t, w in confs.items()}, "engine": list(engine_for(confs))}
+    rule = OfflineRule(batches=tuple(settings.batches), qos_factor=settings.qos_factor, qos_floor_ms=settings.qos_floor_ms,
+                       totals=tuple(settings.totals), max_workers=settings.max_workers, repeats=settings.repeats)
+    doc = offline_phase(timer_for, rule, qos_ms=settings.qos_ms, echo=echo)
+    return {**doc, "qos_ms": round(doc["budget_ms"], 2)}
 
 
 def _point(latency: np.ndarray, failed: np.ndarray, arrivals: np.ndarray, rate: float) -> RatePoint:

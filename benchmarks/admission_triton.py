@@ -9,9 +9,9 @@ Runs on a bare GPU host the way ``benchmarks/gpu_side_by_side.py`` does (the ser
 does not depend on them):
 
 1. **Offline phase** in this process on the device, with the stage's own executors, and the rule fixed in
-   ``benchmarks/admission_offline.py`` (compute budget, MaxBS, E-Ebird's sets and MaxInf, N-Ebird's engine).
+   ``serving/ebird/offline.py`` (compute budget, MaxBS, E-Ebird's sets and MaxInf, N-Ebird's engine).
 2. **One server, every system a KIND_GPU Python model of the same stock model in the same engine** (FP16, a CUDA
-   graph per batch): the stages ``N-Ebird`` and ``E-Ebird`` (:mod:`e3.serving.device.admission_model`: the memory
+   graph per batch): the stages ``N-Ebird`` and ``E-Ebird`` (:mod:`e3.serving.ebird.model`: the memory
    pool, workers on streams), and Triton's dynamic batcher in front of the stock model (max batch MaxBS, as the
    stage's workers): ``NO_Wait`` (no delay), ``wait <d> us`` (the delay sweep; **OPT_Wait** is the delay, 0
    included, with the most throughput at the target, reported apart only where it is not 0), ``instances (k)``
@@ -76,7 +76,7 @@ class Settings:
     pool_rows: int = 4096                       # rows of the inputs the clients send (cycled)
     offline_repeats: int = 20                   # timings per batch and per worker set (median)
     qos_factor: float = 2.5                     # the rule's compute budget, in latencies of a batch of 32
-    thread_form: bool = False                   # also E-Ebird's threaded form (answers from a thread; CPU only)
+    inline_form: bool = False                   # also E-Ebird answered inline (the fallback form), beside the continuous one
     wheels: Path | None = None
     budget_s: float | None = None               # start no new model past this (None: no limit)
     seed: int = 0
@@ -129,7 +129,7 @@ def capacity(res: dict, arrivals) -> float:
 def measure_model(name: str, s: Settings, results: Results, *, binary, echo) -> None:
     import torch
 
-    from e3.benchmarks.admission_offline import OfflineRule, offline_phase, policies
+    from e3.serving.ebird.offline import OfflineRule, offline_phase, policies, torch_timer
     from e3.benchmarks.admission_report import Phase, burst_schedule
     from e3.core.exits import EntropyRule
     from e3.deploy.server import TritonServer
@@ -143,7 +143,10 @@ def measure_model(name: str, s: Settings, results: Results, *, binary, echo) -> 
     if s.cpu:
         torch.set_num_threads(1)
     model = prepare_model(build_model(name, seed=s.seed, trained=False), settings)
-    m["offline"] = offline = offline_phase(model, settings, OfflineRule(repeats=s.offline_repeats, qos_factor=s.qos_factor), echo=echo)
+    rule = OfflineRule(repeats=s.offline_repeats, qos_factor=s.qos_factor)
+    m["offline"] = offline = {**offline_phase(torch_timer(model, settings), rule, echo=echo),
+                              "timed_by": "CUDA events, sets on their own streams" if settings.cuda
+                              else "wall clock, sets one after another"}
     results.save()
     del model
     if not s.cpu:
@@ -166,10 +169,10 @@ def measure_model(name: str, s: Settings, results: Results, *, binary, echo) -> 
         systems[label] = (DeviceModel(system="admission", policy=p, variant=label.lower().replace("-", "_"), **base),
                           f"workers {list(p.get('engine') or offline['engine'])}, <= {p['max_inflight']} in flight"
                           + (f", sets {p['confs']}" if "confs" in p else ""))
-    if s.thread_form:   # the paper's form: answers from a response thread (crashed on the GPU host: docs/admission.md)
+    if s.inline_form:   # the fallback form beside the continuous one (each execute runs its own requests out)
         p = pol["E-Ebird"]
-        systems["E-Ebird (thread)"] = (DeviceModel(system="admission", policy=p, variant="e_ebird_thread",
-                                                   answer="thread", **base), systems["E-Ebird"][1] + ", answered from a thread")
+        systems["E-Ebird (inline)"] = (DeviceModel(system="admission", policy=p, variant="e_ebird_inline",
+                                                   answering="inline", **base), systems["E-Ebird"][1] + ", answered inline (the fallback)")
     served = {label: write_device_model(repo, desc, card) for label, (desc, _) in systems.items()}
     m["systems"] = {label: {"served": served[label], "config": cfg} for label, (_, cfg) in systems.items()}
     echo(f"  starting tritonserver with {len(served)} models")
@@ -333,7 +336,7 @@ def run(s: Settings, echo=print) -> dict:
     binary, s.out = prepare_host(s.out, cpu=s.cpu, wheels=s.wheels)
     import torch
 
-    from e3.benchmarks.admission_offline import RULE_TEXT
+    from e3.serving.ebird.offline import RULE_TEXT
     from e3.benchmarks.report import commit
     device = "cpu" if s.cpu else torch.cuda.get_device_name()
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(s).items() if k not in ("started",)}
@@ -366,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         # a smoke run on a shared CPU: a looser budget and lower first rate, so that the sweep meets some rates
         # before it misses and every step of the runner runs
         s.start_fraction, s.rate_step, s.offline_repeats, s.qos_factor = 0.15, 1.8, 3, 10.0
-        s.thread_form = True   # make test serves the threaded form through Triton too
+        s.inline_form = True   # make test serves the inline form through Triton too
     if a.models:
         s.models = tuple(a.models.split(","))
     if a.per_request:

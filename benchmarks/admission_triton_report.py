@@ -130,7 +130,7 @@ def render_admission_triton(doc: dict) -> str:
     out = [TITLE, "",
            f"Commit {doc.get('commit', 'unknown')} on {doc['device']} (torch {doc.get('torch', '?')}). {doc['budget']}. "
            "Open-loop Poisson arrivals over gRPC, the same arrivals for every system at a rate. The rule that set "
-           f"MaxBS, MaxInf and the target before the run: {doc['rule']} (`benchmarks/admission_offline.py`). "
+           f"MaxBS, MaxInf and the target before the run: {doc['rule']} (`serving/ebird/offline.py`). "
            "Random weights (latency does not depend on them). JSON: `docs/data/<gpu>/admission_triton.json`."]
     if doc["device"] == "cpu":
         out += ["", "**A CPU smoke run (`--cpu`)**: it shows the runner works end to end, not a figure about "

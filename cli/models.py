@@ -169,7 +169,7 @@ def _plan(args) -> int:
 
 
 def _admission(args) -> int:
-    from e3.export.admission import profile_served_model, stage_policy, workers_name, write_admission
+    from e3.serving.ebird.repository import profile_served_model, stage_policy, workers_name, write_admission
     from e3.export.repository import ExportError
     repo = Path(args.repo)
     try:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e3.core.files import write_atomic
-from e3.core.names import ranges_from_cuts, served_name, split_name
+from e3.core.names import ANSWERING, ranges_from_cuts, served_name, split_name
 from e3.core.plan import DEVICE, Plan, SplitPlan
 from e3.core.spec import ModelCard, answer_specs
 from e3.export.triton_config import DynamicBatching, ModelDescription, render_config
@@ -24,7 +24,7 @@ __all__ = ["DeviceModel", "device_model_name", "device_plan", "write_device_mode
 ROUTER_MAX_BATCH = 1024   # requests' rows Triton hands E3's router per execute: admission only, no compute
 MODULE = "e3.serving.device.triton_model"
 HOPS_MODULE = "e3.serving.device.hops"
-ADMISSION_MODULE = "e3.serving.device.admission_model"
+ADMISSION_MODULE = "e3.serving.ebird.model"
 
 
 @dataclass(frozen=True)
@@ -47,9 +47,8 @@ class DeviceModel:
     variant: str = ""                # appended to the name (E3 planned for one workload mix: "80_20")
     policy: dict | None = None       # admission: the stage's N-Ebird / E-Ebird policy (make_policy's fields)
     pool_slots: int = 0              # admission: rows of its memory pool (0: 8 x the policy's MaxInf)
-    answer: str = "inline"           # admission: "inline" (execute answers) or "thread" (a response thread; CPU only)
-    answering: str = "continuous"    # E3: "continuous" (execute admits, an engine thread answers) or "inline"
-    max_queue_inputs: int = 0        # E3 continuous: most inputs held at once, past it 503 at once (0: unbounded)
+    answering: str = "continuous"    # E3 and admission: "continuous" (execute admits, an engine thread answers) or "inline"
+    max_queue_inputs: int = 0        # continuous: most inputs held at once, past it 503 at once (0: unbounded)
 
     @property
     def name(self) -> str:
@@ -68,12 +67,16 @@ SYSTEMS = ("e3", "stock", "ee", "admission")
 def write_device_model(repo: Path, desc: DeviceModel, card: ModelCard) -> str:
     """Write ``desc`` into ``repo`` (config.pbtxt and a one-line model.py); returns its name.
 
-    ``admission`` is E²bird's stage (:mod:`e3.serving.device.admission_model`) in front of the model's head path
+    ``admission`` is E²bird's stage (:mod:`e3.serving.ebird.model`) in front of the model's head path
     (the stock model): one instance, Triton's batcher with no delay and ``ROUTER_MAX_BATCH`` rows in front of it
-    (requests that queued while an execute ran arrive in the next one together), its policy and ``answer`` form
+    (requests that queued while an execute ran arrive in the next one together), its policy and ``answering`` form
     checked here."""
     if desc.system not in SYSTEMS:
         raise ValueError(f"system must be one of {', '.join(SYSTEMS)}, got {desc.system!r}")
+    if desc.answering not in ANSWERING:
+        raise ValueError(f"answering must be one of {', '.join(ANSWERING)}, got {desc.answering!r}")
+    if desc.max_queue_inputs < 0:
+        raise ValueError(f"max_queue_inputs must be >= 0 (0: unbounded), got {desc.max_queue_inputs}")
     params = {"role": desc.system, "model": desc.model, "seed": str(desc.seed),
               "trained": "yes" if desc.trained else "no", "max_batch": str(desc.max_batch),
               "exit_rule": json.dumps(desc.exit_rule), "enabled_ramps": json.dumps(list(desc.enabled_ramps)),
@@ -85,18 +88,15 @@ def write_device_model(repo: Path, desc: DeviceModel, card: ModelCard) -> str:
         batches = list(desc.batch_sizes) or [desc.max_batch] * splits
         if len(batches) != splits or max(batches) > desc.max_batch:
             raise ValueError(f"{splits} splits need {splits} batch sizes of at most {desc.max_batch}, got {batches}")
-        if desc.answering not in ("continuous", "inline"):
-            raise ValueError(f"answering must be 'continuous' or 'inline', got {desc.answering!r}")
-        if desc.max_queue_inputs < 0:
-            raise ValueError(f"max_queue_inputs must be >= 0 (0: unbounded), got {desc.max_queue_inputs}")
         params.update(plan=device_plan(card, desc.exit_rule, cuts=desc.cuts, batch_sizes=batches,
-                                       enabled_ramps=desc.enabled_ramps, slo_ms=desc.slo_ms).to_json(),
-                      answering=desc.answering)
+                                       enabled_ramps=desc.enabled_ramps, slo_ms=desc.slo_ms).to_json())
+    if desc.system in ("e3", "admission"):
+        params["answering"] = desc.answering
         if desc.max_queue_inputs:
             params["max_queue_inputs"] = str(desc.max_queue_inputs)
     front = desc.system in ("e3", "admission")   # models that only admit in execute: no delay, large batches
     if desc.system == "admission":
-        from e3.serving.admission import make_policy
+        from e3.serving.ebird.policy import make_policy
         if not desc.policy or desc.instances != 1:
             raise ValueError("an admission stage needs its policy and runs as one instance (one pool)")
         policy = make_policy(desc.policy["kind"], engine=desc.policy.get("engine"),
@@ -105,10 +105,7 @@ def write_device_model(repo: Path, desc: DeviceModel, card: ModelCard) -> str:
             raise ValueError(f"the policy's workers go up to {max(policy.engine)} rows, above max_batch {desc.max_batch}")
         if desc.pool_slots and desc.pool_slots < max(policy.engine):
             raise ValueError(f"a pool of {desc.pool_slots} slots cannot feed a worker of {max(policy.engine)}")
-        if desc.answer not in ("inline", "thread"):
-            raise ValueError(f"answer must be 'inline' or 'thread', got {desc.answer!r}")
-        params.update(policy=json.dumps(desc.policy, sort_keys=True), pool_slots=str(desc.pool_slots or ""),
-                      answer=desc.answer)
+        params.update(policy=json.dumps(desc.policy, sort_keys=True), pool_slots=str(desc.pool_slots or ""))
     text = render_config(ModelDescription(
         name=desc.name, kind="python", max_batch_size=ROUTER_MAX_BATCH if front else desc.max_batch,
         inputs=card.inputs, outputs=answer_specs(card), instances=desc.instances,

@@ -203,6 +203,23 @@ def sender_of(request):
     return request.get_response_sender()
 
 
+def admit_continuously(engine, outbox: "ResponseSender", requests: list, got: Gathered, *, on_refused=None) -> None:
+    """The continuous form's ``execute`` (``ContinuousEngine`` of :mod:`e3.serving.device.continuous`): take every
+    request's sender here, answer the malformed ones now, submit each valid one's rows (copies of ``got``'s) and
+    answer a refusal (the engine's bound) at once with UNAVAILABLE. ``on_refused(rows)`` counts refused inputs.
+    The caller returns ``None`` from ``execute`` and keeps no request object."""
+    senders = [sender_of(r) for r in requests]
+    for sender, response in zip(senders, got.responses):
+        if response is not None:   # malformed: answered now, the others go on
+            outbox.put(sender, response)
+    for i, rows in zip(got.valid, request_slices(got.sizes)):
+        refusal = engine.submit(senders[i], {k: v[rows] for k, v in got.arrays.items()})
+        if refusal is not None:
+            if on_refused is not None:
+                on_refused(rows.stop - rows.start)
+            outbox.put(senders[i], error_response(refusal.message, client_error=refusal.permanent, unavailable=True))
+
+
 class ResponseSender:
     """The one thread that answers a model's requests after ``execute`` returned (continuous answering).
 

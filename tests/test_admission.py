@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from e3.serving.admission import (NAIVE_ENGINE, EEbird, NEbird, best_worker_sets, engine_for, make_policy,
+from e3.serving.ebird.policy import (NAIVE_ENGINE, EEbird, NEbird, best_worker_sets, engine_for, make_policy,
                                   max_batch_for_qos, worker_sets)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from e3.client.sdk import ClientError, E3Client
 from e3.core.rows import request_slices
-from e3.export.admission import workers_name, write_admission
+from e3.serving.ebird.repository import workers_name, write_admission
 from e3.export.repository import ExportSettings, export_repository
 from e3.core.session import make_session
 from helpers import mixed_sizes, serving
@@ -90,7 +90,7 @@ def test_the_offline_phase_profiles_a_served_model_from_its_config_and_picks_the
     """`e3 admission`'s work below the CLI: the model's config gives the inputs' shapes; MaxBS caps the inputs in
     flight of either policy."""
     import shutil
-    from e3.export.admission import profile_served_model, stage_policy
+    from e3.serving.ebird.repository import profile_served_model, stage_policy
     from e3.export.repository import ExportError
     shutil.copytree(tiny_repo / "tiny_ee_stock", tmp_path / "tiny_ee_stock")
     profile = profile_served_model(tmp_path, "tiny_ee_stock", 5000.0, max_workers=2)
@@ -100,3 +100,52 @@ def test_the_offline_phase_profiles_a_served_model_from_its_config_and_picks_the
     assert elastic == {"kind": "e-ebird", "confs": profile["confs"], "max_inflight": profile["max_bs"]}
     with pytest.raises(ExportError, match="does not exist"):
         profile_served_model(tmp_path, "no_such_model", 100.0, max_workers=1)
+
+
+@pytest.mark.parametrize("kind", sorted(POLICIES))
+def test_twenty_thousand_requests_from_32_clients_answered_continuously_and_equal_to_the_model(admission_server, kind):
+    """Issue 37's bar for the continuous form on the CPU: every request of 1..4 inputs from 32 concurrent gRPC
+    clients answered (0 failed), each row's logits those of the model's own ONNX session for that row."""
+    import threading
+
+    import tritonclient.grpc as grpcclient
+
+    from e3.export.zoo import resolve_architecture
+    server, repo, names = admission_server
+    requests_total, clients = 20_000, 32
+    arrays = resolve_architecture("tiny-ee").example_arrays(256, seed=7)
+    reference = make_session(str(repo / "tiny_ee_stock" / "1" / "model.onnx")).run(["logits"], arrays)[0]
+    failures, mismatched, done = [], [], [0]
+    lock = threading.Lock()
+
+    def client_loop(c: int) -> None:
+        rng = np.random.default_rng(c)
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        for _ in range(requests_total // clients):
+            n, at = int(rng.integers(1, 5)), int(rng.integers(0, 252))
+            inputs = []
+            for name, a in arrays.items():
+                t = grpcclient.InferInput(name, [n, *a.shape[1:]], "INT64" if a.dtype == np.int64 else "FP32")
+                t.set_data_from_numpy(a[at:at + n])
+                inputs.append(t)
+            try:
+                got = client.infer(names[kind], inputs).as_numpy("logits")
+            except Exception as err:  # noqa: BLE001 - counted: the bar is 0 failed
+                with lock:
+                    failures.append(str(err)[:200])
+                continue
+            if got.shape != (n, reference.shape[1]) or not np.allclose(got, reference[at:at + n], atol=1e-4):
+                with lock:
+                    mismatched.append((at, n))
+            with lock:
+                done[0] += 1
+        client.close()
+
+    threads = [threading.Thread(target=client_loop, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not failures, f"{len(failures)} of {requests_total} requests failed, e.g. {failures[:3]}"
+    assert not mismatched, f"{len(mismatched)} answers differ from the model's, e.g. (first row, rows) {mismatched[:3]}"
+    assert done[0] == requests_total

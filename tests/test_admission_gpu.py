@@ -10,7 +10,7 @@ import pytest
 from e3.benchmarks.admission_gpu import Ebird, GpuAdmissionSettings, TritonBatcher, poisson, serve
 from e3.cli.models import profile_cuda
 from e3.export.cuda_profile import CudaSettings, cuda_available, device_label
-from e3.serving.admission import dynamic_batch, make_policy
+from e3.serving.ebird.policy import dynamic_batch, make_policy
 
 NO_GPU = "needs an NVIDIA GPU that PyTorch can use (torch.cuda.is_available() is False here)"
 
@@ -141,7 +141,7 @@ def test_gpu_admission_runs_every_system_on_the_gpu():   # pragma: no cover - GP
 
 
 def test_worker_sets_can_be_capped_at_the_largest_worker():
-    from e3.serving.admission import worker_sets
+    from e3.serving.ebird.policy import worker_sets
     assert (64,) in worker_sets(64, 4)
     capped = worker_sets(64, 4, largest=32)
     assert (32, 32) in capped and (32, 16, 16) in capped and all(max(w) <= 32 for w in capped)
@@ -149,7 +149,7 @@ def test_worker_sets_can_be_capped_at_the_largest_worker():
 
 
 def test_e_ebirds_cap_on_inputs_in_flight_is_the_largest_total_whose_set_ends_within_half_the_target():
-    from e3.serving.admission import max_inflight_for_qos
+    from e3.serving.ebird.policy import max_inflight_for_qos
     confs = {16: [16], 32: [32], 64: [32, 32], 96: [32, 32, 32]}
     slowest = {(16,): 0.7, (32,): 0.9, (32, 32): 1.0, (32, 32, 32): 1.3}
     assert max_inflight_for_qos(slowest, confs, qos_ms=2.2, max_bs=32) == 64

@@ -2,20 +2,20 @@
 while read, wrap-around), the copy events a worker waits on, and the engine driven against a device whose streams
 finish when the test says (every copy once, in arrival order; a worker's stream waits for the copy covering its
 rows; no slot written while a worker reads it; every request answered once with its own rows), then the same
-engine on real torch CPU tensors (answers equal to the stock model's) and, where CUDA is present, on the GPU."""
+engine on real torch CPU tensors and ONNX Runtime worker threads, in the continuous form (answers equal to the
+stock model's), and, where CUDA is present, on the GPU."""
 
 from __future__ import annotations
 
 import random
 import threading
-import time
 
 import numpy as np
 import pytest
 
-from e3.serving.admission import make_policy
-from e3.serving.device.admission_engine import AdmissionEngine, DeviceOps
-from e3.serving.device.pool import CopyLog, PoolFull, SlotRing
+from e3.serving.ebird.policy import make_policy
+from e3.serving.ebird.engine import AdmissionEngine, DeviceOps
+from e3.serving.ebird.pool import CopyLog, PoolFull, SlotRing
 
 
 # -- the ring -----------------------------------------------------------------------------------------------------
@@ -125,7 +125,7 @@ class VirtualDevice(DeviceOps):
         return False
 
     def result(self, worker, rows):
-        return self.out[worker][:rows].copy()
+        return {"y": self.out[worker][:rows].copy()}
 
 
 def _drive(policy, *, capacity: int, requests: list[np.ndarray], seed: int):
@@ -163,7 +163,7 @@ def test_every_input_copied_once_in_arrival_order_and_every_request_answered_wit
     assert sorted(r.handle for r in answered) == list(range(len(requests)))   # each request answered once
     for r in answered:
         assert r.failed is None
-        np.testing.assert_array_equal(r.outputs[:, 0], 2 * requests[r.handle])   # its own rows, in order
+        np.testing.assert_array_equal(r.outputs["y"][:, 0], 2 * requests[r.handle])   # its own rows, in order
     assert engine.ring.reading == 0 and engine.ring.staged == 0 and not engine.running
     assert policy.inflight == 0 and max(engine.batches) <= max(policy.engine)
     assert sum(b * k for b, k in engine.batches.items()) == at
@@ -213,34 +213,106 @@ def _tiny():
     return prepare_model(build_model("tiny-ee", seed=0, trained=False), settings), settings
 
 
-def test_on_cpu_tensors_the_engine_thread_answers_as_the_stock_model():
-    from e3.serving.device.admission_ops import TorchOps
+def serve_continuously(policy, ops, *, capacity: int, requests: list[dict], poll_s: float = 0.0,
+                       timeout_s: float = 60.0) -> dict:
+    """``requests`` submitted from this thread to the continuous form (ContinuousEngine's thread running the
+    rounds, as the served stage does); returns each request's answer (outputs dict or error) by index."""
+    from e3.serving.device.continuous import ContinuousEngine
+    answers: dict = {}
+    done = threading.Event()
+
+    def send(i, what):
+        answers[i] = what
+        if len(answers) == len(requests):
+            done.set()
+    front = ContinuousEngine(send, poll_s=poll_s, name="test-ebird")
+    engine = AdmissionEngine(policy, ops, capacity=capacity, answer=lambda r: front.failed(r.handle, r.failed)
+                             if r.failed else front.answered(r.handle, r.outputs))
+    if hasattr(ops, "on_done"):
+        ops.on_done = front.wake
+    front.bind(engine)
+    for i, arrays in enumerate(requests):
+        assert front.submit(i, arrays) is None
+    done.wait(timeout_s)
+    front.close(message="closing")
+    engine.close()
+    assert len(answers) == len(requests), f"{len(requests) - len(answers)} requests unanswered"
+    assert front.counts == {"admitted": len(requests), "answered": len(requests), "failed": 0, "refused": 0}
+    return answers
+
+
+def _split(arrays: dict, sizes: list[int]) -> list[dict]:
+    out, at = [], 0
+    for n in sizes:
+        out.append({k: v[at:at + n] for k, v in arrays.items()})
+        at += n
+    return out
+
+
+def test_on_cpu_tensors_the_continuous_form_answers_as_the_stock_model():
     from e3.serving.device.pipeline import StockRunner, head_answer
+    from e3.serving.ebird.torch_ops import LOGITS, TorchOps
     model, settings = _tiny()
     policy = make_policy("e-ebird", confs={4: (4,), 8: (8,)}, max_inflight=8)
-    answered = {}
-    engine = AdmissionEngine(policy, TorchOps(model, policy.engine, capacity=12, settings=settings), capacity=12,
-                             answer=lambda r: answered.__setitem__(r.handle, r)).start()
     arrays = model.example_arrays(40, seed=3)
     sizes = [1, 3, 5, 2, 8, 1, 4, 6, 3, 7]
-    at = 0
-    for i, n in enumerate(sizes):
-        engine.admit(i, {k: v[at:at + n] for k, v in arrays.items()})
-        at += n
-    deadline = time.monotonic() + 20
-    while len(answered) < len(sizes) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    engine.stop()
-    assert len(answered) == len(sizes) and not any(r.failed for r in answered.values())
+    answers = serve_continuously(policy, TorchOps(model, policy.engine, capacity=12, settings=settings), capacity=12,
+                                 requests=_split(arrays, sizes))
     want = StockRunner(model, settings).run(arrays)
-    got = np.concatenate([head_answer(answered[i].outputs, model.card).label for i in range(len(sizes))])
-    np.testing.assert_array_equal(got, want.label)
-    probs = np.concatenate([head_answer(answered[i].outputs, model.card).probs for i in range(len(sizes))])
-    np.testing.assert_allclose(probs, want.probs, atol=1e-5)
+    got = [head_answer(answers[i][LOGITS], model.card) for i in range(len(sizes))]
+    np.testing.assert_array_equal(np.concatenate([a.label for a in got]), want.label)
+    np.testing.assert_allclose(np.concatenate([a.probs for a in got]), want.probs, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["n-ebird", "e-ebird"])
+def test_onnx_worker_threads_stage_arrivals_while_workers_compute_and_answer_each_request_with_its_rows(kind):
+    """HostOps (the CPU stage's workers): a worker blocks until the test has submitted every request, so the
+    answers can only be right if the engine kept staging arrivals while that worker computed."""
+    from e3.core.spec import TensorSpec
+    from e3.serving.ebird.host_ops import HostOps
+    gate = threading.Event()
+
+    def run(feed):
+        gate.wait(10)   # the first batches hold their workers while the rest arrive
+        return {"y": feed["x"] * 2.0, "n": feed["x"][:, :1].astype(np.int64)}
+    policy = make_policy(kind, engine=(4, 2, 1), max_inflight=6) if kind == "n-ebird" else         make_policy(kind, confs={4: (2, 2), 8: (4, 2, 2)}, max_inflight=8)
+    ops = HostOps((TensorSpec("x", "FP32", (3,)),), policy.engine, capacity=16, run=run)
+    rng = np.random.default_rng(0)
+    sizes = [int(n) for n in rng.integers(1, 4, 60)]
+    x = rng.normal(size=(sum(sizes), 3)).astype(np.float32)
+    requests = _split({"x": x}, sizes)
+    threading.Timer(0.2, gate.set).start()
+    answers = serve_continuously(policy, ops, capacity=16, requests=requests, poll_s=0.05)
+    for i, r in enumerate(requests):
+        np.testing.assert_array_equal(answers[i]["y"], 2 * r["x"])
+
+
+def test_onnx_worker_threads_answer_a_failing_batch_with_its_error_and_refuse_variable_shapes():
+    from e3.core.spec import TensorSpec
+    from e3.serving.ebird.host_ops import HostOps
+    calls = []
+
+    def run(feed):
+        calls.append(len(feed["x"]))
+        if len(calls) == 1:
+            raise RuntimeError("session lost")
+        return {"y": feed["x"]}
+    policy = make_policy("n-ebird", engine=(1,), max_inflight=1)
+    ops = HostOps((TensorSpec("x", "FP32", (2,)),), policy.engine, capacity=4, run=run)
+    answered = []
+    engine = AdmissionEngine(policy, ops, capacity=4, answer=answered.append)
+    engine.admit("a", {"x": np.ones((1, 2), np.float32)})
+    engine.admit("b", {"x": np.ones((1, 2), np.float32)})
+    engine.drive(lambda: len(answered) == 2)
+    engine.close()
+    assert [(r.handle, r.failed is not None) for r in answered] == [("a", True), ("b", False)]
+    assert "session lost" in answered[0].failed
+    with pytest.raises(ValueError, match="input 'x' has a variable dimension"):
+        HostOps((TensorSpec("x", "INT64", (-1,)),), (1,), capacity=4, run=run)
 
 
 def test_the_inline_form_answers_every_request_of_the_call_in_the_callers_thread():
-    from e3.serving.device.admission_ops import TorchOps
+    from e3.serving.ebird.torch_ops import TorchOps
     from e3.serving.device.pipeline import StockRunner, head_answer
     model, settings = _tiny()
     policy = make_policy("n-ebird", engine=(8, 4, 1), max_inflight=8)
@@ -261,7 +333,7 @@ def test_the_inline_form_answers_every_request_of_the_call_in_the_callers_thread
     engine.drive(lambda: len(answered) == len(sizes))
     assert threads == {threading.get_ident()} and not any(r.failed for r in answered.values())
     want = StockRunner(model, settings).run(arrays)
-    got = np.concatenate([head_answer(answered[i].outputs, model.card).label for i in range(len(sizes))])
+    got = np.concatenate([head_answer(answered[i].outputs["logits"], model.card).label for i in range(len(sizes))])
     np.testing.assert_array_equal(got, want.label)
     # a device error answers what the engine holds, so the call returns instead of hanging
     answered.clear()
@@ -298,7 +370,7 @@ def test_the_inline_form_blocks_on_the_oldest_running_worker_instead_of_polling(
             event["fired"] = True
 
         def result(self, worker, rows):
-            return np.zeros((rows, 2))
+            return {"y": np.zeros((rows, 2))}
 
     answered = {}
     device = Blocking()
@@ -318,7 +390,7 @@ def test_stopping_answers_what_the_engine_still_holds():
                              answer=answered.append)
     engine.admit("a", {"x": np.ones((3, 1))})
     engine.step()                                  # launched, never finished
-    engine.stop("unloading")
+    engine.close("unloading")
     assert [(r.handle, r.failed) for r in answered] == [("a", "unloading")]
     engine.admit("late", {"x": np.ones((1, 1))})
     assert answered[-1].handle == "late" and "stopping" in answered[-1].failed
@@ -329,27 +401,21 @@ def test_stopping_answers_what_the_engine_still_holds():
 def test_on_the_gpu_streams_and_events_answer_as_the_stock_model():
     import dataclasses
 
-    from e3.serving.device.admission_ops import TorchOps
+    from e3.serving.ebird.torch_ops import TorchOps
     from e3.serving.device.executor import DeviceSettings, build_model, prepare_model
     from e3.serving.device.pipeline import StockRunner, head_answer
     settings = DeviceSettings(device="cuda", precision="fp32", max_batch=8)
     model = prepare_model(build_model("tiny-ee", seed=0, trained=False), settings)
     policy = make_policy("e-ebird", confs={4: (4,), 8: (4, 4), 16: (8, 8)}, max_inflight=16)
-    answered = {}
-    engine = AdmissionEngine(policy, TorchOps(model, policy.engine, capacity=24, settings=settings), capacity=24,
-                             answer=lambda r: answered.__setitem__(r.handle, r)).start()
     arrays = model.example_arrays(200, seed=5)
-    at, i = 0, 0
-    while at < 200:
-        n = min(1 + i % 7, 200 - at)
-        engine.admit(i, {k: v[at:at + n] for k, v in arrays.items()})
-        at, i = at + n, i + 1
-    deadline = time.monotonic() + 60
-    while len(answered) < i and time.monotonic() < deadline:
-        time.sleep(0.01)
-    engine.stop()
+    cut, at = [], 0
+    while at < 200:                              # requests of 1..7 inputs
+        cut.append(min(1 + len(cut) % 7, 200 - at))
+        at += cut[-1]
+    answers = serve_continuously(policy, TorchOps(model, policy.engine, capacity=24, settings=settings), capacity=24,
+                                 requests=_split(arrays, cut), poll_s=0.00005)
     want = StockRunner(model, dataclasses.replace(settings, graphs=False)).run(arrays)
-    got = np.concatenate([head_answer(answered[j].outputs, model.card).label for j in range(i)])
+    got = np.concatenate([head_answer(answers[j]["logits"], model.card).label for j in range(len(cut))])
     np.testing.assert_array_equal(got, want.label)
 
 

@@ -26,10 +26,10 @@ def test_the_stage_is_written_as_one_instance_of_the_device_admission_model(tmp_
     assert name == "tiny_ee_admission_b16_e_ebird"
     config = (tmp_path / name / "config.pbtxt").read_text()
     assert "KIND_GPU" in config and "e-ebird" in config and "max_batch_size: 1024" in config
-    assert "e3.serving.device.admission_model" in (tmp_path / name / "1" / "model.py").read_text()
-    assert 'key: "answer"' in config and 'string_value: "inline"' in config   # the form that runs on a GPU host
-    with pytest.raises(ValueError, match="answer must be"):
-        write_device_model(tmp_path, DeviceModel(system="admission", answer="later", policy={"kind": "n-ebird"},
+    assert "e3.serving.ebird.model" in (tmp_path / name / "1" / "model.py").read_text()
+    assert 'key: "answering"' in config and 'string_value: "continuous"' in config   # the paper's form, by default
+    with pytest.raises(ValueError, match="answering must be one of continuous, inline"):
+        write_device_model(tmp_path, DeviceModel(system="admission", answering="later", policy={"kind": "n-ebird"},
                                                  **base), _card())
     with pytest.raises(ValueError, match="one instance"):
         write_device_model(tmp_path, DeviceModel(system="admission", instances=2, policy={"kind": "n-ebird"}, **base),
@@ -120,7 +120,7 @@ def test_runner_cpu_mode_serves_every_system_through_triton_and_writes_what_the_
     doc = json.loads((out / "admission_triton.json").read_text())
     assert doc["device"] == "cpu" and not doc.get("failed")
     m = doc["models"]["tiny-ee"]
-    assert set(m["systems"]) == {"NO_Wait", "wait 2000 us", "instances (2)", "N-Ebird", "E-Ebird", "E-Ebird (thread)"}
+    assert set(m["systems"]) == {"NO_Wait", "wait 2000 us", "instances (2)", "N-Ebird", "E-Ebird", "E-Ebird (inline)"}
     assert all(v == 1.0 for v in m["answers"].values()), m["answers"]   # FP32 on the CPU: every label equal
     off = m["offline"]
     assert off["max_bs"] in (1, 2, 4, 8, 16, 32, 64) and off["max_inflight"] >= off["max_bs"]
@@ -129,7 +129,7 @@ def test_runner_cpu_mode_serves_every_system_through_triton_and_writes_what_the_
     for label, points in m["sweep"].items():
         assert points, label
         assert any(not p["met"] for p in points) or label in m["unmissed"] or m["client_bound_rps"]
-    for stage in ("N-Ebird", "E-Ebird", "E-Ebird (thread)"):   # answered under load, not only the sequential check
+    for stage in ("N-Ebird", "E-Ebird", "E-Ebird (inline)"):   # answered under load, not only the sequential check
         assert any(p["met"] for p in m["sweep"][stage]), (stage, m["sweep"][stage])
     assert {r["system"] for r in m["burst"]} >= {"NO_Wait", "N-Ebird", "E-Ebird"}
     assert {r["phase"] for r in m["burst"]} == {"low", "high"}

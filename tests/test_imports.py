@@ -11,7 +11,7 @@ import pytest
 # Modules that decide: the planner, the controller's decisions, health and loop, the router's policy,
 # the cost model and the rest of the vocabulary.
 LIGHT = ["e3.controller.planner", "e3.controller.decisions", "e3.controller.health", "e3.controller.loop",
-         "e3.controller.forecast", "e3.controller.telemetry", "e3.serving.policy", "e3.serving.admission", "e3.core.cost",
+         "e3.controller.forecast", "e3.controller.telemetry", "e3.serving.policy", "e3.serving.ebird.policy", "e3.core.cost",
          "e3.core.plan", "e3.core.profile", "e3.core.exits", "e3.core.manifest", "e3.core.rows", "e3.core.files",
          "e3.core.session"]
 

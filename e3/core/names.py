@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 __all__ = [
+    "ANSWERING",
     "SHIPPED_MODELS_DIR",
     "WEIGHTS_FILE",
     "CutError",
@@ -32,6 +33,11 @@ __all__ = [
 # What e3 export ships beside a router that runs the model itself (the device form, e3.serving.device.router):
 SHIPPED_MODELS_DIR = "e3_models"        # a user's model module (Triton's stub ignores PYTHONPATH)
 WEIGHTS_FILE = "weights.safetensors"   # the model's state dict
+
+# How a model that answers after execute answers (parameter "answering" of the device router and E²bird's stage):
+# "continuous" (execute admits, one engine thread computes and answers: e3.serving.device.continuous), the
+# default, or "inline" (the labelled fallback: execute runs its own requests out).
+ANSWERING = ("continuous", "inline")
 
 _SERVED = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _SPLIT = re.compile(r"^(?P<m>.+)_split_(?P<first>\d+)-(?P<last>\d+)$")

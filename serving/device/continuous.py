@@ -15,6 +15,13 @@ is answered the moment its last row is decided. Answers leave through one sendin
   in front of the model keeps the backpressure. Unbounded when unset, as on the CPU router.
 * **Idle**: when the pipeline has nothing queued or in flight (:meth:`step` returns False: a row waiting in
   a queue always has a run it can start, ``dispatch.choose``), the thread sleeps until the next submit.
+* **Busy, waiting on the device** (``poll_s``): a pipeline whose step blocks on its device (E3's
+  :class:`~e3.serving.device.pipeline.DevicePipeline`) is stepped again at once (``poll_s=0``). One whose
+  step only polls work running elsewhere (E²bird's :class:`~e3.serving.ebird.engine.AdmissionEngine`, whose
+  workers run on CUDA streams or worker threads) pauses up to ``poll_s`` between steps, woken early by a
+  submit or by :meth:`wake` (a worker thread's completion), so it neither spins against ``execute`` for the
+  interpreter lock nor sleeps past an arrival. A wake-up is a flag set under the lock, so one that comes
+  between a step and the pause is not lost.
 * **Failure**: an exception out of a step answers every request held with an explicit error and the engine
   goes on with the next arrivals (no accepted request goes unanswered).
 * **Unload** (:meth:`close`): the thread stops, every request still held is answered with an error, then
@@ -30,6 +37,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from e3.core.names import ANSWERING
 from e3.serving.scheduler import Refusal, refusal_for
 
 __all__ = ["ContinuousEngine", "Held"]
@@ -54,15 +62,20 @@ class ContinuousEngine:
     model's :class:`~e3.serving.triton_io.ResponseSender`'s ``put``)."""
 
     def __init__(self, send: Callable[[Any, Any], None], *, max_queue_inputs: int | None = None,
-                 name: str = "e3-device-engine"):
+                 name: str = "e3-device-engine", poll_s: float = 0.0):
+        if poll_s < 0:
+            raise ValueError(f"poll_s must be >= 0 (seconds between polling steps), got {poll_s}")
         self.send = send
+        self.poll_s = poll_s
         self.max_queue_inputs = max_queue_inputs
         self.held_inputs = 0            # inputs admitted and not yet answered or dropped
         self.counts = {"admitted": 0, "answered": 0, "failed": 0, "refused": 0}   # requests
         self.pipeline = None
         self._held: set[int] = set()    # id(Held) of requests admitted and not yet answered
-        self._lock = threading.Lock()
+        # reentrant: a pipeline may answer inside admit (a request it can never hold), which releases here
+        self._lock = threading.RLock()
         self._work = threading.Condition(self._lock)
+        self._kicked = False            # something happened since the last step: a submit or a wake
         self._stopping = False
         self._name = name
         self._thread: threading.Thread | None = None
@@ -90,8 +103,15 @@ class ContinuousEngine:
             self._held.add(id(held))
             self.counts["admitted"] += 1
             self.pipeline.admit(held, arrays)
+            self._kicked = True
             self._work.notify()
         return None
+
+    def wake(self) -> None:
+        """Step again now (any thread: e.g. a worker that finished a batch the pipeline polls for)."""
+        with self._lock:
+            self._kicked = True
+            self._work.notify()
 
     # -- the pipeline's callbacks (the engine thread) ------------------------------------------------------
     def answered(self, held: Held, outputs: dict) -> None:
@@ -124,24 +144,26 @@ class ContinuousEngine:
             with self._lock:
                 if self._stopping:
                     return
+                self._kicked = False
             try:
                 busy = self.pipeline.step()
             except Exception as err:  # noqa: BLE001 - every held request gets an error, the engine goes on
                 log.exception("the device engine failed a step")
                 self.pipeline.fail_all(f"the router failed: {err}")
                 continue
-            if not busy:
+            pause = self.poll_s if busy else IDLE_WAIT_S
+            if pause > 0:
                 with self._lock:
-                    if not self._stopping and not self.pipeline.inbox:
-                        self._work.wait(IDLE_WAIT_S)
+                    if not self._stopping and not self._kicked:
+                        self._work.wait(pause)
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the thread and answer every request still held with an error (the model is unloading)."""
+    def close(self, timeout_s: float = 5.0, message: str = "the router is unloading; send again") -> None:
+        """Stop the thread and answer every request still held with ``message`` (the model is unloading)."""
         with self._lock:
             self._stopping = True
             self._work.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
         if self.pipeline is not None:
-            self.pipeline.fail_all("the router is unloading; send again")
+            self.pipeline.fail_all(message)
             self.pipeline = None

@@ -135,7 +135,7 @@ class CudaGraphExecutor(SplitExecutor):
         with torch.inference_mode():
             for b in reversed(self.buckets):   # largest first: the pool is sized once
                 static = [torch.zeros((b, *spec.shape), device=settings.device,
-                                      dtype=_torch_dtype(spec.dtype, dtype)) for spec in specs]
+                                      dtype=torch_dtype(spec.dtype, dtype)) for spec in specs]
                 side = torch.cuda.Stream(device=settings.device)
                 side.wait_stream(torch.cuda.current_stream(settings.device))
                 with torch.cuda.stream(side):
@@ -162,7 +162,7 @@ class CudaGraphExecutor(SplitExecutor):
             return tuple(o[:n] for o in outs)
 
 
-def _torch_dtype(triton_dtype: str, float_dtype: torch.dtype) -> torch.dtype:
+def torch_dtype(triton_dtype: str, float_dtype: torch.dtype) -> torch.dtype:
     """A state or input tensor's dtype on the device: floats at the run's precision, integers as declared."""
     if triton_dtype.startswith("FP"):
         return float_dtype

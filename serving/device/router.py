@@ -129,19 +129,8 @@ class DeviceRouter:
 
     def _admit(self, requests, got):
         """Continuous: take every sender here, admit the valid requests, answer the others now, return None."""
-        from e3.core.rows import request_slices
-        from e3.serving.triton_io import error_response, sender_of
-        senders = [sender_of(r) for r in requests]
-        del requests   # no request object outlives execute
-        for sender, response in zip(senders, got.responses):
-            if response is not None:   # malformed: answered now, the others go on
-                self.outbox.put(sender, response)
-        for i, rows in zip(got.valid, request_slices(got.sizes)):
-            refusal = self.engine.submit(senders[i], {k: v[rows] for k, v in got.arrays.items()})
-            if refusal is not None:
-                self.metrics.rejected(rows.stop - rows.start)
-                self.outbox.put(senders[i], error_response(refusal.message, client_error=refusal.permanent,
-                                                           unavailable=True))
+        from e3.serving.triton_io import admit_continuously
+        admit_continuously(self.engine, self.outbox, requests, got, on_refused=self.metrics.rejected)
         return None
 
     def _execute_inline(self, got):

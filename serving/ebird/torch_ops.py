@@ -1,4 +1,4 @@
-"""The device side of E²bird's pool and workers (:class:`~e3.serving.device.admission_engine.DeviceOps`) in
+"""The device side of E²bird's pool and workers (:class:`~e3.serving.ebird.engine.DeviceOps`) in
 PyTorch: on a GPU, a ring in device memory fed from a pinned host mirror on a copy stream, one CUDA graph and
 one stream per worker; on the CPU, the same ring as CPU tensors, no streams, every call synchronous (what ``make
 test`` runs, so the engine's bookkeeping meets real tensors on every change).
@@ -32,11 +32,13 @@ import numpy as np
 import torch
 
 from e3.export.model_api import EarlyExitModel
-from e3.serving.device.admission_engine import DeviceOps
-from e3.serving.device.executor import DeviceSettings, _torch_dtype, make_executor
-from e3.serving.device.pool import Taken
+from e3.serving.device.executor import DeviceSettings, torch_dtype, make_executor
+from e3.serving.ebird.engine import DeviceOps
+from e3.serving.ebird.pool import Taken
 
-__all__ = ["TorchOps"]
+__all__ = ["TorchOps", "LOGITS"]
+
+LOGITS = "logits"   # the one output of a worker: the last head's logits [rows, classes] (head_answer decides)
 
 
 class TorchOps(DeviceOps):
@@ -50,7 +52,7 @@ class TorchOps(DeviceOps):
         L = model.card.num_blocks
         float_dtype = torch.float16 if settings.precision == "fp16" else torch.float32
         with torch.inference_mode():
-            self.ring = [torch.empty((capacity, *s.shape), dtype=_torch_dtype(s.dtype, float_dtype),
+            self.ring = [torch.empty((capacity, *s.shape), dtype=torch_dtype(s.dtype, float_dtype),
                                      device=settings.device) for s in self.specs]
             self.mirror = [torch.empty_like(t, device="cpu").pin_memory() for t in self.ring] if self.cuda else None
             self.workers = [make_executor(model, 1, L, ramps=(L,),
@@ -116,7 +118,7 @@ class TorchOps(DeviceOps):
         if event is not None:
             event.synchronize()   # the interpreter lock is released while the host waits
 
-    def result(self, worker: int, rows: int) -> np.ndarray:
+    def result(self, worker: int, rows: int) -> dict[str, np.ndarray]:
         if not self.cuda:
-            return self.last[worker][:rows]
-        return self.out_host[worker][:rows].to(torch.float32, copy=True).numpy()
+            return {LOGITS: self.last[worker][:rows]}
+        return {LOGITS: self.out_host[worker][:rows].to(torch.float32, copy=True).numpy()}

@@ -1,6 +1,6 @@
 """E²bird's memory pool, the bookkeeping: which ring slots an arriving request is copied into, which rows a worker
 takes, and when a slot may be written again. Pure (no torch, no CUDA): the device calls sit behind
-:class:`~e3.serving.device.admission_engine.DeviceOps`, so every rule here is tested on the CPU.
+:class:`~e3.serving.ebird.engine.DeviceOps`, so every rule here is tested on the CPU.
 
 The paper (TPDS, §5.1, Fig. 5 and Table 2) keeps the inputs of every inference in a circular buffer in GPU memory:
 each arriving input is copied into the next slot on one stream (``InStream``, one copy at a time under
@@ -22,7 +22,7 @@ ordered on one stream). Here:
 * **Wrap-around.** The ring's end does not align with batches: a request's rows, or a batch's, may run past the
   last slot and continue at slot 0; :meth:`SlotRing.segments` gives the (at most two) slot ranges. The paper's
   buffer is circular too and is silent on this; a worker gathers its segments into its own input (a CUDA graph
-  reads fixed addresses: :mod:`e3.serving.device.admission_ops`).
+  reads fixed addresses: :mod:`e3.serving.ebird.torch_ops`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ of *workers*, each running the same model (one copy of the weights) at one
 fixed batch granularity, a power of two. A scheduler hands the staged inputs,
 oldest first, to idle workers whose batch fits, so that nothing waits for a
 batch to fill at low load and several batches run at once at high load. This
-module decides; :mod:`e3.serving.elastic` owns the threads and Triton's I/O.
+module decides; :mod:`e3.serving.ebird.engine` runs it and :mod:`e3.serving.ebird.model` is the Triton model.
 
 * **N-Ebird** (Algorithm 1): the engine is fixed (default ``[1, 1, 2, 4, 8,
   16]`` for ``MaxBS = 32``). With ``R = min(N, MaxInf - CurInf)`` (staged
@@ -48,7 +48,7 @@ Decisions where the paper is silent or wrong, written down:
   row is done.
 * **Slots.** A worker is a role (a batch granularity), not a process: the
   stage runs every launched batch on one of ``slots`` worker processes (Triton
-  instances of one intra-op thread each, :mod:`e3.serving.elastic`). At most
+  instances of one intra-op thread each, :mod:`e3.serving.ebird.host_ops`). At most
   ``slots`` workers run at once; the paper runs every worker of a set on its
   own CUDA stream of one GPU, whose spare parallelism a CPU of ``slots`` cores
   does not have: a launch beyond the slots would only wait in a queue, with

@@ -1,21 +1,27 @@
 """E²bird's serving loop on one device: arrivals copied into the memory pool, workers launched by N-Ebird or
-E-Ebird, completions polled, requests answered. No torch here: the device work goes through :class:`DeviceOps`
-(:mod:`e3.serving.device.admission_ops`: CUDA streams and events on a GPU; torch CPU tensors with no streams on
-the CPU), so the loop's order of operations is tested on the CPU with a recording implementation.
+E-Ebird, completions polled, requests answered. No torch and no Triton here: the device work goes through
+:class:`DeviceOps` (:mod:`e3.serving.ebird.torch_ops`: CUDA streams and events on a GPU, torch CPU tensors with
+no streams on the CPU; :mod:`e3.serving.ebird.host_ops`: ONNX Runtime on worker threads or worker processes),
+so the loop's order of operations is tested with a recording implementation.
 
-One thread does every device call (the paper's scheduler, which "monitors the memory pool and the inference
-engine"): in the **inline form** (:meth:`AdmissionEngine.drive`, what the served stage uses) Triton's ``execute``
-thread, which admits its requests and runs rounds until each is answered; in the **threaded form**
-(:meth:`AdmissionEngine.start`) an engine thread of its own, ``admit`` only queuing the host arrays and waking it.
+One thread does every round (the paper's scheduler, which "monitors the memory pool and the inference engine"):
+
+* **continuous** (the default; what the paper describes): the stage's ``execute`` only submits its requests and
+  returns; the thread of :class:`~e3.serving.device.continuous.ContinuousEngine` (the one continuous form of
+  the project, shared with E3's device router) runs :meth:`AdmissionEngine.step` whenever something arrived or
+  finished, so arrivals enter the pool **while workers compute**, across ``execute`` calls;
+* **inline** (the labelled fallback): Triton's ``execute`` thread admits its requests and runs rounds until each
+  is answered (:meth:`AdmissionEngine.drive`); requests arriving meanwhile wait in Triton's queue.
+
 A round (:meth:`AdmissionEngine.step`):
 
-1. **Completions.** Every running worker whose completion event has fired: its outputs (already copied to host
-   memory on its stream) go to the requests holding its rows, its slots are released, the policy hears that it
-   is idle. A request whose last row is back is answered.
+1. **Completions.** Every running worker whose completion has come: its outputs (host arrays, by output name)
+   go to the requests holding its rows, its slots are released, the policy hears that it is idle. A request
+   whose last row is back is answered.
 2. **Arrivals.** Queued requests enter the ring in arrival order while slots are free (the first that does not
    fit waits, and so do all behind it); each one's rows are copied on the copy stream (``InStream``) as it
    enters, and one event is recorded after the round's copies (``InEvent``).
-3. **Launches.** The policy (:mod:`e3.serving.admission`) picks idle workers for the staged rows (the paper's
+3. **Launches.** The policy (:mod:`e3.serving.ebird.policy`) picks idle workers for the staged rows (the paper's
    ``N``: rows whose copy was issued, not yet taken); each takes the next rows in arrival order and its stream
    waits, on the device, for the copy event covering its last row. The host never waits for a copy: that is
    the copy/compute overlap (a copy issued in round k runs while workers launched earlier compute).
@@ -37,8 +43,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from e3.serving.admission import ElasticPolicy
-from e3.serving.device.pool import Backlog, CopyLog, SlotRing, Staged, Taken
+from e3.serving.ebird.policy import ElasticPolicy
+from e3.serving.ebird.pool import Backlog, CopyLog, SlotRing, Staged, Taken
 
 __all__ = ["DeviceOps", "AdmissionEngine"]
 
@@ -73,8 +79,12 @@ class DeviceOps(abc.ABC):
             time.sleep(0)
 
     @abc.abstractmethod
-    def result(self, worker: int, rows: int) -> np.ndarray:
-        """The host copy of worker ``worker``'s last output, [rows, ...] (a fresh array the caller may keep)."""
+    def result(self, worker: int, rows: int) -> dict[str, np.ndarray]:
+        """Worker ``worker``'s last outputs on the host, name -> [rows, ...] (fresh arrays the caller may keep);
+        raises the batch's error if it failed."""
+
+    def close(self) -> None:
+        """Release what the ops hold (threads, device memory); default: nothing."""
 
 
 class AdmissionEngine:
@@ -82,9 +92,9 @@ class AdmissionEngine:
 
     def __init__(self, policy: ElasticPolicy, ops: DeviceOps, *, capacity: int, answer: Callable[[Staged], None],
                  poll_s: float = 0.0):
-        """``capacity``: ring slots (rows); ``answer(request)``: called once per request, from the engine thread,
-        with ``request.outputs`` [n, ...] or ``request.failed`` set; ``poll_s``: the engine thread's pause between
-        rounds while workers run (0: it only yields the interpreter lock)."""
+        """``capacity``: ring slots (rows); ``answer(request)``: called once per request, from the thread running
+        the rounds, with ``request.outputs`` (name -> [n, ...]) or ``request.failed`` set; ``poll_s``: the inline
+        form's pause between rounds when nothing runs (the continuous form's pause is its engine's)."""
         if capacity < max(policy.engine):
             raise ValueError(f"a pool of {capacity} slots cannot feed a worker of {max(policy.engine)} rows")
         self.policy, self.ops, self.answer, self.poll_s = policy, ops, answer, poll_s
@@ -95,7 +105,6 @@ class AdmissionEngine:
         self.batches: Counter = Counter()                    # batch size -> batches launched (telemetry)
         self._arrivals: deque[Staged] = deque()
         self._cv = threading.Condition()
-        self._thread: threading.Thread | None = None
         self._stopping = False
 
     # -- Triton's side ----------------------------------------------------------------------------------------------
@@ -137,18 +146,19 @@ class AdmissionEngine:
                 out, err = None, f"the admission stage's batch failed: {e}"
             self._finish(w, taken, out, err)
 
-    def _finish(self, w: int, taken: Taken, out: np.ndarray | None, err: str | None) -> None:
+    def _finish(self, w: int, taken: Taken, out: dict[str, np.ndarray] | None, err: str | None) -> None:
         self.policy.done(w)
         self.ring.release(taken)
         for r, first, rows, at in self.book.parts(taken.start, taken.stop):
             if err is not None:
                 r.failed = r.failed or err
-            elif rows == r.n:                     # the whole request in this batch: its rows of the output
-                r.outputs = out[at:at + rows]
+            elif rows == r.n:                     # the whole request in this batch: its rows of the outputs
+                r.outputs = {name: a[at:at + rows] for name, a in out.items()}
             else:                                 # split across batches: filled in part by part
                 if r.outputs is None:
-                    r.outputs = np.empty((r.n, *out.shape[1:]), out.dtype)
-                r.outputs[first:first + rows] = out[at:at + rows]
+                    r.outputs = {name: np.empty((r.n, *a.shape[1:]), a.dtype) for name, a in out.items()}
+                for name, a in out.items():
+                    r.outputs[name][first:first + rows] = a[at:at + rows]
             r.pending -= rows
         for r in self.book.finished():
             self.answer(r)
@@ -207,8 +217,6 @@ class AdmissionEngine:
         can change anything; it blocks on the oldest running worker's event (:meth:`DeviceOps.wait`; on a GPU
         ``cudaEventSynchronize``, the interpreter lock released). (The H200 run in ``docs/admission.md``
         polled with a 50 us pause per round; this form is not yet measured on a GPU.)"""
-        if self._thread is not None:
-            raise RuntimeError("the engine thread is running: drive() is the inline form, without start()")
         try:
             while not done():
                 if not self.step() and not done():
@@ -224,32 +232,10 @@ class AdmissionEngine:
             log.exception("the admission engine failed")
             self.fail_all(f"the admission engine failed: {e}")
 
-    # -- the engine thread ------------------------------------------------------------------------------------------
-    def start(self) -> "AdmissionEngine":
-        self._thread = threading.Thread(target=self._loop, name="e3-admission-engine", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, message: str = "the admission stage is unloading", timeout_s: float = 5.0) -> None:
-        """Stop the thread; requests still held are answered with ``message``."""
+    def close(self, message: str = "the admission stage is unloading") -> None:
+        """Refuse new arrivals, answer every request still held with ``message``, release the ops. The caller
+        has stopped whatever thread runs the rounds."""
         with self._cv:
             self._stopping = True
-            self._cv.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout_s)
         self.fail_all(message)
-
-    def _loop(self) -> None:
-        try:
-            while not self._stopping:
-                if self.step():
-                    time.sleep(self.poll_s)   # 0: yield the interpreter lock to execute() and the senders
-                else:
-                    with self._cv:
-                        if not self._arrivals and not self._stopping:
-                            self._cv.wait(timeout=0.5)
-        except Exception as e:  # noqa: BLE001 - a device error: every held request is answered with it
-            log.exception("the admission engine failed")
-            with self._cv:
-                self._stopping = True
-            self.fail_all(f"the admission engine failed: {e}")
+        self.ops.close()
