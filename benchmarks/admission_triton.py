@@ -12,10 +12,12 @@ does not depend on them):
    ``serving/ebird/offline.py`` (compute budget, MaxBS, E-Ebird's sets and MaxInf, N-Ebird's engine).
 2. **One server, every system a KIND_GPU Python model of the same stock model in the same engine** (FP16, a CUDA
    graph per batch): the stages ``N-Ebird`` and ``E-Ebird`` (:mod:`e3.serving.ebird.model`: the memory
-   pool, workers on streams), and Triton's dynamic batcher in front of the stock model (max batch MaxBS, as the
-   stage's workers): ``NO_Wait`` (no delay), ``wait <d> us`` (the delay sweep; **OPT_Wait** is the delay, 0
-   included, with the most throughput at the target, reported apart only where it is not 0), ``instances (k)``
-   (k instances, no delay; the best k is reported).
+   pool, workers on streams, answering continuously), and Triton's dynamic batcher in front of the stock model
+   (max batch MaxBS, as the stage's workers) at its best: 1, 2 and 4 instances, each with the delay sweep:
+   ``NO_Wait`` (1 instance, no delay), ``wait <d> us`` (1 instance; **OPT_Wait** is the delay, 0 included, with
+   the most throughput at the target, reported apart only where it is not 0), ``instances (k)`` and
+   ``instances (k) wait <d> us`` (the best of them is reported). The claim compares E-Ebird with the best of
+   every baseline.
 3. **Answers**: every system answers a few requests as the PyTorch reference does (FP32 on the CPU; on the GPU
    the FP16 agreement is reported).
 4. **The QoS target**: NO_Wait's p99 at a light load + the compute budget (the rule). NO_Wait's capacity: offered
@@ -28,6 +30,11 @@ does not depend on them):
    and a system still meeting then gets a lower bound); then one rate between each system's last met and first
    missed rate sharpens its maximum. Throughput at the target = the answered rate of its highest rate met.
 6. **Burst**: low (0.3) -> high (1.0) -> low, fractions of NO_Wait's capacity, p50/p99 per phase.
+7. **The load generator's bound, in the same run**: the same clients offer ``client_factor`` (3) x the best
+   system's throughput at the target to a null model (``role: null``: zeros at once, no compute) behind the same
+   front door; the check passes when the clients keep to the schedule (p99 lateness under half the target) and
+   the null model answers within the target. Reported beside every figure: where it fails, the figures may be
+   the clients' limit, and the run says so.
 
 ``--cpu``: the same on this machine's CPU with tiny-ee's head path (KIND_CPU, eager, one thread), short runs: a
 smoke run that the GPU call will not fail on a bug (its figures measure nothing).
@@ -62,8 +69,9 @@ class Settings:
     cpu: bool = False
     models: tuple[str, ...] = ("resnet-stock", "bert-stock")
     per_request: int = 8                        # inputs per request (the front door's cost is per request)
-    delays_us: tuple[int, ...] = (200, 1000)    # the dynamic batcher's delays swept (0 is NO_Wait)
-    instances: tuple[int, ...] = (2, 4)         # the instance counts tried (no delay)
+    delays_us: tuple[int, ...] = (200, 1000)    # the dynamic batcher's delays swept (besides 0), under each count
+    instances: tuple[int, ...] = (2, 4)         # the instance counts tried besides 1, each with every delay
+    client_factor: float = 3.0                  # the null model is offered this x the best system's throughput
     start_fraction: float = 0.4                 # the sweep's first rate, of NO_Wait's capacity
     rate_step: float = 1.25                     # each next rate
     max_steps: int = 14
@@ -165,6 +173,10 @@ def measure_model(name: str, s: Settings, results: Results, *, binary, echo) -> 
     for k in s.instances:
         systems[f"instances ({k})"] = (DeviceModel(system="stock", instances=k, **base),
                                        f"{k} instances, delay 0, max batch {max_bs}")
+        for d in s.delays_us:
+            systems[f"instances ({k}) wait {d} us"] = (
+                DeviceModel(system="stock", instances=k, queue_delay_us=d, variant=f"d{d}", **base),
+                f"{k} instances, delay {d} us, max batch {max_bs}")
     for label, p in pol.items():
         systems[label] = (DeviceModel(system="admission", policy=p, variant=label.lower().replace("-", "_"), **base),
                           f"workers {list(p.get('engine') or offline['engine'])}, <= {p['max_inflight']} in flight"
@@ -175,9 +187,10 @@ def measure_model(name: str, s: Settings, results: Results, *, binary, echo) -> 
                                                    answering="inline", **base), systems["E-Ebird"][1] + ", answered inline (the fallback)")
     served = {label: write_device_model(repo, desc, card) for label, (desc, _) in systems.items()}
     m["systems"] = {label: {"served": served[label], "config": cfg} for label, (_, cfg) in systems.items()}
-    echo(f"  starting tritonserver with {len(served)} models")
+    null = write_device_model(repo, DeviceModel(system="null", **{**base, "gpu": False}, instances=2), card)
+    echo(f"  starting tritonserver with {len(served) + 1} models")
     t = time.monotonic()
-    server = TritonServer.on_free_ports(repo, sorted(served.values()), tritonserver=binary,
+    server = TritonServer.on_free_ports(repo, sorted([*served.values(), null]), tritonserver=binary,
                                         log_file=s.out / f"triton_{name}.log", extra_args=["--model-load-thread-count=16"])
     server.start(timeout_s=600)
     echo(f"  ready after {time.monotonic() - t:.0f} s")
@@ -215,6 +228,9 @@ def measure_model(name: str, s: Settings, results: Results, *, binary, echo) -> 
         results.save()
         sweep(m, s, go=go, poisson=poisson, results=results, echo=echo)
         burst_run(m, s, load=load, served=served, pool=pool, results=results, echo=echo)
+        client_check(m, s, run=lambda arrivals, qos_ms: _point(
+            load.run(null, arrivals, pool, per_request=s.per_request), arrivals, per_request=s.per_request,
+            qos_ms=qos_ms), poisson=poisson, results=results, echo=echo)
     finally:
         load.close()
         server.stop()
@@ -295,7 +311,7 @@ def sweep(m: dict, s: Settings, *, go, poisson, results: Results, echo) -> None:
     delays = {0: "NO_Wait", **{d: f"wait {d} us" for d in s.delays_us}}
     best_delay = max(delays, key=lambda d: (m["throughput"][delays[d]]["rps"], -d))
     m["opt_wait"] = {"delay_us": best_delay, "label": delays[best_delay], "same_as_no_wait": best_delay == 0}
-    inst = [f"instances ({k})" for k in s.instances]
+    inst = [lb for lb in labels if lb.startswith("instances (")]
     m["instances_best"] = max(inst, key=lambda lb: m["throughput"][lb]["rps"]) if inst else None
     results.save()
 
@@ -311,6 +327,24 @@ def throughput_at_target(points: list[dict]) -> dict:
             break
         best, best_ips = p["answered_rps"], p["answered_ips"]
     return {"rps": best, "ips": best_ips, "lower_bound": bound and bool(points)}
+
+
+def client_check(m: dict, s: Settings, *, run, poisson, results: Results, echo) -> None:
+    """Step 7 of the module docstring: the clients offer ``client_factor`` x the best system's throughput at the
+    target to the null model."""
+    if "throughput" not in m:
+        return
+    best = max(m["throughput"], key=lambda lb: m["throughput"][lb]["rps"])
+    rate = s.client_factor * m["throughput"][best]["rps"]
+    p = run(poisson(rate, s.run_s, s.seed + 200), m["qos_ms"])
+    ok = p["met"] and p["late_p99_ms"] < m["qos_ms"] / 2
+    m["client_check"] = {"best_system": best, "factor": s.client_factor, "offered_rps": rate,
+                         "answered_rps": p["answered_rps"], "p99_ms": p["p99_ms"], "late_p99_ms": p["late_p99_ms"],
+                         "failed": p["failed"], "ok": bool(ok), "processes": s.processes}
+    echo(f"  load generator: {s.client_factor:g}x the best system ({best}) = {rate:,.0f} requests/s offered to the "
+         f"null model from {s.processes} processes: answered {p['answered_rps']:,.0f}/s, p99 {p['p99_ms']:.2f} ms, clients "
+         f"late by {p['late_p99_ms']:.2f} ms at p99: {'not the limit' if ok else 'MAY BE THE LIMIT of these figures'}")
+    results.save()
 
 
 def burst_run(m: dict, s: Settings, *, load, served, pool, results, echo) -> None:

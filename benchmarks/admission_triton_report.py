@@ -96,6 +96,16 @@ def _model_section(name: str, m: dict, doc: dict) -> list[str]:
     if others:
         out += ["", "Also measured: " + ", ".join(f"{lb} {_tput(m, lb)[0]:,.0f} requests/s" for lb in others
                                                   + [d for d in delays if d != opt["label"]]) + "."]
+    chk = m.get("client_check")
+    if chk:
+        out += ["", f"Load generator: {chk['processes']} client processes offered {chk['factor']:g}x the best system's "
+                f"throughput ({chk['best_system']}), {chk['offered_rps']:,.0f} requests/s, to a null model behind the "
+                f"same front door: answered {chk['answered_rps']:,.0f}/s, p99 {chk['p99_ms']:.2f} ms, clients late by "
+                f"{chk['late_p99_ms']:.2f} ms at p99: "
+                + ("**the clients are not the limit of these figures**." if chk["ok"] else
+                   "**the clients may be the limit of these figures** (they could not send that rate on time).")]
+    else:
+        out += ["", "Load generator: not checked against a null model in this run (an older run)."]
     if m.get("client_bound_rps"):
         out += ["", f"**The clients fell behind the schedule at {m['client_bound_rps']:,.0f} requests/s**: the sweep "
                 f"stopped there; {', '.join(m.get('unmissed', [])) or 'no system'} had not missed yet (lower bounds)."]

@@ -120,7 +120,8 @@ def test_runner_cpu_mode_serves_every_system_through_triton_and_writes_what_the_
     doc = json.loads((out / "admission_triton.json").read_text())
     assert doc["device"] == "cpu" and not doc.get("failed")
     m = doc["models"]["tiny-ee"]
-    assert set(m["systems"]) == {"NO_Wait", "wait 2000 us", "instances (2)", "N-Ebird", "E-Ebird", "E-Ebird (inline)"}
+    assert set(m["systems"]) == {"NO_Wait", "wait 2000 us", "instances (2)", "instances (2) wait 2000 us", "N-Ebird",
+                                 "E-Ebird", "E-Ebird (inline)"}   # every instance count with every delay
     assert all(v == 1.0 for v in m["answers"].values()), m["answers"]   # FP32 on the CPU: every label equal
     off = m["offline"]
     assert off["max_bs"] in (1, 2, 4, 8, 16, 32, 64) and off["max_inflight"] >= off["max_bs"]
@@ -136,3 +137,8 @@ def test_runner_cpu_mode_serves_every_system_through_triton_and_writes_what_the_
     from e3.benchmarks.admission_triton_report import load_admission_triton, render_admission_triton
     text = render_admission_triton(load_admission_triton(out))
     assert "### tiny-ee on cpu" in text and "A CPU smoke run" in text and "Claims:" in text
+    # the load generator's bound, in the same run: 3x the best system's throughput offered to the null model
+    chk = m["client_check"]
+    best = max(m["throughput"].values(), key=lambda t: t["rps"])["rps"]
+    assert chk["offered_rps"] == pytest.approx(3 * best) and chk["answered_rps"] > 0 and chk["failed"] == 0
+    assert "Load generator: 2 client processes offered 3x" in text
