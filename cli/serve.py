@@ -12,8 +12,22 @@ from pathlib import Path
 from e3.paths import default_repository
 
 
-def _serve(args) -> int:
+def _api_key() -> dict[str, str] | None:
+    """The user's key header: E3_API_HEADER with E3_API_KEY_FILE (a file only its owner reads; nothing in any
+    process's environment then) or E3_API_KEY (in e3 serve's own environment, which only its user and root
+    read; Triton's environment never gets it)."""
+    import os
     from e3.controller.triton_api import api_key_headers
+    name, path = os.environ.get("E3_API_HEADER"), os.environ.get("E3_API_KEY_FILE")
+    if name and path:
+        key = Path(path).read_text().strip()
+        if not key:
+            raise SystemExit(f"e3 serve: E3_API_KEY_FILE {path} is empty; write the key in it")
+        return {name: key}
+    return api_key_headers()
+
+
+def _serve(args) -> int:
     from e3.deploy.serve import serve_until_stopped
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -21,7 +35,7 @@ def _serve(args) -> int:
     return serve_until_stopped(
         args.repo, args.models.split(",") if args.models else None, stop, host=args.host, http_port=args.http_port,
         grpc_port=args.grpc_port, metrics_port=args.metrics_port, tritonserver=args.tritonserver,
-        timeout_s=args.timeout, headers=api_key_headers(), guarded=not args.no_guard, restart=not args.no_restart,
+        timeout_s=args.timeout, headers=_api_key(), guarded=not args.no_guard, restart=not args.no_restart,
         echo=lambda text: print(text, flush=True), complain=lambda text: print(text, file=sys.stderr))
 
 
@@ -105,7 +119,8 @@ def add_serve(sub, repo_help: str) -> None:
     """`e3 serve`'s arguments."""
     from e3.deploy.server import DEFAULT_METRICS_PORT
     s = sub.add_parser("serve", help="run tritonserver on a repository until Ctrl-C (restarted if it dies, "
-                                     "HTTP behind a guard); off loopback set E3_API_HEADER/E3_API_KEY")
+                                     "HTTP and gRPC behind guards); off loopback set E3_API_HEADER and "
+                                     "E3_API_KEY_FILE (or E3_API_KEY)")
     s.add_argument("--repo", default=str(default_repository()), help=repo_help)
     s.add_argument("--models", default=None, help="comma-separated models to load (default: the current plan's "
                                                   "splits, router and baselines, from the repository manifest)")

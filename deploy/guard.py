@@ -1,9 +1,9 @@
 """The HTTP guard: the public HTTP port of `e3 serve`, an asynchronous reverse proxy in front of Triton's HTTP
 endpoint that forwards only requests it has parsed, checked and re-serialised itself.
 
-``e3 serve`` puts it on the public HTTP port and Triton's own HTTP endpoint on a private loopback port that
-refuses every request without a per-start secret header only the guard sends (``--http-restricted-api``
-over all of Triton's API categories, :meth:`e3.deploy.server.TritonServer.restriction_args`);
+``e3 serve`` puts it on the public HTTP port, the gRPC guard (:mod:`e3.deploy.grpc_guard`) on the public gRPC
+port, and Triton's own HTTP and gRPC endpoints on Unix sockets in a private folder that only the user who runs
+``e3 serve`` reaches (:class:`e3.deploy.server.TritonServer`'s ``private``; no secret on any command line);
 ``--no-guard`` serves Triton's directly. For each request:
 
 * **Routing** (:func:`e3.deploy.routes.route`): only origin-form targets that spell one of Triton's
@@ -11,16 +11,28 @@ over all of Triton's API categories, :meth:`e3.deploy.server.TritonServer.restri
   method: 405).
 * **Key**: with a user API key (``E3_API_HEADER``/``E3_API_KEY``), model repository, model config, shared
   memory, trace and logging calls without it get 403 "This API is restricted" (the guard, not Triton,
-  checks it on HTTP: Triton's HTTP port is locked by the guard's secret).
+  checks it: Triton never sees the key).
 * **Body**: ``Content-Length`` required (chunked: 411), over ``max_body_bytes`` (Triton's 64 MiB) or a
   JSON part over ``max_json_bytes``: 413 before a byte is read; the body must arrive within
-  ``body_timeout_s`` (408); gzip/deflate bodies are inflated up to the limit. Headers must be complete
+  ``body_timeout_s`` (408). ``Content-Encoding`` gzip, deflate (zlib or raw) and br bodies are inflated once,
+  here (aiohttp's own inflation is off: it inflated without a cap, and the guard inflated again, so every
+  compressed body got 400), streaming and stopping past ``max_body_bytes`` (413: a 1 GiB bomb costs the
+  guard at most the limit); data that is not what its label says gets 400, other encodings 415. Headers must be complete
   within ``header_timeout_s`` of the connection's start or its previous answer (aiohttp's keep-alive
   timer, which also closes idle kept-alive connections).
 * **One parse**: inference bodies become :func:`e3.deploy.request_check.canonical_infer_request`'s bytes,
   repository calls :func:`~e3.deploy.request_check.canonical_repository_request`'s, other JSON bodies
   :func:`e3.deploy.strict_json.dumps_canonical` of a strict parse; anything malformed gets 400 naming the
   problem. Triton receives only those bytes and a handful of headers the guard sets.
+* **Parameters**: Triton's own request parameters (``timeout``, ``priority``, ``sequence_*``,
+  ``binary_data_output``, ...) must have their types and ranges (:mod:`e3.deploy.request_check`; before,
+  Triton answered a malformed one with 500).
+* **Never 500**: whatever the guard itself fails on is answered 400 with a message (logged); a client that
+  half-closes its connection after sending (``shutdown(SHUT_WR)``) still gets its answer (asyncio closed such
+  connections at once). Refused requests are logged at most once per ``BAD_LOG_INTERVAL_S`` with how many
+  since (no traceback), and counted in ``e3_guard_bad_requests_total`` on ``/metrics``.
+* **Control**: a load or unload through the repository API is told to the supervisor
+  (``on_control``), which then leaves the model as the user left it.
 * **Faults**: while Triton is unreachable (being restarted by the supervisor) requests get 503 at once;
   :meth:`Guard.abort` ends requests in flight to a model whose stub died with 503; the readiness
   endpoints answer 503 while the supervisor knows a model (or the server) to be down, which Triton 2.51
@@ -31,11 +43,11 @@ over all of Triton's API categories, :meth:`e3.deploy.server.TritonServer.restri
 Built on aiohttp's low-level server (one event loop thread, no thread per connection), listen backlog
 1,024 as Triton's own HTTP server, keep-alive on both sides: upstream calls go through
 :class:`e3.deploy.upstream.UpstreamPool` (persistent connections, httptools' response parser; it
-replaced aiohttp's ``ClientSession``, which cost more guard CPU per request than the strict parse). JSON parses
-of bodies over 256 KiB run on one worker thread so that the loop keeps answering meanwhile. Memory per
+replaced aiohttp's ``ClientSession``, which cost more guard CPU per request than the strict parse). Parses
+of bodies over 256 KiB (JSON, and inflation) run on one worker thread so that the loop keeps answering small
+requests meanwhile; each parse costs work linear in its body (:mod:`e3.deploy.strict_json`). Memory per
 request is bounded by about twice ``max_body_bytes`` for the binary extension and about eight times
-``max_json_bytes`` for a JSON body's Python objects (one such parse at a time). gRPC goes to Triton
-directly (its protobuf requests did not crash the server).
+``max_json_bytes`` for a JSON body's Python objects (one such parse at a time).
 """
 
 from __future__ import annotations
@@ -45,19 +57,21 @@ import gc
 import hmac
 import logging
 import threading
+import time
 import zlib
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Mapping
 
-from aiohttp import web
+from aiohttp import web, web_protocol
 
 from e3.deploy.request_check import RequestError, canonical_infer_request, canonical_repository_request
 from e3.deploy.routes import KEYED, Route, RouteError, route
 from e3.deploy.strict_json import StrictJSONError, dumps_canonical, loads_strict
 from e3.deploy.upstream import UpstreamPool
 
-__all__ = ["Guard", "tune_gc", "DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "HEADER_TIMEOUT_S", "BODY_TIMEOUT_S"]
+__all__ = ["Guard", "tune_gc", "inflate", "BadRequestLog", "Control", "DEFAULT_MAX_BODY_BYTES",
+           "DEFAULT_MAX_JSON_BYTES", "HEADER_TIMEOUT_S", "BODY_TIMEOUT_S", "ENCODINGS"]
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20   # Triton's own default limit for an HTTP request body (64 MiB)
@@ -73,6 +87,144 @@ _PASS_REQUEST = ("Content-Type", "Accept-Encoding", "Accept")
 
 
 GC_GEN0_THRESHOLD = 50_000           # net allocations between young collections (CPython's default: 700)
+BAD_LOG_INTERVAL_S = 10.0            # at most one log line about refused requests per interval
+ENCODINGS = ("gzip", "deflate", "br")   # Content-Encoding the guards inflate
+_INFLATE_CHUNK = 64 * 2**10          # compressed bytes fed per step
+_INFLATE_STEP = 2**20                # inflated bytes produced per step at most
+
+# the user's load/unload through the control API begins: (model, "load" | "unload") -> call with success
+Control = Callable[[str, str], Callable[[bool], None]]
+
+
+class InflateError(ValueError):
+    """A compressed body that cannot be inflated: ``status`` (400, 413 or 415) and a message."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """``body`` inflated from ``encoding`` (gzip, deflate as zlib or raw, br; "" or identity: as is), once,
+    never producing more than ``limit`` bytes (:class:`InflateError` 413 past it, 400 for data that is not
+    ``encoding``, 415 for another encoding). Memory: at most ``limit`` plus 1 MiB while inflating (a bomb
+    stops there), twice the result for the final join of a body within the limit."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ENCODINGS:
+        raise InflateError(415, f"Content-Encoding {encoding[:20]!r} is not supported (use gzip, deflate, br or "
+                                "none)")
+    over = InflateError(413, f"the body inflates past the limit of {limit} bytes")
+    out: list[bytes] = []   # pieces of at most _INFLATE_STEP bytes, joined once at the end (no regrowth copies)
+    size = 0
+    try:
+        if encoding == "br":
+            import brotli
+            d = brotli.Decompressor()
+            for at in range(0, len(body), _INFLATE_CHUNK):
+                piece = d.process(body[at:at + _INFLATE_CHUNK], output_buffer_limit=_INFLATE_STEP)
+                while True:
+                    out.append(piece)
+                    size += len(piece)
+                    if size > limit:
+                        raise over
+                    if d.can_accept_more_data():
+                        break
+                    piece = d.process(b"", output_buffer_limit=_INFLATE_STEP)
+            while not d.is_finished():   # output the decoder still holds
+                piece = d.process(b"", output_buffer_limit=_INFLATE_STEP)
+                if not piece:
+                    break
+                out.append(piece)
+                size += len(piece)
+                if size > limit:
+                    raise over
+            if not d.is_finished():
+                raise InflateError(400, "the body is not valid br data: it ends before the stream does")
+            return b"".join(out)
+        z = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+        if encoding == "deflate" and body[:1] and (body[0] & 0x0F != 8 or int.from_bytes(body[:2], "big") % 31):
+            z = zlib.decompressobj(wbits=-15)   # raw deflate (no zlib header), as some clients send it
+        for at in range(0, len(body), _INFLATE_CHUNK):
+            piece = z.decompress(body[at:at + _INFLATE_CHUNK], _INFLATE_STEP)
+            while True:
+                out.append(piece)
+                size += len(piece)
+                if size > limit:
+                    raise over
+                if not z.unconsumed_tail:
+                    break
+                piece = z.decompress(z.unconsumed_tail, _INFLATE_STEP)
+        if not z.eof:
+            raise InflateError(400, f"the body is not valid {encoding} data: it ends before the stream does")
+        if z.unused_data:
+            raise InflateError(400, f"the body holds {len(z.unused_data)} bytes after its {encoding} stream")
+    except InflateError:
+        raise
+    except Exception as err:   # zlib.error, brotli.error
+        raise InflateError(400, f"the body is not valid {encoding} data: {err}") from None
+    return b"".join(out)
+
+
+class BadRequestLog:
+    """Refused requests, counted by reason, logged at most once per ``interval_s`` (no traceback): 1,000 bad
+    requests wrote 0.55 MB of tracebacks in 0.9 s before. Thread-safe enough (counters under the GIL)."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = BAD_LOG_INTERVAL_S):
+        self.logger, self.interval_s = logger, interval_s
+        self.counts: Counter = Counter()   # reason -> refused requests (e3_guard_bad_requests_total)
+        self._last = -interval_s
+        self._quiet = 0
+
+    def __call__(self, reason: str, message: str) -> None:
+        self.counts[reason] += 1
+        now = time.monotonic()
+        if now - self._last < self.interval_s:
+            self._quiet += 1
+            return
+        more = f" (and {self._quiet} more since the last line)" if self._quiet else ""
+        self.logger.warning("refused a request (%s): %s%s", reason, message[:200], more)
+        self._last, self._quiet = now, 0
+
+    def metrics(self, protocol: str) -> list[str]:
+        return [f'e3_guard_bad_requests_total{{protocol="{protocol}",reason="{r}"}} {n}'
+                for r, n in sorted(self.counts.items())]
+
+
+class _LogLimit(logging.Filter):
+    """On aiohttp's server logger: its "Error handling request" records (a malformed request line or
+    header, with a traceback each) go to :class:`BadRequestLog` instead."""
+
+    def __init__(self, bad: BadRequestLog):
+        super().__init__()
+        self.bad = bad
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.levelno >= logging.ERROR:
+            exc = record.exc_info[1]
+            self.bad("unparsable", f"{exc.__class__.__name__}: {exc}")
+            return False
+        return True
+
+
+class _Handler(web_protocol.RequestHandler):
+    """aiohttp's connection handler, except at the client's end of sending (``shutdown(SHUT_WR)``): asyncio
+    closed the connection there and the request in flight was never answered. Here the answer to what was
+    sent still goes out, then the connection closes."""
+
+    peer_eof = False
+
+    def eof_received(self) -> bool:
+        self.peer_eof = True
+        # idle (waiting for the next request, none queued): nothing to answer, close (False); else keep the
+        # connection open to answer (the guard's handler closes it after the last answer)
+        return self._waiter is None or bool(self._messages)
+
+
+class _Server(web.Server):
+    def __call__(self) -> web_protocol.RequestHandler:
+        return _Handler(self, loop=self._loop, **self._kwargs)
 
 
 def tune_gc() -> None:
@@ -106,10 +258,11 @@ class Guard:
         with Guard("127.0.0.1:18000", port=8000, upstream_headers=server.http_headers):
             ...   # clients call 127.0.0.1:8000 as they would call Triton
 
-    upstream_headers: called per request, the headers Triton's restricted port needs (the server's secret;
-    it changes at each restart). unhealthy: models known broken right now (the supervisor's view; the
-    name ``"tritonserver"`` for the whole server). api_key: (header, key) the keyed APIs need, or None.
-    metrics: extra Prometheus text for ``/metrics`` (the supervisor's).
+    upstream: ``host:port`` or ``unix:/path`` (Triton's private endpoint). upstream_headers: called per
+    request, headers Triton's port needs (none for a private endpoint). unhealthy: models known broken right
+    now (the supervisor's view; the name ``"tritonserver"`` for the whole server). api_key: (header, key) the
+    keyed APIs need, or None. metrics: extra Prometheus text for ``/metrics`` (the supervisor's, the gRPC
+    guard's). on_control: told of each load/unload through the repository API (:data:`Control`).
     """
 
     def __init__(self, upstream: str, host: str = "127.0.0.1", port: int = 8000, *,
@@ -117,9 +270,13 @@ class Guard:
                  unhealthy: Callable[[], set[str]] | None = None,
                  upstream_headers: Callable[[], Mapping[str, str]] | None = None,
                  api_key: tuple[str, str] | None = None, header_timeout_s: float = HEADER_TIMEOUT_S,
-                 body_timeout_s: float = BODY_TIMEOUT_S, metrics: Callable[[], str] | None = None):
-        up_host, _, up_port = upstream.rpartition(":")
-        self.upstream = (up_host, int(up_port))
+                 body_timeout_s: float = BODY_TIMEOUT_S, metrics: Callable[[], str] | None = None,
+                 on_control: Control | None = None):
+        if upstream.startswith("unix:"):
+            self.upstream: tuple[str, int | None] = (upstream[len("unix:"):], None)
+        else:
+            up_host, _, up_port = upstream.rpartition(":")
+            self.upstream = (up_host, int(up_port))
         self.host, self.port = host, port
         self.max_body_bytes, self.max_json_bytes = max_body_bytes, max_json_bytes
         self.unhealthy = unhealthy or set
@@ -127,7 +284,9 @@ class Guard:
         self.api_key = api_key
         self.header_timeout_s, self.body_timeout_s = header_timeout_s, body_timeout_s
         self.metrics = metrics
+        self.on_control = on_control
         self.responses: Counter = Counter()   # status -> answers sent
+        self.bad = BadRequestLog(log)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.ServerRunner | None = None
@@ -135,6 +294,7 @@ class Guard:
         self._parser = ThreadPoolExecutor(1, thread_name_prefix="e3-guard-parse")
         self._inflight: dict[str, set[asyncio.Task]] = {}   # model -> upstream calls in flight
         self._aborted: set[asyncio.Task] = set()
+        self._log_limit = _LogLimit(self.bad)
 
     @property
     def url(self) -> str:
@@ -161,16 +321,18 @@ class Guard:
             loop.run_until_complete(self._close())
             loop.close()
 
+        logging.getLogger("aiohttp.server").addFilter(self._log_limit)
         self._thread = threading.Thread(target=run, name="e3-http-guard", daemon=True)
         self._thread.start()
         started.wait()
         if failure:
             raise failure[0]
-        log.info("HTTP guard on %s in front of %s:%d", self.url, *self.upstream)
+        log.info("HTTP guard on %s in front of %s", self.url, ":".join(str(p) for p in self.upstream if p))
         return self
 
     async def _start(self) -> None:
-        server = web.Server(self._handle, keepalive_timeout=self.header_timeout_s, access_log=None)
+        server = _Server(self._handle, keepalive_timeout=self.header_timeout_s, access_log=None,
+                         auto_decompress=False)
         self._runner = web.ServerRunner(server, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, backlog=BACKLOG, reuse_address=True)
@@ -189,6 +351,7 @@ class Guard:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
         self._parser.shutdown(wait=False)
+        logging.getLogger("aiohttp.server").removeFilter(self._log_limit)
         self._loop = None
 
     def __enter__(self) -> "Guard":
@@ -217,12 +380,27 @@ class Guard:
     # -- one request --------------------------------------------------------------------------------------------
     def _reply(self, status: int, message: str, *, close: bool = False) -> web.Response:
         self.responses[status] += 1
+        if status not in (403, 503):
+            self.bad(str(status), message)
         response = web.json_response({"error": message}, status=status, dumps=lambda v: dumps_canonical(v).decode())
         if close:
             response.force_close()
         return response
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            response = await self._checked(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:   # noqa: BLE001 - never a 500: the client gets why, the log the traceback once
+            log.debug("guard: unexpected failure", exc_info=True)
+            response = self._reply(400, f"the guard could not handle this request ({err.__class__.__name__}: "
+                                        f"{str(err)[:200]})", close=True)
+        if getattr(request.protocol, "peer_eof", False) and not request.protocol._messages:
+            response.force_close()   # the client sends nothing more: close once this answer is out
+        return response
+
+    async def _checked(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
             r = route(request.method, request.raw_path)   # the request target as sent (raw, not normalised)
         except RouteError as err:
@@ -249,7 +427,15 @@ class Guard:
         headers += self.upstream_headers().items()
         if header_length is not None:
             headers.append(("Inference-Header-Content-Length", str(header_length)))
-        return await self._forward(request.method, r, headers, forward)
+        if r.kind != "repository" or self.on_control is None:
+            return await self._forward(request.method, r, headers, forward)
+        done = self.on_control(r.model, r.path.rsplit("/", 1)[1])
+        response = None
+        try:
+            response = await self._forward(request.method, r, headers, forward)
+        finally:
+            done(response is not None and response.status == 200)
+        return response
 
     def _not_ready(self, r: Route) -> str | None:
         """Why a readiness probe must answer 503 (the supervisor knows better than Triton), or None."""
@@ -289,23 +475,14 @@ class Guard:
             return self._reply(408, f"the body did not arrive within {self.body_timeout_s:g} s", close=True)
         except asyncio.IncompleteReadError:
             return self._reply(400, "the connection ended before the body did", close=True)
-        return self._inflated(request, body)
-
-    def _inflated(self, request: web.BaseRequest, body: bytes) -> bytes | web.Response:
-        encoding = request.headers.get("Content-Encoding", "").strip().lower()
-        if encoding in ("", "identity"):
-            return body
-        if encoding not in ("gzip", "deflate"):
-            return self._reply(415, f"Content-Encoding {encoding[:20]!r} is not supported (use gzip, deflate or "
-                                    "none)")
+        encoding = request.headers.get("Content-Encoding", "")
         try:
-            z = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
-            out = z.decompress(body, self.max_body_bytes + 1)
-        except zlib.error as err:
-            return self._reply(400, f"the body is not valid {encoding} data: {err}")
-        if len(out) > self.max_body_bytes or z.unconsumed_tail:
-            return self._reply(413, f"the body inflates past the limit of {self.max_body_bytes} bytes")
-        return out
+            if len(body) <= _INLINE_PARSE_BYTES:
+                return inflate(body, encoding, self.max_body_bytes)
+            return await asyncio.get_running_loop().run_in_executor(self._parser, inflate, body, encoding,
+                                                                    self.max_body_bytes)
+        except InflateError as err:
+            return self._reply(err.status, str(err), close=err.status != 400)
 
     async def _canonical(self, request: web.BaseRequest, r: Route, body: bytes) -> tuple[bytes, int | None]:
         """(bytes to forward, their Inference-Header-Content-Length or None); raises RequestError."""
@@ -359,4 +536,8 @@ class Guard:
                  "# HELP e3_guard_responses_total Answers of the HTTP guard, by HTTP status.",
                  "# TYPE e3_guard_responses_total counter"]
         lines += [f'e3_guard_responses_total{{code="{code}"}} {n}' for code, n in sorted(self.responses.items())]
+        lines += ["# HELP e3_guard_bad_requests_total Requests the guards refused, by protocol and reason (the "
+                  "HTTP status, or gRPC code; unparsable: not HTTP).",
+                  "# TYPE e3_guard_bad_requests_total counter", *self.bad.metrics("http")]
+
         return web.Response(text="\n".join(l for l in lines if l) + "\n", content_type="text/plain")

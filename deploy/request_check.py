@@ -26,7 +26,10 @@ guard parses once, strictly, checks, and forwards **only bytes it produced**:
   BYTES, the length-prefixed elements are walked and must be as many as the
   shape says), or a shared-memory region (its byte size likewise);
 * the binary sizes add up to the bytes that follow the header;
-* ``id``, ``parameters`` and ``outputs`` have the protocol's types.
+* ``id``, ``parameters`` and ``outputs`` have the protocol's types; Triton's own request parameters
+  (:data:`RESERVED_PARAMETERS`: ``timeout``, ``priority``, ``sequence_*``, ``binary_data_output``) and
+  output parameters (``binary_data``, ``classification``) have the type Triton reads them as (measured on
+  Triton 2.51: a ``timeout`` of ``"abc"``, ``-1`` or ``1.5`` got 500 "Unable to parse 'timeout'").
 
 What is forwarded: the header re-serialised by
 :func:`e3.deploy.strict_json.dumps_canonical` (ASCII, compact, ``data``
@@ -47,8 +50,8 @@ from typing import Any
 from e3.deploy.strict_json import StrictJSONError, dumps_canonical, loads_strict
 
 __all__ = ["RequestError", "Canonical", "canonical_infer_request", "check_infer_request",
-           "canonical_repository_request", "check_repository_request", "DATATYPES", "MAX_ELEMENTS", "MAX_DIMS",
-           "MODEL_NAME"]
+           "canonical_repository_request", "check_repository_request", "check_parameter", "check_file_override",
+           "element_count", "DATATYPES", "MAX_ELEMENTS", "MAX_DIMS", "MODEL_NAME", "RESERVED_PARAMETERS"]
 
 # datatype -> (JSON kind, low, high, bytes per element; 0: variable, BYTES);
 # kind "int" (not bool), "float" (int or float, not bool), "bool", "str"
@@ -66,6 +69,10 @@ DATATYPES: dict[str, tuple[str, float, float, int]] = {
 # makes Triton's buffer arithmetic overflow.
 MAX_ELEMENTS = 2**31
 MAX_DIMS = 32               # dimensions of one shape (no served model has more than 4)
+# Request parameters Triton itself reads, and as what ("uint": 0..2^64-1; "id": that or a string)
+RESERVED_PARAMETERS = {"timeout": "uint", "priority": "uint", "binary_data_output": "bool", "sequence_id": "id",
+                       "sequence_start": "bool", "sequence_end": "bool"}
+_OUTPUT_PARAMETERS = {"binary_data": "bool", "classification": "uint"}
 _SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 _TOP_KEYS = ("id", "parameters", "inputs", "outputs")
 _INPUT_KEYS = ("name", "shape", "datatype", "parameters", "data")
@@ -111,6 +118,8 @@ def canonical_infer_request(body: bytes, header_length: str | None = None) -> Ca
         out["id"] = request["id"]
     if "parameters" in request:
         out["parameters"] = _parameters(request["parameters"], "the request")
+        for key, value in out["parameters"].items():
+            check_parameter(key, value, RESERVED_PARAMETERS, "the request")
     inputs = request.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise RequestError("the request needs a non-empty 'inputs' list")
@@ -143,6 +152,28 @@ def _known_keys(obj: dict, known: tuple[str, ...], what: str) -> None:
     for key in obj:
         if key not in known:
             raise RequestError(f"{what}: unknown key {key[:40]!r} (the protocol's keys here: {', '.join(known)})")
+
+
+def check_parameter(key: str, value: Any, rules: dict[str, str], what: str) -> None:
+    """Refuse ``value`` of parameter ``key`` unless it has the type ``rules[key]`` says (``bool``, ``uint``:
+    an integer 0..2^64-1, ``id``: that or a string); keys not in ``rules`` pass."""
+    rule = rules.get(key)
+    if rule is None:
+        return
+    if rule == "bool" and isinstance(value, bool):
+        return
+    if rule in ("uint", "id") and _uint(value, 2**64):
+        return
+    if rule == "id" and isinstance(value, str):
+        return
+    want = {"bool": "true or false", "uint": "a non-negative integer",
+            "id": "a non-negative integer or a string"}[rule]
+    raise RequestError(f"{what}: parameter {key!r} must be {want}, got {str(value)[:30]!r}")
+
+
+def element_count(shape: Any, what: str) -> int:
+    """The element count of ``shape`` (a list of non-negative integers, see :func:`_shape`)."""
+    return _shape(shape, what)[1]
 
 
 def _shape(shape: Any, what: str) -> tuple[list[int], int]:
@@ -296,10 +327,10 @@ def _outputs(outputs: Any) -> list[dict]:
         what = f"output {o['name'][:40]!r}"
         _known_keys(o, _OUTPUT_KEYS, what)
         params = _parameters(o.get("parameters"), what)
-        if "binary_data" in params and not isinstance(params["binary_data"], bool):
-            raise RequestError(f"{what}: binary_data must be true or false")
+        for key, value in params.items():
+            check_parameter(key, value, _OUTPUT_PARAMETERS, what)
         if "classification" in params and not _uint(params["classification"], 2**31):
-            raise RequestError(f"{what}: classification must be a non-negative integer")
+            raise RequestError(f"{what}: classification must be a non-negative integer below 2^31")
         _shm(params, what)
         out.append({"name": o["name"], **({"parameters": params} if params else {})})
     return out
@@ -340,14 +371,19 @@ def canonical_repository_request(name: str, body: bytes) -> bytes:
     if not isinstance(params, dict):
         raise RequestError("'parameters' must be an object")
     for key, value in params.items():
-        if key.startswith("file:"):
-            rel = key[len("file:"):]
-            norm = posixpath.normpath(rel)
-            if not rel or rel.startswith(("/", "\\")) or norm.startswith("..") or "\\" in rel:
-                raise RequestError(f"file override {rel[:80]!r} must stay inside the model folder")
+        check_file_override(key)
         if not isinstance(value, str):
             raise RequestError(f"parameter {key[:40]!r} must be a string")
     return dumps_canonical(request)
+
+
+def check_file_override(key: str) -> None:
+    """Refuse a load parameter ``file:<path>`` whose path is absolute or climbs out of the model folder."""
+    if key.startswith("file:"):
+        rel = key[len("file:"):]
+        norm = posixpath.normpath(rel)
+        if not rel or rel.startswith(("/", "\\")) or norm.startswith("..") or "\\" in rel:
+            raise RequestError(f"file override {rel[:80]!r} must stay inside the model folder")
 
 
 def check_repository_request(path: str, body: bytes) -> str | None:

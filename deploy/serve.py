@@ -1,10 +1,11 @@
 """`e3 serve`'s loop: a tritonserver on a repository, guarded and supervised, until ``stop`` is set.
 
 The supervisor (:mod:`e3.deploy.supervisor`) restarts the server whenever it dies (for as long as this runs)
-and reloads a model whose stub died; the guard (:mod:`e3.deploy.guard`) is the public HTTP port in front of
-it. Guarded, Triton's own HTTP port listens on loopback and refuses every call without the guard's per-start
-secret (:class:`~e3.deploy.server.TritonServer`'s ``guard_secret``); the user's API key, where set, is
-checked by the guard on HTTP and by Triton on gRPC. ``restart=False`` only watches the server until it exits.
+and reloads a model whose stub died; the guards (:mod:`e3.deploy.guard`, :mod:`e3.deploy.grpc_guard`) are
+the public HTTP and gRPC ports in front of it. Guarded, Triton's own HTTP and gRPC endpoints are Unix sockets
+in a private folder (:class:`~e3.deploy.server.TritonServer`'s ``private``: no secret on a command line, see
+its module docstring); the user's API key, where set, is checked by the guards only and never given to Triton.
+``restart=False`` only watches the server until it exits.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import threading
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from e3.deploy.grpc_guard import GrpcGuard
 from e3.deploy.guard import Guard, tune_gc
-from e3.deploy.server import ServerError, TritonServer, free_port, port_taken
+from e3.deploy.server import ServerError, TritonServer, port_taken
 from e3.deploy.supervisor import Supervisor
 
 __all__ = ["serve_until_stopped", "KEEP_SERVING_ARGS", "models_not_loaded"]
@@ -29,11 +31,8 @@ def models_not_loaded(server: TritonServer, wanted: Sequence[str] | None = None)
     """(name, Triton's reason) of every model of ``wanted`` (default: every model the server was asked to
     load) that is not READY, from the repository index."""
     import json
-    import urllib.request
-    request = urllib.request.Request(f"http://{server.http_url}/v2/repository/index", data=b"{}", method="POST",
-                                     headers={"Content-Type": "application/json", **server.http_headers()})
-    with urllib.request.urlopen(request, timeout=30) as r:
-        index = {m["name"]: m for m in json.loads(r.read())}
+    text = server.call("POST", "/v2/repository/index", b"{}", {"Content-Type": "application/json"}, timeout_s=30)
+    index = {m["name"]: m for m in json.loads(text)}
     names = list(wanted) if wanted is not None else _asked(server)
     return [(n, index.get(n, {}).get("reason") or index.get(n, {}).get("state") or "not in the repository")
             for n in names if index.get(n, {}).get("state") != "READY"]
@@ -64,32 +63,38 @@ def serve_until_stopped(repo: str | Path, models: Sequence[str] | None, stop: th
     if headers is None and host not in LOOPBACK:
         raise ServerError(f"--host {host} makes the server reachable by others: set E3_API_HEADER and "
                           "E3_API_KEY so that model control, model configs and shared memory need the key")
-    if guarded and port_taken(host, http_port):
-        raise ServerError(f"HTTP port {http_port} on {host} is already in use; choose another with --http-port")
-    server = TritonServer(repo, list(models) if models else None, host=host,
-                          http_port=free_port() if guarded else http_port,
-                          http_host="127.0.0.1" if guarded else None, grpc_port=grpc_port,
-                          metrics_port=metrics_port, tritonserver=tritonserver, echo_logs=True,
-                          api_key=next(iter(headers.items())) if headers else None, guard_secret=guarded,
+    for what, port in (("HTTP", http_port), ("gRPC", grpc_port)):
+        if guarded and port_taken(host, port):
+            raise ServerError(f"{what} port {port} on {host} is already in use; choose another with "
+                              f"--{what.lower()}-port")
+    server = TritonServer(repo, list(models) if models else None, host=host, http_port=http_port,
+                          grpc_port=grpc_port, metrics_port=metrics_port, tritonserver=tritonserver, echo_logs=True,
+                          api_key=next(iter(headers.items())) if headers else None, private=guarded,
                           extra_args=list(KEEP_SERVING_ARGS))
     supervisor = Supervisor(server, headers=headers, start_timeout_s=timeout_s)
-    server.start(timeout_s=timeout_s)
     try:
+        server.start(timeout_s=timeout_s)
         _name_failed(server, complain)
     except BaseException:
-        server.stop()
+        server.close()
         raise
-    guard = None
+    guard = grpc_guard = None
     code = 0
     try:
         if guarded:
+            grpc_guard = GrpcGuard(server.grpc_url, host=host, port=grpc_port, api_key=server.api_key,
+                                   unhealthy=supervisor.down, on_control=supervisor.control).start()
             guard = Guard(server.http_url, host=host, port=http_port, unhealthy=supervisor.down,
-                          upstream_headers=server.http_headers, metrics=supervisor.metrics_text,
-                          api_key=server.api_key).start()
-            supervisor.on_stub_death = guard.abort
+                          metrics=lambda: supervisor.metrics_text() + grpc_guard.metrics_text(),
+                          api_key=server.api_key, on_control=supervisor.control).start()
+            supervisor.on_stub_death = lambda model: guard.abort(model) + grpc_guard.abort(model)
             tune_gc()
+        if restart:   # before "serving": a death right after it must find the models to restore
+            supervisor.take_snapshot()
         http = guard.url if guard else server.http_url
-        echo(f"serving {repo}: HTTP {http}{' (guarded)' if guard else ''}, gRPC {server.grpc_url}, "
+        grpc_url = grpc_guard.url if grpc_guard else server.grpc_url
+        guarded_note = " (guarded)" if guard else ""
+        echo(f"serving {repo}: HTTP {http}{guarded_note}, gRPC {grpc_url}{guarded_note}, "
              f"metrics {server.metrics_url}{', restarted if it dies' if restart else ''} (Ctrl-C stops)")
         if restart:
             supervisor.run(stop)
@@ -99,6 +104,9 @@ def serve_until_stopped(repo: str | Path, models: Sequence[str] | None, stop: th
     finally:
         if guard:
             guard.stop()
+        if grpc_guard:
+            grpc_guard.stop()
         exit_code = server.stop()
+        server.close()
     echo(f"tritonserver stopped (exit code {exit_code})")
     return code

@@ -10,24 +10,39 @@ always clean).
 
     with TritonServer(repo, models=["tiny_ee_router", ...]) as server:
         ...  # server.http_url, server.grpc_url, server.metrics_url
+
+**Private endpoints** (``private=True``, what ``e3 serve`` runs behind its guard): Triton's HTTP and gRPC
+endpoints listen on Unix sockets in a folder of their own (mode 0700, made by ``mkdtemp``), not on TCP ports.
+Decision (issue 38): no secret at all stands between the guard and Triton. Before, Triton's private HTTP port
+was a loopback TCP port locked by a per-start secret header, and Triton 2.51 takes such a secret only on its
+command line (``--http-restricted-api=...:header=secret``), which every local user reads in
+``/proc/<pid>/cmdline`` (scrubbing it after the start left it readable for about 0.2 s); likewise the user's
+API key (``--grpc-restricted-protocol``) for the life of the process. A Unix socket in a 0700 folder is
+reached only by the user who runs ``e3 serve`` (who can read the guard's memory anyway) and by root; so the
+command line carries no secret, and the user's key never goes to Triton: the guards (HTTP,
+:mod:`e3.deploy.guard`; gRPC, :mod:`e3.deploy.grpc_guard`) check it themselves. Triton 2.51 binds Unix
+sockets through ``--http-address=unix:PATH`` (libevhtp) and ``--grpc-address=unix:PATH`` (the gRPC socket's
+path gets ``:<grpc-port>`` appended: :attr:`TritonServer.grpc_socket`). The metrics port stays a loopback TCP
+port (read-only; the guard's ``/metrics`` is the public page).
 """
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
+import io
 import json
 import logging
 import os
-import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
-import urllib.request
 from collections import deque
 from pathlib import Path
 
@@ -36,9 +51,8 @@ from e3.core.manifest import ManifestError
 from e3.core.manifest import models_to_serve as manifest_models
 from e3.paths import artifacts_dir
 
-__all__ = ["ServerError", "TritonServer", "GUARD_HEADER", "scrub_argument", "find_tritonserver", "free_port",
-           "port_taken", "models_to_serve", "ENV_BINARY",
-           "DEFAULT_METRICS_PORT", "metrics_url_for"]
+__all__ = ["ServerError", "TritonServer", "find_tritonserver", "free_port", "port_taken", "models_to_serve",
+           "ENV_BINARY", "DEFAULT_METRICS_PORT", "metrics_url_for", "http_request"]
 
 log = logging.getLogger(__name__)
 ENV_BINARY = "E3_TRITONSERVER"
@@ -47,10 +61,43 @@ DEFAULT_METRICS_PORT = 8002   # tritonserver's own default, and `e3 serve`'s
 # The APIs a user's key restricts (Triton's names): what changes the server, reads its memory or its
 # configuration, or changes what it logs and traces.
 RESTRICTED_APIS = "model-repository,model-config,shared-memory,trace,logging"
-# Every API category Triton 2.51 can restrict (tritonserver --help): behind the guard, all of them need the
-# guard's per-start secret, so Triton's own HTTP port answers nothing that did not come through the guard.
-ALL_APIS = "health,metadata,inference,shared-memory,model-config,model-repository,statistics,trace,logging"
-GUARD_HEADER = "e3-guard-secret"
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """An HTTP/1.1 connection over a Unix socket (Triton's private endpoint)."""
+
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+def http_request(address: str, method: str, path: str, body: bytes | None = None,
+                 headers: dict[str, str] | None = None, timeout_s: float = 30.0) -> bytes:
+    """One HTTP call to ``address`` (``host:port`` or ``unix:/path``); the answer's body. An answer of 400 or
+    more raises ``urllib.error.HTTPError`` (its ``read()`` gives the body); a connection that fails raises
+    ``OSError`` (``urllib.error.URLError`` for an answer that is not HTTP), as ``urllib`` would."""
+    if address.startswith("unix:"):
+        conn: http.client.HTTPConnection = _UnixHTTPConnection(address[len("unix:"):], timeout_s)
+    else:
+        host, _, port = address.rpartition(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        data = response.read()
+    except http.client.HTTPException as err:
+        raise urllib.error.URLError(f"{address}{path}: {err!r}") from None
+    finally:
+        conn.close()
+    if response.status >= 400:
+        raise urllib.error.HTTPError(f"http://{address}{path}", response.status, response.reason,
+                                     response.headers, io.BytesIO(data))
+    return data
 
 
 def metrics_url_for(http_url: str, metrics_port: int = DEFAULT_METRICS_PORT) -> str:
@@ -165,30 +212,6 @@ def port_taken(host: str, port: int) -> bool:
     return False
 
 
-def scrub_argument(pid: int, secret: str) -> bool:
-    """Overwrite ``secret`` in process ``pid``'s argument memory (what ``/proc/<pid>/cmdline`` shows every local
-    user) with 'x'; True if done. Triton copies its options at start, so the running server keeps the
-    secret; only its public trace goes. Best effort: needs ptrace rights over ``pid`` (our own child, the
-    same user: the default), else the secret stays readable there and a warning says so."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2:].split()
-        start, end = int(fields[45]), int(fields[46])   # arg_start, arg_end (proc(5), fields 48 and 49)
-        with open(f"/proc/{pid}/mem", "r+b", buffering=0) as mem:
-            mem.seek(start)
-            args = mem.read(end - start)
-            found = args.find(secret.encode())
-            while found >= 0:
-                mem.seek(start + found)
-                mem.write(b"x" * len(secret))
-                found = args.find(secret.encode(), found + 1)
-        return secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError, IndexError) as err:
-        log.warning("could not hide the guard's secret from tritonserver's command line (%s): local users who "
-                    "can read /proc/%d/cmdline can call Triton's HTTP port past the guard", err, pid)
-        return False
-
-
 def models_to_serve(repo: Path) -> list[str]:
     """Models of the current plan and the baselines, from the repository's e3 manifest."""
     try:
@@ -223,15 +246,17 @@ class TritonServer:
                  tritonserver: str | os.PathLike | None = None, log_file: str | os.PathLike | None = None,
                  echo_logs: bool = False, exit_timeout_s: int = 10, extra_args: list[str] | None = None,
                  http_host: str | None = None, api_key: tuple[str, str] | None = None,
-                 guard_secret: bool = False):
+                 private: bool = False):
         self.repo = Path(repo).resolve()
         self.models = models
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
-        self.http_host = http_host or host   # e3 serve's guard: Triton's HTTP stays on loopback behind it
-        self.api_key = api_key               # (header, key) that unlocks the restricted APIs, or None
-        # behind the guard: Triton's HTTP answers only requests carrying GUARD_HEADER with this start's secret
-        self.guard_secret = guard_secret
-        self._secret = secrets.token_hex(24) if guard_secret else None
+        self.http_host = http_host or host
+        # (header, key) that unlocks the restricted APIs, or None; with ``private`` the guards check it and
+        # Triton never sees it
+        self.api_key = api_key
+        # behind the guards: HTTP and gRPC on Unix sockets in a 0700 folder of this object's life (module doc)
+        self.private = private
+        self.socket_dir: Path | None = Path(tempfile.mkdtemp(prefix="e3-triton-")) if private else None
         self.binary_arg = tritonserver
         self.log_file = Path(log_file) if log_file else None
         self.echo_logs = echo_logs
@@ -251,18 +276,32 @@ class TritonServer:
     # -- addresses -------------------------------------------------------------
     @property
     def http_url(self) -> str:
+        """``host:port``, or ``unix:/path`` for private endpoints (:func:`http_request` takes both)."""
+        if self.socket_dir is not None:
+            return f"unix:{self.socket_dir / 'http'}"
         return f"{self.http_host}:{self.http_port}"
 
     def http_headers(self) -> dict[str, str]:
-        """Headers every call to this server's HTTP port needs: the guard's secret of the current start (it
-        changes at every start) and the user's key, where set."""
-        headers = dict([self.api_key]) if self.api_key else {}
-        if self._secret:
-            headers[GUARD_HEADER] = self._secret
-        return headers
+        """Headers every call to this server's HTTP port needs: the user's key where Triton checks it (not
+        with private endpoints, where only the guards see it)."""
+        return dict([self.api_key]) if self.api_key and not self.private else {}
+
+    def call(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
+             timeout_s: float = 30.0) -> bytes:
+        """One call to this server's own HTTP endpoint (:func:`http_request`), with :meth:`http_headers`."""
+        return http_request(self.http_url, method, path, body, {**(headers or {}), **self.http_headers()},
+                            timeout_s)
+
+    @property
+    def grpc_socket(self) -> Path | None:
+        """The private gRPC endpoint's socket (Triton appends ``:<grpc-port>`` to a ``unix:`` address)."""
+        return None if self.socket_dir is None else self.socket_dir / f"grpc:{self.grpc_port}"
 
     @property
     def grpc_url(self) -> str:
+        """``host:port``, or ``unix:/path`` for private endpoints (what ``grpc`` channels take)."""
+        if self.socket_dir is not None:
+            return f"unix:{self.grpc_socket}"
         return f"{self.host}:{self.grpc_port}"
 
     @property
@@ -283,9 +322,14 @@ class TritonServer:
                 raise ServerError(f"model {name!r} is not in {self.repo} (no {name}/config.pbtxt); "
                                   f"models there: {', '.join(known) or 'none'}")
         backends = prepare_backends(binary)
+        if self.socket_dir is not None:
+            endpoints = [f"--http-address=unix:{self.socket_dir / 'http'}", "--http-port=0",
+                         f"--grpc-address=unix:{self.socket_dir / 'grpc'}", f"--grpc-port={self.grpc_port}"]
+        else:
+            endpoints = [f"--http-address={self.http_host}", f"--http-port={self.http_port}",
+                         f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}"]
         cmd = [str(binary), f"--model-repository={self.repo}", f"--backend-directory={backends}",
-               "--model-control-mode=explicit", f"--http-address={self.http_host}", f"--http-port={self.http_port}",
-               f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
+               "--model-control-mode=explicit", *endpoints,
                f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}", "--allow-metrics=true",
                f"--exit-timeout-secs={self.exit_timeout_s}",
                f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
@@ -293,38 +337,32 @@ class TritonServer:
         return cmd
 
     def restriction_args(self) -> list[str]:
-        """Triton's restrictions (calls without the header get "This API is restricted").
-
-        With ``api_key``: model repository, model config, shared memory, trace and logging need the key
-        over gRPC, and over HTTP unless ``guard_secret`` (then the guard checks the key). With
-        ``guard_secret``: every HTTP API category, inference and health included, needs the guard's
-        secret (Triton takes one key per category, so the user's key cannot also be Triton's there)."""
-        args = []
-        if self.api_key is not None:
-            header, key = self.api_key
-            if not header or not key or any(c in header + key for c in ",:= "):
-                raise ServerError("the API key header and key must be non-empty and free of ',', ':', '=' and "
-                                  "spaces")
-            apis = f"{RESTRICTED_APIS}:{header}={key}"
-            args.append(f"--grpc-restricted-protocol={apis}")
-            if not self._secret:
-                args.append(f"--http-restricted-api={apis}")
-        if self._secret:
-            args.append(f"--http-restricted-api={ALL_APIS}:{GUARD_HEADER}={self._secret}")
-        return args
+        """Triton's restrictions (calls without the header get "This API is restricted"): with ``api_key`` and
+        public endpoints, model repository, model config, shared memory, trace and logging need the key.
+        With private endpoints none: Triton's command line carries no key (the guards check it)."""
+        if self.api_key is None or self.private:
+            return []
+        header, key = self.api_key
+        if not header or not key or any(c in header + key for c in ",:= "):
+            raise ServerError("the API key header and key must be non-empty and free of ',', ':', '=' and spaces")
+        apis = f"{RESTRICTED_APIS}:{header}={key}"
+        return [f"--grpc-restricted-protocol={apis}", f"--http-restricted-api={apis}"]
 
     def start(self, timeout_s: float = 180.0) -> "TritonServer":
         if self.process is not None:
             raise ServerError("server already started")
-        if self.guard_secret:
-            self._secret = secrets.token_hex(24)   # a new one each start: an old one opens nothing
         cmd = self.command()
-        for what, host, port in (("HTTP", self.http_host, self.http_port), ("gRPC", self.host, self.grpc_port),
-                                 ("metrics", self.host, self.metrics_port)):
+        tcp = [("metrics", self.host, self.metrics_port)]
+        if self.socket_dir is None:
+            tcp += [("HTTP", self.http_host, self.http_port), ("gRPC", self.host, self.grpc_port)]
+        else:
+            self._remove_sockets()   # a killed server leaves its sockets, and binding over one fails
+        for what, host, port in tcp:
             if port_taken(host, port):
                 raise ServerError(f"{what} port {port} on {host} is already in use; "
                                   f"choose another with --{what.lower()}-port")
-        env = dict(os.environ)
+        # the user's key is the guards' business: not in the environment of Triton and its stubs
+        env = {k: v for k, v in os.environ.items() if k not in ("E3_API_KEY", "E3_API_KEY_FILE")}
         # The Python-backend stub runs model code with the python3 first on PATH.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -340,7 +378,7 @@ class TritonServer:
         self._reader = threading.Thread(target=self._pump_logs, daemon=True)
         self._reader.start()
         threading.Thread(target=self._end_group_on_exit, args=(self.process,), daemon=True).start()
-        log.info("starting %s", " ".join(cmd).replace(self._secret or "\0", "<secret>"))
+        log.info("starting %s", " ".join(cmd))
         try:
             self._wait_ready(timeout_s)
         except BaseException:
@@ -388,11 +426,7 @@ class TritonServer:
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        scrubbed = not self._secret
         while time.monotonic() < deadline:
-            if not scrubbed and self._lines_read:   # its first line comes after it parsed its options
-                scrubbed = True
-                scrub_argument(self.process.pid, self._secret)
             if self.process.poll() is not None:
                 raise ServerError(f"tritonserver exited with code {self.process.returncode} while starting; "
                                   f"last log lines:\n{self.log_tail()}")
@@ -403,10 +437,9 @@ class TritonServer:
 
     def ready(self) -> bool:
         try:
-            request = urllib.request.Request(f"http://{self.http_url}/v2/health/ready", headers=self.http_headers())
-            with urllib.request.urlopen(request, timeout=2) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError):
+            self.call("GET", "/v2/health/ready", timeout_s=2)
+            return True
+        except OSError:   # URLError and HTTPError included
             return False
 
     def stop(self, timeout_s: float = 20.0) -> int | None:
@@ -438,13 +471,32 @@ class TritonServer:
             except OSError:
                 pass
         self.process = None
+        self._remove_sockets()
         return proc.returncode
 
+    def _remove_sockets(self) -> None:
+        if self.socket_dir is not None:
+            for sock in self.socket_dir.glob("*"):
+                try:
+                    sock.unlink()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        """Stop the server and remove its private socket folder (the object is done with)."""
+        self.stop()
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+
     def __enter__(self) -> "TritonServer":
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        self.close()
 
     def alive(self) -> bool:
         """The tritonserver process is running (it may not be ready yet)."""
@@ -466,6 +518,5 @@ class TritonServer:
 
     # -- small helpers over the HTTP API ----------------------------------------
     def model_statistics(self, model: str = "") -> dict:
-        url = f"http://{self.http_url}/v2/models/{model}/stats" if model else f"http://{self.http_url}/v2/models/stats"
-        with urllib.request.urlopen(urllib.request.Request(url, headers=self.http_headers()), timeout=10) as r:
-            return json.loads(r.read())
+        return json.loads(self.call("GET", f"/v2/models/{model}/stats" if model else "/v2/models/stats",
+                                    timeout_s=10))

@@ -16,13 +16,16 @@ So the guard parses once, strictly, and forwards only what it re-serialised itse
   exception of its own; no tensor element or size needs more than 20);
 * nesting deeper than :data:`MAX_DEPTH` (checked on the text before parsing, so a deep body costs one
   scan of its bytes, not a recursion; a body with at most MAX_DEPTH opening brackets in all, which is
-  every inference header, cannot nest deeper and skips the scan: two ``bytes.count`` calls).
+  every inference header, cannot nest deeper and skips the scan: two ``bytes.count`` calls). The scan is
+  a regex substitution, a ``translate`` and a numpy sum, never a Python loop per byte or bracket.
 
 Measured on perf_analyzer's request header (395 bytes, 2 shared cores under load): 47 us per parse before
 this skip (36 of them the bracket scan), about 16 after. (Gating the number hooks on a regex scan for long
 digit runs and exponents was tried and dropped: the scan cost 5-50 us, the hooks about 3.)
 
-The cost of the parse is linear in the body's length.
+The cost of the parse is linear in the body's length, and small per byte: an 8 MiB body of the densest
+brackets (the worst case the guard's JSON limit lets through) parses in about a second of one core with the
+guard's collector settings (:func:`e3.deploy.guard.tune_gc`), off the guard's event loop.
 """
 
 from __future__ import annotations
@@ -36,7 +39,28 @@ __all__ = ["StrictJSONError", "loads_strict", "dumps_canonical", "MAX_INT_DIGITS
 MAX_INT_DIGITS = 20        # 2^64 has 20 digits: every integer datatype and byte size fits
 MAX_DEPTH = 64             # objects and lists nested in one another (a request needs about 6)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
-_BRACKETS = re.compile(rb'[\[\]{}"\\]')
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')   # a JSON string, escapes included (unrolled: linear)
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def _steps():
+    import numpy as np
+    table = np.zeros(256, dtype=np.int8)
+    table[list(b"[{")], table[list(b"]}")] = 1, -1
+    return table
+
+
+class _LazyStep:
+    """numpy's table of +1/-1 per bracket, built at the first deep-body check (no numpy at import)."""
+    table = None
+
+    def __getitem__(self, index):
+        if self.table is None:
+            self.table = _steps()
+        return self.table[index]
+
+
+_STEP = _LazyStep()
 
 
 class StrictJSONError(ValueError):
@@ -73,29 +97,14 @@ def _float(text: str) -> float:
 
 
 def _depth(data: bytes) -> int:
-    """The deepest nesting of objects and lists in ``data`` (strings skipped), stopping past MAX_DEPTH."""
-    depth = deepest = 0
-    in_string = False
-    skip = -1   # position of a byte escaped by a backslash inside a string
-    for m in _BRACKETS.finditer(data):
-        at, c = m.start(), m.group()
-        if at == skip:
-            continue
-        if in_string:
-            if c == b"\\":
-                skip = at + 1
-            elif c == b'"':
-                in_string = False
-        elif c == b'"':
-            in_string = True
-        elif c in b"[{":
-            depth += 1
-            deepest = max(deepest, depth)
-            if deepest > MAX_DEPTH:
-                break
-        elif c in b"]}":
-            depth -= 1
-    return deepest
+    """The deepest nesting of objects and lists in ``data`` (strings skipped), in C-speed steps: strings cut
+    out by one regex substitution, every byte but the brackets deleted, then the running depth as numpy's
+    cumulative sum. Measured on an 8 MiB body of 2.7 million ``[]`` pairs: 11 s when this walked the
+    brackets in Python, under 0.2 s so."""
+    import numpy as np
+    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKET)
+    steps = _STEP[np.frombuffer(brackets, dtype=np.uint8)]
+    return int(np.cumsum(steps, dtype=np.int64).max()) if len(steps) else 0
 
 
 def loads_strict(data: bytes, *, what: str = "the body") -> Any:

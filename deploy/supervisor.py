@@ -25,6 +25,10 @@ in ``e3 serve``'s main thread, polls once per ``poll_s``:
   reload is done the model is in :attr:`Supervisor.unhealthy`, which the HTTP
   guard turns into 503 on the readiness endpoints (Triton's own still say 200).
 
+* **Deliberate changes.** A load or unload through the control API (the guards, HTTP and gRPC, call
+  :meth:`Supervisor.control` around it) is the user's decision, not a death: while it runs the model's
+  stubs are not watched; a model unloaded so is dropped from the snapshot (and not restored after a
+  restart) until a load brings it back; a load is followed by a new snapshot. Only deaths are repaired.
 * **Never gives up.** A server that dies is restarted for as long as ``e3 serve`` runs (before, the sixth
   death within five minutes ended ``e3 serve``: seven small requests took the service down until a person
   acted). The restart waits a bounded backoff that grows with the deaths of the last ``stable_s``
@@ -46,7 +50,6 @@ import os
 import signal
 import time
 import urllib.error
-import urllib.request
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,16 +193,35 @@ class Supervisor:
         self._stop = None
         self.events: list[str] = []          # what the supervisor did, for logs and tests
         self.stale: dict[int, float] = {}    # pid of an old version's stub -> when its model was reloaded
+        self.changing: Counter = Counter()   # model -> control-API loads/unloads in flight (stubs not watched)
+        self.unloaded: set[str] = set()      # models unloaded through the control API (not restored)
+        self._resnap = False                 # a control call ended: take a snapshot at the next poll
         self._last_live = time.monotonic()
+
+    # -- the user's own loads and unloads (called from the guards' threads) ------------------------------------
+    def control(self, model: str, action: str) -> Callable[[bool], None]:
+        """A load or unload (``action``) of ``model`` through the control API begins; call what this returns
+        with whether Triton accepted it, when it ends."""
+        self.changing[model] += 1
+
+        def done(ok: bool) -> None:
+            if ok and action == "unload":
+                self.unloaded.add(model)
+                self.snapshot.configs.pop(model, None)
+                self.snapshot.stubs.pop(model, None)
+            elif ok:
+                self.unloaded.discard(model)
+            self._resnap = True
+            self.changing[model] -= 1
+            if self.changing[model] <= 0:
+                del self.changing[model]
+        return done
 
     # -- Triton's HTTP API ---------------------------------------------------------------------------------
     def _call(self, method: str, path: str, body: dict | None = None, timeout_s: float = 30.0):
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"http://{self.server.http_url}{path}", data=data, method=method,
-                                         headers={"Content-Type": "application/json", **self.headers,
-                                                  **self.server.http_headers()})
-        with urllib.request.urlopen(request, timeout=timeout_s) as r:
-            text = r.read()
+        text = self.server.call(method, path, data, {"Content-Type": "application/json", **self.headers},
+                                timeout_s=timeout_s)
         return json.loads(text) if text else None
 
     def take_snapshot(self) -> Snapshot:
@@ -208,7 +230,7 @@ class Supervisor:
         # still be in the snapshot, or its death would go unseen.
         stubs = _stub_cmdlines(self.server)
         index = self._call("POST", "/v2/repository/index", {})
-        ready = [m["name"] for m in index if m.get("state") == "READY"]
+        ready = [m["name"] for m in index if m.get("state") == "READY" and m["name"] not in self.unloaded]
         configs = {m: self._call("GET", f"/v2/models/{m}/config") for m in ready}
         self.snapshot = Snapshot(configs, _match_stubs(stubs, ready), time.monotonic())
         return self.snapshot
@@ -235,11 +257,13 @@ class Supervisor:
                 next_snapshot = time.monotonic() + self.snapshot_s
                 continue
             now_pids = _stub_pids(self.server, self.snapshot.stubs)
-            lost = lost_stubs(self.snapshot.stubs, now_pids)
+            lost = [m for m in lost_stubs(self.snapshot.stubs, now_pids)
+                    if m not in self.changing and m not in self.unloaded]
             dead = [m for m in lost if self.short_of_stubs(m, len(now_pids[m])) or self.stub_is_dead(m)]
             if dead:
                 self.reload(dead)
-            elif lost or now >= next_snapshot:
+            elif lost or self._resnap or now >= next_snapshot:
+                self._resnap = False
                 try:
                     self.take_snapshot()
                 except (urllib.error.URLError, OSError, ValueError) as err:
@@ -278,12 +302,9 @@ class Supervisor:
 
     def _hung(self, now: float) -> bool:
         try:
-            request = urllib.request.Request(f"http://{self.server.http_url}/v2/health/live",
-                                             headers=self.server.http_headers())
-            with urllib.request.urlopen(request, timeout=2) as r:
-                if r.status == 200:
-                    self._last_live = now
-        except (urllib.error.URLError, OSError):
+            self.server.call("GET", "/v2/health/live", timeout_s=2)
+            self._last_live = now
+        except OSError:   # URLError and HTTPError included
             pass
         return now - self._last_live > self.hang_s
 

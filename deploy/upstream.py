@@ -103,19 +103,21 @@ class _Connection(asyncio.Protocol):
 
 
 class UpstreamPool:
-    """Keep-alive connections to ``host:port`` (one event loop; create and use it on that loop).
+    """Keep-alive connections to ``host:port``, or to the Unix socket ``host`` when ``port`` is None (one event
+    loop; create and use it on that loop).
 
         pool = UpstreamPool("127.0.0.1", 8001)
         status, reason, headers, body = await pool.request("POST", "/v2/models/m/infer", [("X", "1")], body,
                                                            want=("content-type",))
     """
 
-    def __init__(self, host: str, port: int, *, connect_timeout_s: float = 5.0):
+    def __init__(self, host: str, port: int | None, *, connect_timeout_s: float = 5.0):
         self.host, self.port = host, port
         self.connect_timeout_s = connect_timeout_s
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
-        self._host_header = f"Host: {host}:{port}\r\n".encode("latin-1")
+        self._host_header = (b"Host: localhost\r\n" if port is None
+                             else f"Host: {host}:{port}\r\n".encode("latin-1"))
 
     def _forget(self, conn: _Connection) -> None:
         self._open.discard(conn)
@@ -127,7 +129,10 @@ class UpstreamPool:
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self.connect_timeout_s):
-            _, conn = await loop.create_connection(lambda: _Connection(self), self.host, self.port)
+            if self.port is None:
+                _, conn = await loop.create_unix_connection(lambda: _Connection(self), self.host)
+            else:
+                _, conn = await loop.create_connection(lambda: _Connection(self), self.host, self.port)
         self._open.add(conn)
         return conn
 

@@ -1,12 +1,16 @@
 """The front door probed from outside (reliability, items 11, 12 and 14): the real tritonserver with its HTTP
-port locked by the guard's per-start secret (as `e3 serve` runs it) behind the guard (short timeouts).
+and gRPC endpoints on private Unix sockets (as `e3 serve` runs it) behind the guards (short timeouts).
 
 * One parse: duplicate keys (the first one crash-shaped), UTF-16/UTF-32/BOM bodies, lone surrogates, wrong
   types and huge integers get 400 naming the problem; the server stays up; a valid body sent in an odd but
   legal form gets the same answer as its canonical form.
-* No way around: absolute-form targets, traversal-style names, Triton's own HTTP port without the secret
-  (the crash body included), logging and trace without the key are refused; the secret is not on Triton's
-  command line.
+* No way around: absolute-form targets, traversal-style names, logging and trace without the key are
+  refused; Triton listens on no TCP port but its metrics, its sockets' folder is 0700, and its command line
+  holds neither a secret nor the key.
+* Body forms (issue 38): gzip, deflate (zlib and raw) and br bodies answered as their plain form, mislabelled
+  ones 400, unknown encodings 415, a bomb 413; malformed Triton parameters 400 (not Triton's 500); a client
+  that half-closes after sending gets its answer; refused requests are counted on /metrics and their log
+  lines rate-limited.
 * Connections: half-sent and idle connections are closed after the header timeout while valid requests
   are answered; a slow body gets 408; a 60,000-dimension shape list is refused at once; bodies over the
   limits get 413 before they are read."""
@@ -22,7 +26,6 @@ import numpy as np
 import pytest
 
 from e3.deploy.guard import Guard
-from e3.deploy.server import GUARD_HEADER
 from helpers import http_call, serving
 
 pytestmark = pytest.mark.e2e
@@ -46,9 +49,9 @@ def _call(address, method: str, target: str, body: bytes | None = None, headers:
 
 @pytest.fixture(scope="module")
 def door(tiny_repo):
-    with serving(tiny_repo, MODELS, name="front-door", guard_secret=True) as server, \
-            Guard(server.http_url, port=0, upstream_headers=server.http_headers, api_key=KEY,
-                  header_timeout_s=HEADER_TIMEOUT_S, body_timeout_s=BODY_TIMEOUT_S) as guard:
+    with serving(tiny_repo, MODELS, name="front-door", private=True) as server, \
+            Guard(server.http_url, port=0, api_key=KEY, header_timeout_s=HEADER_TIMEOUT_S,
+                  body_timeout_s=BODY_TIMEOUT_S) as guard:
         yield server, guard, (guard.host, guard.port)
 
 
@@ -105,15 +108,11 @@ def test_no_way_around_the_guard(door):
     status, text = _call(address, "POST", "/v2/repository/models/..%2F..%2Ftmp/load", b"{}", dict([KEY]))
     assert status == 400 and "percent-encoded" in text, text
     refused.append("traversal name")
-    direct = (server.http_host, server.http_port)
-    for name, method, target, body in [("direct crash body", "POST", f"/v2/models/{SPLIT}/infer", crash),
-                                       ("direct valid infer", "POST", f"/v2/models/{SPLIT}/infer",
-                                        json.dumps(_valid()).encode()),
-                                       ("direct health", "GET", "/v2/health/ready", None),
-                                       ("direct logging", "POST", "/v2/logging", b'{"log_verbose_level": 1}')]:
-        status, text = _call(direct, method, target, body, dict([KEY]))
-        assert status == 403 and "This API is restricted" in text, (name, status, text)
-        refused.append(name)
+    # Triton itself: no TCP port but metrics; its sockets in a folder only their owner enters
+    listening = _tcp_listeners(server.group_pids())
+    assert listening == {server.metrics_port}, listening
+    assert (server.socket_dir.stat().st_mode & 0o777) == 0o700
+    refused.append("Triton on no TCP port but metrics")
     assert server.alive() and server.ready()
     for method, target, body in [("POST", "/v2/logging", b'{"log_verbose_level": 0}'), ("GET", "/v2/trace/setting",
                                                                                          None)]:
@@ -121,12 +120,33 @@ def test_no_way_around_the_guard(door):
         assert status == 403 and "This API is restricted" in text, (target, status, text)
         refused.append(f"{target} without the key")
         assert _call(address, method, target, body, dict([KEY]))[0] == 200
-    secret = server.http_headers()[GUARD_HEADER]
     cmdline = open(f"/proc/{server.process.pid}/cmdline", "rb").read()
-    assert secret.encode() not in cmdline and b"--http-restricted-api=health,metadata,inference" in cmdline
+    assert b"restricted" not in cmdline and KEY[1].encode() not in cmdline
+    assert b"--http-address=unix:" in cmdline and b"--grpc-address=unix:" in cmdline
     assert _alive(server, address)
-    print(f"front door: no way around: {len(refused)} of {len(refused)} refused ({', '.join(refused)}); the "
-          "secret is not on tritonserver's command line; 0 server deaths")
+    print(f"front door: no way around: {len(refused)} of {len(refused)} refused ({', '.join(refused)}); "
+          "tritonserver's command line holds no secret and no key; 0 server deaths")
+
+
+def _tcp_listeners(pids: list[int]) -> set[int]:
+    """TCP ports the processes ``pids`` listen on (their socket inodes in /proc/net/tcp and tcp6)."""
+    import os
+    inodes = set()
+    for pid in pids:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).readlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:   # LISTEN
+                ports.add(int(f[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 def _half_sent(address, data: bytes) -> socket.socket:
@@ -191,3 +211,72 @@ def test_slow_half_sent_and_oversized_requests_do_not_hold_the_guard(door):
           f"header timeout while a valid request was answered in {answered_s * 1e3:.0f} ms; a stalled body 408; "
           f"a 60,000-dimension shape refused in {deep_s * 1e3:.0f} ms with a valid request answered beside it; "
           "57 MiB JSON and 65 MiB binary bodies 413 before reading; 0 server deaths")
+
+
+def test_compressed_bodies_are_inflated_once_and_capped(door):
+    import brotli
+    import gzip
+    import zlib
+    server, guard, address = door
+    infer = f"/v2/models/{SPLIT}/infer"
+    plain = json.dumps(_valid()).encode()
+    status, expected = _call(address, "POST", infer, plain)
+    assert status == 200
+    forms = {"gzip": gzip.compress(plain), "deflate": zlib.compress(plain), "deflate (raw)": zlib.compress(plain)[2:-4],
+             "br": brotli.compress(plain), "GZIP (upper case)": gzip.compress(plain)}
+    for name, body in forms.items():
+        status, text = _call(address, "POST", infer, body, {"Content-Encoding": name.split()[0]})
+        assert status == 200 and json.loads(text)["outputs"] == json.loads(expected)["outputs"], (name, status, text)
+    refused = {
+        "gzip label on a plain body": (plain, "gzip", 400), "br label on a plain body": (plain, "br", 400),
+        "deflate label on gzip": (gzip.compress(plain), "deflate", 400),
+        "truncated gzip": (gzip.compress(plain)[:-9], "gzip", 400),
+        "compress": (plain, "compress", 415),
+        "bomb (80 MiB)": (gzip.compress(b" " * (80 * 2**20)), "gzip", 413),
+        "br bomb (80 MiB)": (brotli.compress(b" " * (80 * 2**20), quality=1), "br", 413),
+    }
+    for name, (body, encoding, want) in refused.items():
+        status, text = _call(address, "POST", infer, body, {"Content-Encoding": encoding})
+        assert status == want and "error" in text, (name, status, text)
+    assert _alive(server, address)
+    print(f"front door: {len(forms)} compressed forms answered as the plain body; {len(refused)} bad ones "
+          f"({', '.join(refused)}) answered 4xx; 0 server deaths")
+
+
+@pytest.mark.parametrize("params", [{"timeout": "abc"}, {"timeout": -1}, {"timeout": 1.5}, {"priority": -1},
+                                    {"priority": "x"}, {"binary_data_output": "yes"}, {"sequence_id": 1.5},
+                                    {"sequence_start": 1}])
+def test_triton_parameters_are_checked_by_the_one_parse(door, params):
+    server, guard, address = door
+    body = {**_valid(), "parameters": params}
+    status, text = _call(address, "POST", f"/v2/models/{SPLIT}/infer", json.dumps(body).encode())
+    assert status == 400 and f"parameter '{next(iter(params))}'" in text, (status, text)
+
+
+def test_half_closed_clients_get_their_answer_and_bad_requests_are_counted(door):
+    server, guard, address = door
+    body = json.dumps({**_valid(), "parameters": {"timeout": 1000000, "priority": 1}}).encode()
+    answers = []
+    for _ in range(5):
+        s = socket.create_connection(address)
+        s.sendall(f"POST /v2/models/{SPLIT}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+                  .encode() + body)
+        s.shutdown(socket.SHUT_WR)
+        s.settimeout(30)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        s.close()
+        answers.append(data.split(b" ", 2)[1])
+    assert answers == [b"200"] * 5, answers
+    # an idle connection that half-closes is closed at once
+    s = socket.create_connection(address)
+    s.shutdown(socket.SHUT_WR)
+    assert _closed_within(s, 2)
+    before = guard.bad.counts.copy()
+    for _ in range(200):
+        _call(address, "POST", f"/v2/models/{SPLIT}/infer", b'{"inputs": 1}')
+    assert guard.bad.counts["400"] - before["400"] == 200
+    metrics = _call(address, "GET", "/metrics")[1]
+    assert f'e3_guard_bad_requests_total{{protocol="http",reason="400"}} {guard.bad.counts["400"]}' in metrics
+    print("front door: 5 of 5 half-closed clients answered 200; 200 bad requests counted on /metrics")

@@ -1,6 +1,6 @@
 """No request takes the server down (reliability, item 1): generated HTTP bodies, JSON and the binary tensor
 protocol, against the router (tiny-ee's front door) and two splits through the HTTP guard, on a server whose
-HTTP port takes only the guard's secret (as `e3 serve` runs it). A sixth of the bodies are the probes that
+HTTP endpoint is a private Unix socket (as `e3 serve` runs it). A sixth of the bodies are the probes that
 talked past the guard of before (`probe_bodies`: a duplicate "inputs" or "shape" key whose first copy is
 crash-shaped, UTF-16/UTF-32/BOM encodings, lone surrogates, huge integers, list-typed datatypes, long shape
 lists), and a tenth of all requests use an absolute-form target. Every answer is
@@ -256,8 +256,7 @@ def post(address: tuple[str, int], target: str, body: bytes, headers: dict) -> t
 
 @pytest.fixture(scope="module")
 def guarded(tiny_repo):
-    with serving(tiny_repo, MODELS, name="fuzz", guard_secret=True) as server, \
-            Guard(server.http_url, port=0, upstream_headers=server.http_headers) as guard:
+    with serving(tiny_repo, MODELS, name="fuzz", private=True) as server, Guard(server.http_url, port=0) as guard:
         yield server, guard
 
 
