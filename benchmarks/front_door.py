@@ -1,11 +1,12 @@
-"""The guard's overhead against Triton's own HTTP port, side by side, one server.
+"""The guards' overhead against Triton's own HTTP and gRPC ports, side by side, one server.
 
-Starts tiny-ee's router and splits on the embedded tritonserver with its HTTP port locked by the guard's
-per-start secret (as ``e3 serve`` runs it), the guard in front (this process, its own event loop thread,
-as in ``e3 serve``), and drives both with Triton's ``perf_analyzer`` (the C++ load generator shipped in the
-client wheel: HTTP, asynchronous, ``--concurrency-range C``, one input per request, binary tensors,
-``--input-data zero``): first through the guard, then straight to Triton's port (the secret sent as a
-header), alternating for ``--rounds``. Each run is a fixed request count sized from a short calibration on
+Starts tiny-ee's router and splits on the embedded tritonserver, the HTTP guard and the gRPC guard in front
+(this process, each on its own event loop thread, as in ``e3 serve``), and drives both sides with Triton's
+``perf_analyzer`` (the C++ load generator shipped in the client wheel: asynchronous, ``--concurrency-range
+C``, one input per request, binary tensors, ``--input-data zero``), per protocol through the guard, then
+straight to Triton's port, alternating for ``--rounds``. Triton's ports here are loopback TCP ports (not
+``e3 serve``'s private Unix sockets: perf_analyzer's HTTP client cannot reach a Unix socket), so the guards'
+upstream hop is TCP too. Each run is a fixed request count sized from a short calibration on
 Triton's port so that it lasts about ``--seconds``; perf_analyzer fails the run on any failed request or
 broken connection, and the guard's answers by status are read from its counters. Prints throughput and
 p99 per run and the ratios guard / direct. The guard, Triton and perf_analyzer share the machine's cores
@@ -14,7 +15,8 @@ sides are warmed before the first run (the calibration on Triton's port, 2,000 r
 odd rounds run the direct side first, and the process tunes its garbage collector as ``e3 serve`` does
 (:func:`e3.deploy.guard.tune_gc`).
 
-Usage: ``.venv/bin/python benchmarks/front_door.py [--concurrency 256] [--seconds 30] [--rounds 1]``.
+Usage: ``.venv/bin/python benchmarks/front_door.py [--concurrency 64] [--seconds 30] [--rounds 1]
+[--protocols http,grpc]``.
 """
 
 from __future__ import annotations
@@ -26,16 +28,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from e3.deploy.grpc_guard import GrpcGuard
 from e3.deploy.guard import Guard, tune_gc
-from e3.deploy.server import GUARD_HEADER, TritonServer
+from e3.deploy.server import TritonServer
 from e3.deploy.tools import perf_analyzer_binary, tool_env
 
 MODELS = ["tiny_ee_split_1-2", "tiny_ee_split_3-4", "tiny_ee_router"]
 
 
-def perf(url: str, concurrency: int, requests: int, headers: dict[str, str]) -> dict:
+def perf(url: str, concurrency: int, requests: int, headers: dict[str, str], protocol: str = "http") -> dict:
     """One perf_analyzer run of ``requests`` requests; throughput (req/s), p99 (ms), and its exit status."""
-    cmd = [perf_analyzer_binary(), "-m", "tiny_ee_router", "-u", url, "-i", "http", "--async",
+    cmd = [perf_analyzer_binary(), "-m", "tiny_ee_router", "-u", url, "-i", protocol, "--async",
            "--concurrency-range", str(concurrency), "--request-count", str(requests), "--input-data", "zero",
            "--percentile", "99", "-b", "1", "--shape", "input_ids:16", "--shape", "attention_mask:16"]
     for k, v in headers.items():
@@ -54,7 +57,8 @@ def perf(url: str, concurrency: int, requests: int, headers: dict[str, str]) -> 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", default=None, help="tiny-ee repository (default: exported into artifacts/)")
-    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--protocols", default="http,grpc", help="comma-separated: http, grpc")
     parser.add_argument("--seconds", type=float, default=30.0, help="approximate length of each run")
     parser.add_argument("--rounds", type=int, default=1, help="guard/direct pairs, alternating")
     args = parser.parse_args()
@@ -63,48 +67,49 @@ def main() -> int:
     if not (repo / "tiny_ee_router").is_dir():
         from e3.export.repository import ExportSettings, export_repository
         export_repository("tiny-ee", "2", repo, settings=ExportSettings(slo_ms=10_000.0), progress=False)
-    with TritonServer.on_free_ports(repo, MODELS, guard_secret=True, exit_timeout_s=3) as server, \
-            Guard(server.http_url, port=0, upstream_headers=server.http_headers) as guard:
+    protocols = args.protocols.split(",")
+    with TritonServer.on_free_ports(repo, MODELS, exit_timeout_s=3) as server, \
+            Guard(server.http_url, port=0) as guard, GrpcGuard(server.grpc_url, port=0) as grpc_guard:
         tune_gc()   # as `e3 serve` does once its guard is up
-        secret = {GUARD_HEADER: server.http_headers()[GUARD_HEADER]}
-        calib = perf(server.http_url, args.concurrency, 2000, secret)
+        urls = {"http": (guard.url, server.http_url), "grpc": (grpc_guard.url, server.grpc_url)}
+        calib = perf(server.http_url, args.concurrency, 2000, {})
         if not calib["ok"]:
             print(calib["out"], file=sys.stderr)
             return 1
-        warm = perf(guard.url, args.concurrency, 2000, {})   # the guard's upstream connections opened, as Triton's are
-        if not warm["ok"]:
-            print(warm["out"], file=sys.stderr)
-            return 1
+        for protocol in protocols:   # the guards' upstream connections opened, as Triton's are
+            warm = perf(urls[protocol][0], args.concurrency, 2000, {}, protocol)
+            if not warm["ok"]:
+                print(warm["out"], file=sys.stderr)
+                return 1
         n = max(1000, int(calib["rps"] * args.seconds))
-        print(f"cores: {os.cpu_count()} shared by tritonserver (router + 2 splits, 1 thread each), the guard "
-              f"(one event loop) and perf_analyzer; {args.concurrency} concurrent HTTP clients, "
+        print(f"cores: {os.cpu_count()} shared by tritonserver (router + 2 splits, 1 thread each), the guards "
+              f"(one event loop each) and perf_analyzer; {args.concurrency} concurrent clients, "
               f"{n} requests per run (~{args.seconds:g} s at the calibrated {calib['rps']:.0f} req/s)")
         rows = []
         for r in range(args.rounds):
-            sides = [("guard", guard.url, {}), ("direct", server.http_url, secret)]
-            for side, url, headers in sides if r % 2 == 0 else sides[::-1]:   # odd rounds: direct first
-                before = sum(guard.responses.values())
-                res = perf(url, args.concurrency, n, headers)
-                res["side"], res["round"] = side, r
-                if side == "guard":
-                    res["guard_answers"] = dict(guard.responses)
-                    res["guard_new"] = sum(guard.responses.values()) - before
-                rows.append(res)
-                if not res["ok"]:
-                    print(f"{side}: perf_analyzer failed (exit {res['rc']}):\n{res['out']}")
-                else:
-                    print(f"round {r} {side:<6} {res['rps']:8.1f} req/s  p99 {res['p99_ms']:7.1f} ms  "
-                          f"({res['requests']} requests, 0 failed; load average {os.getloadavg()[0]:.1f})")
+            for protocol in protocols:
+                sides = [("guard", urls[protocol][0]), ("direct", urls[protocol][1])]
+                for side, url in sides if r % 2 == 0 else sides[::-1]:   # odd rounds: direct first
+                    res = perf(url, args.concurrency, n, {}, protocol)
+                    res.update(side=side, round=r, protocol=protocol)
+                    rows.append(res)
+                    if not res["ok"]:
+                        print(f"{protocol} {side}: perf_analyzer failed (exit {res['rc']}):\n{res['out']}")
+                    else:
+                        print(f"round {r} {protocol:<4} {side:<6} {res['rps']:8.1f} req/s  p99 {res['p99_ms']:7.1f} ms"
+                              f"  ({res['requests']} requests, 0 failed; load average {os.getloadavg()[0]:.1f})")
         ok = all(x["ok"] for x in rows)
         if ok:
             for r in range(args.rounds):
-                g, d = (next(x for x in rows if x["round"] == r and x["side"] == s) for s in ("guard", "direct"))
-                print(f"round {r}: guard/direct throughput {g['rps'] / d['rps']:.2f}x (bound >= 0.9), "
-                      f"p99 {g['p99_ms'] / d['p99_ms']:.2f}x (bound <= 1.2)")
-            print(f"guard answers by status over the whole run: {dict(guard.responses)} "
-                  "(anything but 200 would be a failure the guard produced)")
+                for protocol in protocols:
+                    g, d = (next(x for x in rows if x["round"] == r and x["side"] == s and x["protocol"] == protocol)
+                            for s in ("guard", "direct"))
+                    print(f"round {r} {protocol}: guard {g['rps']:.1f} req/s, Triton's own port {d['rps']:.1f} "
+                          f"req/s: {g['rps'] / d['rps']:.2f}x (bound >= 0.9); p99 {g['p99_ms']:.1f} vs "
+                          f"{d['p99_ms']:.1f} ms: {g['p99_ms'] / d['p99_ms']:.2f}x")
+            print(f"HTTP guard answers by status over the whole run: {dict(guard.responses)}; gRPC guard: "
+                  f"{dict(grpc_guard.codes)} (anything but 200/OK would be a failure the guard produced)")
         return 0 if ok else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())
