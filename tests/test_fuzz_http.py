@@ -3,7 +3,10 @@ protocol, against the router (tiny-ee's front door) and two splits through the H
 HTTP endpoint is a private Unix socket (as `e3 serve` runs it). A sixth of the bodies are the probes that
 talked past the guard of before (`probe_bodies`: a duplicate "inputs" or "shape" key whose first copy is
 crash-shaped, UTF-16/UTF-32/BOM encodings, lone surrogates, huge integers, list-typed datatypes, long shape
-lists), and a tenth of all requests use an absolute-form target. Every answer is
+lists), a tenth of all requests use an absolute-form target, a twelfth are compressed (gzip, deflate, br;
+sometimes mislabelled, truncated or in an unknown encoding), a twelfth are sent by a client that half-closes
+its connection after sending (and must still get its answer), and request parameters include Triton's own
+(``timeout``, ``priority``, ``sequence_*``, ``binary_data_output``) with any value. Every answer is
 a client error (4xx; a body that happens to be well formed may be answered 200), never a 5xx; the server
 stays live; its RSS grows by less than 1 MiB per 100 bad requests (over the second half of a run of 2,500;
 the short run bounds it coarsely, see RSS_BOUND_MIB_PER_100).
@@ -52,6 +55,8 @@ SCALARS = (st.integers(-2**70, 2**70) | st.sampled_from([0, 1, 511, 512, -1, 2**
            | st.booleans() | st.text(max_size=4) | st.none())
 DATA = st.recursive(st.lists(SCALARS, max_size=24), lambda inner: st.lists(inner, max_size=3), max_leaves=64) | SCALARS
 JUNK = st.dictionaries(st.text(max_size=6), SCALARS, max_size=3)
+PARAMS = st.dictionaries(st.sampled_from(["timeout", "priority", "sequence_id", "sequence_start", "sequence_end",
+                                          "binary_data_output"]) | st.text(max_size=6), SCALARS, max_size=3)
 
 
 @st.composite
@@ -87,6 +92,20 @@ def bodies(draw) -> tuple[str, bytes, dict]:
     target, body, headers = draw(_bodies(target))
     if draw(st.integers(0, 9)) == 0:
         headers = {**headers, "target": "absolute"}
+    form = draw(st.integers(0, 11))
+    if form == 0:   # compressed: the label right, wrong, unknown; the data whole or cut
+        import brotli
+        import gzip
+        import zlib
+        how = draw(st.sampled_from(["gzip", "deflate", "br"]))
+        packed = {"gzip": gzip.compress, "deflate": zlib.compress, "br": brotli.compress}[how](body)
+        if draw(st.integers(0, 3)) == 0:
+            packed = packed[:draw(st.integers(0, len(packed)))]
+        label = draw(st.sampled_from([how, how, how, "gzip", "br", "deflate", "x-gzip", "compress", "identity"]))
+        headers = {**headers, "Content-Encoding": label, "plain": body if label == how else None}
+        body = packed
+    elif form == 1:
+        headers = {**headers, "halfclose": True}
     return target, body, headers
 
 
@@ -113,7 +132,7 @@ def _bodies(draw, target: str) -> tuple[str, bytes, dict]:
             "parameters": st.fixed_dictionaries({}, optional={"binary_data": SCALARS, "classification": SCALARS})}),
             max_size=2))
     if draw(st.booleans()):
-        request.update(draw(st.fixed_dictionaries({}, optional={"id": SCALARS, "parameters": JUNK | SCALARS,
+        request.update(draw(st.fixed_dictionaries({}, optional={"id": SCALARS, "parameters": PARAMS | SCALARS,
                                                                   "inputs": SCALARS})))
     header = json.dumps(request).encode()   # floats may come out as NaN/Infinity: not JSON, on purpose
     if kind == "json":
@@ -238,12 +257,19 @@ class Record:
     server_errors: list = field(default_factory=list)   # (target, body head, status, answer) of every 5xx
     past_guard: int = 0                                  # bodies the guard let through to Triton
     probes: int = 0                                      # duplicate-key and BOM probes among them (a floor)
+    forms: Counter = field(default_factory=Counter)      # compressed / half-closed requests sent
 
 
 def post(address: tuple[str, int], target: str, body: bytes, headers: dict) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection(*address, timeout=60)
+    """One request on a fresh connection: (status, answer body); status 0: no answer at all. Pseudo-headers:
+    ``target: absolute`` (absolute-form target), ``halfclose`` (shutdown(SHUT_WR) after sending), ``plain``
+    (the body before compression; not sent)."""
     headers = dict(headers)
     absolute = headers.pop("target", None) == "absolute"
+    headers.pop("plain", None)
+    if headers.pop("halfclose", False):
+        return _post_half_closed(address, target, body, headers, absolute)
+    conn = http.client.HTTPConnection(*address, timeout=60)
     try:
         path = f"/v2/models/{target}/infer"
         conn.request("POST", f"http://{address[0]}:{address[1]}{path}" if absolute else path, body=body,
@@ -252,6 +278,23 @@ def post(address: tuple[str, int], target: str, body: bytes, headers: dict) -> t
         return r.status, r.read()
     finally:
         conn.close()
+
+
+def _post_half_closed(address, target: str, body: bytes, headers: dict, absolute: bool) -> tuple[int, bytes]:
+    import socket
+    path = f"/v2/models/{target}/infer"
+    line = f"http://{address[0]}:{address[1]}{path}" if absolute else path
+    head = f"POST {line} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n" + \
+        "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    with socket.create_connection(address, timeout=60) as s:
+        s.sendall(head.encode() + body)
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    if not data.startswith(b"HTTP/1.1 "):
+        return 0, data
+    return int(data[9:12]), data.split(b"\r\n\r\n", 1)[-1]
 
 
 @pytest.fixture(scope="module")
@@ -302,10 +345,13 @@ def test_generated_bodies_get_client_errors_and_the_server_stays_live(guarded):
         target, body, headers = case
         status, answer = post(address, target, body, headers)
         record.statuses[status] += 1
-        record.past_guard += headers.get("target") != "absolute" and \
-            check_infer_request(body, headers.get("Inference-Header-Content-Length")) is None
+        plain = headers.get("plain", body if "Content-Encoding" not in headers else None)
+        record.past_guard += headers.get("target") != "absolute" and plain is not None and \
+            check_infer_request(plain, headers.get("Inference-Header-Content-Length")) is None
+        record.forms["compressed"] += "Content-Encoding" in headers
+        record.forms["half-closed"] += bool(headers.get("halfclose"))
         record.probes += b"8589934592, 16], \"shape\"" in body or body.startswith((b'{"inputs":[{"name', b"\xef"))
-        if not (400 <= status < 500 or status == 200):
+        if not (400 <= status < 500 or status == 200):   # 0: unanswered
             record.server_errors.append((target, body[:200], status, answer[:300]))
         assert server.alive(), f"tritonserver died on {target} {body[:300]!r} {headers}\n{server.log_tail()}"
         sent = sum(record.statuses.values())
@@ -317,7 +363,8 @@ def test_generated_bodies_get_client_errors_and_the_server_stays_live(guarded):
     rss_before, rss_after = rss[BODIES // 2], server.rss_bytes()
     growth_mib_per_100 = (rss_after - rss_before) / MIB / ((sent - BODIES // 2) / 100)
     print(f"fuzz: {sent} bodies ({record.past_guard} reached Triton, at least {record.probes} duplicate-key/BOM "
-          f"probes), statuses {dict(record.statuses)}, "
+          f"probes, {record.forms['compressed']} compressed, {record.forms['half-closed']} half-closed), "
+          f"statuses {dict(record.statuses)} (0: unanswered), "
           f"server RSS over the second half "
           f"{rss_before / MIB:.1f} -> {rss_after / MIB:.1f} MiB ({growth_mib_per_100:+.3f} MiB per 100 requests)")
     assert sent >= BODIES
@@ -326,6 +373,7 @@ def test_generated_bodies_get_client_errors_and_the_server_stays_live(guarded):
     # past the guard in runs on 2026-11-26 (1/8 = 37 failed one of them); 1/12 keeps the check's point.
     assert record.past_guard >= sent // 12
     assert not record.server_errors, record.server_errors[:5]
+    assert record.forms["compressed"] >= sent // 20 and record.forms["half-closed"] >= sent // 20
     assert server.alive() and server.ready()
     assert growth_mib_per_100 < RSS_BOUND_MIB_PER_100
     status, _ = post(address, "tiny_ee_router", _valid_json(2), {})   # and it still answers
