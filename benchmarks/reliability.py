@@ -1,6 +1,7 @@
 """`make reliability`: the long reliability runs, one line per item of the reliability issue with its figure.
 
-Runs the reliability tests with their long settings (E3_RELIABILITY=1, 5,000 fuzzed bodies, a crash loop of
+Runs the reliability tests with their long settings (E3_RELIABILITY=1, 5,000 fuzzed HTTP bodies, 1,000 fuzzed
+gRPC messages, a crash loop of
 10 kills, a soak of 1,000,000 requests: about 25-30 minutes of the run on the 2-core machine), one pytest run at a time (each
 starts its own tritonserver), reads the figures the tests print, and prints:
 
@@ -8,7 +9,8 @@ starts its own tritonserver), reads the figures the tests print, and prints:
     ...
 
 Items the project does not test yet are printed as NOT BUILT, never as passing. Exit status 1 if any
-item that runs fails. Usage: ``python benchmarks/reliability.py [--bodies N] [--soak-requests N] [--items 8,9]``.
+item that runs fails. Usage: ``python benchmarks/reliability.py [--bodies N] [--messages N] [--soak-requests N]
+[--items 8,9]``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ISSUE_BODIES = 5000   # item 1's figure asks for at least this many fuzzed bodies (probes included)
+ISSUE_MESSAGES = 1000   # item 15's: fuzzed gRPC messages
 # What the tests of an item that prints no figure of its own check, said beside their count
 CHECKS = {3: "NaN/Inf, token ids and masks out of range refused with 400 naming the input, row and range (router, "
              "<m>_ee, splits); over-long text truncated as documented; non-UTF-8 text refused"}
@@ -41,13 +44,18 @@ ITEMS = [
      [r"backpressure: .*", r"queue policy: .*"]),
     (9, "soak: 1M requests, 100 reload cycles", ["tests/test_reliability_soak.py"], [r"soak: .*", r"reloads: .*"]),
     (10, "security: restricted APIs, names, SIGTERM",
-     ["tests/test_security.py", "tests/test_e2e.py::test_e3_serve_stops_cleanly_on_sigterm"], [r"security: .*"]),
+     ["tests/test_security.py", "tests/test_e2e.py::test_e3_serve_stops_cleanly_on_sigterm"], [r"security: (?!e3 serve).*"]),
     (11, "one parse: duplicate keys, encodings, types", ["tests/test_front_door.py"], [r"front door: one parse.*"]),
     (12, "no way around: absolute-form, direct port", ["tests/test_front_door.py"], [r"front door: no way.*"]),
     (13, "crash loop: 10 kills in a minute", ["tests/test_supervision.py"],
      [r"crash loop: .*"]),
     (14, "slow/half-sent connections, deep shapes, big bodies", ["tests/test_front_door.py"],
      [r"front door: connections.*"]),
+    (15, "gRPC through its guard: fuzz, size, the key", ["tests/test_fuzz_grpc.py"], [r"fuzz-grpc: .*"]),
+    (16, "compressed bodies, half-closed clients", ["tests/test_front_door.py"],
+     [r"front door: \d+ compressed.*", r"front door: \d+ of \d+ half-closed.*"]),
+    (17, "no secret on /proc; 512 MiB gRPC; a 1 GiB bomb", ["tests/test_security.py"],
+     [r"security: e3 serve: .*"]),
 ]
 
 
@@ -65,6 +73,8 @@ def run(paths: list[str], env: dict) -> tuple[bool, str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bodies", type=int, default=5000, help="fuzzed request bodies for item 1 (default 5000)")
+    parser.add_argument("--messages", type=int, default=ISSUE_MESSAGES,
+                        help="fuzzed gRPC messages for item 15 (default 1000)")
     parser.add_argument("--soak-requests", type=int, default=1_000_000,
                         help="requests of item 9's soak (default 1,000,000; fewer for a shorter run)")
     parser.add_argument("--items", default="",
@@ -80,6 +90,7 @@ def main() -> int:
     if chosen - known:
         parser.error(f"--items: no item {', '.join(map(str, sorted(chosen - known)))} (items are 1-{max(known)})")
     env = {**os.environ, "E3_RELIABILITY": "1", "E3_FUZZ_BODIES": str(args.bodies),
+           "E3_FUZZ_MESSAGES": str(args.messages),
            "E3_SOAK_REQUESTS": str(args.soak_requests)}
     cache: dict[tuple[str, ...], tuple[bool, str, float]] = {}
     failed = 0
@@ -104,6 +115,8 @@ def main() -> int:
             figure += "; 0 server deaths" if ok else ""
             if args.bodies < ISSUE_BODIES:
                 figure += f" (fewer bodies than the {ISSUE_BODIES:,} the issue asks for: --bodies)"
+        if item == 15 and args.messages < ISSUE_MESSAGES:
+            figure += f" (fewer messages than the {ISSUE_MESSAGES:,} the issue asks for: --messages)"
         failed += not ok
         print(f"item {item:<2} {title:<42} {'PASS' if ok else 'FAIL'}  {figure}  ({seconds:.0f} s)", flush=True)
         if not ok:
