@@ -173,3 +173,88 @@ def test_backoff_is_bounded_and_the_first_restart_is_immediate():
     assert backoff_s(10**6) == 5
     assert (death_cause(-9), death_cause(-6), death_cause(1), death_cause(None)) == \
         ("SIGKILL", "SIGABRT", "exit_1", "hung")
+
+
+# -- issue 38: bodies inflated once with a cap, Triton's parameters, rate-limited refusals, the user's unloads ----
+def test_compressed_bodies_are_inflated_once_and_capped():
+    import gzip
+    import zlib
+
+    import brotli
+
+    from e3.deploy.guard import InflateError, inflate
+    body = json.dumps(VALID).encode() * 50
+    for encoding, packed in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body)),
+                             ("deflate", zlib.compress(body)[2:-4]), ("br", brotli.compress(body)),
+                             ("GZip", gzip.compress(body)), ("identity", body), ("", body)):
+        assert inflate(packed, encoding, len(body)) == body, encoding
+    for packed, encoding, status in ((gzip.compress(body), "gzip", 413), (brotli.compress(body), "br", 413),
+                                     (body, "gzip", 400), (body, "br", 400), (gzip.compress(body)[:-8], "gzip", 400),
+                                     (gzip.compress(body) + b"tail", "gzip", 400), (body, "compress", 415)):
+        with pytest.raises(InflateError) as err:
+            inflate(packed, encoding, len(body) - 1 if status == 413 else len(body))
+        assert err.value.status == status, (encoding, status, str(err.value))
+    bomb = gzip.compress(b"\0" * (256 * 2**20), compresslevel=1)   # 256 MiB in about 250 KB
+    began = time.perf_counter()
+    with pytest.raises(InflateError, match="inflates past the limit"):
+        inflate(bomb, "gzip", 2**20)
+    assert time.perf_counter() - began < 1.0   # stops at the limit, not at the end of the bomb
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"timeout": "abc"}, "parameter 'timeout' must be a non-negative integer"),
+    ({"timeout": -1}, "parameter 'timeout' must be"), ({"priority": 1.5}, "parameter 'priority' must be"),
+    ({"binary_data_output": 1}, "parameter 'binary_data_output' must be true or false"),
+    ({"sequence_id": -3}, "'sequence_id' must be a non-negative integer or a string"),
+    ({"sequence_end": "yes"}, "'sequence_end' must be true or false"),
+])
+def test_triton_parameters_are_refused_with_their_type(params, message):
+    assert message in _refused(json.dumps({**VALID, "parameters": params}).encode())
+
+
+def test_triton_parameters_of_the_right_type_pass():
+    for params in ({"timeout": 0}, {"timeout": 2**64 - 1}, {"priority": 3}, {"sequence_id": "s1"},
+                   {"sequence_id": 7, "sequence_start": True, "sequence_end": False}, {"custom": 1.5}):
+        canonical_infer_request(json.dumps({**VALID, "parameters": params}).encode())
+    body = {**VALID, "outputs": [{"name": "o", "parameters": {"binary_data": "yes"}}]}
+    assert "parameter 'binary_data' must be true or false" in _refused(json.dumps(body).encode())
+
+
+def test_refusals_are_counted_and_their_log_lines_rate_limited(caplog):
+    import logging
+
+    from e3.deploy.guard import BadRequestLog
+    bad = BadRequestLog(logging.getLogger("e3.test.bad"), interval_s=60)
+    with caplog.at_level(logging.WARNING, logger="e3.test.bad"):
+        for _ in range(1000):
+            bad("400", "malformed inference request: x")
+    assert bad.counts["400"] == 1000 and len(caplog.records) == 1
+    assert 'e3_guard_bad_requests_total{protocol="http",reason="400"} 1000' in bad.metrics("http")
+
+
+def test_a_deep_bracket_body_costs_a_fraction_of_a_second():
+    body = b'{"inputs":[' + b",".join([b"[]"] * 1_000_000) + b"]}"
+    began = time.perf_counter()
+    assert "must be an object" in _refused(body)
+    deep = b"[" * 3_000_000 + b"]" * 3_000_000
+    with pytest.raises(StrictJSONError, match="deeper than 64"):
+        loads_strict(deep)
+    assert time.perf_counter() - began < 3.0   # was 11 s for 8 MiB of brackets when the scan ran in Python
+
+
+def test_the_users_unload_is_kept_and_only_deaths_are_repaired():
+    from e3.deploy.supervisor import Snapshot, Supervisor
+
+    class Server:   # the supervisor reads only its snapshot here
+        pass
+
+    sup = Supervisor(Server())
+    sup.snapshot = Snapshot({"a": {}, "b": {}}, {"a": {1}, "b": {2}})
+    done = sup.control("a", "unload")
+    assert "a" in sup.changing   # its stubs are not watched while the call runs
+    done(True)
+    assert "a" not in sup.changing and "a" in sup.unloaded and "a" not in sup.snapshot.configs
+    sup.control("a", "load")(True)
+    assert "a" not in sup.unloaded
+    sup.control("b", "unload")(False)   # refused by Triton: still watched, still restored
+    assert "b" in sup.snapshot.configs and "b" not in sup.unloaded

@@ -115,3 +115,22 @@ def test_a_header_that_would_split_the_request_is_never_sent():
 
     _, up = _run([OK], body)
     assert up.requests == []
+
+
+def test_a_unix_socket_upstream(tmp_path):
+    """Triton's private endpoint in `e3 serve`: the pool connects to a Unix socket (port None)."""
+    async def main():
+        up = _Upstream([OK])
+        path = str(tmp_path / "http")
+        server = await asyncio.start_unix_server(up.serve, path)
+        pool = UpstreamPool(path, None)
+        try:
+            out = [await pool.request("GET", "/v2/health/ready", [], b"") for _ in range(2)]
+        finally:
+            pool.close()
+            server.close()
+        return out, up
+
+    out, up = asyncio.run(main())
+    assert [o[0] for o in out] == [200, 200] and up.connections == 1
+    assert up.requests[0].startswith(b"GET /v2/health/ready HTTP/1.1\r\nHost: localhost\r\n")
