@@ -28,10 +28,17 @@ def _api_key() -> dict[str, str] | None:
 
 
 def _serve(args) -> int:
-    from e3.deploy.serve import serve_until_stopped
+    from e3.deploy.serve import guard_until_stopped, serve_until_stopped
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    if args.guard_only:
+        if not (args.triton_http and args.triton_grpc):
+            raise SystemExit("e3 serve: --guard-only needs --triton-http and --triton-grpc (unix:/path of Triton's "
+                             "endpoints)")
+        return guard_until_stopped(args.triton_http, args.triton_grpc, stop, host=args.host,
+                                   http_port=args.http_port, grpc_port=args.grpc_port, headers=_api_key(),
+                                   echo=lambda text: print(text, flush=True))
     return serve_until_stopped(
         args.repo, args.models.split(",") if args.models else None, stop, host=args.host, http_port=args.http_port,
         grpc_port=args.grpc_port, metrics_port=args.metrics_port, tritonserver=args.tritonserver,
@@ -132,8 +139,13 @@ def add_serve(sub, repo_help: str) -> None:
                    help="tritonserver binary (default: $E3_TRITONSERVER, else the nvidia-pytriton wheel's)")
     s.add_argument("--timeout", type=float, default=180, help="seconds to wait for readiness (default 180)")
     s.add_argument("--no-guard", action="store_true",
-                   help="serve Triton's HTTP directly, without the guard that refuses malformed inference bodies "
+                   help="serve Triton's HTTP and gRPC directly, without the guards that refuse malformed requests "
                         "before Triton parses them (docs/reliability.md)")
+    s.add_argument("--guard-only", action="store_true",
+                   help="run only the HTTP and gRPC guards in front of a tritonserver run elsewhere (the Helm "
+                        "chart's guard container): --triton-http and --triton-grpc name its endpoints")
+    s.add_argument("--triton-http", default=None, metavar="unix:PATH", help="--guard-only: Triton's HTTP endpoint")
+    s.add_argument("--triton-grpc", default=None, metavar="unix:PATH", help="--guard-only: Triton's gRPC endpoint")
     s.add_argument("--no-restart", action="store_true",
                    help="stop when tritonserver dies instead of restarting it and restoring its models and plan")
     s.set_defaults(func=_serve)

@@ -19,7 +19,7 @@ from e3.deploy.guard import Guard, tune_gc
 from e3.deploy.server import ServerError, TritonServer, port_taken
 from e3.deploy.supervisor import Supervisor
 
-__all__ = ["serve_until_stopped", "KEEP_SERVING_ARGS", "models_not_loaded"]
+__all__ = ["serve_until_stopped", "guard_until_stopped", "KEEP_SERVING_ARGS", "models_not_loaded"]
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # A model that fails to load does not stop the others: tritonserver keeps running (it exits on the first
@@ -110,3 +110,29 @@ def serve_until_stopped(repo: str | Path, models: Sequence[str] | None, stop: th
         server.close()
     echo(f"tritonserver stopped (exit code {exit_code})")
     return code
+
+
+def guard_until_stopped(triton_http: str, triton_grpc: str, stop: threading.Event, *, host: str, http_port: int,
+                        grpc_port: int, headers: Mapping[str, str] | None, echo: Callable[[str], None] = print) -> int:
+    """Only the guards (``e3 serve --guard-only``), in front of a tritonserver someone else runs: the Helm chart's
+    ``guard`` container, beside Triton's in the same pod, whose HTTP and gRPC endpoints are Unix sockets on a
+    volume the two containers share (``triton_http``, ``triton_grpc``: ``unix:/path``). No supervisor (the
+    kubelet restarts containers); until ``stop`` is set; 0."""
+    if headers is None and host not in LOOPBACK:
+        raise ServerError(f"--host {host} makes the guards reachable by others: set E3_API_HEADER and "
+                          "E3_API_KEY_FILE (or E3_API_KEY) so that model control needs the key")
+    api_key = next(iter(headers.items())) if headers else None
+    grpc_guard = GrpcGuard(triton_grpc, host=host, port=grpc_port, api_key=api_key).start()
+    try:
+        guard = Guard(triton_http, host=host, port=http_port, api_key=api_key,
+                      metrics=grpc_guard.metrics_text).start()
+        try:
+            tune_gc()
+            echo(f"guarding {triton_http} on HTTP {guard.url} and {triton_grpc} on gRPC {grpc_guard.url} "
+                 "(Ctrl-C stops)")
+            stop.wait()
+        finally:
+            guard.stop()
+    finally:
+        grpc_guard.stop()
+    return 0

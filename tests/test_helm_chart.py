@@ -200,8 +200,12 @@ def _triton(docs, pool):
 def test_triton_pods_probe_health_and_the_router():
     pod = _triton(render({}), "main")
     c = pod["containers"][0]
-    assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    # through the guard container, the pod's HTTP port (Triton's own is a Unix socket)
+    assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": 8000}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8000}
+    guard = pod["containers"][1]
+    assert guard["name"] == "guard" and {p["name"]: p["containerPort"] for p in guard["ports"]} == \
+        {"http": 8000, "grpc": 8001}
     assert "--strict-readiness=true" in c["args"]     # ready only when every loaded model is
     assert c["startupProbe"]["httpGet"]["path"] == "/v2/models/bert_ee_router/ready"
 
@@ -215,17 +219,28 @@ def test_shm_is_a_memory_volume_sized_for_the_python_backend():
 
 
 def test_model_control_is_restricted_with_the_secret_key():
+    """Issue 38: the guard container checks the key (read from the Secret mounted as a file); Triton's HTTP and
+    gRPC are Unix sockets on a volume only the pod mounts, and no command line or environment holds the key."""
     docs = render({})
-    c = _triton(docs, "main")["containers"][0]
-    apis = "model-repository,model-config,shared-memory,logging,trace"   # as `e3 serve`, plus logging and trace
-    assert f"--http-restricted-api={apis}:e3-api-key=$(E3_API_KEY)" in c["args"]
-    assert f"--grpc-restricted-protocol={apis}:e3-api-key=$(E3_API_KEY)" in c["args"]
-    key = next(e for e in c["env"] if e["name"] == "E3_API_KEY")["valueFrom"]["secretKeyRef"]
-    secret = by_kind(docs, "Secret")[key["name"]]
-    assert len(secret["data"][key["key"]]) >= 40
-    # Turned off: no restriction and no key
-    off = _triton(render({"restrictedApi": {"enabled": False}}), "main")["containers"][0]
-    assert not any("restricted" in a for a in off["args"]) and "env" not in off
+    pod = _triton(docs, "main")
+    triton, guard = pod["containers"]
+    assert "--http-address=unix:/run/e3/triton/http" in triton["args"]
+    assert "--grpc-address=unix:/run/e3/triton/grpc" in triton["args"]
+    assert not any("restricted" in a or "E3_API_KEY" in a for a in triton["args"])
+    assert not any(e["name"].startswith("E3_API") for e in triton.get("env", []))
+    assert guard["command"][:3] == ["e3", "serve", "--guard-only"]
+    assert "unix:/run/e3/triton/grpc:8001" in guard["command"]
+    env = {e["name"]: e.get("value") for e in guard["env"]}
+    assert env == {"E3_API_HEADER": "e3-api-key", "E3_API_KEY_FILE": "/var/run/e3/api-key/api-key"}
+    volume = next(v for v in pod["volumes"] if v["name"] == "api-key")["secret"]
+    secret = by_kind(docs, "Secret")[volume["secretName"]]
+    assert len(secret["data"]["api-key"]) >= 40
+    sockets = next(v for v in pod["volumes"] if v["name"] == "triton-sockets")
+    assert {"name": "triton-sockets", "mountPath": "/run/e3/triton"} in triton["volumeMounts"]
+    assert sockets["emptyDir"]["medium"] == "Memory"
+    # Turned off: no key anywhere
+    off = _triton(render({"restrictedApi": {"enabled": False}}), "main")
+    assert "env" not in off["containers"][1] and not any(v["name"] == "api-key" for v in off["volumes"])
     # An existing Secret: the chart makes none
     assert "Secret" not in {d["kind"] for d in render(GPU)}
 

@@ -98,12 +98,12 @@ def test_a_stable_api_key_rolls_every_pod_that_reads_it():
 
 
 def test_logging_and_trace_are_restricted_with_what_e3_serve_restricts():
-    from e3.deploy.server import RESTRICTED_APIS
-    args = _args(render({}), "demo-e3-triton-main")
-    flag = next(a for a in args if a.startswith("--http-restricted-api="))
-    groups = set(flag.split("=", 1)[1].split(":", 1)[0].split(","))
-    assert {"logging", "trace"} <= groups and set(RESTRICTED_APIS.split(",")) <= groups
-    assert not groups & {"inference", "health", "metadata", "statistics"}   # clients and probes stay open
+    """The chart's guard container is `e3 serve`'s guard (--guard-only): the same groups need the key."""
+    from e3.deploy.routes import KEYED
+    guard = _pod(render({}), "demo-e3-triton-main")["spec"]["containers"][1]
+    assert guard["command"][:3] == ["e3", "serve", "--guard-only"]
+    assert {"logging", "trace", "model-repository", "model-config", "shared-memory"} <= KEYED
+    assert not KEYED & {"inference", "health", "metadata", "statistics"}   # clients and probes stay open
 
 
 def test_object_storage_repositories_take_credentials_from_a_secret():
