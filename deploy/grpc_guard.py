@@ -157,7 +157,9 @@ def check_infer_message(data: bytes) -> tuple[bytes, str]:
             if not size:
                 _check_bytes_elements(blob, 0, len(blob), count, what)
             continue
-        want = _CONTENTS[t.datatype]
+        want = _CONTENTS.get(t.datatype)
+        if want is None:
+            raise RequestError(f"{what}: {t.datatype} has no typed contents field; send it in raw_input_contents")
         if typed != [want] and count:
             raise RequestError(f"{what}: {t.datatype} data goes in contents.{want} (got "
                                f"{', '.join(typed) or 'none'})")

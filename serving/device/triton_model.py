@@ -20,10 +20,6 @@ test``). String parameters of the config:
 serves ``<m>_router`` for a device plan), so the side-by-side measures what a user serves. ``stock`` and ``ee``
 answer within ``execute``, their requests batched by Triton's dynamic batcher. All three answer ``label``,
 ``exit_ramp`` and ``probs``.
-
-``null`` answers zeros of those shapes at once and computes nothing (its model is built for the card only, never
-placed on a device): what the clients and Triton's front door carry with no model behind them. A benchmark offers
-it a multiple of the best system's rate to show that its load generator is not the limit of any figure.
 """
 
 from __future__ import annotations
@@ -38,7 +34,7 @@ from e3.serving.device.pipeline import NaiveRunner, StockRunner
 from e3.serving.device.router import DeviceRouter
 from e3.serving.triton_io import gather, model_parameters, tensor_response
 
-ROLES = ("e3", "stock", "ee", "null")
+ROLES = ("e3", "stock", "ee")
 
 
 class TritonPythonModel:
@@ -50,9 +46,6 @@ class TritonPythonModel:
         if self.role == "e3":
             self.router = DeviceRouter()
             self.router.initialize(args)
-            return
-        if self.role == "null":
-            self.card = build_model(params["model"], seed=0, trained=False).card
             return
         gpu = args.get("model_instance_kind") == "GPU"
         device = f"cuda:{args.get('model_instance_device_id', '0')}" if gpu else "cpu"
@@ -74,13 +67,7 @@ class TritonPythonModel:
         if self.role == "e3":
             return self.router.execute(requests)
         got = gather(requests, self.card.inputs)
-        if got.valid and self.role == "null":
-            import numpy as np
-            for i, n in zip(got.valid, got.sizes):
-                got.responses[i] = tensor_response({"label": np.zeros((n, 1), np.int64),
-                                                    "exit_ramp": np.zeros((n, 1), np.int32),
-                                                    "probs": np.zeros((n, self.card.num_classes), np.float32)})
-        elif got.valid:
+        if got.valid:
             answer = self.runner.run(got.arrays)
             at = 0
             for i, n in zip(got.valid, got.sizes):
