@@ -31,7 +31,8 @@ does not depend on them):
    missed rate sharpens its maximum. Throughput at the target = the answered rate of its highest rate met.
 6. **Burst**: low (0.3) -> high (1.0) -> low, fractions of NO_Wait's capacity, p50/p99 per phase.
 7. **The load generator's bound, in the same run**: the same clients offer ``client_factor`` (3) x the best
-   system's throughput at the target to a null model (``role: null``: zeros at once, no compute) behind the same
+   system's throughput at the target to a null model (``gpu_sweep.write_null_model``: zeros at once, no compute,
+   the standing run's null model) behind the same
    front door; the check passes when the clients keep to the schedule (p99 lateness under half the target) and
    the null model answers within the target. Reported beside every figure: where it fails, the figures may be
    the clients' limit, and the run says so.
@@ -141,6 +142,7 @@ def measure_model(name: str, s: Settings, results: Results, *, binary, echo) -> 
     from e3.benchmarks.admission_report import Phase, burst_schedule
     from e3.core.exits import EntropyRule
     from e3.deploy.server import TritonServer
+    from e3.benchmarks.gpu_sweep import write_null_model
     from e3.export.device_repository import DeviceModel, write_device_model
     from e3.export.reference import reference_answers
     from e3.serving.device.executor import DeviceSettings, build_model, prepare_model
@@ -187,7 +189,7 @@ def measure_model(name: str, s: Settings, results: Results, *, binary, echo) -> 
                                                    answering="inline", **base), systems["E-Ebird"][1] + ", answered inline (the fallback)")
     served = {label: write_device_model(repo, desc, card) for label, (desc, _) in systems.items()}
     m["systems"] = {label: {"served": served[label], "config": cfg} for label, (_, cfg) in systems.items()}
-    null = write_device_model(repo, DeviceModel(system="null", **{**base, "gpu": False}, instances=2), card)
+    null = write_null_model(repo, card, instances=1 if s.cpu else 2)   # the load generator's bound (step 7)
     echo(f"  starting tritonserver with {len(served) + 1} models")
     t = time.monotonic()
     server = TritonServer.on_free_ports(repo, sorted([*served.values(), null]), tritonserver=binary,

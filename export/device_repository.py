@@ -61,7 +61,7 @@ def device_model_name(model: str, system: str, max_batch: int, *, instances: int
     return base if instances == 1 else f"{base}_i{instances}"
 
 
-SYSTEMS = ("e3", "stock", "ee", "admission", "null")   # null: zeros at once (the load generator's bound)
+SYSTEMS = ("e3", "stock", "ee", "admission")
 
 
 def write_device_model(repo: Path, desc: DeviceModel, card: ModelCard) -> str:
