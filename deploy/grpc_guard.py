@@ -356,19 +356,17 @@ class GrpcGuard:
             self._calls[key] = (self._channel.stream_stream(path) if streaming else self._channel.unary_unary(path))
         return self._calls[key]
 
-    def _metadata(self, context) -> list[tuple[str, Any]]:
-        """The client's metadata to forward: not gRPC's own, not the key. Refuses a keyed call without it."""
-        return [(k, v) for k, v in context.invocation_metadata()
+    def _metadata(self, method: str, context) -> list[tuple[str, Any]]:
+        """The client's metadata to forward (not gRPC's own, not the key); refuses a keyed call without the key."""
+        sent = context.invocation_metadata() or ()
+        if self.api_key is not None and METHODS[method] in KEYED:
+            key = self.api_key[1].encode()
+            given = [str(v).encode() for k, v in sent if k in self._key_names]
+            if not any(hmac.compare_digest(g, key) for g in given):
+                raise _Refused(grpc.StatusCode.PERMISSION_DENIED,
+                               f"This protocol is restricted, expecting header '{self.api_key[0]}'")
+        return [(k, v) for k, v in sent
                 if not k.startswith((":", "grpc-")) and k not in self._key_names and k != "user-agent"]
-
-    def _check_key(self, method: str, context) -> None:
-        if self.api_key is None or METHODS[method] not in KEYED:
-            return
-        sent = dict(context.invocation_metadata())
-        key = self.api_key[1].encode()
-        if not any(hmac.compare_digest(str(sent.get(name, "")).encode(), key) for name in self._key_names):
-            raise _Refused(grpc.StatusCode.PERMISSION_DENIED,
-                           f"This protocol is restricted, expecting header '{self.api_key[0]}'")
 
     async def _checked(self, method: str, data: bytes) -> tuple[bytes, str]:
         check = _CHECKS.get(method)
@@ -399,7 +397,7 @@ class GrpcGuard:
 
     async def unary(self, method: str, data: bytes, context) -> bytes:
         try:
-            self._check_key(method, context)
+            metadata = self._metadata(method, context)
             forward, model = await self._checked(method, data)
         except _Refused as err:
             await self._refuse(context, err.code, str(err))
@@ -413,19 +411,19 @@ class GrpcGuard:
             return not_ready
         done = self.on_control(model, "load" if method.endswith("Load") else "unload") \
             if self.on_control and method in ("RepositoryModelLoad", "RepositoryModelUnload") else None
-        task = asyncio.ensure_future(self._call(method, False)(forward, metadata=self._metadata(context),
-                                                               timeout=context.time_remaining()))
+        task = asyncio.current_task()   # this call's own task: abort() cancels it (no task of our own per call)
         held = self._inflight.setdefault(model, set()) if method == "ModelInfer" else None
         if held is not None:
             held.add(task)
         ok = False
         try:
-            answer = await task
+            answer = await self._call(method, False)(forward, metadata=metadata, timeout=context.time_remaining())
             ok = True
         except asyncio.CancelledError:
             if task not in self._aborted:
                 raise
             self._aborted.discard(task)
+            task.uncancel()
             await self._refuse(context, grpc.StatusCode.UNAVAILABLE,
                                f"model {model} lost its Python stub while this call was in flight; it is being "
                                "reloaded, retry shortly")
@@ -442,7 +440,7 @@ class GrpcGuard:
 
     async def stream(self, method: str, requests: AsyncIterator[bytes], context) -> AsyncIterator[bytes]:
         try:
-            self._check_key(method, context)
+            metadata = self._metadata(method, context)
         except _Refused as err:
             await self._refuse(context, err.code, str(err))
         refused: list[_Refused] = []
@@ -460,7 +458,7 @@ class GrpcGuard:
                     return
                 yield forward
 
-        call = self._call(method, True)(checked(), metadata=self._metadata(context))
+        call = self._call(method, True)(checked(), metadata=metadata)
         try:
             async for answer in call:
                 yield answer

@@ -224,3 +224,44 @@ def _varint(n: int) -> bytes:
         out += struct.pack("B", byte | (0x80 if n else 0))
         if not n:
             return out
+
+
+def test_abort_ends_calls_in_flight_to_a_model_with_unavailable():
+    """The supervisor's abort (a stub died): a call waiting on Triton ends at once with UNAVAILABLE. Triton is
+    stood in for by a gRPC server that never answers (what a dead stub's requests look like)."""
+    import asyncio
+    import threading
+    import time
+
+    from e3.deploy.server import free_port
+    port = free_port()
+    started = threading.Event()
+
+    def silent_upstream():
+        async def main():
+            async def never(data, context):
+                await asyncio.sleep(3600)
+
+            class Handler(grpc.GenericRpcHandler):
+                def service(self, details):
+                    return grpc.unary_unary_rpc_method_handler(never)
+
+            server = grpc.aio.server()
+            server.add_generic_rpc_handlers([Handler()])
+            server.add_insecure_port(f"127.0.0.1:{port}")
+            await server.start()
+            started.set()
+            await server.wait_for_termination(timeout=60)
+        asyncio.run(main())
+
+    threading.Thread(target=silent_upstream, daemon=True).start()
+    assert started.wait(30)
+    with GrpcGuard(f"127.0.0.1:{port}", port=0) as guard, grpc.insecure_channel(guard.url) as channel:
+        call = channel.unary_unary(f"/{SERVICE}/ModelInfer").future(valid_message("tiny_ee_router", 1), timeout=60)
+        deadline = time.monotonic() + 10
+        while guard.abort("tiny_ee_router") == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(grpc.RpcError) as err:
+            call.result(timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "lost its Python stub" in err.value.details()
+        assert guard.codes["UNAVAILABLE"] == 1
