@@ -178,18 +178,19 @@ def _admission(args) -> int:
         if args.qos_ms <= 0 or args.max_workers < 1 or args.worker_processes < 0:
             raise ValueError("--qos-ms must be > 0, --max-workers >= 1 and --worker-processes >= 0")
         profile = profile_served_model(repo, args.model, args.qos_ms, max_workers=args.max_workers)
-        print(f"one worker (ms per batch): {profile['latency_ms']}; MaxBS for p99 <= {args.qos_ms:g} ms: "
-              f"{profile['max_bs']}")
+        one = {int(b): round(ms, 3) for b, ms in profile["latency_ms"].items()}
+        print(f"one worker (ms per batch): {one}; MaxBS for p99 <= {args.qos_ms:g} ms: {profile['max_bs']}")
         if args.policy != "n-ebird":
             print(f"E-Ebird's best worker set per TotalBS: {profile['confs']}")
         policy = stage_policy(args.policy, profile)
         name = write_admission(repo, args.model, policy, name=args.name,
-                               worker_processes=args.worker_processes or None)
+                               worker_processes=args.worker_processes or None, answering=args.answering)
     except (ValueError, ExportError) as err:
         print(f"e3 admission: error: {err}", file=sys.stderr)
         return 2
     models = f"{name},{workers_name(name)}" if args.worker_processes else name
-    print(f"wrote {repo / name} ({policy['kind']}, workers {policy.get('engine') or profile['engine']}); "
+    print(f"wrote {repo / name} ({policy['kind']}, workers {policy.get('engine') or profile['engine']}, answering "
+          f"{args.answering}); "
           f"load it with `e3 serve --models {models}` or Triton's load API, and send requests to {name}")
     return 0
 
@@ -387,6 +388,9 @@ def add_admission(sub, repo_help: str) -> None:
                     help="Triton instances (processes, 1 intra-op thread each) of <name>_workers that run the "
                          "workers' batches, at most that many at once (default 2, the cores); 0: the workers are "
                          "threads of the stage's own process on one shared session")
+    ad.add_argument("--answering", choices=["continuous", "inline"], default="continuous",
+                    help="continuous (default: execute submits and returns, arrivals are staged while workers "
+                         "compute) or inline (the fallback: each execute runs its own requests out)")
     ad.add_argument("--name", default=None, help="the stage's Triton name (default <model>_admission)")
     ad.set_defaults(func=_admission)
 
