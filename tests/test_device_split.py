@@ -233,6 +233,32 @@ def test_requests_that_cannot_make_their_slo_are_dropped_with_an_error_and_the_r
     assert set(got).isdisjoint(failed)
 
 
+def test_only_requests_that_would_finish_late_are_dropped():
+    """The drop rule's other half: a request is dropped only when its split's run would end past *its* deadline.
+    Four requests admitted at 0 and four at 40 ms, an SLO of 50 ms, every split expected to take 30 ms: at 40 ms
+    the first four would end at 70 ms, past their 50 ms, and are dropped; the last four would end at 70 ms too,
+    inside their 90 ms, and are answered (the fake clock stands still while the pipeline runs)."""
+    model = build_model("tiny-ee", seed=0, trained=False)
+    arrays = model.example_arrays(64, seed=2)
+    now = [0.0]
+    got, failed = {}, {}
+    pipe = DevicePipeline(model, cuts=(2,), batch_sizes=[8, 8], enabled_ramps=(1, 2, 3), rule=ForcedRule([1, .5, .5, .5]),
+                          settings=DeviceSettings(max_batch=8), slo_ms=50.0, answer=got.__setitem__,
+                          fail=failed.__setitem__, clock=lambda: now[0])
+    for q in pipe.queues:
+        for _ in range(4 * WARM_BATCHES):
+            q.learn(8, 0.030)
+        assert q.trusted and 0.025 < q.expected_s < 0.035
+    for i in range(4):
+        pipe.admit(i, {k: v[8 * i:8 * i + 8] for k, v in arrays.items()})
+    now[0] = 0.040
+    for i in range(4, 8):
+        pipe.admit(i, {k: v[8 * i:8 * i + 8] for k, v in arrays.items()})
+    pipe.run_until_idle()
+    assert sorted(failed) == [0, 1, 2, 3] and all("deadline" in m for m in failed.values())
+    assert sorted(got) == [4, 5, 6, 7]
+
+
 def test_device_settings_refuse_half_precision_on_the_cpu():
     with pytest.raises(ValueError, match="fp16"):
         DeviceSettings(device="cpu", precision="fp16")
