@@ -89,7 +89,7 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
     server = _serve(name, plans, repo, settings, echo)
     rows: list[Row] = []
     baseline_choice: dict[str, dict[int, BaselineConfig]] = {}
-    # DESIGN §5: the ideal at the planned batch (the plan's input batch per instance of split 1)
+    # docs/design.md §5: the ideal at the planned batch (the plan's input batch per instance of split 1)
     ideal = {mix_label(mix): ideal_speedup(latency, wl["batch_profile"].reach, plans[mix].splits[0].batch_size)
              for mix, wl in workloads.items()}
     with server:

@@ -1,13 +1,13 @@
 """`e3 bench side-by-side`, the pure parts: mixes, equal core budgets, the ideal speedup, the table
 and the results document.
 
-Equal budgets (DESIGN §5): every system gets the same ``cores``, counted as
+Equal budgets (docs/design.md §5): every system gets the same ``cores``, counted as
 Triton instances x ONNX Runtime intra-op threads. E3's splits share them as
 its plan says; each baseline is measured in every configuration within the
 budget (:func:`baseline_configs`: every instances x threads = cores, and the
 dynamic batcher with and without a queue delay) and keeps its best.
 
-The ideal speedup of an exit distribution (DESIGN §5) is the stock model's
+The ideal speedup of an exit distribution (docs/design.md §5) is the stock model's
 per-input compute over the early-exit model's expected per-input compute with
 exits, both from the latency profile at one batch size (:func:`ideal_speedup`).
 """
@@ -103,7 +103,7 @@ def baseline_configs(cores: int, delays_us: Sequence[int] = (0, 2000)) -> list[B
 
 def ideal_speedup(latency: LatencyProfile, reach: Sequence[float], batch: int, *, device: str = "cpu",
                   enabled_ramps: Sequence[int] | None = None) -> float:
-    """Stock per-input compute over expected early-exit per-input compute (DESIGN §5, "the limit").
+    """Stock per-input compute over expected early-exit per-input compute (docs/design.md §5, "the limit").
 
     Stock: every block without ramps. Early exit: block k for the share ``reach[k-1]`` of inputs that
     get there, plus its ramp where enabled (default: every ramp the profile measured). Both at

@@ -359,7 +359,7 @@ def add_plan(sub, repo_help: str) -> None:
     pl.add_argument("--forms", default="constant,compact,device",
                     help="forms to choose from: constant (own Triton model, constant batch), compact (run in the "
                          "router, rows leave between blocks), per split the faster; device (every split inside the "
-                         "router on one accelerator, DESIGN §2b: weighed as a whole plan against the others on every "
+                         "router on one accelerator, docs/design.md §2b: weighed as a whole plan against the others on every "
                          "configuration that is not a CPU and whose profile has check_ms); default all three")
     pl.add_argument("--no-exit-wrapper", action="store_true",
                     help="keep every ramp (default: disable ramps that cost more than their exits save, E3 §3.4; "

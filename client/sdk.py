@@ -1,7 +1,7 @@
 """A small client over tritonclient (HTTP or gRPC) that returns E3's answers.
 
 Every E3 front door (``<m>_router``, ``<m>_ee``) answers ``label``,
-``exit_ramp`` and ``probs`` per input (DESIGN §2). The stock baseline
+``exit_ramp`` and ``probs`` per input (docs/design.md §2). The stock baseline
 (``<m>_stock``) is a plain ONNX model returning ``logits``; the client turns
 them into the same :class:`Answers` with ``exit_ramp = -1`` (no ramps).
 """

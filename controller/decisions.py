@@ -1,6 +1,6 @@
 """Whether to apply a plan, and what applying it changes: pure functions of plans and forecasts.
 
-Decisions (where the paper and DESIGN are silent)
+Decisions (where the paper and docs/design.md are silent)
 -------------------------------------------------
 * **"Better by a margin" compares like with like**: the new plan's predicted
   throughput against the *running* plan re-scored under the same forecast

@@ -1,4 +1,4 @@
-"""Exit forecaster: forecasts of the next window's batch profile, and their checks (E3 §3.1, DESIGN §3).
+"""Exit forecaster: forecasts of the next window's batch profile, and their checks (E3 §3.1, docs/design.md §3).
 
 The last two of the exit forecaster's steps; the window's measured profile
 comes from :mod:`e3.controller.telemetry`.

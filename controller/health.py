@@ -1,6 +1,6 @@
 """Is the plan in force healthy? Straggling splits and dead Python stubs, from Triton's own counters (pure).
 
-Decisions (where the paper and DESIGN are silent)
+Decisions (where the paper and docs/design.md are silent)
 -------------------------------------------------
 * **Stragglers** (E3 §3.3): Triton's per-model statistics are per model, not
   per instance, and on one CPU machine the instances of a split share the same
@@ -11,7 +11,7 @@ Decisions (where the paper and DESIGN are silent)
   plan is made with one device fewer of that split's configuration (never
   below one). Detection needs at least ``min_executions`` executions in the
   window.
-* **Dead Python stubs** (DESIGN §6): detected from Triton's failed-request
+* **Dead Python stubs** (docs/design.md §6): detected from Triton's failed-request
   counter ``nv_inference_request_failure`` (per model, on the metrics port):
   when it rose in the window for the router or a split of the plan in force,
   that model is probed with one tiny request; if the probe fails with "Stub

@@ -1,4 +1,4 @@
-"""The control loop: E3's controller on a running Triton (E3 §3, DESIGN §3).
+"""The control loop: E3's controller on a running Triton (E3 §3, docs/design.md §3).
 
 Every window (120 s by default) :meth:`Controller.step`
 
@@ -25,7 +25,7 @@ Triton: the telemetry source (anything with ``close_window()``, e.g.
 and the server it changes (:class:`~e3.controller.applier.ServerControl`;
 :class:`~e3.controller.triton_applier.TritonApplier` is both) and the :class:`Clock`.
 
-Decisions (where the paper and DESIGN are silent)
+Decisions (where the paper and docs/design.md are silent)
 -------------------------------------------------
 * **Unloading waits for a drain**: a router reload returns when the new router
   is ready, but requests already inside an old router instance may still call

@@ -1,4 +1,4 @@
-"""Router telemetry on Triton's metrics port -> one window's batch profile (E3 §3.1, DESIGN §2).
+"""Router telemetry on Triton's metrics port -> one window's batch profile (E3 §3.1, docs/design.md §2).
 
 The first two of the exit forecaster's steps (:mod:`e3.controller.forecast` does the rest):
 

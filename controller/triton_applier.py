@@ -1,11 +1,11 @@
 """The controller's view of and hands on a running Triton, over its HTTP API and metrics port.
 
-Decisions (where the paper and DESIGN are silent)
+Decisions (where the paper and docs/design.md are silent)
 -------------------------------------------------
 * **Split configuration**: a split's instances, preferred batch size and queue
   delay are set with one load carrying a config override
   (:func:`with_split_settings`; skipped when the live config already matches);
-  DESIGN §3 asks for instance counts through
+  docs/design.md §3 asks for instance counts through
   ``POST v2/repository/models/<name>/load`` with a config override.
 * **Missing split models** (not pre-exported with ``--all-ranges``) are
   exported with :func:`~e3.export.repository.export_repository` before any

@@ -3,7 +3,7 @@
 Nothing here is measured: every profile it makes has ``modelled=True`` on each
 device, its ``source`` starts with "modelled from public figures", and
 ``e3 profile`` prints "MODELLED" beside it. It exists so that the planner and
-the simulator can reason about GPUs this project's machines lack (DESIGN §3, §5).
+the simulator can reason about GPUs this project's machines lack (docs/design.md §3, §5).
 
 The model, step by step (data: ``shared/data/gpu_latency_public.csv``, see its README):
 

@@ -40,7 +40,7 @@ from e3.core.exits import BUILTIN_RULES, SHIPPED_RULES_DIR, ExitRule, make_exit_
 __all__ = ["RuleError", "resolve_rule", "ship_rule", "ship_module", "check_shipped", "check_rule_parity", "RuleParity"]
 
 MAX_MODULE_BYTES = 1 << 20
-TIE_BAND = 1e-5          # DESIGN §2: rows this close to a boundary may flip between runtimes
+TIE_BAND = 1e-5          # docs/design.md §2: rows this close to a boundary may flip between runtimes
 PROBS_ATOL = 1e-5
 
 

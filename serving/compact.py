@@ -1,6 +1,6 @@
 """Blocks ``first..last`` run in this process with the batch shrinking at every enabled ramp: what the router
 runs for a compact split and what ``<m>_ee`` runs for the whole model (blocks 1..L). One piece of code, so
-the naive early-exit baseline gets every optimisation E3's compact split gets (DESIGN §2: equal budgets,
+the naive early-exit baseline gets every optimisation E3's compact split gets (docs/design.md §2: equal budgets,
 same engine).
 
 Two forms, chosen at load:

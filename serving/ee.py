@@ -1,4 +1,4 @@
-"""``<m>_ee``: the early-exit model served the way its authors run it (DESIGN §2).
+"""``<m>_ee``: the early-exit model served the way its authors run it (docs/design.md §2).
 
 One model, one process: blocks 1..L run back to back in ONNX Runtime, the exit rule is checked after every
 enabled ramp, and the batch shrinks in place as inputs exit. No Triton hop between blocks, no re-batching:

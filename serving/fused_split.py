@@ -28,7 +28,7 @@ Decisions:
   (PABEE's patience) carries per-row state across ramps; its split runs block by block as before
   (:func:`can_fuse` says which). Nothing else changes for it.
 * **Answers stay the reference's**: the logits come from the same exported block graphs, and the exit
-  test runs in float64 with the numpy code's operations; as everywhere (DESIGN §2) a row within 1e-5 nats
+  test runs in float64 with the numpy code's operations; as everywhere (docs/design.md §2) a row within 1e-5 nats
   of ``tau`` may flip between runtimes. The router's tests compare every form with the PyTorch reference.
 * **A batch in which every row has exited** runs the later blocks on zero rows: ONNX Runtime's kernels
   accept an empty batch (checked by the tests), and a ``Compress`` to zero rows costs nothing, so no

@@ -6,7 +6,7 @@ argmax 0. So an answer holding NaN or Inf in any floating-point output is refuse
 client error (INVALID_ARG, HTTP 400) like a non-finite input (:mod:`e3.serving.input_policy`): the values the
 client sent lie outside the range the model computes in. The other requests of the batch are answered.
 Decision: integer outputs (labels, exit ramps) are not checked; the whole request is refused, not only the
-rows that overflowed (one response per request, DESIGN §2).
+rows that overflowed (one response per request, docs/design.md §2).
 """
 
 from __future__ import annotations

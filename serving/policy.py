@@ -8,7 +8,7 @@ rows survive into the next split.
 
 Inside a split the batch cannot shrink: a row that exits at an inner ramp
 takes that ramp's answer, the split still computes it to its end, and later
-ramps of the same split do not see it (DESIGN §2, "Ramps inside a split").
+ramps of the same split do not see it (docs/design.md §2, "Ramps inside a split").
 
 The same class drives the Triton router (splits are other Triton models,
 reached by BLS) and the in-process ``<m>_ee`` baseline (one block per step,

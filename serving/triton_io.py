@@ -139,7 +139,7 @@ def checked_response(outputs: dict[str, np.ndarray]):
 
 
 def answer_responses(got: Gathered, answers) -> list:
-    """Fill ``got.responses`` with the front-door answers (DESIGN §2) of each valid request.
+    """Fill ``got.responses`` with the front-door answers (docs/design.md §2) of each valid request.
 
     answers: anything with ``label`` [N] int64, ``exit_ramp`` [N] int32 and
     ``probs`` [N, C] float32 over the concatenated batch (a BatchRoute).

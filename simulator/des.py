@@ -65,7 +65,7 @@ goodput under an SLO, drops) plus the batch each split ran.
   exchange's handshake, host threads) being latency. A compact split runs
   its blocks from the router's own thread, so its router work stays inside
   its time on every device.
-* **The device form** (a plan of device splits, :attr:`Plan.on_device`, DESIGN §2b): one device runs the
+* **The device form** (a plan of device splits, :attr:`Plan.on_device`, docs/design.md §2b): one device runs the
   plan's splits one at a time inside the router. Every split has a queue of rows (survivors of any
   requests); each time the device is free the device router's own dispatch rule
   (``e3.serving.device.dispatch.choose``, the pure module the layering table lets the simulator import)

@@ -70,7 +70,7 @@ def _plan(card, m, ranges, forms, enabled=None):
     (CUSTOM, "summit", [(1, 1), (2, 4)], [CONSTANT, COMPACT], (1, 3)),          # mixed, ramp 2 disabled
     (ENTROPY, "summit_entropy", [(1, 4)], [COMPACT], None),                     # composed into one graph
     (ENTROPY, "summit_entropy", [(1, 2), (3, 4)], [CONSTANT, CONSTANT], None),
-    # the device form (DESIGN §2b) on this CPU: the router runs the model it shipped (module + weights)
+    # the device form (docs/design.md §2b) on this CPU: the router runs the model it shipped (module + weights)
     (CUSTOM, "summit", [(1, 1), (2, 3), (4, 4)], [DEVICE] * 3, None),
     (CUSTOM, "summit", [(1, 2), (3, 4)], [DEVICE] * 2, (1, 3)),
     (ENTROPY, "summit_entropy", [(1, 4)], [DEVICE], None),

@@ -1,4 +1,4 @@
-"""The device form (DESIGN §2b) in the one engine: priced by E3's cost model (e3.core.cost), chosen by the
+"""The device form (docs/design.md §2b) in the one engine: priced by E3's cost model (e3.core.cost), chosen by the
 planner against the plans of constant and compact splits, written by `e3 plan`, run by the simulator under
 the device router's own dispatch rule. Pure: no server, no torch.
 

@@ -148,7 +148,7 @@ MODELS = {"tiny-ee": 64, "bert-ee": 24, "pabee": 16, "resnet-ee": 24, "bert-base
 def test_device_pipeline_answers_as_the_reference_for_every_zoo_model(name):
     """Every cut form (no cut, each single cut, a cut after every ramp), pipeline depth 1 and 2, the naive
     runner and the stock runner: labels and exit ramps equal to the reference run one input at a time
-    (the tie band of DESIGN §2 excluded and counted)."""
+    (the tie band of docs/design.md §2 excluded and counted)."""
     torch.set_num_threads(1)
     model = build_model(name, seed=0, trained=False)
     n = MODELS[name]

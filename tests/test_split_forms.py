@@ -40,7 +40,7 @@ def hand_profile(num_blocks: int = 3, **over) -> LatencyProfile:
 
 
 def cpu_like_profile(num_blocks: int = 4) -> LatencyProfile:
-    """What `e3 profile` measures on this CPU for a MiniLM-sized model (DESIGN §5): every block linear in
+    """What `e3 profile` measures on this CPU for a MiniLM-sized model (docs/design.md §5): every block linear in
     the batch (0.05 + 0.9 ms per input), a BLS hop 0.4 ms + 0.07 ms per input, an exit check of
     0.05 ms + 0.5 us per row, the router 0.09 ms + 6 us per row."""
     B = [1, 2, 4, 8, 16, 32, 64]

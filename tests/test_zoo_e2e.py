@@ -134,7 +134,7 @@ def test_bad_text_is_refused_and_serving_goes_on(zoo_server):
 
 @pytest.mark.parametrize("name, front", [("bert-ee", "text"), ("pabee", "router"), ("resnet-ee", "router")])
 def test_the_device_form_switched_in_answers_as_the_reference(zoo_server, name, front):
-    """The same routers switched to E3's device form (DESIGN §2b; here KIND_CPU, eager): every split runs inside
+    """The same routers switched to E3's device form (docs/design.md §2b; here KIND_CPU, eager): every split runs inside
     the router on its device, from the model and weights export shipped beside it; 400 inputs from sixteen
     clients answer as the PyTorch reference (entropy, patience carried across splits, changing state
     shapes). Last in this file: it leaves the routers on device plans."""

@@ -32,7 +32,7 @@ B_k/m samples"). A split has a form (:mod:`e3.core.plan`):
 * compact (the router runs the blocks, rows leave between blocks):
   stage time   T_i  = sum_{k=a..b} P(k, c, B_k / m) + sum_{enabled ramps k} check(c, B_k / m) + R(c, B_a / m)
   hop into it  Tx_i = 0
-* device (DESIGN §2b: a form of the whole plan, on one device of an accelerator, one instance per split,
+* device (docs/design.md §2b: a form of the whole plan, on one device of an accelerator, one instance per split,
   every split at the constant batch b = B0; survivors gathered across cycles until they fill b):
   stage time   T_i  = sum_{k=a..b} P(k, c, B0) + check(c, B0) + R(c, B0)   (one run)
   runs         n_i  = B_a / B0 = reach(a) per cycle;  hop Tx_i = 0
@@ -52,7 +52,7 @@ lowest cost whose throughput reaches a given goodput (ties: higher throughput).
 
 Decisions where the paper is silent or ambiguous
 ------------------------------------------------
-* **Forms.** A Triton split cannot shrink a batch inside itself (DESIGN §2:
+* **Forms.** A Triton split cannot shrink a batch inside itself (docs/design.md §2:
   inputs that exit at an inner ramp keep computing to the split's end), so a
   constant split runs every block at B_a / m. Fig. 6 writes P(k, c, B_k/m),
   i.e. shrinking at every ramp: that is the compact form, which the router runs

@@ -1,4 +1,4 @@
-"""The device form's cuts (DESIGN §2b): E3's splits on one accelerator, inside the router, priced by the one
+"""The device form's cuts (docs/design.md §2b): E3's splits on one accelerator, inside the router, priced by the one
 cost model (:func:`e3.core.cost.device_table`). Pure.
 
 On one device every split runs at the same constant batch b, one at a time, so a plan's cycle adds its splits'

@@ -72,7 +72,7 @@ class PlannerResult:
 
     @property
     def on_device(self) -> bool:
-        """Every split is of the device form (DESIGN §2b)."""
+        """Every split is of the device form (docs/design.md §2b)."""
         return bool(self.splits) and self.splits[0].form == DEVICE
 
     @property

@@ -305,7 +305,7 @@ def _best_split_plan(latency: LatencyProfile, batch: BatchProfile, res: Mapping[
 
 def device_plan(latency: LatencyProfile, reach: np.ndarray, res: Mapping[str, int], cands: Iterable[int],
                 ctx: SearchContext, *, configs: Iterable[str] | None = None) -> PlannerResult | None:
-    """The best all-device plan (DESIGN §2b): on one device of an accelerator configuration
+    """The best all-device plan (docs/design.md §2b): on one device of an accelerator configuration
     (:func:`~e3.controller.planner.tables.runs_device_form`; ``configs``: only these), every split one instance
     at the batch B0 (a candidate no larger than the largest measured batch), cut after a subset of the ramps
     the exit-wrapper keeps on that configuration at that B0; the cuts with the least cycle whose latency fits

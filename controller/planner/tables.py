@@ -58,7 +58,7 @@ def parse_forms(text: str | Sequence[str]) -> tuple[str, ...]:
 
 
 def runs_device_form(latency: LatencyProfile, config: str) -> bool:
-    """Whether the planner offers the device form (DESIGN §2b: every split inside the router, on the router
+    """Whether the planner offers the device form (docs/design.md §2b: every split inside the router, on the router
     instance's device) on device configuration ``config`` of ``latency``: an accelerator whose profile prices
     the form's one sync per run.
 

@@ -21,7 +21,7 @@ inputs entering it. A split has a *form* (:mod:`e3.core.plan`):
   rows that exit leave between blocks:
   ``T = sum_{k=a..b} P(k, c, B_k / m) + sum_{enabled ramps k in a..b} check(c, B_k / m) + R(c, B_a / m)``,
   no hop (``Tx = 0``: it runs inside the router process).
-* **device** -- the router runs the split on its own device (DESIGN §2b) at a constant batch ``b`` (the
+* **device** -- the router runs the split on its own device (docs/design.md §2b) at a constant batch ``b`` (the
   split's batch; the planner gives every split the plan's B0), one instance: survivors of any number of
   cycles are gathered on the device until they fill ``b``, so the split runs ``n = B_a / b`` times per cycle:
   ``T = sum_{k=a..b} P(k, c, b) + check(c, b) + R(c, b)`` per run (its blocks at the constant batch, one

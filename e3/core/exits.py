@@ -1,6 +1,6 @@
 """Exit rules: when does an input leave at a ramp? Pure numpy, no torch.
 
-Two kinds (E3 §2, DESIGN §2):
+Two kinds (E3 §2, docs/design.md §2):
 
 * independent -- decided at one ramp from that ramp's output alone
   (DeeBERT/BranchyNet: entropy of the softmax, in nats, below ``tau_nats``);
@@ -122,7 +122,7 @@ class ExitRule(abc.ABC):
         """Distance of each row's exit score from the decision boundary ([len(rows)], >= 0).
 
         Used by tests to exclude ties: inputs within 1e-5 of the boundary may flip
-        between runtimes and batch sizes (DESIGN §2). Call before :meth:`decide`.
+        between runtimes and batch sizes (docs/design.md §2). Call before :meth:`decide`.
         Default: infinite (a rule that does not say is trusted never to tie).
         """
         return np.full(len(rows), np.inf)

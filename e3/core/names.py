@@ -1,4 +1,4 @@
-"""Names shared by every part (DESIGN §2).
+"""Names shared by every part (docs/design.md §2).
 
 A zoo model ``bert-ee`` is served as ``bert_ee``; blocks are numbered 1..L; a
 split is named by its block range, ``<m>_split_<first>-<last>``, so that a new

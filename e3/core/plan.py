@@ -1,4 +1,4 @@
-"""The plan: how an early-exit model is cut, batched and spread over instances (DESIGN §2).
+"""The plan: how an early-exit model is cut, batched and spread over instances (docs/design.md §2).
 
 One versioned JSON document, defined here once. The exporter writes it into
 the router's config, the router validates it and keeps the last good one, the
@@ -31,7 +31,7 @@ PLAN_VERSION = 1
 #   COMPACT  -- the router runs the split's blocks itself, one ONNX Runtime call per block, and rows that
 #               exit leave the batch between blocks (as ``<m>_ee`` does): no hop, no wasted rows. What a
 #               CPU wants: its latency grows linearly with the batch, so every exited row is time saved.
-#   DEVICE   -- E3's form on an accelerator (DESIGN §2b): the split runs inside the router's process on the
+#   DEVICE   -- E3's form on an accelerator (docs/design.md §2b): the split runs inside the router's process on the
 #               router instance's execution device (a GPU; the CPU eagerly in tests), at a constant batch;
 #               its cut state stays on the device and survivors of any requests are gathered there into the
 #               next split's queue (one small host copy per run: the exit decisions). No Triton hop.
@@ -104,7 +104,7 @@ class Plan:
 
     @property
     def on_device(self) -> bool:
-        """Every split is of the device form: the router runs the whole model on its device (DESIGN §2b)."""
+        """Every split is of the device form: the router runs the whole model on its device (docs/design.md §2b)."""
         return self.splits[0].form == DEVICE
 
     @property

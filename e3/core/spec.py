@@ -152,6 +152,6 @@ class ModelCard:
 
 
 def answer_specs(card: ModelCard) -> tuple[TensorSpec, ...]:
-    """The front door's answer tensors (DESIGN §2)."""
+    """The front door's answer tensors (docs/design.md §2)."""
     return (TensorSpec("label", "INT64", (1,)), TensorSpec("exit_ramp", "INT32", (1,)),
             TensorSpec("probs", "FP32", (card.num_classes,)))

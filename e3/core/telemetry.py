@@ -1,4 +1,4 @@
-"""Names of the router's custom metrics on Triton's metrics port (DESIGN §2).
+"""Names of the router's custom metrics on Triton's metrics port (docs/design.md §2).
 
 The router exports these with ``pb_utils.MetricFamily``; the controller
 reads them from ``http://<host>:<metrics port>/metrics`` (Prometheus text

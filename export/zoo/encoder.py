@@ -41,7 +41,7 @@ class EncoderConfig:
     layers: int = 4             # transformer blocks, L
     heads: int = 2              # attention heads per block (hidden % heads == 0)
     ffn: int = 64               # width of a block's feed-forward layer
-    max_seq_len: int = 16       # tokens per input, padded (DESIGN §2)
+    max_seq_len: int = 16       # tokens per input, padded (docs/design.md §2)
     num_classes: int = 3        # labels every ramp and the head answer
     ramp_blocks: tuple[int, ...] = field(default=(1, 2, 3))  # blocks followed by a ramp (< layers)
     layer_norm_eps: float = 1e-12

@@ -1,4 +1,4 @@
-"""Device-resident splits (DESIGN §2b): E3's constant split form inside one process on the execution device.
+"""Device-resident splits (docs/design.md §2b): E3's constant split form inside one process on the execution device.
 
 * :mod:`~e3.serving.device.executor`: one split (blocks first..last with their ramps) as a captured graph per
   batch bucket on CUDA, or eagerly on the CPU; one interface, chosen by what is installed.

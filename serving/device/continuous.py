@@ -1,6 +1,6 @@
 """Continuous answering for the device form: ``execute`` admits, one engine thread computes and answers.
 
-The form DESIGN §2b asks for (and E²bird's stage reuses): Triton calls ``execute`` with whatever its queue
+The form docs/design.md §2b asks for (and E²bird's stage reuses): Triton calls ``execute`` with whatever its queue
 holds; ``execute`` takes each request's response sender there (:func:`e3.serving.triton_io.sender_of`), copies
 its inputs, keeps no request object, hands them to :meth:`ContinuousEngine.submit` and returns ``None``. One
 engine thread steps the pipeline (:class:`~e3.serving.device.pipeline.DevicePipeline`, or anything with its

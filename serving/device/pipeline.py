@@ -1,6 +1,6 @@
 """E3's constant splits on one device, in one process, and the two baselines in the same engine.
 
-:class:`DevicePipeline` (E3, DESIGN §2b):
+:class:`DevicePipeline` (E3, docs/design.md §2b):
 
 * A request's inputs join split 1's queue as they came (host arrays; they are copied to the device once, into
   split 1's graph input, when their batch runs).
@@ -61,7 +61,7 @@ DEPTH = 2          # split runs in flight on a GPU: the device runs one while th
 
 @dataclass
 class Answer:
-    """The answers of one request, over its rows (DESIGN §2's front door)."""
+    """The answers of one request, over its rows (docs/design.md §2's front door)."""
     label: np.ndarray       # [n] int64
     exit_ramp: np.ndarray   # [n] int32
     probs: np.ndarray       # [n, C] float32

@@ -3,7 +3,7 @@
 The one ``<m>_router`` a plan is served by (``e3 export`` writes it; the controller reloads it with a new plan in
 a config override). Its ``initialize`` reads the plan and becomes
 
-* the **device router** (:class:`DeviceRouter`, DESIGN §2b) when every split is of the device form
+* the **device router** (:class:`DeviceRouter`, docs/design.md §2b) when every split is of the device form
   (:attr:`e3.core.plan.Plan.on_device`): the plan's splits run inside this process on the instance's device
   (KIND_GPU: ``cuda:<id>``, FP16, a CUDA graph per batch bucket; KIND_CPU: eager FP32, one intra-op thread) by
   :class:`~e3.serving.device.pipeline.DevicePipeline`, answering continuously
