@@ -208,8 +208,13 @@ def test_generated_messages_get_client_errors_and_the_server_stays_live(guarded)
     with pytest.raises(grpc.RpcError) as big:
         unary(b"\x0a\x03abc" + b"\x3a" + _varint(65 * 2**20) + b"\0" * (65 * 2**20), timeout=120)
     assert big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    print(f"fuzz-grpc: {sum(codes.values())} messages ({dict(sent)}), codes {dict(codes)}; a 65 MiB message "
-          "RESOURCE_EXHAUSTED; tritonserver alive")
+    # a gzip bomb (80 MiB of zeros, about 80 KB on the wire): gRPC holds the inflated size to the same limit
+    with pytest.raises(grpc.RpcError) as bomb:
+        unary(b"\x0a\x03abc" + b"\x3a" + _varint(80 * 2**20) + b"\0" * (80 * 2**20), timeout=120,
+              compression=grpc.Compression.Gzip)
+    assert bomb.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    print(f"fuzz-grpc: {sum(codes.values())} messages ({dict(sent)}), codes {dict(codes)}; a 65 MiB message and "
+          "an 80 MiB gzip bomb RESOURCE_EXHAUSTED; tritonserver alive")
     assert sum(codes.values()) >= MESSAGES and not errors, errors[:5]
     assert codes["OK"] > 0 and codes["INVALID_ARGUMENT"] > 0
     assert sent["past the guard"] >= sum(codes.values()) // 12   # the fuzz reaches Triton, not only the guard
