@@ -23,6 +23,8 @@ INPUTS_PER_REQUEST = 8
 REQUEST_TIMEOUT_S = 10.0   # a request not answered by then counts as an error (a stuck server ends the run, not the bench)
 WINDOW_LATENCIES = 10.0    # a run's window is at least this many times the point's p50
 MIN_REPS = 3               # runs per point: the median is the figure, min and max its spread
+MAX_PROBES = 6             # runs per point set aside because their window proved too short (measure_point)
+PROBE_MARGIN = 1.2         # a lengthened window's margin over the probe's need (a p50 a little longer next time)
 
 
 def _client_worker(url: str, commands, results) -> None:
@@ -208,21 +210,25 @@ def measure_point(load: LoadPool, model: str, concurrency: int, pool: dict, *, w
     """One point, repeated: ``reps`` runs (at least ``MIN_REPS``) of ``concurrency`` requests in flight, each
     window ``WINDOW_LATENCIES`` times the point's p50 or longer (:func:`window_for` of ``p50_hint_ms``, e.g. the
     previous point's p50 scaled to this concurrency). A run whose window proves shorter than that (its own p50
-    was longer than the hint) is a probe: it is set aside once, and the runs that count use the lengthened
-    window. A run that answered nothing and failed ends the point at once (each of its requests waited for its
-    timeout; the point is no figure). Returns :func:`aggregate` of the runs that count, with ``window_over_p50`` (the shortest window of
-    them over its run's p50: 10 or more unless ``max_window_s`` capped it) and ``probe_discarded``."""
+    was longer than the window allows) is a probe: it is set aside and the next runs use the lengthened window,
+    as often as that happens (the window only grows, up to ``max_window_s``, so this ends; at most
+    ``MAX_PROBES`` probes, after which runs count as they come). Once, only the first such run was set aside,
+    and a later run slowed by a neighbour on a shared machine counted with a window under 10 x its p50. A run
+    that answered nothing and failed ends the point at once (each of its requests waited for its timeout; the
+    point is no figure). Returns :func:`aggregate` of the runs that count, with ``window_over_p50`` (the shortest
+    window of them over its run's p50: 10 or more unless ``max_window_s`` capped it or the probes ran out) and
+    ``probe_discarded`` (how many runs were set aside)."""
     reps = max(MIN_REPS, reps)
     window = window_for(p50_hint_ms, min_s=min_window_s, max_s=max_window_s)
-    runs, discarded = [], False
+    runs, discarded = [], 0
     while len(runs) < reps:
         r = load.run(model, concurrency, pool, warmup_s=warmup_s, duration_s=window)
         if r["errors"] and not r["requests"]:   # nothing answered: a stuck or failing model, not a figure to repeat
             runs.append(r)
             break
         need = window_for(r["p50_ms"], min_s=min_window_s, max_s=max_window_s)
-        if not discarded and need > window * 1.05:
-            window, discarded = need, True
+        if discarded < MAX_PROBES and need > window:
+            window, discarded = min(max_window_s, need * PROBE_MARGIN), discarded + 1
             continue
         runs.append(r)
     point = aggregate(runs, slos_ms)

@@ -137,6 +137,7 @@ def measure_model(name: str, settings: Settings, results: Results, *, binary: Pa
 
     import torch
 
+    from e3.core.names import SIDE_BY_SIDE
     from e3.deploy.server import TritonServer
     from e3.export.device_repository import write_device_model, write_hop_models
     from e3.serving.device.executor import DeviceSettings, build_model, prepare_model
@@ -180,7 +181,7 @@ def measure_model(name: str, settings: Settings, results: Results, *, binary: Pa
                        base=base, plans=plans, names={}, pools=pools, echo=echo) for B in settings.batches}
     for B, sweep in sweeps.items():   # every instance count at delay 0 from the start; the rest loaded when tried
         sweep.ensure([(Config(system, k, 0, e3_form if system == "e3" else ""), mix, B)
-                      for k in settings.instances for system in ("e3", "stock", "ee")
+                      for k in settings.instances for system in SIDE_BY_SIDE
                       for mix in (settings.mixes if system != "stock" else (None,))], load=False)
     # E3 once more at full precision (FP32, no reduced-precision kernels): its answers are checked exactly
     check_mix, B0 = settings.mixes[0], min(settings.batches)

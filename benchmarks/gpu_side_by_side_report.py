@@ -16,11 +16,12 @@ import json
 from pathlib import Path
 
 from e3.benchmarks.report import load_run
+from e3.core.names import BASELINES, SIDE_BY_SIDE
 
 __all__ = ["load_side_by_side", "render_side_by_side", "is_side_by_side", "write_side_by_side_section", "SECTION"]
 
 SECTION = "gpu-side-by-side"
-SYSTEMS = ("e3", "stock", "ee")
+SYSTEMS = SIDE_BY_SIDE
 
 
 def load_side_by_side(path: str | Path) -> dict:
@@ -128,7 +129,7 @@ def render_side_by_side(doc: dict, *, source: str = "") -> str:
             if r is None:
                 return "not measured"
             return f"{_f(r['goodput'])}{_spread(r)} (p99 {_f(r['p99_ms'], 1)}{_config(r, s)})"
-        best = max((cell[s]["goodput"] for s in ("stock", "ee") if cell[s]), default=None)
+        best = max((cell[s]["goodput"] for s in BASELINES if cell[s]), default=None)
         e3 = cell["e3"]["goodput"] if cell["e3"] else None
         share = _ratio(e3, limit[k]["e3"]) if k in limit and e3 else "—"
         lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {show('stock')} | {show('ee')} | {show('e3')} | "

@@ -290,9 +290,10 @@ class Sweep:
         mine = lambda r: r["model"] == self.reported and r["max_batch"] == B   # noqa: E731
         doc["rows"] = [r for r in doc["rows"] if not mine(r)]   # written again as the sweep goes on
         doc["e3_triton_over_in_process"] = [r for r in doc.get("e3_triton_over_in_process", []) if not mine(r)]
+        from e3.core.names import SIDE_BY_SIDE
         best_rate = 0.0
         for mix in self.s.mixes:
-            for system in ("e3", "stock", "ee"):
+            for system in SIDE_BY_SIDE:
                 curve_mix = None if system == "stock" else mix
                 curves = {cfg: pts for (s, m, b, cfg), pts in self.curves.items()
                           if s == system and m == curve_mix and b == B}

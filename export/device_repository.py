@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e3.core.files import write_atomic
-from e3.core.names import ANSWERING, ranges_from_cuts, served_name, split_name
+from e3.core.names import ANSWERING, DEVICE_SYSTEMS, ranges_from_cuts, served_name, split_name
 from e3.core.plan import DEVICE, Plan, SplitPlan
 from e3.core.spec import ModelCard, answer_specs
 from e3.export.triton_config import DynamicBatching, ModelDescription, render_config
@@ -61,7 +61,7 @@ def device_model_name(model: str, system: str, max_batch: int, *, instances: int
     return base if instances == 1 else f"{base}_i{instances}"
 
 
-SYSTEMS = ("e3", "stock", "ee", "admission")
+SYSTEMS = DEVICE_SYSTEMS
 
 
 def write_device_model(repo: Path, desc: DeviceModel, card: ModelCard) -> str:

@@ -87,13 +87,14 @@ def test_a_failed_request_is_no_answer_and_goodput_counts_answers_inside_the_win
 class FakeLoad:
     """A LoadPool whose runs have a p50 fixed per concurrency and a rate that cycles through ``rates``."""
 
-    def __init__(self, p50_ms: dict, rates=(100.0, 300.0, 200.0)):
+    def __init__(self, p50_ms: dict, rates=(100.0, 300.0, 200.0), slower: list | None = None):
         self.p50_ms, self.rates, self.windows = p50_ms, list(rates), []
+        self.slower = list(slower or [])   # the p50 of the next runs, one each, before p50_ms applies again
 
     def run(self, model, concurrency, pool, *, warmup_s, duration_s):
         self.windows.append(duration_s)
         rate = self.rates[(len(self.windows) - 1) % len(self.rates)]
-        lat = np.full(50, self.p50_ms[concurrency])
+        lat = np.full(50, self.slower.pop(0) if self.slower else self.p50_ms[concurrency])
         return {"concurrency": concurrency, "requests": 50, "inputs_per_s": rate, "duration_s": duration_s,
                 "p50_ms": float(lat[0]), "p99_ms": float(lat[0]) * 1.5, "latencies_ms": lat,
                 "answer_latencies_ms": lat, "errors": 0, "error_sample": [], "exits": {"2": 40, "12": 10}}
@@ -102,17 +103,24 @@ class FakeLoad:
 def test_a_point_is_repeated_its_figure_the_median_and_a_window_too_short_for_its_p50_is_a_discarded_probe():
     load = FakeLoad({8: 150.0})
     p = measure_point(load, "m", 8, {}, warmup_s=0.1, min_window_s=0.5, max_window_s=4.0, reps=1, slos_ms=(20, 200))
-    # the first run (0.5 s) was shorter than 10 x its p50 (1.5 s): set aside, the next three at 1.5 s
-    assert load.windows == [0.5, 1.5, 1.5, 1.5] and p["probe_discarded"] and p["reps"] == MIN_REPS
-    assert p["window_over_p50"] == pytest.approx(10.0)
+    # the first run (0.5 s) was shorter than 10 x its p50 (1.5 s): set aside, the next three at 1.5 s x 1.2
+    assert load.windows == pytest.approx([0.5, 1.8, 1.8, 1.8]) and p["probe_discarded"] == 1 and p["reps"] == MIN_REPS
+    assert p["window_over_p50"] == pytest.approx(12.0)
     assert (p["inputs_per_s"], p["inputs_per_s_min"], p["inputs_per_s_max"]) == (200.0, 100.0, 300.0)
     assert p["exits"] == {"2": 120, "12": 30} and p["goodput"]["20"] == 0.0
     hinted = FakeLoad({8: 150.0})
     measure_point(hinted, "m", 8, {}, warmup_s=0.1, min_window_s=0.5, max_window_s=4.0, p50_hint_ms=150.0)
     assert hinted.windows == [1.5, 1.5, 1.5]               # a good hint: no probe
+    # a neighbour slows a later run (p50 150 -> 250 ms): that run is set aside too, and every run that counts
+    # has a window of at least 10 x its own p50
+    slowed = FakeLoad({8: 150.0}, slower=[150.0, 150.0, 250.0])
+    r = measure_point(slowed, "m", 8, {}, warmup_s=0.1, min_window_s=0.5, max_window_s=4.0, p50_hint_ms=150.0)
+    assert slowed.windows == pytest.approx([1.5, 1.5, 1.5, 3.0]) and r["probe_discarded"] == 1
+    assert r["window_over_p50"] >= 10
     capped = FakeLoad({8: 1000.0})
     q = measure_point(capped, "m", 8, {}, warmup_s=0.1, min_window_s=0.5, max_window_s=4.0)
     assert capped.windows == [0.5, 4.0, 4.0, 4.0] and q["window_over_p50"] == pytest.approx(4.0)
+    assert q["probe_discarded"] == 1   # at the cap the window cannot grow: no endless probing
 
 
 def test_slo_rows_pick_the_best_goodput_among_points_whose_median_p99_meets_the_slo():

@@ -11,6 +11,9 @@ import re
 
 __all__ = [
     "ANSWERING",
+    "SIDE_BY_SIDE",
+    "BASELINES",
+    "DEVICE_SYSTEMS",
     "SHIPPED_MODELS_DIR",
     "WEIGHTS_FILE",
     "CutError",
@@ -38,6 +41,13 @@ WEIGHTS_FILE = "weights.safetensors"   # the model's state dict
 # "continuous" (execute admits, one engine thread computes and answers: e3.serving.device.continuous), the
 # default, or "inline" (the labelled fallback: execute runs its own requests out).
 ANSWERING = ("continuous", "inline")
+
+# The one registry of the systems a comparison serves (the device models' ``system``/``role`` parameter, the GPU
+# side-by-side's rows): E3 and its two baselines, the stock model and the naive early-exit model; the device
+# models add E²bird's admission stage (e3.serving.ebird).
+BASELINES = ("stock", "ee")
+SIDE_BY_SIDE = ("e3", *BASELINES)
+DEVICE_SYSTEMS = (*SIDE_BY_SIDE, "admission")
 
 _SERVED = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _SPLIT = re.compile(r"^(?P<m>.+)_split_(?P<first>\d+)-(?P<last>\d+)$")

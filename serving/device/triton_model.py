@@ -29,12 +29,13 @@ import json
 import torch
 
 from e3.core.exits import make_exit_rule
+from e3.core.names import SIDE_BY_SIDE
 from e3.serving.device.executor import DeviceSettings, build_model, prepare_model
 from e3.serving.device.pipeline import NaiveRunner, StockRunner
 from e3.serving.device.router import DeviceRouter
 from e3.serving.triton_io import gather, model_parameters, tensor_response
 
-ROLES = ("e3", "stock", "ee")
+ROLES = SIDE_BY_SIDE   # the models this file serves (E²bird's stage is e3.serving.ebird.model)
 
 
 class TritonPythonModel:
