@@ -392,7 +392,7 @@ class Guard:
             response = await self._checked(request)
         except asyncio.CancelledError:
             raise
-        except Exception as err:   # noqa: BLE001 - never a 500: the client gets why, the log the traceback once
+        except Exception as err:   # noqa: BLE001 - never a 500: the client gets why (the traceback at debug level)
             log.debug("guard: unexpected failure", exc_info=True)
             response = self._reply(400, f"the guard could not handle this request ({err.__class__.__name__}: "
                                         f"{str(err)[:200]})", close=True)
