@@ -5,7 +5,7 @@ CPU, Python backend only); ``--tritonserver PATH`` or ``E3_TRITONSERVER``
 select a system install such as an NGC image. The server runs in explicit
 model-control mode on loopback, in its own process group, and
 :meth:`TritonServer.stop` escalates from SIGTERM to killing that group, then
-removes the Python backend's shared-memory regions (DESIGN §4: shutdown is not
+removes the Python backend's shared-memory regions (docs/design.md §4: shutdown is not
 always clean).
 
     with TritonServer(repo, models=["tiny_ee_router", ...]) as server:

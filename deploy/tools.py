@@ -1,6 +1,6 @@
 """Running the tools that ship inside the Triton client wheel (``perf_analyzer``).
 
-perf_analyzer links two libraries this machine lacks (DESIGN §4):
+perf_analyzer links two libraries this machine lacks (docs/design.md §4):
 ``libb64.so.0d`` (Debian ``libb64-0d``: installed by `make setup`, or unpacked
 into ``.deps/`` without root) and ``libcudart.so.12`` (PyPI
 ``nvidia-cuda-runtime-cu12``). :func:`tool_env` puts both on the library path.
