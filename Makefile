@@ -8,7 +8,7 @@ SETUP_INPUTS := requirements.txt requirements-nodeps.txt requirements.lock pypro
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export E3_DEPS_DIR := $(CURDIR)/.deps
 
-.PHONY: setup demo test reliability clean help gpu-wheels
+.PHONY: setup demo test reliability clean help gpu-wheels docs
 
 help:
 	@echo "make demo       set up, export the demo model, serve it on the embedded Triton, print a side-by-side table"
@@ -16,6 +16,7 @@ help:
 	@echo "make reliability  long fault, fuzz and security runs; one line per item with its figure (docs/reliability.md)"
 	@echo "make setup      create .venv with the pinned dependencies (idempotent)"
 	@echo "make gpu-wheels the server and client a bare GPU host needs, into .gpu_wheels/ (docs/gpu.md)"
+	@echo "make docs       docs/cli.md, the command-line reference, from the argparse definitions"
 	@echo "make clean      remove generated artifacts (keeps .venv)"
 
 setup: $(STAMP)
@@ -59,6 +60,10 @@ reliability: setup
 # The server and client a bare GPU host needs for benchmarks/gpu_side_by_side.py (docs/gpu.md), into .gpu_wheels/.
 gpu-wheels: setup
 	bash benchmarks/gpu_wheels.sh .gpu_wheels
+
+# docs/cli.md from the argparse definitions (tests/test_cli_reference.py fails when it is stale).
+docs: setup
+	$(BIN)/python -m e3.cli.reference > docs/cli.md
 
 clean:
 	@if [ -x $(BIN)/e3 ]; then $(BIN)/e3 clean; else rm -rf artifacts; fi
