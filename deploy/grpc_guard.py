@@ -296,7 +296,10 @@ class GrpcGuard:
     async def _start(self) -> None:
         self._channel = grpc.aio.insecure_channel(self.upstream, options=[
             ("grpc.max_send_message_length", self.max_message_bytes + 2**20),
-            ("grpc.max_receive_message_length", -1)])   # Triton's answers: as large as they are
+            ("grpc.max_receive_message_length", -1),   # Triton's answers: as large as they are
+            # a restarted Triton is back in seconds: reconnect within a second, not gRPC's default of up to 2 min
+            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000)])
         self._server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", self.max_message_bytes),
             ("grpc.max_send_message_length", -1),
