@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from e3.generation.policy import Costs, SplitCost
+from e3.generation.policy import MIN_GAIN, Costs, SplitCost, calm_s_per_token
 
 __all__ = ["profile_costs", "collect_records", "calibrate", "predict", "validate_by_decoding", "calibrate_model",
            "TARGETS"]
@@ -53,7 +53,6 @@ TARGETS = (0.8, 0.9, 0.95, 0.99)
 MEASURE_COLUMNS = ("softmax", "saturation", "classifier")
 NEVER = 2.0     # a threshold no score reaches
 Z = 1.645       # one-sided 95%: a target must hold for the calibration's lower confidence bound
-MIN_GAIN = 1.01  # exits must be predicted this much faster than plain decoding (the cost table's resolution)
 
 
 def _time(fn, repeats: int) -> float:
@@ -70,8 +69,10 @@ def profile_costs(spec, run, *, rows: int = 16, past: int = 96, repeats: int = 7
                   device: str = "cpu") -> Costs:
     """Measure the cost table of ``spec``'s stateless splits and kv-fill models through ``run`` (an
     :class:`e3.generation.engine.OrtRunner`): each split at 1 and ``rows`` rows of one position (fixed and
-    per-position cost), the final head's cost per position (K = rows against K = 0), the first exit's kv-fill
-    model at 1 and ``rows`` rows. Medians of ``repeats`` timed calls."""
+    per-position cost), the head's cost per call and per position (the last split with and without it at 1
+    and ``rows`` rows), each exit's kv-fill model at 1 and ``rows`` rows. Medians of ``repeats`` timed calls.
+    Served, every call also crosses a BLS hop: the router refits these from its own calls
+    (:class:`e3.generation.policy.CostMeter`)."""
     from e3.generation.engine import kvfill_name
     kvh, d, L = spec.kv_heads, spec.head_dim, spec.num_layers
     rng = np.random.default_rng(0)
@@ -90,21 +91,25 @@ def profile_costs(spec, run, *, rows: int = 16, past: int = 96, repeats: int = 7
         many = _time(lambda: run(name, split_inputs(j, rows, 0)), repeats)
         per = max(0.0, (many - one) / (rows - 1))
         splits.append(SplitCost(fixed_s=max(0.0, one - per), per_position_s=per))
+    # the head: per call (its weights are read whatever the rows) and per row, from the last split's calls
+    # with and without it at 1 and ``rows`` rows
     last = len(spec.ranges) - 1
-    with_head = _time(lambda: run(spec.split(last), split_inputs(last, rows, 1)), repeats)
-    without = _time(lambda: run(spec.split(last), split_inputs(last, rows, 0)), repeats)
-    head = max(0.0, (with_head - without) / rows)
-    fill_fixed = fill_per = 0.0
-    if len(spec.ranges) > 1:
-        e = spec.ranges[0][1]
+    extra = {b: _time(lambda: run(spec.split(last), split_inputs(last, b, 1)), repeats)
+             - _time(lambda: run(spec.split(last), split_inputs(last, b, 0)), repeats) for b in (1, rows)}
+    head = max(0.0, (extra[rows] - extra[1]) / (rows - 1))
+    head_fixed = max(0.0, extra[1] - head)
+    fills = []
+    for j, (_, e) in enumerate(spec.ranges[:-1]):   # each exit's kv fill: its own call, its own layers
         name = kvfill_name(spec.model, e + 1, L)
         fill = lambda b: run(name, {"hidden": rng.standard_normal((b, 1, hidden_size)).astype(np.float32),
                                     "positions": np.full((b, 1), past, np.int64),
                                     "head_index": np.zeros((b, 0), np.int64)})
         one, many = _time(lambda: fill(1), repeats), _time(lambda: fill(rows), repeats)
         fill_per = max(0.0, (many - one) / (rows - 1))
-        fill_fixed = max(0.0, one - fill_per)
-    return Costs(splits=tuple(splits), head_s=head, fill_fixed_s=fill_fixed, fill_per_row_s=fill_per, device=device)
+        fills.append(SplitCost(max(0.0, one - fill_per), fill_per))
+    first = fills[0] if fills else SplitCost(0.0, 0.0)
+    return Costs(splits=tuple(splits), head_s=head, fill_fixed_s=first.fixed_s, fill_per_row_s=first.per_position_s,
+                 device=device, head_fixed_s=head_fixed, fills=tuple(fills))
 
 
 def collect_records(model, spec, run, prompts: list[list[int]], *, new_tokens: int, progress: bool = True) -> dict:
@@ -201,25 +206,23 @@ def _predict(packed, thresholds, costs: Costs, *, measure: str, batch: int) -> d
     mean = float(agree.mean()) if len(agree) else 1.0
     se = float(agree.std(ddof=1) / np.sqrt(len(agree))) if len(agree) > 1 else 0.0
     return {"agreement": mean, "agreement_lower": mean - Z * se, "exit_rate": rates[:-1].tolist(),
-            "s_per_token": _calm_s_per_token(costs, rates, measure=measure, batch=batch)}
+            "s_per_token": calm_s_per_token(costs, rates, measure=measure, batch=batch)}
 
 
-def _calm_s_per_token(costs: Costs, rates: np.ndarray, *, measure: str, batch: int) -> float:
-    """Expected seconds per decoded token when a share rates[j] of tokens leaves after split j (rates[E]: the
-    final head), per-row costs plus each call's fixed cost shared by the step's ``batch`` rows."""
-    n = len(costs.splits)
-    split_s = [c.per_position_s + c.fixed_s / batch for c in costs.splits]
-    total = 0.0
-    for j in range(n):
-        reached = float(rates[j:].sum())      # rows that run split j
-        total += reached * split_s[j]
-        if j < n - 1:
-            if measure == "softmax":
-                total += reached * costs.head_s                  # the ramp's head, read to decide
-            if rates[j] > 0:                                     # rows leaving here: one kv-fill call per step
-                total += rates[j] * (costs.fill_per_row_s + (costs.head_s if measure != "softmax" else 0.0))
-                total += costs.fill_fixed_s * min(1.0, batch * rates[j]) / batch
-    return float(total + float(rates[n - 1]) * costs.head_s)
+RAW_TAUS = tuple(round(x, 2) for x in np.linspace(0.0, 1.0, 21)) + (NEVER,)
+
+
+def raw_table(scores: list[np.ndarray], correct: list[np.ndarray], taus=RAW_TAUS) -> dict:
+    """One measure's replay of a raw threshold (the same ``tau`` at every exit) on a grid of taus: exit rate per
+    exit and predicted agreement per tau. What a request's raw ``tau`` is predicted against
+    (:func:`e3.generation.policy.predict_raw`)."""
+    packed = _pack(scores, correct)
+    E = packed[0].shape[2]
+    rows = []
+    for tau in taus:
+        agree, counts = _replay(*packed, [tau] * E)
+        rows.append(((counts / max(1, counts.sum()))[:E].tolist(), float(agree.mean()) if len(agree) else 1.0))
+    return {"taus": list(taus), "exit_rate": [r for r, _ in rows], "agreement": [a for _, a in rows]}
 
 
 def calibrate(records: dict, costs: Costs, targets=TARGETS, *, batch: int = 16, grid: int = 40) -> dict:
@@ -227,7 +230,7 @@ def calibrate(records: dict, costs: Costs, targets=TARGETS, *, batch: int = 16, 
     predicted agreement / exit rates / speed-up, or a fallback; speculation's acceptance per draft depth."""
     correct = records["correct"]
     n_exits = correct[0].shape[1] if correct else 0
-    plain_s = _calm_s_per_token(costs, np.eye(n_exits + 1)[n_exits], measure="classifier", batch=batch)
+    plain_s = calm_s_per_token(costs, np.eye(n_exits + 1)[n_exits], measure="classifier", batch=batch)
     candidates = {}
     for measure in MEASURE_COLUMNS:
         scores = records["scores"][measure]
@@ -239,6 +242,7 @@ def calibrate(records: dict, costs: Costs, targets=TARGETS, *, batch: int = 16, 
         candidates[measure] = [(c, _predict(packed, c, costs, measure=measure, batch=batch)) for c in combos]
     doc = {"method": "per-exit thresholds replayed on calibration records (generation/calibration.py)",
            "targets": [], "plain_s_per_token": plain_s, "batch": batch,
+           "raw": {m: raw_table(records["scores"][m], correct) for m in MEASURE_COLUMNS} if correct else {},
            "z": Z, "acceptance": {str(j): float(np.mean(np.concatenate([c[:, j] for c in correct])))
                           for j in range(n_exits)} if correct else {},
            "prompts": len(correct), "positions": int(sum(len(c) for c in correct))}
@@ -295,7 +299,7 @@ def validate_by_decoding(doc: dict, records: dict, costs: Costs, decode, *, batc
         se = float(agree.std(ddof=1) / np.sqrt(len(agree))) if len(agree) > 1 else 0.0
         tried.append({"measure": measure, "thresholds": list(thr), "agreement": float(agree.mean()),
                       "agreement_lower": float(agree.mean()) - Z * se, "exit_rate": rates[:E].tolist(),
-                      "s_per_token": _calm_s_per_token(costs, rates, measure=measure, batch=batch)})
+                      "s_per_token": calm_s_per_token(costs, rates, measure=measure, batch=batch)})
     plain = doc["plain_s_per_token"]
     targets = []
     for t in doc["targets"]:

@@ -55,7 +55,8 @@ from typing import Callable
 import numpy as np
 
 from e3.core.names import split_name
-from e3.generation.policy import Costs, SpeculationPolicy, resolve_target
+from e3.generation.policy import (MIN_GAIN, CostMeter, Costs, SpeculationPolicy, predict_raw, resolve_entry,
+                                  speedup)
 
 __all__ = ["EngineSpec", "GenRequest", "Finished", "GenerationEngine", "OrtRunner", "MODES", "split_name",
            "kvfill_name"]
@@ -63,6 +64,9 @@ __all__ = ["EngineSpec", "GenRequest", "Finished", "GenerationEngine", "OrtRunne
 log = logging.getLogger(__name__)
 MODES = ("calm", "full", "speculative")
 MEASURES = ("softmax", "saturation", "classifier")   # CALM's confidence measures; the last two skip the head
+ON_SLOWER = ("fallback", "refuse", "serve")   # a CALM request predicted slower than plain decoding: what to do
+NEVER = 2.0                                   # a threshold no confidence reaches (no exits)
+REFRESH_STEPS = 32                            # steps between refits of the served costs
 Runner = Callable[[str, dict], dict]
 
 
@@ -131,6 +135,8 @@ class GenRequest:
     measure: str = "softmax"            # CALM confidence measure, one of MEASURES
     thresholds: tuple[float, ...] | None = None   # per ramp (split order), instead of ``tau``
     min_agreement: float | None = None  # quality target: measure and thresholds from the spec's calibration
+    on_slower: str = "fallback"         # predicted slower than plain: decode plainly, refuse, or serve as asked
+    note: dict = field(default_factory=dict)   # how it is served (mode, fallback and why, predicted speed-up)
 
     def check(self, spec: EngineSpec) -> None:
         """Raise ValueError naming what is wrong with this request."""
@@ -152,6 +158,8 @@ class GenRequest:
             raise ValueError(f"tau must be a number, got {self.tau}")
         if self.measure not in MEASURES:
             raise ValueError(f"measure must be one of {', '.join(MEASURES)}, not {self.measure!r}")
+        if self.on_slower not in ON_SLOWER:
+            raise ValueError(f"on_slower must be one of {', '.join(ON_SLOWER)}, not {self.on_slower!r}")
         if self.thresholds is not None and len(self.thresholds) != len(spec.ranges) - 1:
             raise ValueError(f"thresholds needs one value per exit ({len(spec.ranges) - 1}), got {len(self.thresholds)}")
 
@@ -169,6 +177,7 @@ class Finished:
     total_s: float                      # admission to last token
     error: str | None = None            # set when the sequence failed (then tokens may be partial)
     confidences: list[float] = field(default_factory=list)   # per token: its head's softmax margin
+    note: dict = field(default_factory=dict)   # how it was served (GenRequest.note)
 
 
 @dataclass
@@ -210,6 +219,10 @@ class GenerationEngine:
         self.ramp_head_rows = 0    # rows whose exit head was read at a ramp to decide (softmax measure)
         self.drafted = 0           # speculative positions drafted ...
         self.accepted = 0          # ... and accepted
+        # the costs as served: the export's profile, refitted from this engine's own timed calls
+        self.meter = CostMeter(Costs.from_dict(spec.costs)) if spec.costs else None
+        self._served_costs: Costs | None = None
+        self._costs_at: int | None = None
         self.policy = (SpeculationPolicy(Costs.from_dict(spec.costs), {
             int(d): a for d, a in (spec.calibration or {}).get("acceptance", {}).items()})
             if spec.costs and (spec.calibration or {}).get("acceptance")
@@ -217,12 +230,66 @@ class GenerationEngine:
 
     # -- public --------------------------------------------------------------------------------------
     def submit(self, req: GenRequest) -> None:
-        """Queue a request (checked first: ValueError on a bad one); a ``min_agreement`` is resolved here."""
-        if req.min_agreement is not None and req.mode == "calm":
-            measure, thresholds = resolve_target(self.spec.calibration, req.min_agreement)
-            req = replace(req, measure=measure, thresholds=tuple(thresholds))
+        """Queue a request (checked first: ValueError on a bad one); a ``min_agreement`` is resolved here, and a
+        CALM request predicted slower than plain decoding is served plainly (or refused: ``on_slower``)."""
+        req = self._plan(req)
         req.check(self.spec)
         self.waiting.append((req, time.perf_counter()))
+
+    def costs(self) -> Costs | None:
+        """The cost table the decisions read: the profile, with each kind of call as served once timed."""
+        return self.meter.costs() if self.meter is not None else None
+
+    def _plan(self, req: GenRequest) -> GenRequest:
+        """Never slower: resolve a CALM request's exits and predict them under the served costs at the batch it
+        joins; exits predicted below ``MIN_GAIN`` x plain decoding become plain decoding (the same calls as
+        ``full``), or a ValueError with the reason when the request says ``on_slower="refuse"``. The outcome is
+        written into ``req.note`` (the router returns it in the response's parameters)."""
+        if req.mode != "calm":
+            return replace(req, note={"e3_mode": req.mode})
+        E = len(self.spec.ranges) - 1
+        rows = max(1, min(self.spec.max_active, len(self.active) + len(self.waiting) + 1))
+        costs = self._costs
+        if req.min_agreement is not None:
+            entry = resolve_entry(self.spec.calibration, req.min_agreement)
+            req = replace(req, measure=entry["measure"], thresholds=tuple(float(x) for x in entry["thresholds"]))
+            what = f"min_agreement {req.min_agreement:g} (calibrated target {entry['min_agreement']:g})"
+            if entry.get("fallback"):
+                return replace(req, note={"e3_mode": "full", "e3_fallback": True, "e3_reason": (
+                    f"{what}: no exits are predicted to pay at calibration; decoded plainly")})
+            pred = {"speedup": speedup(costs, entry["predicted_exit_rate"], measure=req.measure, batch=rows)
+                    if costs is not None else entry.get("predicted_speedup", 1.0)}
+        elif req.thresholds is None:
+            if req.tau > 1.0:
+                return replace(req, note={"e3_mode": "full", "e3_reason": f"tau {req.tau:g} > 1: no exits"})
+            what = f"tau {req.tau:g} ({req.measure})"
+            pred = (predict_raw(self.spec.calibration, costs, measure=req.measure, tau=req.tau, batch=rows)
+                    if costs is not None else None)
+            if pred is None:
+                return replace(req, note={"e3_mode": "calm", "e3_reason": "not predicted: the model has no "
+                                                                           "calibration or cost profile"})
+        else:
+            return replace(req, note={"e3_mode": "calm"})   # explicit thresholds (in-process callers)
+        gain = float(pred["speedup"])
+        note = {"e3_predicted_speedup": f"{gain:.3f}", "e3_rows": rows}
+        if gain >= MIN_GAIN or req.on_slower == "serve":
+            return replace(req, note={**note, "e3_mode": "calm"})
+        reason = (f"{what} is predicted at {gain:.2f}x plain decoding's speed at {rows} rows under the served "
+                  f"costs (exits must be predicted >= {MIN_GAIN:g}x)")
+        if req.on_slower == "refuse":
+            raise ValueError(f"refused (on_slower=refuse): {reason}")
+        return replace(req, thresholds=(NEVER,) * E,
+                       note={**note, "e3_mode": "full", "e3_fallback": True, "e3_reason": reason + "; decoded plainly"})
+
+    @property
+    def _costs(self) -> Costs | None:
+        if self.meter is None:
+            return None
+        if self._costs_at is None or self.steps - self._costs_at >= REFRESH_STEPS:
+            self._served_costs, self._costs_at = self.meter.costs(), self.steps
+            if self.policy is not None:
+                self.policy.costs = self._served_costs
+        return self._served_costs
 
     @property
     def idle(self) -> bool:
@@ -241,6 +308,7 @@ class GenerationEngine:
             spec = [s for s in old if s.req.mode == "speculative"]
             depth, k_max = 0, None
             if spec and self.policy is not None:
+                _ = self._costs   # the policy drafts under the costs as served
                 depth, k_max = self.policy.choose(len(spec), max(s.req.draft_tokens for s in spec))
                 if k_max == 0:               # no draft pays now: these rows decode plainly (same tokens)
                     plain, spec = plain + spec, []
@@ -253,7 +321,8 @@ class GenerationEngine:
             log.exception("generation step failed")
             now = time.perf_counter()
             done = [Finished(s.req.request_id, s.tokens, s.exits, s.first_token_s, now - s.admitted,
-                             error=f"generation failed: {e}", confidences=s.confs) for s in self.active]
+                             error=f"generation failed: {e}", confidences=s.confs, note=s.req.note)
+                    for s in self.active]
             gone, self.active = self.active, []
             self._release(gone)
             return done
@@ -262,7 +331,7 @@ class GenerationEngine:
         for s in gone:
             self.active.remove(s)
             done.append(Finished(s.req.request_id, s.tokens, s.exits, s.first_token_s, now - s.admitted,
-                                 confidences=s.confs))
+                                 confidences=s.confs, note=s.req.note))
         self._release(gone)
         return done
 
@@ -486,6 +555,7 @@ class GenerationEngine:
         out = self.run(name, {"input_ids" if a == 1 else "hidden": x, "positions": positions, "past_kv": kv,
                               "key_valid": key_valid, "head_index": heads})
         t2 = time.perf_counter()
+        self._observe("split", j, heads, x, t2 - t1)
         new = out["new_kv"]
         for i, s in enumerate(seqs):
             self._store(s, a, b, j, new[i, :, :, :, :new_counts[i]])
@@ -517,12 +587,18 @@ class GenerationEngine:
         t1 = time.perf_counter()
         out = self.run(self.spec.split(j), inputs)
         t2 = time.perf_counter()
+        self._observe("split", j, heads, x, t2 - t1)
         for s, c in zip(seqs, new_counts):
             s.lengths[j] += c
             s.pending.pop(j, None)
         self.kv_gather_s += t1 - t0
         self.call_s += t2 - t1
         return out
+
+    def _observe(self, kind: str, j: int, heads: np.ndarray, x: np.ndarray, seconds: float) -> None:
+        """A timed call for the served cost table: decode calls only (one position per row)."""
+        if self.meter is not None and x.ndim >= 2 and x.shape[1] == 1:
+            self.meter.observe(kind, j, heads.shape[1] > 0, x.shape[0], seconds)
 
     def _store(self, s: _Seq, a: int, b: int, j: int, new: np.ndarray) -> None:
         """Append new [n, 2, kvh, c, d] at split j's length (layers a..b); queued for the split itself
@@ -545,9 +621,12 @@ class GenerationEngine:
         partial model stores only its own layers' share of the fill); with ``head`` also the exit head's token
         and confidence per row (``token``/``confidence`` [B, 1]), for rows that left on a cheap measure."""
         L = self.spec.full_layers or self.spec.num_layers
+        heads = np.zeros((len(seqs), 1 if head else 0), np.int64)
+        t0 = time.perf_counter()
         out = self.run(kvfill_name(self.spec.model, exit_layer + 1, L),
-                       {"hidden": np.ascontiguousarray(hidden), "positions": positions,
-                        "head_index": np.zeros((len(seqs), 1 if head else 0), np.int64)})
+                       {"hidden": np.ascontiguousarray(hidden), "positions": positions, "head_index": heads})
+        ramp = next(j for j, (_, b) in enumerate(self.spec.ranges) if b == exit_layer)
+        self._observe("fill", ramp, heads, hidden, time.perf_counter() - t0)
         new = out["new_kv"]
         for i, s in enumerate(seqs):
             for j, (a, b) in enumerate(self.spec.ranges):

@@ -7,9 +7,16 @@ resolved against the calibration recorded in the router's engine spec; the defau
 when ``tau`` is not given: 0.9), or ``tau`` FP32 [1] (a raw threshold, default 0.9) with ``measure`` BYTES
 [1] (``softmax`` default, ``saturation``, ``classifier``), ``draft_tokens`` INT32 [1] (default 4: the most
 a speculative round drafts; with measured costs the router chooses fewer, or none, see
-:mod:`e3.generation.policy`). Outputs: ``tokens`` INT64 [m], ``exit_layers`` INT32 [m] (the layer whose head chose
-each token; L for the final head), ``text_out`` BYTES [1] (empty without a tokenizer), and the server's
-timings ``ttft_ms`` / ``total_ms`` FP32 [1] (from the request's admission to its first / last token).
+:mod:`e3.generation.policy`), ``on_slower`` BYTES [1] (``fallback`` default: CALM exits predicted slower than
+plain decoding under the served costs are not taken, the request is decoded plainly; ``refuse``: a 400 with
+the prediction; ``serve``: exits as asked). Outputs: ``tokens`` INT64 [m], ``exit_layers`` INT32 [m] (the layer
+whose head chose each token; L for the final head), ``text_out`` BYTES [1] (empty without a tokenizer), and
+the server's timings ``ttft_ms`` / ``total_ms`` FP32 [1] (from the request's admission to its first / last
+token), and ``served_as`` BYTES [1]: how it was served, a JSON object of response parameters (this Triton's
+Python backend cannot set a response's own parameters): ``e3_mode`` (``calm``, ``full``, ``speculative``),
+``e3_fallback`` and ``e3_reason`` when exits were not taken, ``e3_predicted_speedup`` (over plain decoding),
+and ``e3_costs`` (the cost table as served; see :class:`e3.generation.policy.CostMeter`). The streaming router
+sends it in its final response.
 
 ``execute`` only checks and queues requests and returns; one engine thread runs
 :class:`e3.generation.engine.GenerationEngine` steps (continuous batching across all queued sequences, exits
@@ -124,6 +131,8 @@ class TritonPythonModel(InboxFrontDoor):
         prompt = prompt_of(request, self.tokenizer)
         tau = scalar_input(request, "tau", None)
         target = scalar_input(request, "min_agreement", None)
+        if tau is not None and target is not None:
+            raise ValueError("give min_agreement (a quality target) or tau (a raw threshold), not both")
         if tau is None and target is None and self.spec.calibration:
             target = DEFAULT_MIN_AGREEMENT
         req = GenRequest(request_id=request, prompt=prompt,
@@ -131,7 +140,8 @@ class TritonPythonModel(InboxFrontDoor):
                          mode=str(scalar_input(request, "mode", "calm")),
                          tau=float(0.9 if tau is None else tau), measure=str(scalar_input(request, "measure", "softmax")),
                          min_agreement=None if target is None else float(target),
-                         draft_tokens=int(scalar_input(request, "draft_tokens", 4)))
+                         draft_tokens=int(scalar_input(request, "draft_tokens", 4)),
+                         on_slower=str(scalar_input(request, "on_slower", "fallback")))
         return req
 
     def _admit(self, request) -> None:
@@ -155,7 +165,10 @@ class TritonPythonModel(InboxFrontDoor):
             if self.engine.idle:
                 continue
             for done in self.engine.step():
-                self._answer(done)
+                try:
+                    self._answer(done)
+                except Exception:   # one answer failing must not end the engine thread
+                    log.exception("answering a generation request failed")
             if self.streaming:
                 for s in self.engine.active:
                     self._stream(s.req.request_id, s.tokens, s.exits)
@@ -172,6 +185,12 @@ class TritonPythonModel(InboxFrontDoor):
             request.get_response_sender().send(tensor_response(self._outputs(tokens[start:], exits[start:])))
             self.sent[id(request)] = len(tokens)
 
+    def _served_as(self, note: dict) -> np.ndarray:
+        """``served_as``: how the request was served (``note``) and the costs as served, as JSON."""
+        costs = self.engine.costs()
+        params = {**note, **({"e3_costs": costs.to_dict()} if costs is not None else {})}
+        return np.array([json.dumps(params, separators=(",", ":")).encode()], dtype=object)
+
     def _answer(self, done) -> None:
         request = done.request_id
         sender = request.get_response_sender()
@@ -179,8 +198,8 @@ class TritonPythonModel(InboxFrontDoor):
             sender.send(error_response(done.error), flags=FINAL)
         elif self.streaming:
             self._stream(request, done.tokens, done.exit_layers)
-            sender.send(flags=FINAL)
+            sender.send(tensor_response({"served_as": self._served_as(done.note)}), flags=FINAL)
         else:
-            sender.send(tensor_response(self._outputs(done.tokens, done.exit_layers, done.ttft_s, done.total_s)),
-                        flags=FINAL)
+            outputs = self._outputs(done.tokens, done.exit_layers, done.ttft_s, done.total_s)
+            sender.send(tensor_response({**outputs, "served_as": self._served_as(done.note)}), flags=FINAL)
         self.sent.pop(id(request), None)

@@ -4,8 +4,12 @@ Pure arithmetic over a cost table that profiling produced (:func:`e3.generation.
 reloadable from the engine spec); nothing here touches a model.
 
 **Cost model** (seconds): a split call on ``n`` row-positions (rows x chunk) costs ``fixed_s + per_position_s
-* n``; reading a head (49,152 x 576 on SmolLM2) costs ``head_s`` per position read; the exit model (kv fill,
-and the head for a token that left on a cheap measure) ``fill_fixed_s + fill_per_row_s`` per row. On a CPU
+* n``; a call that reads a head (49,152 x 576 on SmolLM2) pays ``head_fixed_s`` once (its weights are read
+on every call) and ``head_s`` per position read; each exit's kv-fill call (with the head inside it for a
+token that left on a cheap measure) its own fixed and per-row cost. A call is paid once per step when any
+row makes it, so a few leaving rows pay a whole call (:func:`calm_s_per_token`). The table starts from the
+export's in-process profile and, while serving, each kind of call is refitted from the engine's own timings
+of its BLS calls (:class:`CostMeter`): the never-slower decisions read the costs as served. On a CPU
 ``per_position_s`` dominates (verifying k drafted positions costs about k decode steps); on a GPU ``fixed_s``
 does, which is where speculation pays. The same formulas serve both: only the measured numbers differ.
 
@@ -24,8 +28,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["SplitCost", "Costs", "plain_step_s", "speculation_round_s", "expected_tokens", "choose_draft",
-           "SpeculationPolicy", "resolve_target"]
+__all__ = ["SplitCost", "Costs", "call_key", "plain_step_s", "calm_s_per_token", "speculation_round_s",
+           "expected_tokens", "choose_draft", "SpeculationPolicy", "resolve_target", "resolve_entry", "CostMeter", "predict_raw", "speedup",
+           "MIN_GAIN"]
+
+MIN_GAIN = 1.01   # exits must be predicted this much faster than plain decoding (the cost table's resolution)
 
 
 @dataclass(frozen=True)
@@ -36,37 +43,81 @@ class SplitCost:
 
 @dataclass(frozen=True)
 class Costs:
-    splits: tuple[SplitCost, ...]   # per split, in order
+    splits: tuple[SplitCost, ...]   # per split, in order: a call that reads no head
     head_s: float                   # one head read at one position (vocabulary x hidden matmul, argmax, margin)
-    fill_fixed_s: float = 0.0       # one exit-model (kv fill) call
+    fill_fixed_s: float = 0.0       # one exit-model (kv fill) call (profiles without ``fills``: every exit)
     fill_per_row_s: float = 0.0     # per row of it, without the head
     device: str = "cpu"             # where they were measured (words)
+    head_fixed_s: float = 0.0       # per call that reads a head at all (its weights are read once per call)
+    fills: tuple[SplitCost, ...] = ()    # per exit: its kv-fill call (per call, per row), head not included
+    served: dict = field(default_factory=dict)   # call kind -> SplitCost timed on the serving path (CostMeter)
+
+    def call(self, kind: str, j: int, head: bool = False) -> SplitCost:
+        """Cost of one call of ``kind`` ("split" j or "fill" after exit j), reading a head or not: as served
+        when the serving path timed it, else composed from the profile (the call plus the head's share)."""
+        key = call_key(kind, j, head)
+        if key in self.served:
+            return self.served[key]
+        base = self.splits[j] if kind == "split" else (
+            self.fills[j] if j < len(self.fills) else SplitCost(self.fill_fixed_s, self.fill_per_row_s))
+        return SplitCost(base.fixed_s + self.head_fixed_s, base.per_position_s + self.head_s) if head else base
 
     def to_dict(self) -> dict:
         return {"splits": [[s.fixed_s, s.per_position_s] for s in self.splits], "head_s": self.head_s,
-                "fill_fixed_s": self.fill_fixed_s, "fill_per_row_s": self.fill_per_row_s, "device": self.device}
+                "fill_fixed_s": self.fill_fixed_s, "fill_per_row_s": self.fill_per_row_s, "device": self.device,
+                "head_fixed_s": self.head_fixed_s, "fills": [[f.fixed_s, f.per_position_s] for f in self.fills],
+                "served": {k: [c.fixed_s, c.per_position_s] for k, c in self.served.items()}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Costs":
         return cls(splits=tuple(SplitCost(*s) for s in d["splits"]), head_s=d["head_s"],
                    fill_fixed_s=d.get("fill_fixed_s", 0.0), fill_per_row_s=d.get("fill_per_row_s", 0.0),
-                   device=d.get("device", "cpu"))
+                   device=d.get("device", "cpu"), head_fixed_s=d.get("head_fixed_s", 0.0),
+                   fills=tuple(SplitCost(*f) for f in d.get("fills", ())),
+                   served={k: SplitCost(*c) for k, c in d.get("served", {}).items()})
 
 
-def _call_s(c: Costs, j: int, positions: float) -> float:
-    return c.splits[j].fixed_s + c.splits[j].per_position_s * positions
+def call_key(kind: str, j: int, head: bool) -> str:
+    """The name of a kind of call in :attr:`Costs.served`: "split0", "split0+head", "fill1+head", ..."""
+    return f"{kind}{j}{'+head' if head else ''}"
+
+
+def _call_s(c: Costs, j: int, positions: float, head: bool = False) -> float:
+    cost = c.call("split", j, head)
+    return cost.fixed_s + cost.per_position_s * positions
 
 
 def plain_step_s(costs: Costs, rows: int) -> float:
     """Seconds of one plain decode step for ``rows`` sequences (every split, the final head at one position)."""
-    return sum(_call_s(costs, j, rows) for j in range(len(costs.splits))) + costs.head_s * rows
+    n = len(costs.splits)
+    return sum(_call_s(costs, j, rows, head=j == n - 1) for j in range(n))
+
+
+def calm_s_per_token(costs: Costs, rates, *, measure: str, batch: int) -> float:
+    """Expected seconds per decoded token when a share ``rates[j]`` of tokens leaves after split j (the last
+    entry: the final head), ``batch`` rows per step. A call is paid when at least one row makes it (chance
+    ``1 - (1 - share)^batch``), its per-row part by each row that does: the splits a row reaches; with
+    ``softmax`` each ramp's head read for every row that reaches it; per exit with a leaving row one kv-fill
+    call, with the exit head inside it for the cheap measures."""
+    n, B = len(costs.splits), max(1, batch)
+    rates = [float(r) for r in rates]
+    total = 0.0
+    for j in range(n):
+        reached = min(1.0, sum(rates[j:]))
+        c = costs.call("split", j, head=j == n - 1 or measure == "softmax")
+        total += (1.0 - (1.0 - reached) ** B) * c.fixed_s + B * reached * c.per_position_s
+        if j < n - 1 and rates[j] > 0:
+            f = costs.call("fill", j, head=measure != "softmax")
+            total += (1.0 - (1.0 - rates[j]) ** B) * f.fixed_s + B * rates[j] * f.per_position_s
+    return total / B
 
 
 def speculation_round_s(costs: Costs, rows: int, depth: int, k: int) -> float:
     """Seconds of one speculation round: ``k`` draft steps through splits 0..``depth`` with the draft head,
     then one verification call of each later split over ``k`` positions, the final head at each."""
-    draft = k * (sum(_call_s(costs, j, rows) for j in range(depth + 1)) + costs.head_s * rows)
-    verify = sum(_call_s(costs, j, rows * k) for j in range(depth + 1, len(costs.splits))) + costs.head_s * rows * k
+    n = len(costs.splits)
+    draft = k * sum(_call_s(costs, j, rows, head=j == depth) for j in range(depth + 1))
+    verify = sum(_call_s(costs, j, rows * k, head=j == n - 1) for j in range(depth + 1, n))
     return draft + verify
 
 
@@ -133,11 +184,11 @@ class SpeculationPolicy:
         self.seen[depth] = [self.decay * acc + accepted, self.decay * rej + (1.0 if accepted < drafted else 0.0)]
 
 
-def resolve_target(calibration: dict | None, min_agreement: float) -> tuple[str, list[float]]:
-    """(measure, thresholds per exit) calibrated for a quality target of at least ``min_agreement``: the entry
-    of ``calibration["targets"]`` with the smallest calibrated target >= it (a stricter one serves a looser
-    request). An entry whose exits did not pay (``fallback``) has thresholds above 1: no exits, plain decoding.
-    ValueError naming the calibrated targets when none fits."""
+def resolve_entry(calibration: dict | None, min_agreement: float) -> dict:
+    """The entry of ``calibration["targets"]`` that serves a quality target of at least ``min_agreement``: the
+    one with the smallest calibrated target >= it (a stricter one serves a looser request). An entry whose exits
+    did not pay (``fallback``) has thresholds above 1: no exits, plain decoding. ValueError naming the
+    calibrated targets when none fits."""
     if not calibration or not calibration.get("targets"):
         raise ValueError("this model was not calibrated: send tau (and measure) instead of min_agreement")
     if not 0.0 <= min_agreement <= 1.0:
@@ -146,5 +197,91 @@ def resolve_target(calibration: dict | None, min_agreement: float) -> tuple[str,
     if not fits:
         have = ", ".join(f"{t['min_agreement']:g}" for t in calibration["targets"])
         raise ValueError(f"no calibration for min_agreement {min_agreement:g}; calibrated targets: {have}")
-    best = min(fits, key=lambda t: t["min_agreement"])
+    return min(fits, key=lambda t: t["min_agreement"])
+
+
+def resolve_target(calibration: dict | None, min_agreement: float) -> tuple[str, list[float]]:
+    """(measure, thresholds per exit) of :func:`resolve_entry`."""
+    best = resolve_entry(calibration, min_agreement)
     return best["measure"], [float(x) for x in best["thresholds"]]
+
+
+def speedup(costs: Costs, exit_rate, *, measure: str, batch: int) -> float:
+    """Predicted plain-decoding time over CALM's, per token, when a share ``exit_rate[j]`` of tokens leaves at
+    exit j (the rest reach the final head), ``batch`` rows per step."""
+    rates = [float(r) for r in exit_rate]
+    calm = calm_s_per_token(costs, [*rates, max(0.0, 1.0 - sum(rates))], measure=measure, batch=batch)
+    plain = plain_step_s(costs, max(1, batch)) / max(1, batch)
+    return plain / calm if calm > 0 else 1.0
+
+
+def predict_raw(calibration: dict | None, costs: Costs, *, measure: str, tau: float,
+                batch: int) -> dict | None:
+    """What a raw threshold ``tau`` (the same at every exit) is predicted to do, from the calibration's replay
+    of uniform thresholds (``calibration["raw"][measure]``: exit rates and agreement on a grid of tau,
+    interpolated): {"speedup", "agreement", "exit_rate"}; None when the calibration has no such table."""
+    table = ((calibration or {}).get("raw") or {}).get(measure)
+    if not table or not table.get("taus"):
+        return None
+    taus = table["taus"]
+    rates = [float(_interp(tau, taus, [r[j] for r in table["exit_rate"]])) for j in range(len(table["exit_rate"][0]))]
+    return {"speedup": speedup(costs, rates, measure=measure, batch=batch),
+            "agreement": float(_interp(tau, taus, table["agreement"])), "exit_rate": rates}
+
+
+def _interp(x: float, xs: list[float], ys: list[float]) -> float:
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    for i in range(1, len(xs)):
+        if x <= xs[i]:
+            w = (x - xs[i - 1]) / (xs[i] - xs[i - 1]) if xs[i] > xs[i - 1] else 1.0
+            return ys[i - 1] + w * (ys[i] - ys[i - 1])
+    return ys[-1]
+
+
+class CostMeter:
+    """Costs as served: the engine times each decode call it makes (one position per row) and reports it here
+    as (call kind, rows, seconds); each kind (:func:`call_key`) is fitted to fixed + per-row cost from the
+    median time of each row count over its last ``window`` calls. :meth:`costs` is the prior profile with
+    every kind seen at least ``min_calls`` times replaced by its fit (the table the never-slower decisions
+    read while serving)."""
+
+    def __init__(self, prior: Costs, *, window: int = 512, min_calls: int = 8):
+        self.prior, self.window, self.min_calls = prior, window, min_calls
+        self.samples: dict[tuple[str, int, bool], list[tuple[int, float]]] = {}
+
+    def observe(self, kind: str, j: int, head: bool, rows: int, seconds: float) -> None:
+        """One timed call of split j (``kind`` "split") or of exit j's kv fill ("fill") on ``rows`` rows."""
+        got = self.samples.setdefault((kind, j, head), [])
+        got.append((rows, seconds))
+        if len(got) > self.window:
+            del got[0]
+
+    def fit(self, kind: str, j: int, head: bool) -> SplitCost | None:
+        """Fixed and per-row seconds of that kind of call, None below ``min_calls`` calls. One row count seen:
+        the prior's per-row cost, the rest fixed."""
+        got = self.samples.get((kind, j, head), [])
+        if len(got) < self.min_calls:
+            return None
+        by_rows: dict[int, list[float]] = {}
+        for rows, s in got:
+            by_rows.setdefault(rows, []).append(s)
+        xs = sorted(by_rows)
+        med = [sorted(by_rows[x])[len(by_rows[x]) // 2] for x in xs]
+        if len(xs) == 1:
+            per = self.prior.call(kind, j, head).per_position_s
+            return SplitCost(max(0.0, med[0] - per * xs[0]), per)
+        w = [len(by_rows[x]) for x in xs]
+        sw = sum(w)
+        mx = sum(wi * x for wi, x in zip(w, xs)) / sw
+        my = sum(wi * y for wi, y in zip(w, med)) / sw
+        var = sum(wi * (x - mx) ** 2 for wi, x in zip(w, xs))
+        per = max(0.0, sum(wi * (x - mx) * (y - my) for wi, x, y in zip(w, xs, med)) / var)
+        return SplitCost(max(0.0, my - per * mx), per)
+
+    def costs(self) -> Costs:
+        from dataclasses import replace
+        served = {call_key(*k): c for k in self.samples if (c := self.fit(*k)) is not None}
+        return replace(self.prior, served={**self.prior.served, **served})

@@ -47,7 +47,8 @@ SPLIT_OUTPUTS = (TensorSpec("hidden_out", "FP32", (-1, -1, -1)), TensorSpec("new
                  TensorSpec("token", "INT64", (-1, -1)), TensorSpec("confidence", "FP32", (-1, -1)),
                  TensorSpec("exit_scores", "FP32", (-1, -1, 2)))
 # the generation routers' CALM controls beside ``tau``: a quality target, and the confidence measure for tau
-CALM_INPUTS = (TensorSpec("min_agreement", "FP32", (1,)), TensorSpec("measure", "BYTES", (1,)))
+CALM_INPUTS = (TensorSpec("min_agreement", "FP32", (1,)), TensorSpec("measure", "BYTES", (1,)),
+               TensorSpec("on_slower", "BYTES", (1,)))
 DOOR_OUTPUTS = (TensorSpec("tokens", "INT64", (-1,)), TensorSpec("exit_layers", "INT32", (-1,)),
                 TensorSpec("text_out", "BYTES", (1,)), TensorSpec("ttft_ms", "FP32", (1,)),
                 TensorSpec("total_ms", "FP32", (1,)))
@@ -126,7 +127,7 @@ def export_generation_repository(model: str, repo: Path, max_active: int = 16, *
                f"{__package__}.generate_split")
     if calibrate if calibrate is not None else gm.tokenizer is not None:
         spec = _calibrated(gm, spec, repo, calibration_prompts, progress)
-    router_inputs, router_outputs = (*DOOR_INPUTS, *CALM_INPUTS), DOOR_OUTPUTS
+    router_inputs, router_outputs = (*DOOR_INPUTS, *CALM_INPUTS), (*DOOR_OUTPUTS, TensorSpec("served_as", "BYTES", (1,)))
     tok_file = "tokenizer.json" if tokenizer and gm.tokenizer is not None else ""
     for a, b in ranges:   # the same splits keeping the cache in their instance
         name = split_name(f"{m}_kv", a, b)

@@ -114,3 +114,93 @@ def test_resolve_target_takes_the_nearest_stricter_calibration():
         resolve_target(cal, 0.99)
     with pytest.raises(ValueError, match="not calibrated"):
         resolve_target(None, 0.9)
+
+
+# Issue 40: the table as served. SmolLM2 on this CPU, as the router timed it: the 49,152-token head 7.7 ms
+# per call + 0.41 ms per row, each exit's kv fill its own call of 11-17 ms; splits ~ 10 ms + 1 ms/row.
+SERVED = Costs(splits=(SplitCost(1e-2, 1e-3),) * 3, head_s=4.1e-4, head_fixed_s=7.7e-3,
+               fills=(SplitCost(1.7e-2, 3e-5), SplitCost(1.1e-2, 2e-5)))
+
+
+def test_cost_meter_fits_each_kind_of_call_as_served():
+    from e3.generation.policy import CostMeter
+    meter = CostMeter(CPU, min_calls=4)
+    rng = np.random.default_rng(1)
+    for rows in (1, 4, 8, 16) * 5:
+        meter.observe("split", 0, True, rows, 7.7e-3 + 4.1e-4 * rows + (0.05 if rng.random() < 0.1 else 0))
+        meter.observe("fill", 1, False, rows, 1.1e-2 + 2e-5 * rows)
+    meter.observe("split", 2, False, 8, 0.02)   # one call: below min_calls, the profile's entry stays
+    got = meter.costs()
+    fit = got.call("split", 0, head=True)
+    assert fit.fixed_s == pytest.approx(7.7e-3, rel=1e-6) and fit.per_position_s == pytest.approx(4.1e-4, rel=1e-6)
+    assert got.call("fill", 1).fixed_s == pytest.approx(1.1e-2, rel=1e-6)
+    assert got.call("split", 2) == CPU.splits[2]
+    assert got.call("split", 1, head=True) == SplitCost(CPU.splits[1].fixed_s, CPU.splits[1].per_position_s
+                                                        + CPU.head_s)   # composed from the profile
+    assert Costs.from_dict(got.to_dict()) == got
+
+
+def test_a_call_is_paid_once_per_step_whatever_few_rows_make_it():
+    from e3.generation.policy import calm_s_per_token
+    # 8 rows, 1/8 of the tokens leave at exit 0 (saturation: head inside the fill): by brute force over which
+    # rows leave, the expected step is the splits' calls + P(any leaves) x (fill + head calls) + per-row parts
+    B, r = 8, 0.125
+    rates = [r, 0.0, 1 - r]
+    brute = 0.0
+    for leaving in range(B + 1):
+        from math import comb
+        p = comb(B, leaving) * r ** leaving * (1 - r) ** (B - leaving)
+        stay = B - leaving
+        step = SERVED.splits[0].fixed_s + B * SERVED.splits[0].per_position_s
+        if leaving:
+            f = SERVED.call("fill", 0, head=True)
+            step += f.fixed_s + leaving * f.per_position_s
+        if stay:
+            for j in (1, 2):
+                c = SERVED.call("split", j, head=j == 2)
+                step += c.fixed_s + stay * c.per_position_s
+        brute += p * step
+    assert calm_s_per_token(SERVED, rates, measure="saturation", batch=B) * B == pytest.approx(brute, rel=1e-9)
+
+
+def _engine(costs: Costs, exit_rate=(0.3, 0.1)):
+    from e3.generation.engine import EngineSpec, GenerationEngine
+    raw = {"taus": [0.0, 1.0, NEVER], "exit_rate": [list(exit_rate), list(exit_rate), [0.0, 0.0]],
+           "agreement": [0.5, 0.5, 1.0]}
+    spec = EngineSpec(model="m", ranges=((1, 1), (2, 2), (3, 3)), kv_heads=1, head_dim=2, max_active=8,
+                      vocab_size=64, costs=costs.to_dict(),
+                      calibration={"targets": [], "raw": {m: raw for m in ("softmax", "saturation", "classifier")}})
+    return GenerationEngine(spec, lambda name, inputs: {})
+
+
+def test_a_raw_threshold_predicted_slower_is_decoded_plainly_or_refused():
+    from e3.generation.engine import GenRequest
+    cheap = Costs(splits=(SplitCost(1e-4, 1e-2),) * 3, head_s=1e-5, fills=(SplitCost(1e-5, 1e-5),) * 2)
+    engine = _engine(cheap)   # exits save whole per-row split costs: they pay
+    engine.submit(GenRequest(0, [1, 2], 4, tau=0.5, measure="classifier"))
+    req = engine.waiting[-1][0]
+    assert req.thresholds is None and req.note["e3_mode"] == "calm" and float(req.note["e3_predicted_speedup"]) > 1.01
+    engine = _engine(SERVED)   # the served table: a head call and a kv-fill call cost more than the layers saved
+    engine.submit(GenRequest(1, [1, 2], 4, tau=0.5, measure="softmax"))
+    req = engine.waiting[-1][0]
+    assert req.thresholds == (NEVER, NEVER) and req.note["e3_fallback"] and "predicted at" in req.note["e3_reason"]
+    with pytest.raises(ValueError, match="refused.*predicted at 0\\.[0-9]+x"):
+        engine.submit(GenRequest(2, [1, 2], 4, tau=0.5, measure="softmax", on_slower="refuse"))
+    engine.submit(GenRequest(3, [1, 2], 4, tau=0.5, measure="softmax", on_slower="serve"))
+    assert engine.waiting[-1][0].thresholds is None
+
+
+def test_the_decision_reads_the_costs_as_served():
+    """The same request under the same profile: admitted with exits, then, once the engine has timed expensive
+    kv-fill calls while serving, decoded plainly."""
+    from e3.generation.engine import REFRESH_STEPS, GenRequest
+    cheap = Costs(splits=(SplitCost(1e-4, 1e-2),) * 3, head_s=1e-5, fills=(SplitCost(1e-5, 1e-5),) * 2)
+    engine = _engine(cheap)
+    engine.submit(GenRequest(0, [1, 2], 4, tau=0.5, measure="classifier"))
+    assert engine.waiting[-1][0].thresholds is None
+    for _ in range(16):
+        for j in (0, 1):
+            engine.meter.observe("fill", j, True, 2, 0.5)   # served: half a second per kv fill
+    engine.steps += REFRESH_STEPS
+    engine.submit(GenRequest(1, [1, 2], 4, tau=0.5, measure="classifier"))
+    assert engine.waiting[-1][0].note.get("e3_fallback") is True
