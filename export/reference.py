@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from e3.core.exits import ExitRule, softmax
+from e3.core.exits import ExitRule, exit_mask, softmax
 from e3.export.model_api import EarlyExitModel
 
 __all__ = ["ReferenceAnswers", "reference_answers"]
@@ -52,7 +52,7 @@ def reference_answers(model: EarlyExitModel, inputs: tuple[np.ndarray, ...] | tu
             logits = model.ramp(k, *state).numpy()
             if k != L:
                 out.min_margin[i] = min(out.min_margin[i], rule.margin(k, logits, rule_state, one)[0])
-                if not rule.decide(k, logits, rule_state, one)[0]:
+                if not exit_mask(rule, k, logits, rule_state, one)[0]:
                     continue
             probs = softmax(logits)[0]
             out.label[i], out.exit_ramp[i], out.probs[i] = int(np.argmax(probs)), k, probs

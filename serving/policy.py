@@ -22,7 +22,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from e3.core.exits import ExitRule, softmax
+from e3.core.exits import ExitRule, exit_mask, softmax
 from e3.core.names import ramp_output, state_output
 from e3.core.plan import Plan
 
@@ -92,7 +92,7 @@ class BatchRoute:
             if block == self.num_blocks:
                 exits = np.ones(pending.size, dtype=bool)
             else:
-                exits = self.rule.decide(block, logits[pending], self.rule_state, entered[pending])
+                exits = exit_mask(self.rule, block, logits[pending], self.rule_state, entered[pending])
             leaving = pending[exits]
             self.counts.add(block, int(pending.size), int(leaving.size))
             if leaving.size:

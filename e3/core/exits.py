@@ -36,7 +36,8 @@ from typing import Any, Iterable
 import numpy as np
 
 __all__ = ["ExitRule", "EntropyRule", "PatienceRule", "ForcedRule", "make_exit_rule", "rule_class", "rule_config",
-           "check_rule_config", "BUILTIN_RULES", "SHIPPED_RULES_DIR", "softmax", "entropy_nats", "row_uniform"]
+           "check_rule_config", "exit_mask", "BUILTIN_RULES", "SHIPPED_RULES_DIR", "softmax", "entropy_nats",
+           "row_uniform"]
 
 # The folder, inside a Triton model's version folder, where `e3 export` ships a user's rule module.
 SHIPPED_RULES_DIR = "e3_rules"
@@ -126,6 +127,32 @@ class ExitRule(abc.ABC):
         Default: infinite (a rule that does not say is trusted never to tie).
         """
         return np.full(len(rows), np.inf)
+
+
+def exit_mask(rule: ExitRule, block: int, logits: np.ndarray, state: dict[str, np.ndarray],
+              rows: np.ndarray) -> np.ndarray:
+    """``rule.decide(block, logits, state, rows)``, checked: a bool array [len(rows)]; ``ValueError`` naming the
+    rule, the ramp, what came back and what to return otherwise. Every caller of a rule (the router, ``<m>_ee``,
+    the PyTorch reference, the exit replays) goes through here.
+
+    Decision: 0/1 integers are refused, not cast. An integer array is also what ``np.flatnonzero(mask)`` gives,
+    and a caller indexing rows with it reads row numbers, not decisions: ``[0, 1]`` for two rows that both exit
+    is a mask ``[False, True]`` when cast. Which one a rule meant cannot be told from the values, so the rule
+    says it with a bool dtype (``mask.astype(bool)``, or a comparison)."""
+    got = rule.decide(block, logits, state, rows)
+    n = len(rows)
+    array = np.asarray(got) if isinstance(got, (np.ndarray, list, tuple)) else None
+    if array is not None and array.dtype == np.bool_ and array.shape == (n,):
+        return array
+    what = (f"{type(got).__name__} {got!r}" if array is None else
+            f"{array.dtype} array of shape {list(array.shape)}")
+    if array is not None and array.dtype.kind in "iu" and array.shape == (n,):
+        cause = ("integers are read as row numbers, not decisions; return a boolean array, e.g. "
+                 "`(exits != 0)` or `mask.astype(bool)`")
+    else:
+        cause = "return one bool per row, True where that input exits here (e.g. a comparison of [len(rows)] arrays)"
+    raise ValueError(f"exit rule {rule.kind}: decide() at ramp {block} returned a {what}; expected a boolean "
+                     f"array of shape [len(rows)] = [{n}]: {cause}")
 
 
 class EntropyRule(ExitRule):
