@@ -15,8 +15,9 @@ import numpy as np
 
 from e3.core.closing import ClosingClient
 from e3.core.exits import softmax
+from e3.core.spec import cast_exact, dtype_from_config
 
-__all__ = ["Answers", "E3Client", "ClientError"]
+__all__ = ["Answers", "E3Client", "ClientError", "typed_inputs"]
 
 
 class ClientError(RuntimeError):
@@ -50,6 +51,7 @@ class E3Client(ClosingClient):
             raise ValueError(f"unknown protocol {protocol!r}; use 'http' or 'grpc'")
         self._api, self.protocol, self.timeout_s = api, protocol, timeout_s
         self._outputs: dict[str, list[str]] = {}
+        self._datatypes: dict[str, dict[str, str]] = {}   # model -> input name -> Triton datatype (its config)
         self.shm = shm
         self._region = None   # (name, handle, size) of this client's shared-memory region
 
@@ -117,7 +119,10 @@ class E3Client(ClosingClient):
         """Send one request carrying ``inputs`` (name -> batch-first array)."""
         from tritonclient.utils import InferenceServerException, np_to_triton_dtype
         if model not in self._outputs:
-            self._outputs[model] = [o["name"] for o in self.model_config(model).get("output", [])]
+            config = self.model_config(model)
+            self._outputs[model] = [o["name"] for o in config.get("output", [])]
+            self._datatypes[model] = {i["name"]: i["data_type"] for i in config.get("input", [])}
+        inputs = typed_inputs(inputs, self._datatypes[model])
         empty = [name for name, array in inputs.items() if array.ndim == 0 or array.shape[0] == 0]
         if empty:
             raise ClientError(f"empty batch: input(s) {', '.join(empty)} carry no rows; send at least one input")
@@ -145,6 +150,20 @@ class E3Client(ClosingClient):
             return Answers(probs.argmax(axis=1), np.full(len(probs), -1, np.int32), probs)
         return Answers(result.as_numpy("label").reshape(-1), result.as_numpy("exit_ramp").reshape(-1),
                        result.as_numpy("probs"))
+
+
+def typed_inputs(inputs: dict[str, np.ndarray], datatypes: dict[str, str]) -> dict[str, np.ndarray]:
+    """``inputs`` (name -> array) in the datatypes of the model's config (``datatypes``: name -> ``TYPE_FP32``
+    ...), each converted only where no value changes (numpy's default float64 holding float32 values, say):
+    :func:`e3.core.spec.cast_exact`; :class:`ClientError` naming the input and the values otherwise. An input
+    the config does not name is sent as it is (the server names it)."""
+    out = {}
+    for name, array in inputs.items():
+        try:
+            out[name] = cast_exact(name, array, dtype_from_config(datatypes[name])) if name in datatypes else array
+        except ValueError as err:
+            raise ClientError(str(err)) from None
+    return out
 
 
 def _to_json(message) -> str:

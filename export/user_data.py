@@ -10,7 +10,8 @@ The format (one ``.npz`` file, ``numpy.savez(FILE, **arrays)``):
   ``e3 evaluate`` cannot give accuracy (it says so); the other verbs do not need them.
 
 Decisions: the whole file is used, in its order (``--limit`` takes the first N); arrays of another numeric
-dtype are converted to the card's dtype only when no value changes (else an error naming the array).
+dtype are converted to the card's dtype only when no value changes (else an error naming the array:
+:func:`e3.core.spec.cast_exact`, which the client uses too).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+
+from e3.core.spec import cast_exact
 
 __all__ = ["DataError", "load_data", "use_data_inputs", "LABELS"]
 
@@ -50,13 +53,10 @@ def load_data(path: str | Path, card, *, limit: int | None = None,
             if tuple(x.shape[1:]) != tuple(spec.shape):
                 raise DataError(f"{path}: array {spec.name!r} has shape {list(x.shape)}, the model takes "
                                 f"[N, {', '.join(map(str, spec.shape))}]")
-            want = np.dtype(spec.numpy_dtype)
-            if x.dtype != want:
-                y = x.astype(want)
-                if not np.array_equal(y.astype(x.dtype), x):
-                    raise DataError(f"{path}: array {spec.name!r} is {x.dtype}; the model takes {want}")
-                x = y
-            inputs.append(x)
+            try:
+                inputs.append(cast_exact(spec.name, x, spec.dtype))
+            except ValueError as err:
+                raise DataError(f"{path}: {err}") from None
         label_name = next((n for n in LABELS if n in names), None)
         labels = None if label_name is None else data[label_name].astype(np.int64).reshape(-1)
     n = len(inputs[0])

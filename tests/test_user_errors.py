@@ -59,3 +59,38 @@ def test_a_boolean_decision_passes_unchanged():
             return logits[:, 0] > 0
     mask = exit_mask(Good(), 1, np.array([[1.0, 0], [-1.0, 0]]), {}, np.arange(2))
     assert mask.dtype == np.bool_ and mask.tolist() == [True, False]
+
+
+# --- inputs in numpy's default float64 ---------------------------------------------------------------------
+
+def test_float64_inputs_holding_float32_values_are_cast_for_the_model():
+    from e3.client.sdk import typed_inputs
+    x = np.array([[0.5, -2.0], [1.25, 3.0]])                      # float64, every value a float32 value
+    ids = np.array([[1, 2]], dtype=np.int32)
+    out = typed_inputs({"x": x, "ids": ids}, {"x": "TYPE_FP32", "ids": "TYPE_INT64"})
+    assert out["x"].dtype == np.float32 and out["ids"].dtype == np.int64
+    np.testing.assert_array_equal(out["x"], x)
+
+
+def test_float64_inputs_that_would_round_are_refused_with_the_reason_and_the_fix():
+    from e3.client.sdk import ClientError, typed_inputs
+    x = np.array([[0.5, 0.1]])                                     # 0.1 is no float32
+    with pytest.raises(ClientError, match=r"input 'x' is float64 and the model takes FP32 \(float32\): 1 of its 2 "
+                                          r"values would change in the conversion \(row 0: 0\.1 -> 0\.1\d*\); send "
+                                          r"float32 yourself \(`x\.astype\(np\.float32\)`\)"):
+        typed_inputs({"x": x}, {"x": "TYPE_FP32"})
+
+
+def test_a_data_file_goes_through_the_same_cast(tmp_path):
+    from e3.core.spec import ModelCard, TensorSpec
+    from e3.export.user_data import DataError, load_data
+    card = ModelCard(name="t", num_blocks=2, ramp_blocks=(1,), num_classes=2,
+                     inputs=(TensorSpec("x", "FP32", (2,)),), state=(TensorSpec("h", "FP32", (2,)),),
+                     exit_rule={"kind": "entropy", "tau_nats": 0.1})
+    np.savez(tmp_path / "ok.npz", x=np.ones((3, 2)), labels=np.zeros(3, np.int64))
+    (x,), _ = load_data(tmp_path / "ok.npz", card)
+    assert x.dtype == np.float32
+    np.savez(tmp_path / "bad.npz", x=np.full((3, 2), 1e-50), labels=np.zeros(3, np.int64))
+    with pytest.raises(DataError, match=r"bad\.npz: input 'x' is float64 and the model takes FP32 \(float32\): 6 of "
+                                        r"its 6 values would change"):
+        load_data(tmp_path / "bad.npz", card)

@@ -11,7 +11,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["TensorSpec", "ModelCard", "NUMPY_DTYPES", "dtype_from_config", "config_dtype", "answer_specs"]
+import numpy as np
+
+__all__ = ["TensorSpec", "ModelCard", "NUMPY_DTYPES", "dtype_from_config", "config_dtype", "answer_specs",
+           "cast_exact"]
 
 # Triton datatype name (the protocol's, as tritonclient writes it) -> numpy dtype name.
 NUMPY_DTYPES = {
@@ -43,6 +46,35 @@ def config_dtype(dtype: str) -> str:
     if dtype not in NUMPY_DTYPES:
         raise ValueError(f"unsupported Triton datatype {dtype!r}; supported: {sorted(NUMPY_DTYPES)}")
     return f"TYPE_{'STRING' if dtype == 'BYTES' else dtype}"
+
+
+def cast_exact(name: str, array: np.ndarray, dtype: str) -> np.ndarray:
+    """``array`` as the Triton datatype ``dtype`` (``FP32``, ``INT64``, ...): unchanged when it already is, converted
+    when no value changes in the conversion (float64 holding float32 values, int32 token ids for INT64, ...),
+    else ``ValueError`` naming the input ``name``, how many values would change and the first, and the fix.
+    Text (``BYTES``) is left as it is. One piece of code for the client (:class:`e3.client.sdk.E3Client`) and
+    data files (:mod:`e3.export.user_data`); Triton itself refuses any datatype but the config's.
+
+    Decision: a value that would round (float64's 0.1 is not a float32) is refused, not rounded: the answer
+    would be that of another input, and whether that is close enough is the caller's to say."""
+    array = np.asarray(array)
+    want = np.dtype(NUMPY_DTYPES[dtype])
+    if array.dtype == want or want == np.dtype(object) or array.dtype.kind not in "biuf":
+        return array
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = array.astype(want)
+        back = out.astype(array.dtype)
+    same = (back == array) | (np.isnan(array) & np.isnan(back)) if array.dtype.kind == "f" else back == array
+    if array.dtype.kind == "f" and want.kind in "iub":   # -0.0 -> 0 and NaN -> anything are not exact for ints
+        same &= np.isfinite(array)
+    if same.all():
+        return out
+    bad = np.flatnonzero(~same.reshape(-1))
+    first = np.unravel_index(bad[0], array.shape)
+    raise ValueError(f"input '{name}' is {array.dtype} and the model takes {dtype} ({want}): {len(bad)} of its "
+                     f"{array.size} values would change in the conversion (row {first[0]}: "
+                     f"{array[first]!r} -> {out[first]!r}); send {want} yourself (`{name}.astype(np.{want})`) "
+                     "if that rounding is what you mean")
 
 
 @dataclass(frozen=True)
