@@ -42,7 +42,7 @@ from e3.benchmarks.report import commit
 from e3.paths import artifacts_dir, project_root
 
 __all__ = ["GenerateBenchSettings", "run_generate_bench", "agreement", "format_tables", "write_results_section",
-           "engine_tokens"]
+           "engine_tokens", "per_token_agreement", "rouge_l", "FrontierSettings", "run_frontier"]
 
 log = logging.getLogger(__name__)
 BEGIN, END = "<!-- generation-bench:begin -->", "<!-- generation-bench:end -->"
@@ -81,8 +81,9 @@ def _perplexity(model, prompts: list[list[int]], outputs: list[list[int]]) -> fl
 
 
 @torch.no_grad()
-def _nll(model, prompt: list[int], tokens: list[int]) -> list[float]:
-    """Per-token NLL (nats) of ``tokens`` after ``prompt`` under the full model (teacher-forced)."""
+def _full_logits(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """The full model's logits [len(tokens), V] at the positions that chose ``tokens`` after ``prompt``
+    (teacher-forced on them: each position sees the generated prefix)."""
     from e3.generation.decoder import attention_mask
     ids = torch.tensor([prompt + tokens])
     n = ids.shape[1]
@@ -93,8 +94,39 @@ def _nll(model, prompt: list[int], tokens: list[int]) -> list[float]:
     empty = torch.zeros(1, c.num_kv_heads, 0, c.head_dim)
     for layer in range(1, c.num_layers + 1):
         h, _, _ = model.layer_forward(layer, h, cos, sin, empty, empty, mask)
-    logp = torch.log_softmax(model.head_logits(h[0, len(prompt) - 1:n - 1], c.num_layers), -1)
+    return model.head_logits(h[0, len(prompt) - 1:n - 1], c.num_layers)
+
+
+def _nll(model, prompt: list[int], tokens: list[int]) -> list[float]:
+    """Per-token NLL (nats) of ``tokens`` after ``prompt`` under the full model (teacher-forced)."""
+    logp = torch.log_softmax(_full_logits(model, prompt, tokens), -1)
     return (-logp.gather(1, torch.tensor(tokens)[:, None])[:, 0]).tolist()
+
+
+def per_token_agreement(model, prompt: list[int], tokens: list[int]) -> float:
+    """Share of ``tokens`` that are the full model's greedy choice **given the same prefix** (the generated
+    one): the quality of each decision, whatever happened before it."""
+    if not tokens:
+        return 1.0
+    return float((_full_logits(model, prompt, tokens).argmax(-1) == torch.tensor(tokens)).float().mean())
+
+
+def rouge_l(tokens: list[int], reference: list[int]) -> float:
+    """ROUGE-L F1 over token ids: the longest common subsequence against the reference's and the output's
+    lengths."""
+    if not tokens or not reference:
+        return float(tokens == reference)
+    prev = [0] * (len(reference) + 1)
+    for a in tokens:
+        cur = [0]
+        for j, b in enumerate(reference):
+            cur.append(prev[j] + 1 if a == b else max(prev[j + 1], cur[j]))
+        prev = cur
+    lcs = prev[-1]
+    if not lcs:
+        return 0.0
+    p, r = lcs / len(tokens), lcs / len(reference)
+    return 2 * p * r / (p + r)
 
 
 def layer_costs(config) -> tuple[float, float]:
@@ -432,3 +464,238 @@ def write_results_section(path: Path, results: dict) -> None:
     """Replace (or append) this benchmark's section of ``path``, between its markers; the rest is kept."""
     from e3.benchmarks.report import write_section
     write_section(path, BEGIN, END, section=f"## Early-exit generation (issues 14, 28)\n\n{format_tables(results)}")
+
+
+# -- the speed/quality frontier (issue 40) ------------------------------------------------------------------
+F_BEGIN, F_END = "<!-- generation-frontier:begin -->", "<!-- generation-frontier:end -->"
+
+
+@dataclass(frozen=True)
+class FrontierSettings:
+    """``e3 bench generate --frontier-only`` (and after the tables of :func:`run_generate_bench`)."""
+    model: str = "smollm2-ee"
+    concurrent: int = 8                    # prompts sent at once per run (per prompt set)
+    new_tokens: int = 32
+    rounds: int = 5                        # interleaved rounds of the plain-call check (full, generate, stream)
+    point_rounds: int = 3                  # rounds of the operating points, each bracketed by two full runs
+    exit_shares: tuple[float, ...] = (0.05, 0.2)   # per measure: the raw tau whose replayed exit share is nearest
+    measures: tuple[str, ...] = ("classifier", "saturation", "softmax")
+    draft_tokens: int = 4
+    max_active: int = 16
+    out: Path | None = None
+    docs: Path | None = None
+    write_docs: bool = True
+
+
+def _tau_for_share(table: dict, share: float) -> float:
+    """The raw tau of a calibration replay table whose total exit share is nearest ``share``."""
+    got = [(abs(sum(r) - share), t) for t, r in zip(table["taus"], table["exit_rate"]) if t <= 1.0]
+    return min(got)[1]
+
+
+def _serve_stream(url: str, model: str, prompts, new_tokens, **kw):
+    from e3.generation.client import Generated, generate_stream
+
+    def one(p):
+        stream = generate_stream(url, model, p, new_tokens, **kw)
+        tokens, exits = [], []
+        for t, e in stream:
+            tokens += t
+            exits += e
+        return Generated(tokens, exits, "", parameters=stream.parameters)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        out = list(pool.map(one, prompts))
+    return out, time.perf_counter() - start
+
+
+def _rate(out, wall: float) -> float:
+    return sum(len(o.tokens) for o in out) / wall
+
+
+def run_frontier(settings: FrontierSettings = FrontierSettings(), echo=print) -> dict:
+    """Served tokens/s against per-token agreement, decoded agreement and ROUGE-L for each operating point
+    (raw thresholds per measure at the exit shares the calibration's replay gives, served with their exits
+    taken, ``on_slower=serve``), on general prompts and review prompts, beside the full model, lossless
+    speculation and the default; per exiting point the cost model's prediction (the costs as served, the
+    observed exit shares) against the served ratio, and whether the default (``on_slower=fallback``) would take
+    it. First, the plain-call check: ``generate()`` and ``generate_stream()`` with no knobs against the full
+    model, ``rounds`` interleaved rounds."""
+    from e3.deploy.server import TritonServer
+    from e3.generation.engine import MEASURES
+    from e3.generation.models import load_generation_model
+    from e3.generation.policy import MIN_GAIN, Costs, predict_raw, speedup
+    from e3.generation.repository import export_generation_repository, model_names, router_names
+    from e3.generation.training import eval_prompts, general_prompts
+    torch.set_num_threads(1)
+    s = settings
+    gm = load_generation_model(s.model)
+    model, tok = gm.decoder, gm.tokenizer
+    L, exits = model.config.num_layers, list(model.config.exit_layers)
+    repo = artifacts_dir() / "generation" / "repo"
+    echo(f"exporting {s.model} to {repo} (calibration cached beside the heads) ...")
+    spec = export_generation_repository(s.model, repo, max_active=s.max_active)
+    if not spec.calibration or not spec.calibration.get("raw"):
+        raise ValueError(f"{s.model}'s calibration has no raw-threshold table: re-export it")
+    sets = {"general": [tok.encode(p).ids for p in general_prompts(s.concurrent, heldout=True)],
+            "review": [tok.encode(p).ids for p in eval_prompts(s.concurrent)]}
+    names = router_names(s.model)
+    door, stream_door = names["continuous"], names["stream"]
+    budget = ("every split and kv-fill model: 1 instance x 1 intra-op thread; one engine thread per router; one "
+              f"run at a time; {s.concurrent} prompts x {s.new_tokens} tokens sent at once")
+    results: dict = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(s).items()},
+                     "budget": budget, "training": gm.training, "plain": {}, "points": []}
+    points = [("full", dict(mode="full")), ("default (no knobs)", {}),
+              ("speculative, lossless (policy)", dict(mode="speculative", draft_tokens=s.draft_tokens))]
+    for m in s.measures:
+        taus = sorted({_tau_for_share(spec.calibration["raw"][m], share) for share in s.exit_shares})
+        points += [(f"{m} tau={t:.4g}", dict(mode="calm", tau=t, measure=m, on_slower="serve")) for t in taus]
+    log_file = artifacts_dir() / "logs" / "bench-generate-frontier.log"
+    served = [n for n in model_names(s.model, spec) if "_kv_split" in n or "_kvfill_" in n] + [door, stream_door]
+    with TritonServer.on_free_ports(repo, served, log_file=log_file, exit_timeout_s=5) as server:
+        url = server.http_url
+        _serve(url, door, sets["review"][:2], 4, mode="full")   # warm-up
+        echo(f"plain calls ({budget}; {s.rounds} interleaved rounds)")
+        runs: dict[str, list] = {"full": [], "generate()": [], "generate_stream()": []}
+        for rnd in range(s.rounds):
+            for name in runs:
+                if name == "generate_stream()":
+                    out, wall = _serve_stream(server.grpc_url, stream_door, sets["general"], s.new_tokens)
+                else:
+                    out, wall = _serve(url, door, sets["general"], s.new_tokens,
+                                       **(dict(mode="full") if name == "full" else {}))
+                runs[name].append((out, wall))
+            echo(f"  round {rnd + 1}: " + ", ".join(f"{n} {_rate(*runs[n][-1]):.1f} tok/s" for n in runs))
+        full_general = [o.tokens for o in runs["full"][0][0]]
+        for name in ("generate()", "generate_stream()"):
+            ratios = [_rate(*o) / _rate(*f) for o, f in zip(runs[name], runs["full"])]
+            out = runs[name][0][0]
+            results["plain"][name] = {
+                "ratios": ratios, "median": statistics.median(ratios),
+                "modes": sorted({o.parameters.get("e3_mode", "?") for o in out}),
+                "reason": out[0].parameters.get("e3_reason", ""),
+                "identical_to_full": sum(o.tokens == f for o, f in zip(out, full_general))}
+            echo(f"  {name}: median x{statistics.median(ratios):.3f} full (rounds {', '.join(f'{r:.2f}' for r in ratios)}), "
+                 f"served as {results['plain'][name]['modes']}")
+        for set_name, prompts in sets.items():
+            echo(f"operating points on {set_name} prompts ({s.point_rounds} rounds, each point between two full runs)")
+            measured: dict[str, list] = {n: [] for n, _ in points}
+            for rnd in range(s.point_rounds):
+                before = _serve(url, door, prompts, s.new_tokens, mode="full")
+                got = {n: _serve(url, door, prompts, s.new_tokens, **kw) for n, kw in points[1:]}
+                after = _serve(url, door, prompts, s.new_tokens, mode="full")
+                base = 0.5 * (_rate(*before) + _rate(*after))
+                measured["full"].append((*before, 1.0))
+                for n, (out, wall) in got.items():
+                    measured[n].append((out, wall, _rate(out, wall) / base))
+                echo(f"  round {rnd + 1}: full {base:.1f} tok/s; " + ", ".join(
+                    f"{n} x{measured[n][-1][2]:.2f}" for n, _ in points[1:]))
+            reference = [o.tokens for o in measured["full"][0][0]]
+            for n, kw in points:
+                rows = measured[n]
+                out = rows[0][0]
+                costs = next((Costs.from_dict(o.costs) for o in out if o.costs), None)
+                decoded = [e for o in out for e in o.exit_layers[1:]]
+                shares = [decoded.count(e) / max(1, len(decoded)) for e in exits]
+                row = {"set": set_name, "point": n, **kw,
+                       "tokens_per_s": statistics.median(_rate(o, w) for o, w, _ in rows),
+                       "x_full": statistics.median(r for _, _, r in rows), "x_full_rounds": [r for _, _, r in rows],
+                       "per_token_agreement": statistics.mean(per_token_agreement(model, p, o.tokens)
+                                                              for p, o in zip(prompts, out)),
+                       "decoded_agreement": statistics.mean(agreement(o.tokens, r) for o, r in zip(out, reference)),
+                       "rouge_l": statistics.mean(rouge_l(o.tokens, r) for o, r in zip(out, reference)),
+                       "exit_share": shares, "modes": sorted({o.parameters.get("e3_mode", "?") for o in out})}
+                if kw.get("measure") in MEASURES and costs is not None and any(shares):
+                    row["predicted_x_full"] = speedup(costs, shares, measure=kw["measure"], batch=s.concurrent)
+                    row["served_costs"] = costs.to_dict()
+                    pred = predict_raw(spec.calibration, costs, measure=kw["measure"], tau=kw["tau"], batch=s.concurrent)
+                    row["default_takes_it"] = bool(pred and pred["speedup"] >= MIN_GAIN)
+                results["points"].append(row)
+                echo(f"  {n:34s} {row['tokens_per_s']:6.1f} tok/s x{row['x_full']:.2f}"
+                     + (f" (predicted x{row['predicted_x_full']:.2f}, default: "
+                        f"{'exits' if row['default_takes_it'] else 'fallback'})" if "predicted_x_full" in row else "")
+                     + f"  per-token {row['per_token_agreement']:.3f}  decoded {row['decoded_agreement']:.3f}  "
+                       f"ROUGE-L {row['rouge_l']:.3f}  exits {', '.join(f'{x:.2f}' for x in shares)}")
+    out_path = s.out or artifacts_dir() / "results" / "generation_frontier.json"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(results, indent=1))
+    echo(f"wrote {out_path}")
+    if s.write_docs:
+        figure = project_root() / "docs" / "figures" / "generation_frontier.png"
+        plot_frontier(results, figure)
+        docs = s.docs or project_root() / "docs" / "RESULTS.md"
+        from e3.benchmarks.report import write_section
+        write_section(docs, F_BEGIN, F_END, section="## Early-exit generation: the speed/quality frontier (issue 40)"
+                      f"\n\n{format_frontier(results)}")
+        echo(f"updated {docs} and {figure}")
+    return results
+
+
+def plot_frontier(results: dict, path: Path) -> None:
+    """Served x full against the three quality measures, one panel each, general and review prompts."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4), sharey=True)
+    for ax, (key, label) in zip(axes, [("per_token_agreement", "per-token agreement (same prefix)"),
+                                       ("decoded_agreement", "decoded agreement (same positions)"),
+                                       ("rouge_l", "ROUGE-L vs full")]):
+        for set_name, marker in (("general", "o"), ("review", "s")):
+            rows = [r for r in results["points"] if r["set"] == set_name]
+            ax.scatter([r[key] for r in rows], [r["x_full"] for r in rows], marker=marker, label=f"{set_name} prompts")
+            for r in rows:
+                ax.annotate(r["point"].split(",")[0].replace("speculative", "spec."), (r[key], r["x_full"]),
+                            fontsize=6, xytext=(3, 2), textcoords="offset points")
+        ax.axhline(0.95, color="grey", lw=0.6, ls="--")
+        ax.set_xlabel(label)
+    axes[0].set_ylabel("served tokens/s, x full model")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Early-exit generation, SmolLM2 served on Triton: speed against quality per operating point")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def format_frontier(results: dict) -> str:
+    """The frontier's Markdown: the plain-call check, the heads on general text, the operating points."""
+    s = results["settings"]
+    lines = [f"`e3 bench generate --frontier-only` ({s['model']}, commit {commit()}, {time.strftime('%Y-%m-%d')}). "
+             f"Budget: {results['budget']}. x full: each run's tokens/s over the full model's in the same round "
+             "(plain calls: the run just before; operating points: the mean of the full runs just before and just "
+             "after), median over rounds.", "",
+             "Plain SDK calls (no knobs: the server's default), general prompts:", "",
+             "| call | x full (median) | rounds | served as | identical to full |", "|---|---:|---|---|---:|"]
+    for name, r in results["plain"].items():
+        lines.append(f"| `{name}` | {r['median']:.3f} | {', '.join(f'{x:.2f}' for x in r['ratios'])} "
+                     f"| {', '.join(r['modes'])} | {r['identical_to_full']}/{s['concurrent']} |")
+    reason = next((r["reason"] for r in results["plain"].values() if r["reason"]), "")
+    if reason:
+        lines += ["", f"The default's reason, as the server gives it: \"{reason}\"."]
+    tr = results.get("training") or {}
+    if tr.get("exits"):
+        lines += ["", "Exit heads, top-1 agreement with the full model over the whole vocabulary: held-out review "
+                  f"text ({tr['heldout_positions']} positions) and the full model's own answers to general prompts "
+                  f"on held-out topics ({tr.get('general_positions', 0)} positions; never trained on), trained and "
+                  "untrained (logit lens):", "",
+                  "| exit after layer | review, trained | review, untrained | general, trained | general, untrained |",
+                  "|---:|---:|---:|---:|---:|"]
+        for e, r in tr["exits"].items():
+            g, gu = r.get("general_top1"), r.get("general_top1_untrained")
+            lines.append(f"| {e} | {r['top1_agreement_full_vocab']:.3f} | {r['top1_agreement_full_vocab_untrained']:.3f} "
+                         f"| {'-' if g is None else f'{g:.3f}'} | {'-' if gu is None else f'{gu:.3f}'} |")
+    lines += ["", "Operating points (raw thresholds served with their exits taken, `on_slower=serve`; predicted: the "
+              "cost model with the costs as served and the exit shares observed; default: what a request with "
+              "`on_slower` left out gets at this batch, exits or the fallback):", "",
+              "![frontier](figures/generation_frontier.png)", "",
+              "| prompts | point | tokens/s | x full | rounds | predicted x full | default | per-token agreement "
+              "| decoded agreement | ROUGE-L | exit share (per exit) |", "|---|---|---:|---:|---|---:|---|---:|---:|---:|---|"]
+    for r in results["points"]:
+        pred = f"{r['predicted_x_full']:.2f}" if "predicted_x_full" in r else "-"
+        default = ("exits" if r.get("default_takes_it") else "fallback (plain)") if "default_takes_it" in r else \
+            ", ".join(r["modes"])
+        lines.append(f"| {r['set']} | {r['point']} | {r['tokens_per_s']:.1f} | {r['x_full']:.2f} "
+                     f"| {', '.join(f'{x:.2f}' for x in r['x_full_rounds'])} | {pred} | {default} "
+                     f"| {r['per_token_agreement']:.3f} | {r['decoded_agreement']:.3f} | {r['rouge_l']:.3f} "
+                     f"| {', '.join(f'{x:.2f}' for x in r['exit_share'])} |")
+    return "\n".join(lines)

@@ -136,16 +136,18 @@ def _bench_admission_gpu(args) -> int:
 
 
 def _bench_generate(args) -> int:
-    from e3.benchmarks.generation import GenerateBenchSettings, run_generate_bench
+    from e3.benchmarks.generation import FrontierSettings, GenerateBenchSettings, run_frontier, run_generate_bench
     try:
         floats = lambda text: tuple(float(t) for t in text.split(",") if t)
-        run_generate_bench(GenerateBenchSettings(model=args.model, prompts=args.prompts, new_tokens=args.new_tokens,
-                                                 targets=floats(args.min_agreement), taus=floats(args.taus),
-                                                 draft_tokens=args.draft_tokens, rounds=args.rounds,
-                                                 lossless_prompts=args.lossless_prompts,
-                                                 extra_systems=args.extra_systems,
-                                                 out=Path(args.out) if args.out else None,
-                                                 write_docs=not args.no_docs))
+        if not args.frontier_only:
+            run_generate_bench(GenerateBenchSettings(
+                model=args.model, prompts=args.prompts, new_tokens=args.new_tokens, targets=floats(args.min_agreement),
+                taus=floats(args.taus), draft_tokens=args.draft_tokens, rounds=args.rounds,
+                lossless_prompts=args.lossless_prompts, extra_systems=args.extra_systems,
+                out=Path(args.out) if args.out else None, write_docs=not args.no_docs))
+        run_frontier(FrontierSettings(model=args.model, new_tokens=args.new_tokens, rounds=args.frontier_rounds,
+                                      concurrent=args.concurrent, draft_tokens=args.draft_tokens,
+                                      write_docs=not args.no_docs))
     except (ValueError, FileNotFoundError) as err:
         print(f"e3 bench generate: error: {err}", file=sys.stderr)
         return 2
@@ -297,6 +299,11 @@ def add_bench(sub, repo_help: str) -> None:
                                                                   "the full model one at a time")
     gen.add_argument("--out", default=None, help="results JSON (default artifacts/results/generation.json)")
     gen.add_argument("--no-docs", action="store_true", help="do not update docs/RESULTS.md")
+    gen.add_argument("--frontier-only", action="store_true", help="only the speed/quality frontier and the plain-call "
+                                                                  "check (issue 40), not the tables before it")
+    gen.add_argument("--frontier-rounds", type=int, default=5, help="interleaved rounds of the plain-call check "
+                                                                    "(default 5)")
+    gen.add_argument("--concurrent", type=int, default=8, help="prompts sent at once in the frontier (default 8)")
     hel = _verb(bsub, "helios", _bench_helios, "HELIOS against each of its candidates alone, one server, one memory budget: "
                                          "tokens/s, batch reached, TTFT, TPOT, tokens per exit layer, agreement; "
                                          "writes artifacts/results/helios.json and a section of docs/RESULTS.md")

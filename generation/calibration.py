@@ -209,20 +209,19 @@ def _predict(packed, thresholds, costs: Costs, *, measure: str, batch: int) -> d
             "s_per_token": calm_s_per_token(costs, rates, measure=measure, batch=batch)}
 
 
-RAW_TAUS = tuple(round(x, 2) for x in np.linspace(0.0, 1.0, 21)) + (NEVER,)
-
-
-def raw_table(scores: list[np.ndarray], correct: list[np.ndarray], taus=RAW_TAUS) -> dict:
-    """One measure's replay of a raw threshold (the same ``tau`` at every exit) on a grid of taus: exit rate per
-    exit and predicted agreement per tau. What a request's raw ``tau`` is predicted against
-    (:func:`e3.generation.policy.predict_raw`)."""
+def raw_table(scores: list[np.ndarray], correct: list[np.ndarray], *, grid: int = 40) -> dict:
+    """One measure's replay of a raw threshold (the same ``tau`` at every exit) on a grid of taus (quantiles of
+    the measure's pooled scores, plus "never"): exit rate per exit and predicted agreement per tau. What a
+    request's raw ``tau`` is predicted against (:func:`e3.generation.policy.predict_raw`)."""
     packed = _pack(scores, correct)
     E = packed[0].shape[2]
+    pooled = np.concatenate([x.reshape(-1) for x in scores]) if scores else np.zeros(0)
+    taus = sorted(set(np.quantile(pooled, np.linspace(0, 1, grid + 1)).round(6).tolist())) if len(pooled) else []
     rows = []
-    for tau in taus:
+    for tau in [*taus, NEVER]:
         agree, counts = _replay(*packed, [tau] * E)
         rows.append(((counts / max(1, counts.sum()))[:E].tolist(), float(agree.mean()) if len(agree) else 1.0))
-    return {"taus": list(taus), "exit_rate": [r for r, _ in rows], "agreement": [a for _, a in rows]}
+    return {"taus": [*taus, NEVER], "exit_rate": [r for r, _ in rows], "agreement": [a for _, a in rows]}
 
 
 def calibrate(records: dict, costs: Costs, targets=TARGETS, *, batch: int = 16, grid: int = 40) -> dict:

@@ -1,0 +1,49 @@
+"""The frontier bench's pure parts (issue 40): ROUGE-L against a brute-force longest common subsequence, the
+operating point chosen from a replay table, and the table it writes. No model, no server."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from e3.benchmarks.generation import _tau_for_share, format_frontier, rouge_l
+
+
+def _lcs_brute(a, b) -> int:
+    for n in range(min(len(a), len(b)), 0, -1):
+        subs = set(itertools.combinations(b, n))
+        if any(c in subs for c in itertools.combinations(a, n)):
+            return n
+    return 0
+
+
+def test_rouge_l_is_the_f1_of_the_longest_common_subsequence():
+    r = random.Random(0)
+    for _ in range(60):
+        a = [r.randrange(4) for _ in range(r.randint(1, 7))]
+        b = [r.randrange(4) for _ in range(r.randint(1, 7))]
+        lcs = _lcs_brute(a, b)
+        want = 0.0 if not lcs else 2 * (lcs / len(a)) * (lcs / len(b)) / (lcs / len(a) + lcs / len(b))
+        assert rouge_l(a, b) == pytest.approx(want), (a, b)
+    assert rouge_l([1, 2, 3], [1, 2, 3]) == 1.0 and rouge_l([1], [2]) == 0.0
+
+
+def test_operating_point_is_the_tau_nearest_the_exit_share():
+    table = {"taus": [0.1, 0.5, 0.9, 2.0], "exit_rate": [[0.5, 0.2], [0.1, 0.1], [0.02, 0.01], [0.0, 0.0]]}
+    assert _tau_for_share(table, 0.05) == 0.9 and _tau_for_share(table, 0.2) == 0.5
+    assert _tau_for_share(table, 0.0) == 0.9   # "never" (2.0) is not an operating point
+
+
+def test_frontier_table_says_which_points_the_default_takes():
+    point = {"set": "general", "point": "softmax tau=0.9", "tokens_per_s": 30.0, "x_full": 0.8,
+             "x_full_rounds": [0.8, 0.79, 0.81], "per_token_agreement": 0.9, "decoded_agreement": 0.5,
+             "rouge_l": 0.6, "exit_share": [0.1, 0.05], "modes": ["calm"], "predicted_x_full": 0.78,
+             "default_takes_it": False}
+    results = {"settings": {"model": "m", "concurrent": 8}, "budget": "b", "training": None,
+               "plain": {"generate()": {"median": 1.0, "ratios": [1.0] * 5, "modes": ["full"], "reason": "why",
+                                        "identical_to_full": 8}}, "points": [point]}
+    text = format_frontier(results)
+    assert "| general | softmax tau=0.9 | 30.0 | 0.80 | 0.80, 0.79, 0.81 | 0.78 | fallback (plain) |" in text
+    assert "| `generate()` | 1.000 |" in text and '"why"' in text
