@@ -251,15 +251,15 @@ def plan_for(latency: LatencyProfile, batch_profile: BatchProfile, devices: Mapp
     the split forms it may choose (None: both). With the router's work beside the GPUs
     (``settings.router_cores_per_gpu`` or ``router_cores``), also the best constant plan priced by
     :func:`beside_profile`; the one the planner predicts faster is kept (ties: the first)."""
-    from e3.controller.planner import PlannerError, best_plan
+    from e3.controller.planner import PlanOptions, PlannerError, best_plan
     from e3.core.plan import CONSTANT, FORMS
     allowed = tuple(forms or FORMS)
     kw = dict(slo_ms=settings.slo_ms, rate_rps=settings.rate_rps, slack=settings.slack, alpha=None)
-    result = best_plan(latency, batch_profile, dict(devices), forms=allowed, **kw)
+    result = best_plan(latency, batch_profile, dict(devices), PlanOptions(forms=allowed, **kw))
     if settings.host_cores(sum(devices.values())) > 0 and CONSTANT in allowed:
         try:
             beside = best_plan(beside_profile(latency, settings.hop_fixed_latency), batch_profile, dict(devices),
-                               forms=(CONSTANT,), **kw)
+                               PlanOptions(forms=(CONSTANT,), **kw))
         except PlannerError as err:
             log.info("no constant plan with the router beside the GPUs: %s", err)
         else:
@@ -426,7 +426,7 @@ def _cheapest(latency: LatencyProfile, batch_profile: BatchProfile, devices: Map
     """The planner's cheapest plan reaching ``goodput_ips``; with the router's work beside the GPUs, also the
     cheapest constant plan priced by :func:`beside_profile`, and the cheaper of the two (ties: the faster).
     Raises PlannerError when neither exists."""
-    from e3.controller.planner import PlannerError, cheapest_plan
+    from e3.controller.planner import PlanOptions, PlannerError, cheapest_plan
     from e3.core.plan import CONSTANT
     kw = dict(slo_ms=settings.slo_ms, goodput_rps=goodput_ips, rate_rps=settings.rate_rps, slack=settings.slack)
     found, errors = [], []
@@ -434,7 +434,8 @@ def _cheapest(latency: LatencyProfile, batch_profile: BatchProfile, devices: Map
         if forms is not None and settings.host_cores(1) <= 0:
             continue
         try:
-            found.append(cheapest_plan(profile, batch_profile, devices, **kw, **({"forms": forms} if forms else {})))
+            found.append(cheapest_plan(profile, batch_profile, devices,
+                                       PlanOptions(**kw, **({"forms": forms} if forms else {}))))
         except PlannerError as err:
             errors.append(str(err))
     if not found:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from e3.controller.planner import best_plan
+from e3.controller.planner import PlanOptions, best_plan
 from e3.core.files import write_json_atomic
 from e3.core.profile import BatchProfile, DeviceConfig, LatencyProfile
 from e3.paths import artifacts_dir
@@ -72,8 +72,8 @@ def run_case(layers: int, devices: int, n_configs: int, *, repeats: int, referen
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        r = (_reference() if reference else best_plan)(lat, batch, res, slo_ms=200.0, rate_rps=3000.0, slack=0.2,
-                                                       alpha=None)
+        r = (_reference() if reference else best_plan)(lat, batch, res, PlanOptions(slo_ms=200.0, rate_rps=3000.0,
+                                                                                    slack=0.2, alpha=None))
         times.append(time.perf_counter() - start)
     return {"layers": layers, "devices": devices, "configs": n_configs, "device_counts": res,
             "seconds_median": statistics.median(times), "seconds_all": times,

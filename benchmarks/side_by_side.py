@@ -184,9 +184,10 @@ def _latency_profile(name: str, echo):
 
 
 def _plan(latency, batch_profile, card, settings: BenchSettings) -> Plan:
-    from e3.controller.planner import best_plan
-    result = best_plan(latency, batch_profile, {"cpu": settings.cores}, slo_ms=settings.slo_ms,
-                       rate_rps=settings.rate_rps, alpha=None)
+    from e3.controller.planner import PlanOptions, best_plan
+    result = best_plan(latency, batch_profile, {"cpu": settings.cores}, PlanOptions(slo_ms=settings.slo_ms,
+                                                                                    rate_rps=settings.rate_rps,
+                                                                                    alpha=None))
     return result.to_plan(model=latency.model, num_blocks=latency.num_blocks, exit_rule=dict(card.exit_rule),
                           ramp_blocks=list(card.ramp_blocks), slo_ms=settings.served_slo_ms, slack=0.2)
 

@@ -108,7 +108,7 @@ def profile_cuda(model_name: str, settings, *, untrained: bool = False, progress
 
 
 def _plan(args) -> int:
-    from e3.controller.planner import PlannerError, best_plan, cheapest_plan, parse_devices, parse_forms
+    from e3.controller.planner import PlanOptions, PlannerError, best_plan, cheapest_plan, parse_devices, parse_forms
     from e3.controller.report import planner_result_lines
     from e3.core.files import write_atomic
     from e3.core.profile import BatchProfile, LatencyProfile, ProfileError
@@ -139,12 +139,12 @@ def _plan(args) -> int:
                       forms=parse_forms(args.forms), exit_wrapper=not args.no_exit_wrapper,
                       ramp_blocks=facts.planner_ramps, relies_on=facts.relies_on)
         if args.min_goodput is not None:
-            result = cheapest_plan(latency, batch, devices, goodput_rps=args.min_goodput, rate_rps=args.rate_rps,
-                                   **common)
+            result = cheapest_plan(latency, batch, devices, PlanOptions(goodput_rps=args.min_goodput,
+                                                                        rate_rps=args.rate_rps, **common))
         else:
             if args.rate_rps is None:
                 raise PlannerError("--rate-rps is needed (or --min-goodput for the cheapest plan reaching a goodput)")
-            result = best_plan(latency, batch, devices, rate_rps=args.rate_rps, alpha=args.alpha, **common)
+            result = best_plan(latency, batch, devices, PlanOptions(rate_rps=args.rate_rps, alpha=args.alpha, **common))
         plan = result.to_plan(model=latency.model, num_blocks=latency.num_blocks, exit_rule=facts.exit_rule,
                               ramp_blocks=list(facts.ramp_blocks), slo_ms=args.slo_ms, slack=args.slack)
     except (ProfileError, PlannerError, ValueError) as err:

@@ -132,10 +132,12 @@ class ProfilePlanner(Planner):
         self.forms, self.exit_wrapper = tuple(forms), exit_wrapper   # as best_plan's
 
     def plan(self, forecast: BatchProfile, devices: Mapping[str, int]) -> Plan:
-        from e3.controller.planner import best_plan
-        result = best_plan(self.latency, forecast, devices, slo_ms=self.slo_ms, rate_rps=self.rate_rps,
-                           slack=self.slack, alpha=self.alpha, forms=self.forms, exit_wrapper=self.exit_wrapper,
-                           ramp_blocks=self.ramp_blocks)
+        from e3.controller.planner import PlanOptions, best_plan
+        result = best_plan(self.latency, forecast, devices, PlanOptions(slo_ms=self.slo_ms, rate_rps=self.rate_rps,
+                                                                        slack=self.slack, alpha=self.alpha,
+                                                                        forms=self.forms,
+                                                                        exit_wrapper=self.exit_wrapper,
+                                                                        ramp_blocks=self.ramp_blocks))
         return result.to_plan(model=self.latency.model, num_blocks=self.latency.num_blocks,
                               exit_rule=self.exit_rule, ramp_blocks=self.ramp_blocks, slo_ms=self.slo_ms,
                               slack=self.slack)

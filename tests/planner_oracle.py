@@ -12,6 +12,7 @@ tested on its own).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -19,7 +20,7 @@ import numpy as np
 from e3.controller.planner.dp import (Found, best_cell, cost_grid, feasible_ignoring_latency, latency_dp,
                                       lower_bound_cycle, result_of)
 from e3.controller.planner.ramps import wrap_for_devices
-from e3.controller.planner.result import REL, PlannerError, PlannerResult, better
+from e3.controller.planner.result import REL, PlannerError, PlannerResult, PlanOptions, better
 from e3.controller.planner.search import plan_context
 from e3.controller.planner.tables import Tables
 from e3.core.cost import FORM_TIE_REL, effective_reach, fill_ms, stage_table
@@ -28,12 +29,9 @@ from e3.core.plan import FORMS
 __all__ = ["reference_best_plan", "solve_b0", "oracle_tables"]
 
 
-def reference_best_plan(latency, batch, devices, *, slo_ms, rate_rps, slack=0.2, alpha=1.0, b0s=None,
-                        cost_bound=None, forms=FORMS, exit_wrapper=True, ramp_blocks=None) -> PlannerResult:
+def reference_best_plan(latency, batch, devices, options: PlanOptions) -> PlannerResult:
     """:func:`e3.controller.planner.best_plan` (pipelined) through the reference search."""
-    ctx, cands, res = plan_context(latency, batch, devices, slo_ms=slo_ms, rate_rps=rate_rps, slack=slack,
-                                   alpha=alpha, pipelined=True, b0s=b0s, cost_bound=cost_bound, forms=forms,
-                                   exit_wrapper=exit_wrapper, ramp_blocks=ramp_blocks)
+    ctx, cands, res = plan_context(latency, batch, devices, dataclasses.replace(options, pipelined=True))
     reach = np.asarray(batch.reach, dtype=float)
     tables = {b0: oracle_tables(latency, reach, res, int(b0), ctx) for b0 in cands}
     bound_of = {b0: lower_bound_cycle(t) for b0, t in tables.items()}
@@ -46,7 +44,7 @@ def reference_best_plan(latency, batch, devices, *, slo_ms, rate_rps, slack=0.2,
             max_bound = 1e3 * b0 / best.throughput_rps * (1 + 1e-9)
             if bound_of[b0] > max_bound:
                 continue
-        found = solve_b0(t, ctx.latency_budget_ms - fill_ms(b0, rate_rps), ctx.cost_bound, max_bound)
+        found = solve_b0(t, ctx.latency_budget_ms - fill_ms(b0, options.rate_rps), ctx.cost_bound, max_bound)
         if found is None:
             continue
         r = result_of(t, found, ctx)

@@ -19,7 +19,7 @@ from e3.controller.health import SplitStats, exclude_stragglers, failed_requests
 from e3.deploy.stubs import is_dead_stub
 from e3.controller.history import HistoryError, PlanHistory
 from e3.controller.loop import Clock, Controller, ProfilePlanner
-from e3.controller.planner import best_plan
+from e3.controller.planner import PlanOptions, best_plan
 from e3.controller.recording_applier import RecordingApplier
 from e3.controller.report import describe_report, status_lines
 from e3.controller.settings import ControlSettings
@@ -130,7 +130,7 @@ def test_easy_and_hard_mixes_have_different_optimal_plans():
 def test_score_plan_reproduces_the_planners_prediction(reach):
     latency = synthetic_profile()
     batch = BatchProfile(MODEL, 8, reach)
-    result = best_plan(latency, batch, DEVICES, slo_ms=SLO_MS, rate_rps=RATE_RPS)
+    result = best_plan(latency, batch, DEVICES, PlanOptions(slo_ms=SLO_MS, rate_rps=RATE_RPS))
     plan = result.to_plan(model=MODEL, num_blocks=4, exit_rule=EXIT_RULE, ramp_blocks=RAMPS, slo_ms=SLO_MS,
                           slack=0.2)
     assert score_plan(latency, batch, plan, rate_rps=RATE_RPS) == pytest.approx(result.throughput_rps, rel=1e-9)

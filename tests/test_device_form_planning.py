@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from e3.controller.planner import PlannerError, best_plan, cheapest_plan, stock_baseline
+from e3.controller.planner import PlanOptions, PlannerError, best_plan, cheapest_plan, stock_baseline
 from e3.controller.planner.device import best_device_cuts, choose_device_cuts, device_cycle_ms, plan_time_ms
 from e3.controller.planner.result import DEVICE_KIND, SPLIT_KIND
 from e3.controller.planner.tables import runs_device_form
@@ -176,12 +176,12 @@ def test_best_device_cuts_is_the_brute_force_minimum_within_the_budget(seed):
 
 def test_planner_chooses_the_device_form_on_the_h200_profile_at_80_20():
     lat, batch = h200(), bert_batch()
-    r = best_plan(lat, batch, {"h200": 1}, slo_ms=100, rate_rps=20000)
+    r = best_plan(lat, batch, {"h200": 1}, PlanOptions(slo_ms=100, rate_rps=20000))
     assert r.on_device and all(s.form == DEVICE and s.instances == 1 for s in r.splits)
     assert len(r.splits) >= 2                       # cut where 65% of the inputs leave
     rps = dict(r.compared)
     assert rps[DEVICE_KIND] == pytest.approx(r.throughput_rps) and rps[SPLIT_KIND] < r.throughput_rps
-    split_only = best_plan(lat, batch, {"h200": 1}, slo_ms=100, rate_rps=20000, forms=(CONSTANT, COMPACT))
+    split_only = best_plan(lat, batch, {"h200": 1}, PlanOptions(slo_ms=100, rate_rps=20000, forms=(CONSTANT, COMPACT)))
     assert rps[SPLIT_KIND] == pytest.approx(split_only.throughput_rps)
     assert any("the device form pays" in n for n in r.notes)
     # re-priced by the cost model from the splits alone
@@ -201,8 +201,8 @@ def test_planners_device_plan_is_the_brute_force_best_over_b0_and_cuts():
     subset of the ramps, each priced by plan_cost and checked against the latency budget."""
     lat, batch = h200(), bert_batch()
     slo, rate = 12.0, 8000.0                        # tight: the fill time rules out the largest B0s
-    r = best_plan(lat, batch, {"h200": 1}, slo_ms=slo, rate_rps=rate, forms=(DEVICE,), exit_wrapper=False,
-                  ramp_blocks=(1, 2, 3, 4, 5), alpha=None)
+    r = best_plan(lat, batch, {"h200": 1}, PlanOptions(slo_ms=slo, rate_rps=rate, forms=(DEVICE,), exit_wrapper=False,
+                                                       ramp_blocks=(1, 2, 3, 4, 5), alpha=None))
     best = None
     for b0 in (1, 2, 4, 8, 16, 32, 64):
         for n in range(6):
@@ -223,10 +223,10 @@ def test_planner_does_not_choose_the_device_form_on_a_cpu_profile():
         d[key] = {"cpu": d[key]["h200"]}
     as_cpu = LatencyProfile.from_dict(d)
     assert not runs_device_form(as_cpu, "cpu") and runs_device_form(h200(), "h200")
-    r = best_plan(as_cpu, bert_batch(), {"cpu": 1}, slo_ms=100, rate_rps=20000)
+    r = best_plan(as_cpu, bert_batch(), {"cpu": 1}, PlanOptions(slo_ms=100, rate_rps=20000))
     assert not r.on_device and DEVICE not in {s.form for s in r.splits} and r.compared == ()
     with pytest.raises(PlannerError, match="accelerator"):
-        best_plan(as_cpu, bert_batch(), {"cpu": 1}, slo_ms=100, rate_rps=20000, forms=(DEVICE,))
+        best_plan(as_cpu, bert_batch(), {"cpu": 1}, PlanOptions(slo_ms=100, rate_rps=20000, forms=(DEVICE,)))
     B = [1, 2, 4, 8, 16, 32, 64]
     linear = LatencyProfile(model="toy", num_blocks=4, batch_sizes=B, devices={"cpu": DeviceConfig("cpu", 1.0)},
                             block_ms={"cpu": [[0.05 + 0.9 * b for b in B] for _ in range(4)]},
@@ -235,7 +235,7 @@ def test_planner_does_not_choose_the_device_form_on_a_cpu_profile():
                             check_ms={"cpu": [0.05 + 0.0005 * b for b in B]},
                             router_ms={"cpu": [0.09 + 0.006 * b for b in B]})
     r = best_plan(linear, BatchProfile(model="toy", batch_size=8, reach=[1.0, 0.4, 0.3, 0.2]), {"cpu": 2},
-                  slo_ms=200, rate_rps=500)
+                  PlanOptions(slo_ms=200, rate_rps=500))
     assert {s.form for s in r.splits} == {COMPACT} and r.compared == ()
 
 
@@ -243,15 +243,15 @@ def test_a_gpu_profile_without_an_exit_check_price_is_not_offered_the_form():
     """Without check_ms every device run's sync would read 0: the planner does not offer the form."""
     lat = toy_gpu(check_ms={})
     assert not runs_device_form(lat, "gpu")
-    r = best_plan(lat, BatchProfile(model="toy", batch_size=8, reach=[1.0, 0.5, 0.25]), {"gpu": 1}, slo_ms=100,
-                  rate_rps=1000)
+    r = best_plan(lat, BatchProfile(model="toy", batch_size=8, reach=[1.0, 0.5, 0.25]), {"gpu": 1},
+        PlanOptions(slo_ms=100, rate_rps=1000))
     assert not r.on_device and r.compared == ()
 
 
 def test_device_form_loses_where_more_devices_pay_more():
     """On four H200s the constant form's instances outrun one device holding every split: the planner keeps
     the plan of constant and compact splits and says what the device form would give."""
-    r = best_plan(h200(), bert_batch(), {"h200": 4}, slo_ms=100, rate_rps=100000, alpha=None)
+    r = best_plan(h200(), bert_batch(), {"h200": 4}, PlanOptions(slo_ms=100, rate_rps=100000, alpha=None))
     rps = dict(r.compared)
     assert not r.on_device and r.throughput_rps == pytest.approx(rps[SPLIT_KIND]) and rps[DEVICE_KIND] < rps[SPLIT_KIND]
     assert r.devices_used["h200"] > 1
@@ -260,13 +260,14 @@ def test_device_form_loses_where_more_devices_pay_more():
 
 def test_cheapest_plan_takes_one_device_of_the_device_form_where_it_reaches_the_goodput():
     lat = h200()
-    split_only = best_plan(lat, bert_batch(), {"h200": 1}, slo_ms=100, rate_rps=1e5, alpha=None,
-                           forms=(CONSTANT, COMPACT))
+    split_only = best_plan(lat, bert_batch(), {"h200": 1}, PlanOptions(slo_ms=100, rate_rps=1e5, alpha=None,
+                                                                       forms=(CONSTANT, COMPACT)))
     goodput = split_only.throughput_rps * 1.05     # one device reaches it only in the device form
-    r = cheapest_plan(lat, bert_batch(), {"h200": 4}, slo_ms=100, goodput_rps=goodput)
+    r = cheapest_plan(lat, bert_batch(), {"h200": 4}, PlanOptions(slo_ms=100, goodput_rps=goodput))
     assert r.on_device and r.cost == lat.devices["h200"].price and r.throughput_rps >= goodput
     with pytest.raises(PlannerError):        # without the device form one device cannot reach it
-        cheapest_plan(lat, bert_batch(), {"h200": 1}, slo_ms=100, goodput_rps=goodput, forms=(CONSTANT, COMPACT))
+        cheapest_plan(lat, bert_batch(), {"h200": 1}, PlanOptions(slo_ms=100, goodput_rps=goodput,
+                                                                  forms=(CONSTANT, COMPACT)))
 
 
 # ---------------------------------------------------------------- the simulator
@@ -289,7 +290,7 @@ def test_simulated_device_plan_reaches_the_cost_models_throughput_and_beats_stoc
     batch, its input copy beside the compute) exactly where the cost model's stock price says it should
     (at 8 it does; at 64 the router's work per run costs more than the exits save)."""
     lat = h200()
-    r = best_plan(lat, bert_batch(), {"h200": 1}, slo_ms=1000, rate_rps=1e5, b0s=[b0], alpha=None)
+    r = best_plan(lat, bert_batch(), {"h200": 1}, PlanOptions(slo_ms=1000, rate_rps=1e5, b0s=[b0], alpha=None))
     assert r.on_device
     plan = r.to_plan(model="bert_ee", num_blocks=6, exit_rule={"kind": "entropy", "tau_nats": 0.5},
                      ramp_blocks=(1, 2, 3, 4, 5), slo_ms=1000, slack=0.2)
@@ -302,14 +303,14 @@ def test_simulated_device_plan_reaches_the_cost_models_throughput_and_beats_stoc
     assert np.mean(sim.batches[len(plan.splits) - 1]) > 0.9 * b0           # ... and after the cuts
     stock = simulate_baseline(lat, Baseline("stock", instances=1, max_batch=b0, preferred=b0), ex, arrivals=load,
                               device="h200", costs=CallCosts(input_curve="tx_in", request_ms=0.0, overlap_hop=True))
-    predicted_stock = stock_baseline(lat, {"h200": 1}, slo_ms=1000, rate_rps=1e5, b0s=[b0]).throughput_rps
+    predicted_stock = stock_baseline(lat, {"h200": 1}, PlanOptions(slo_ms=1000, rate_rps=1e5, b0s=[b0])).throughput_rps
     assert (r.throughput_rps > predicted_stock) == (b0 == 8)               # what the cost model says ...
     assert (sim.inputs_per_s > stock.inputs_per_s) == (r.throughput_rps > predicted_stock)   # ... the simulator does
 
 
 def test_simulator_runs_a_device_plan_under_the_routers_dispatch_rule_and_drops_what_cannot_make_its_slo():
     lat = h200()
-    r = best_plan(lat, bert_batch(), {"h200": 1}, slo_ms=1000, rate_rps=1e5, b0s=[8], alpha=None)
+    r = best_plan(lat, bert_batch(), {"h200": 1}, PlanOptions(slo_ms=1000, rate_rps=1e5, b0s=[8], alpha=None))
     plan = r.to_plan(model="bert_ee", num_blocks=6, exit_rule={"kind": "entropy", "tau_nats": 0.5},
                      ramp_blocks=(1, 2, 3, 4, 5), slo_ms=1000, slack=0.2)
     ex = exits_for(REACH_80_20, n=400)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from e3.controller.planner import best_plan, judge_ramps
+from e3.controller.planner import PlanOptions, best_plan, judge_ramps
 from e3.core.cost import effective_reach
 from e3.core.exits import PatienceRule
 from e3.core.profile import BatchProfile, DeviceConfig, LatencyProfile
@@ -66,19 +66,20 @@ def test_measured_exits_reprice_the_ramps_and_the_plan():
                          exit_rule=rule.to_dict())
     verdicts = {v.block: v for v in judge_ramps(lat, batch, "cpu", b0=8, ramps=(1, 2))}
     assert verdicts[1].kept and verdicts[1].saving_ms > verdicts[1].cost_ms   # without it, ramp 2 stops exits
-    plan = best_plan(lat, batch, {"cpu": 1}, slo_ms=10_000, rate_rps=100, alpha=None, ramp_blocks=(1, 2),
-                     relies_on=rule.relies_on)
+    plan = best_plan(lat, batch, {"cpu": 1}, PlanOptions(slo_ms=10_000, rate_rps=100, alpha=None, ramp_blocks=(1, 2),
+                                                         relies_on=rule.relies_on))
     assert plan.enabled_ramps == (1, 2)
     # ramp 2 alone, priced from measured exits: nothing leaves, so block 3 runs every input (the approximation
     # would have let ramp 1's agreement count and priced 80% exits at ramp 2)
-    only2 = best_plan(lat, batch, {"cpu": 1}, slo_ms=10_000, rate_rps=100, alpha=None, ramp_blocks=(2,),
-                      exit_wrapper=False, b0s=[8])
-    approx = best_plan(lat, BatchProfile(model="toy", batch_size=8, reach=exact["1,2"]), {"cpu": 1}, slo_ms=10_000,
-                       rate_rps=100, alpha=None, ramp_blocks=(2,), exit_wrapper=False, b0s=[8])
+    only2 = best_plan(lat, batch, {"cpu": 1}, PlanOptions(slo_ms=10_000, rate_rps=100, alpha=None, ramp_blocks=(2,),
+                                                          exit_wrapper=False, b0s=[8]))
+    approx = best_plan(lat, BatchProfile(model="toy", batch_size=8, reach=exact["1,2"]), {"cpu": 1},
+        PlanOptions(slo_ms=10_000, rate_rps=100, alpha=None, ramp_blocks=(2,), exit_wrapper=False, b0s=[8]))
     assert (simulate_exits(logits, rule, 3, enabled=(2,)).exit_ramp == 3).all()
     assert only2.throughput_rps < approx.throughput_rps * 0.8
     # with ramps so dear that even the measured saving does not pay, both go: then nothing exits, and the plan
     # says so (its throughput is the model's without ramps)
-    costly = best_plan(profile(ramp_ms=50.0), batch, {"cpu": 1}, slo_ms=100_000, rate_rps=1, alpha=None,
-                       ramp_blocks=(1, 2), relies_on=rule.relies_on)
+    costly = best_plan(profile(ramp_ms=50.0), batch, {"cpu": 1}, PlanOptions(slo_ms=100_000, rate_rps=1, alpha=None,
+                                                                             ramp_blocks=(1, 2),
+                                                                             relies_on=rule.relies_on))
     assert costly.enabled_ramps == ()

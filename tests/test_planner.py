@@ -16,7 +16,8 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from e3.controller.planner import PlannerError, best_plan, cheapest_plan, parse_devices, parse_forms, stock_baseline
+from e3.controller.planner import (PlanOptions, PlannerError, best_plan, cheapest_plan, parse_devices, parse_forms,
+                                   stock_baseline)
 from e3.controller.planner.ramps import candidate_ramps, wrap_for_devices
 from e3.core.cost import SPLIT_FORMS, effective_reach, plan_cost
 from e3.core.plan import COMPACT, CONSTANT, FORMS, Plan
@@ -194,9 +195,9 @@ def test_best_plan_matches_brute_force(seed, names, counts, forms, extras, wrapp
               cost_bound=cost_bound, forms=forms, exit_wrapper=wrapper)
     if want is None:
         with pytest.raises(PlannerError):
-            best_plan(lat, batch, res, **kw)
+            best_plan(lat, batch, res, PlanOptions(**kw))
         return
-    got = best_plan(lat, batch, res, **kw)
+    got = best_plan(lat, batch, res, PlanOptions(**kw))
     assert got.throughput_rps == pytest.approx(want[0], rel=1e-7)
     assert got.cost == pytest.approx(want[1], rel=1e-9)
     assert got.latency_ms == pytest.approx(want[2], rel=1e-7)
@@ -218,12 +219,12 @@ def test_fast_search_matches_reference_search(seed):
               b0s=None if seed % 2 else [1, 2, 4, 8, 16, 32], exit_wrapper=seed % 7 != 6,
               forms=(CONSTANT,) if seed % 6 == 5 else SPLIT_FORMS)
     try:
-        want = reference_best_plan(lat, batch, res, **kw)
+        want = reference_best_plan(lat, batch, res, PlanOptions(**kw))
     except PlannerError:
         with pytest.raises(PlannerError):
-            best_plan(lat, batch, res, **kw)
+            best_plan(lat, batch, res, PlanOptions(**kw))
         return
-    got = best_plan(lat, batch, res, **kw)
+    got = best_plan(lat, batch, res, PlanOptions(**kw))
     assert (got.input_batch_size, got.splits) == (want.input_batch_size, want.splits)
     assert (got.throughput_rps, got.cost, got.latency_ms) == (want.throughput_rps, want.cost, want.latency_ms)
 
@@ -237,8 +238,8 @@ def test_random_instances_are_not_trivial():
         batch = make_batch(random_reach(rng, 4))
         slo, rate = float(rng.uniform(10, 60)), float(rng.uniform(100, 2000))
         try:
-            r = best_plan(lat, batch, {"a": 2, "b": 2}, slo_ms=slo, rate_rps=rate, b0s=[1, 2, 4, 8], alpha=None,
-                          forms=SPLIT_FORMS)
+            r = best_plan(lat, batch, {"a": 2, "b": 2}, PlanOptions(slo_ms=slo, rate_rps=rate, b0s=[1, 2, 4, 8],
+                                                                    alpha=None, forms=SPLIT_FORMS))
         except PlannerError:
             seen_infeasible += 1
             continue
@@ -263,7 +264,7 @@ def test_cheapest_plan_matches_brute_force(seed):
                                         exit_wrapper=True)
              if p[0] >= goal * (1 - 1e-9)]
     cheapest = min(p[1] for p in plans)
-    got = cheapest_plan(lat, batch, res, slo_ms=slo, goodput_rps=goal, b0s=b0s)
+    got = cheapest_plan(lat, batch, res, PlanOptions(slo_ms=slo, goodput_rps=goal, b0s=b0s))
     assert got.cost == pytest.approx(cheapest, rel=1e-9)
     assert got.throughput_rps >= goal * (1 - 1e-9)
     best_at_that_cost = max(p[0] for p in plans if p[1] <= cheapest * (1 + 1e-9))
@@ -276,8 +277,8 @@ def test_cheapest_plan_matches_brute_force(seed):
 def test_huge_tx_gives_one_split():
     # constant splits only (compact ones have no hop); the model inputs' hop into split 1 is cheap
     lat = make_profile(4, {"gpu": (1.0, 0.2, 1.0)}, tx_ms=1000.0, tx_in_ms=0.2)
-    r = best_plan(lat, make_batch([1.0, 0.5, 0.3, 0.2]), {"gpu": 4}, slo_ms=500, rate_rps=1000, alpha=None,
-                  forms=(CONSTANT,))
+    r = best_plan(lat, make_batch([1.0, 0.5, 0.3, 0.2]), {"gpu": 4}, PlanOptions(slo_ms=500, rate_rps=1000,
+                                                                                 alpha=None, forms=(CONSTANT,)))
     assert len(r.splits) == 1 and r.splits[0].instances == 4 and r.splits[0].tx_ms == pytest.approx(0.2)
 
 
@@ -288,8 +289,8 @@ def shrinking_case(tx_ms: float = 0.01, tx_in_ms: float = 0.01, forms=(CONSTANT,
     10 ms. Cutting after 1 or 3 leaves a 3-block split at batch 8 (15 ms). Split 1's hop is tx_in_ms."""
     lat = make_profile(4, {"gpu": (1.0, 0.5, 1.0)}, tx_ms=tx_ms, tx_per_input_ms=0.0, ramp_ms=0.0,
                        tx_in_ms=tx_in_ms)
-    return best_plan(lat, make_batch([1.0, 1.0, 0.25, 0.25]), {"gpu": 2}, slo_ms=1000, rate_rps=10000,
-                     b0s=[8], alpha=None, forms=forms)
+    return best_plan(lat, make_batch([1.0, 1.0, 0.25, 0.25]), {"gpu": 2}, PlanOptions(slo_ms=1000, rate_rps=10000,
+                                                                                      b0s=[8], alpha=None, forms=forms))
 
 
 def test_cheap_tx_and_exits_give_a_cut_where_the_batch_shrinks():
@@ -316,8 +317,8 @@ def test_expensive_late_block_reached_by_few_inputs_gets_fewer_instances():
     # block 4 costs 4x the others, but only 1 input in 8 reaches it (4 of B0 = 32)
     lat = make_profile(4, {"gpu": (0.2, 0.1, 1.0)}, tx_ms=0.01, tx_per_input_ms=0.0, ramp_ms=0.0,
                        block_scale=[1.0, 1.0, 1.0, 4.0])
-    r = best_plan(lat, make_batch([1.0, 1.0, 1.0, 0.125]), {"gpu": 8}, slo_ms=1000, rate_rps=100000,
-                  b0s=[32], alpha=None)
+    r = best_plan(lat, make_batch([1.0, 1.0, 1.0, 0.125]), {"gpu": 8}, PlanOptions(slo_ms=1000, rate_rps=100000,
+                                                                                   b0s=[32], alpha=None))
     assert r.splits[-1].first_block == 4
     assert r.splits[-1].instances < r.splits[0].instances
     assert sum(s.instances for s in r.splits) <= 8
@@ -326,16 +327,16 @@ def test_expensive_late_block_reached_by_few_inputs_gets_fewer_instances():
 def test_slo_limits_the_input_batch():
     lat = make_profile(2, {"gpu": (1.0, 0.1, 1.0)})
     batch = make_batch([1.0, 0.5])
-    loose = best_plan(lat, batch, {"gpu": 1}, slo_ms=1000, rate_rps=1000, alpha=None)
-    tight = best_plan(lat, batch, {"gpu": 1}, slo_ms=10, rate_rps=1000, alpha=None)
+    loose = best_plan(lat, batch, {"gpu": 1}, PlanOptions(slo_ms=1000, rate_rps=1000, alpha=None))
+    tight = best_plan(lat, batch, {"gpu": 1}, PlanOptions(slo_ms=10, rate_rps=1000, alpha=None))
     assert tight.input_batch_size < loose.input_batch_size
     assert tight.latency_ms <= 8.0 + 1e-9 and loose.throughput_rps > tight.throughput_rps
 
 
 def test_heterogeneous_split_puts_instances_of_one_split_on_one_config():
     lat = make_profile(4, {"fast": (0.5, 0.05, 4.0), "slow": (2.0, 0.4, 1.0)})
-    r = best_plan(lat, make_batch([1.0, 0.6, 0.3, 0.1]), {"fast": 2, "slow": 3}, slo_ms=200, rate_rps=5000,
-                  alpha=None)
+    r = best_plan(lat, make_batch([1.0, 0.6, 0.3, 0.1]), {"fast": 2, "slow": 3}, PlanOptions(slo_ms=200,
+                                                                                             rate_rps=5000, alpha=None))
     # the answer is the brute force's best plan, which here needs both configurations
     want = brute_best(enumerate_plans(lat, make_batch([1.0, 0.6, 0.3, 0.1]), {"fast": 2, "slow": 3}, slo_ms=200,
                                       slack=0.2, rate_rps=5000, b0s=[r.input_batch_size]))
@@ -347,7 +348,7 @@ def test_heterogeneous_split_puts_instances_of_one_split_on_one_config():
 def test_cost_bound_from_alpha_and_stock_baseline():
     lat = make_profile(4, {"gpu": (1.0, 0.2, 2.0)})
     batch = make_batch([1.0, 0.5, 0.3, 0.2])
-    base = stock_baseline(lat, {"gpu": 8}, slo_ms=200, rate_rps=500)
+    base = stock_baseline(lat, {"gpu": 8}, PlanOptions(slo_ms=200, rate_rps=500))
     assert base is not None and len(base.splits) == 1 and base.throughput_rps >= 500
     # the stock baseline by hand: the cheapest single split (no ramps, every input through every block)
     # reaching 500 inputs/s within 160 ms is the brute force's cheapest stock plan
@@ -356,9 +357,9 @@ def test_cost_bound_from_alpha_and_stock_baseline():
                                          rate_rps=500, b0s=[1, 2, 4, 8, 16, 32, 64], stock=True)
               if len(p[4]) == 1 and p[0] >= 500]
     assert base.cost == pytest.approx(min(p[1] for p in stocks))
-    r = best_plan(lat, batch, {"gpu": 8}, slo_ms=200, rate_rps=500, alpha=1.0)
+    r = best_plan(lat, batch, {"gpu": 8}, PlanOptions(slo_ms=200, rate_rps=500, alpha=1.0))
     assert r.cost_baseline == base.cost and r.cost <= base.cost + 1e-9
-    unbounded = best_plan(lat, batch, {"gpu": 8}, slo_ms=200, rate_rps=500, alpha=None)
+    unbounded = best_plan(lat, batch, {"gpu": 8}, PlanOptions(slo_ms=200, rate_rps=500, alpha=None))
     assert unbounded.cost > base.cost       # the bound binds here: without it the planner buys more devices
     bounded = brute_best(enumerate_plans(lat, batch, {"gpu": 8}, slo_ms=200, slack=0.2, rate_rps=500,
                                          b0s=[r.input_batch_size], cost_bound=base.cost, exit_wrapper=True))
@@ -369,8 +370,9 @@ def test_pipelining_gains_what_the_brute_force_says():
     lat = make_profile(4, {"gpu": (1.0, 0.2, 1.0)}, tx_ms=0.5)
     batch = make_batch([1.0, 0.5, 0.3, 0.2])
     b0s = [1, 2, 4, 8]
-    pipe = best_plan(lat, batch, {"gpu": 4}, slo_ms=200, rate_rps=2000, alpha=None, b0s=b0s)
-    serial = best_plan(lat, batch, {"gpu": 4}, slo_ms=200, rate_rps=2000, alpha=None, pipelined=False, b0s=b0s)
+    pipe = best_plan(lat, batch, {"gpu": 4}, PlanOptions(slo_ms=200, rate_rps=2000, alpha=None, b0s=b0s))
+    serial = best_plan(lat, batch, {"gpu": 4}, PlanOptions(slo_ms=200, rate_rps=2000, alpha=None, pipelined=False,
+                                                           b0s=b0s))
     for got, pipelined in ((pipe, True), (serial, False)):
         want = brute_best(enumerate_plans(lat, batch, {"gpu": 4}, slo_ms=200, slack=0.2, rate_rps=2000, b0s=b0s,
                                           pipelined=pipelined))
@@ -384,7 +386,7 @@ def test_cost_model_reproduces_the_planners_numbers_and_the_brute_force():
     rng = np.random.default_rng(5)
     lat = random_profile(rng, 5, ["a", "b"], extras=True)
     batch = make_batch(random_reach(rng, 5))
-    r = best_plan(lat, batch, {"a": 3, "b": 2}, slo_ms=80, rate_rps=800, alpha=None, forms=SPLIT_FORMS)
+    r = best_plan(lat, batch, {"a": 3, "b": 2}, PlanOptions(slo_ms=80, rate_rps=800, alpha=None, forms=SPLIT_FORMS))
     assert {s.form for s in r.splits} == set(SPLIT_FORMS)   # both forms, so both are re-priced
     pc = plan_cost(lat, batch.reach, [(s.first_block, s.last_block, s.device, s.instances, s.form)
                                       for s in r.splits], b0=r.input_batch_size, rate_rps=800, ramps=r.enabled_ramps)
@@ -420,19 +422,19 @@ def test_to_plan_builds_a_valid_shared_plan():
 def test_unknown_device_is_a_clear_error():
     lat = make_profile(2, {"cpu": (1.0, 0.1, 1.0)})
     with pytest.raises(PlannerError, match="v100.*profile.*cpu"):
-        best_plan(lat, make_batch([1.0, 0.5]), {"v100": 2}, slo_ms=100, rate_rps=10)
+        best_plan(lat, make_batch([1.0, 0.5]), {"v100": 2}, PlanOptions(slo_ms=100, rate_rps=10))
 
 
 def test_impossible_slo_is_a_clear_error():
     lat = make_profile(2, {"cpu": (50.0, 1.0, 1.0)})
     with pytest.raises(PlannerError, match="no plan meets latency"):
-        best_plan(lat, make_batch([1.0, 0.5]), {"cpu": 2}, slo_ms=20, rate_rps=10, alpha=None)
+        best_plan(lat, make_batch([1.0, 0.5]), {"cpu": 2}, PlanOptions(slo_ms=20, rate_rps=10, alpha=None))
 
 
 def test_mismatched_batch_profile_is_rejected():
     lat = make_profile(3, {"cpu": (1.0, 0.1, 1.0)})
     with pytest.raises(PlannerError, match="same model"):
-        best_plan(lat, make_batch([1.0, 0.5]), {"cpu": 2}, slo_ms=100, rate_rps=10)
+        best_plan(lat, make_batch([1.0, 0.5]), {"cpu": 2}, PlanOptions(slo_ms=100, rate_rps=10))
 
 
 def test_parse_forms():

@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from e3.controller.planner import PlannerError, best_plan, judge_ramps, ramps_worth_keeping
+from e3.controller.planner import PlanOptions, PlannerError, best_plan, judge_ramps, ramps_worth_keeping
 from e3.controller.planner.ramps import candidate_ramps, wrap_for_devices
 from e3.core.cost import effective_reach, form_table, plan_cost, stage_cost
 from e3.core.plan import COMPACT, CONSTANT, FORMS, Plan
@@ -122,10 +122,10 @@ def test_form_table_keeps_the_faster_form_and_constant_on_a_tie():
 
 def test_a_cpu_whose_latency_grows_with_the_batch_gets_compact_splits():
     lat = cpu_like_profile()
-    r = best_plan(lat, batch([1.0, 0.6, 0.4, 0.3]), {"cpu": 2}, slo_ms=200, rate_rps=500, alpha=None)
+    r = best_plan(lat, batch([1.0, 0.6, 0.4, 0.3]), {"cpu": 2}, PlanOptions(slo_ms=200, rate_rps=500, alpha=None))
     assert {s.form for s in r.splits} == {COMPACT}
-    forced = best_plan(lat, batch([1.0, 0.6, 0.4, 0.3]), {"cpu": 2}, slo_ms=200, rate_rps=500, alpha=None,
-                       forms=(CONSTANT,))
+    forced = best_plan(lat, batch([1.0, 0.6, 0.4, 0.3]), {"cpu": 2}, PlanOptions(slo_ms=200, rate_rps=500, alpha=None,
+                                                                                 forms=(CONSTANT,)))
     assert {s.form for s in forced.splits} == {CONSTANT} and forced.throughput_rps < r.throughput_rps
 
 
@@ -145,7 +145,7 @@ def test_a_modelled_v100_gets_constant_splits(reach, gpus):
     lat = v100_profile(load_reference_curves())
     assert lat.check("v100", 8) == pytest.approx(CHECK_FIXED_MS + 8 * CHECK_PER_ROW_MS)
     for rate in (1000, 10000):
-        r = best_plan(lat, batch(reach), {"v100": gpus}, slo_ms=100, rate_rps=rate, alpha=None)
+        r = best_plan(lat, batch(reach), {"v100": gpus}, PlanOptions(slo_ms=100, rate_rps=rate, alpha=None))
         assert {s.form for s in r.splits} == {CONSTANT}
 
 
@@ -156,8 +156,8 @@ def test_merged_cpu_and_v100_profile_gives_each_its_form():
     flat = Curve((1, 8, 64), (1.15, 1.2, 1.3), "flat test curve")
     both = merge_profiles([cpu_like_profile(), v100_profile({"v100": flat})])
     reach = batch([1.0, 0.6, 0.4, 0.3])
-    on_gpu = best_plan(both, reach, {"v100": 1}, slo_ms=200, rate_rps=500, alpha=None)
-    on_cpu = best_plan(both, reach, {"cpu": 2}, slo_ms=200, rate_rps=500, alpha=None)
+    on_gpu = best_plan(both, reach, {"v100": 1}, PlanOptions(slo_ms=200, rate_rps=500, alpha=None))
+    on_cpu = best_plan(both, reach, {"cpu": 2}, PlanOptions(slo_ms=200, rate_rps=500, alpha=None))
     assert {s.form for s in on_gpu.splits} == {CONSTANT} and {s.form for s in on_cpu.splits} == {COMPACT}
 
 
@@ -166,14 +166,14 @@ def test_merged_cpu_and_v100_profile_gives_each_its_form():
 def test_to_plan_writes_each_splits_form_and_leaves_disabled_ramps_out():
     lat = cpu_like_profile()
     # nobody exits at ramp 1: the wrapper disables it; half exit at ramp 2
-    r = best_plan(lat, batch([1.0, 1.0, 0.5, 0.5]), {"cpu": 2}, slo_ms=200, rate_rps=500, alpha=None)
+    r = best_plan(lat, batch([1.0, 1.0, 0.5, 0.5]), {"cpu": 2}, PlanOptions(slo_ms=200, rate_rps=500, alpha=None))
     assert 1 in r.disabled_ramps and 2 not in r.disabled_ramps
     plan = Plan.from_json(r.to_plan(model="toy", num_blocks=4, exit_rule={"kind": "entropy", "tau_nats": 0.3},
                                     ramp_blocks=(1, 2, 3), slo_ms=200, slack=0.2).to_json())
     assert [s.form for s in plan.splits] == [s.form for s in r.splits]
     assert 1 not in plan.enabled_ramps and 2 in plan.enabled_ramps
-    keep_all = best_plan(lat, batch([1.0, 1.0, 0.5, 0.5]), {"cpu": 2}, slo_ms=200, rate_rps=500, alpha=None,
-                         exit_wrapper=False)
+    keep_all = best_plan(lat, batch([1.0, 1.0, 0.5, 0.5]), {"cpu": 2}, PlanOptions(slo_ms=200, rate_rps=500,
+                                                                                   alpha=None, exit_wrapper=False))
     assert keep_all.disabled_ramps == () and keep_all.ramp_verdicts == ()
     assert keep_all.to_plan(model="toy", num_blocks=4, exit_rule={"kind": "entropy", "tau_nats": 0.3},
                             ramp_blocks=(1, 2, 3), slo_ms=200, slack=0.2).enabled_ramps == (1, 2, 3)
@@ -197,12 +197,12 @@ def test_dp_equals_the_reference_search_on_cpu_and_gpu_like_profiles(seed):
               b0s=[1, 2, 4, 8, 16, 32, 64])
     devices = {"cpu": int(rng.integers(1, 4)), "gpu": int(rng.integers(1, 3))}
     try:
-        want = reference_best_plan(both, batch(reach), devices, **kw)
+        want = reference_best_plan(both, batch(reach), devices, PlanOptions(**kw))
     except PlannerError:
         with pytest.raises(PlannerError):
-            best_plan(both, batch(reach), devices, **kw)
+            best_plan(both, batch(reach), devices, PlanOptions(**kw))
         return
-    got = best_plan(both, batch(reach), devices, **kw)
+    got = best_plan(both, batch(reach), devices, PlanOptions(**kw))
     assert (got.input_batch_size, got.splits) == (want.input_batch_size, want.splits)
     assert all((s.form == COMPACT) == (s.device == "cpu") for s in got.splits if s.first_block < s.last_block)
 

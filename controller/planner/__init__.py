@@ -165,9 +165,9 @@ without a cycle bound (the cycle is the pipeline latency itself).
 """
 
 from e3.controller.planner.ramps import RampVerdict, judge_ramps, ramps_worth_keeping
-from e3.controller.planner.result import PlannerError, PlannerResult, SearchContext
+from e3.controller.planner.result import PlannerError, PlannerResult, PlanOptions, SearchContext
 from e3.controller.planner.search import best_plan, cheapest_plan, stock_baseline
 from e3.controller.planner.tables import b0_candidates, parse_devices, parse_forms
 
-__all__ = ["PlannerError", "PlannerResult", "SearchContext", "best_plan", "cheapest_plan", "stock_baseline",
+__all__ = ["PlannerError", "PlannerResult", "PlanOptions", "SearchContext", "best_plan", "cheapest_plan", "stock_baseline",
            "parse_devices", "parse_forms", "b0_candidates", "RampVerdict", "judge_ramps", "ramps_worth_keeping"]

@@ -12,7 +12,7 @@ from e3.core.plan import DEVICE, FORMS, Plan, SplitPlan, entry_queue_delay_us
 if TYPE_CHECKING:
     from e3.controller.planner.ramps import RampVerdict
 
-__all__ = ["PlannerError", "SearchContext", "PlannerResult", "make_result", "better", "DEVICE_KIND", "SPLIT_KIND"]
+__all__ = ["PlannerError", "PlanOptions", "SearchContext", "PlannerResult", "make_result", "better", "DEVICE_KIND", "SPLIT_KIND"]
 
 REL = 1e-9  # relative tolerance when comparing throughputs and costs
 DEVICE_KIND = "device"                      # PlannerResult.compared: the best all-device plan
@@ -21,6 +21,25 @@ SPLIT_KIND = "constant/compact"             # ... and the best plan of constant 
 
 class PlannerError(ValueError):
     """Inputs the planner cannot use, or no plan meets the constraints; the message says which."""
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What a planning question asks, besides the profiles and the devices: the one options object of the
+    planner's entry points (:func:`~e3.controller.planner.search.best_plan`, :func:`~e3.controller.planner.
+    search.cheapest_plan`, :func:`~e3.controller.planner.search.stock_baseline`)."""
+    slo_ms: float                             # the requests' p99 SLO (ms); plans must fit SLO x (1 - slack)
+    rate_rps: float | None = None             # R, the offered rate (inputs/s); cheapest_plan: None = the goodput
+    slack: float = 0.2                        # the share of the SLO kept free (E3: 20%)
+    alpha: float | None = 1.0                 # cost <= alpha x Cost_baseline (None: no cost bound)
+    cost_bound: float | None = None           # the cost bound itself (overrides alpha)
+    goodput_rps: float | None = None          # cheapest_plan: the throughput to reach (inputs/s)
+    pipelined: bool = True                    # the cycle is the slowest stage (E3 §3.2.2), else their sum
+    b0s: Iterable[int] | None = None          # the input batches tried (None: the planner's candidates)
+    forms: Sequence[str] = FORMS              # the split forms to choose from ("constant" forces E3's form)
+    exit_wrapper: bool = True                 # disable the ramps that cost more than they save (E3 §3.4)
+    ramp_blocks: Iterable[int] | None = None  # the model's ramps (None: from the batch profile)
+    relies_on: Any = None                     # the exit rule's dependencies (ExitRule.relies_on; None: independent)
 
 
 @dataclass(frozen=True)

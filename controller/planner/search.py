@@ -19,8 +19,8 @@ from e3.controller.planner.device import best_device_cuts
 from e3.controller.planner.dp import (Found, best_cell, cost_grid, cost_ok_grid, feasible_ignoring_latency,
                                       latency_dp, lower_bound_cycle, result_of, solve_unpipelined)
 from e3.controller.planner.ramps import candidate_ramps
-from e3.controller.planner.result import (DEVICE_KIND, REL, SPLIT_KIND, PlannerError, PlannerResult, SearchContext,
-                                          better, make_result)
+from e3.controller.planner.result import (DEVICE_KIND, REL, SPLIT_KIND, PlannerError, PlannerResult, PlanOptions,
+                                          SearchContext, better, make_result)
 from e3.controller.planner.tables import (Tables, b0_candidates, build_tables, check_inputs, parse_forms, plan_ramps,
                                           plan_tables, runs_device_form)
 from e3.core.cost import SPLIT_FORMS, StageCost, device_table, effective_reach, fill_ms
@@ -221,11 +221,12 @@ def _search(build, b0s: list[int], cheap_lb: float, ctx: SearchContext) -> Plann
 # ----------------------------------------------------------------------------------------------------------
 # public entry points
 
-def stock_baseline(latency: LatencyProfile, devices: Mapping[str, int], *, slo_ms: float, rate_rps: float,
-                   slack: float = 0.2, b0s: Iterable[int] | None = None) -> PlannerResult | None:
+def stock_baseline(latency: LatencyProfile, devices: Mapping[str, int], options: PlanOptions) -> PlannerResult | None:
     """Cost_baseline's plan: the cheapest one-split plan of the *stock* model (no ramps, no exits) on one
     configuration with instances whose throughput reaches ``rate_rps`` within SLO*(1-slack); if none reaches
-    it, the one with the highest throughput (ties: cheaper); None if no stock plan meets the latency budget."""
+    it, the one with the highest throughput (ties: cheaper); None if no stock plan meets the latency budget.
+    Reads ``options``' slo_ms, rate_rps, slack and b0s."""
+    slo_ms, rate_rps, slack, b0s = options.slo_ms, options.rate_rps, options.slack, options.b0s
     res = check_inputs(latency, None, devices, slo_ms=slo_ms, slack=slack, rate_rps=rate_rps)
     ctx = SearchContext(rate_rps=rate_rps, latency_budget_ms=slo_ms * (1 - slack))
     reach = np.ones(latency.num_blocks)
@@ -248,16 +249,14 @@ def stock_baseline(latency: LatencyProfile, devices: Mapping[str, int], *, slo_m
     return best
 
 
-def best_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str, int], *, slo_ms: float,
-              rate_rps: float, slack: float = 0.2, alpha: float | None = 1.0, pipelined: bool = True,
-              b0s: Iterable[int] | None = None, cost_bound: float | None = None,
-              forms: Sequence[str] = FORMS, exit_wrapper: bool = True,
-              ramp_blocks: Iterable[int] | None = None, relies_on=None) -> PlannerResult:
+def best_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str, int],
+              options: PlanOptions) -> PlannerResult:
     """The plan with the highest throughput (inputs/s) under SLO*(1-slack), the devices and
     cost <= alpha * Cost_baseline (``alpha=None``: no cost bound; ``cost_bound`` sets the bound directly).
 
     latency: P(k, c, B) and Tx per configuration; batch: share of inputs reaching every block;
-    devices: configuration -> device count, e.g. ``{"v100": 6, "t4": 8}``; rate_rps: R, the offered rate;
+    devices: configuration -> device count, e.g. ``{"v100": 6, "t4": 8}``; options (:class:`PlanOptions`):
+    rate_rps: R, the offered rate;
     forms: the forms to choose from (``("constant",)`` forces E3's form; with ``"device"``, an all-device plan
     on each accelerator, :func:`device_plan`, is weighed against the plans of the other forms and the result's
     ``compared`` and notes say what each kind gives); exit_wrapper: disable the
@@ -267,15 +266,15 @@ def best_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str
     exit-wrapper respects where the batch profile holds no measured reach (``reach_by_ramps``) to re-price
     the ramps it disables. Raises :class:`PlannerError` when no plan fits.
     """
-    ctx, cands, res = plan_context(latency, batch, devices, slo_ms=slo_ms, rate_rps=rate_rps, slack=slack,
-                                   alpha=alpha, pipelined=pipelined, b0s=b0s, cost_bound=cost_bound, forms=forms,
-                                   exit_wrapper=exit_wrapper, ramp_blocks=ramp_blocks, relies_on=relies_on)
+    if options.rate_rps is None:
+        raise PlannerError("best_plan needs the offered rate (options.rate_rps, inputs/s)")
+    ctx, cands, res = plan_context(latency, batch, devices, options)
     split = _best_split_plan(latency, batch, res, cands, ctx) if ctx.forms else None
     device = device_plan(latency, np.asarray(batch.reach, dtype=float), res, cands, ctx) if ctx.device_form else None
     best = _pick(split, device, ctx)
     if best is None:
-        raise PlannerError(f"no plan meets latency <= {ctx.latency_budget_ms:.1f} ms (SLO {slo_ms:g} ms, slack "
-                           f"{slack:g}) at {rate_rps:g} inputs/s with {res}" +
+        raise PlannerError(f"no plan meets latency <= {ctx.latency_budget_ms:.1f} ms (SLO {options.slo_ms:g} ms, slack "
+                           f"{options.slack:g}) at {options.rate_rps:g} inputs/s with {res}" +
                            (f" and cost <= {ctx.cost_bound:.4g}" if ctx.cost_bound is not None else "") +
                            f" (forms {', '.join(ctx.all_forms)})")
     return best
@@ -359,16 +358,16 @@ def _pick(split: PlannerResult | None, device: PlannerResult | None, ctx: Search
     return dataclasses.replace(chosen, compared=tuple(rps.items()), notes=chosen.notes + (why,))
 
 
-def plan_context(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str, int], *, slo_ms: float,
-                 rate_rps: float, slack: float, alpha: float | None, pipelined: bool,
-                 b0s: Iterable[int] | None, cost_bound: float | None, forms: Sequence[str] = FORMS,
-                 exit_wrapper: bool = True, ramp_blocks: Iterable[int] | None = None,
-                 relies_on=None) -> tuple[SearchContext, list[int], dict[str, int]]:
+def plan_context(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str, int],
+                 options: PlanOptions) -> tuple[SearchContext, list[int], dict[str, int]]:
     """The search context (cost bound from alpha x the stock baseline unless given; forms, exit-wrapper and
     ramps as given), the B0 candidates and the checked devices
     (:func:`~e3.controller.planner.tables.check_inputs`)."""
+    o = options
+    slo_ms, rate_rps, slack, alpha, cost_bound = o.slo_ms, o.rate_rps, o.slack, o.alpha, o.cost_bound
+    ramp_blocks, b0s = o.ramp_blocks, o.b0s
     res = check_inputs(latency, batch, devices, slo_ms=slo_ms, slack=slack, rate_rps=rate_rps)
-    forms = parse_forms(forms)
+    forms = parse_forms(o.forms)
     if forms == (DEVICE,) and not any(runs_device_form(latency, c) for c in res):
         raise PlannerError(f"the device form runs on an accelerator whose latency profile prices its exit check "
                            f"(check_ms); none of {sorted(res)} is one (allow constant or compact splits, e.g. "
@@ -379,7 +378,7 @@ def plan_context(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[
     notes: list[str] = []
     baseline_cost = None
     if cost_bound is None and alpha is not None:
-        base = stock_baseline(latency, res, slo_ms=slo_ms, rate_rps=rate_rps, slack=slack, b0s=cands)
+        base = stock_baseline(latency, res, dataclasses.replace(o, b0s=cands))
         if base is None:
             notes.append("no stock plan meets the latency budget: cost bound dropped")
             log.warning("planner: %s", notes[-1])
@@ -390,29 +389,27 @@ def plan_context(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[
                 notes.append(f"no stock plan reaches {rate_rps:g} inputs/s; Cost_baseline is the fastest stock "
                              f"plan's ({base.throughput_rps:.1f} inputs/s)")
                 log.info("planner: %s", notes[-1])
-    return SearchContext(rate_rps=rate_rps, latency_budget_ms=budget, pipelined=pipelined, cost_bound=cost_bound,
+    return SearchContext(rate_rps=rate_rps, latency_budget_ms=budget, pipelined=o.pipelined, cost_bound=cost_bound,
                          cost_baseline=baseline_cost, notes=tuple(notes),
                          forms=tuple(f for f in forms if f in SPLIT_FORMS),
                          device_form=DEVICE in forms and any(runs_device_form(latency, c) for c in res),
-                         exit_wrapper=bool(exit_wrapper), ramp_blocks=ramps,
+                         exit_wrapper=bool(o.exit_wrapper), ramp_blocks=ramps,
                          exact_reach=dict(batch.reach_by_ramps) or None if batch is not None else None,
-                         relies_on=relies_on), cands, res
+                         relies_on=o.relies_on), cands, res
 
 
-def cheapest_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str, int], *, slo_ms: float,
-                  goodput_rps: float, rate_rps: float | None = None, slack: float = 0.2, pipelined: bool = True,
-                  b0s: Iterable[int] | None = None, forms: Sequence[str] = FORMS, exit_wrapper: bool = True,
-                  ramp_blocks: Iterable[int] | None = None, relies_on=None) -> PlannerResult:
+def cheapest_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping[str, int],
+                  options: PlanOptions) -> PlannerResult:
     """The converse (E3 §5.3): the cheapest plan whose throughput reaches ``goodput_rps`` under
-    SLO*(1-slack) and the devices; ties go to the higher throughput. ``rate_rps`` (fill time) defaults
-    to the goodput; ``forms``, ``exit_wrapper``, ``ramp_blocks`` as for :func:`best_plan`. Raises
-    :class:`PlannerError` when no plan reaches it."""
-    rate = goodput_rps if rate_rps is None else rate_rps
-    if not goodput_rps > 0:
-        raise PlannerError(f"goodput_rps must be > 0, got {goodput_rps}")
-    ctx, cands, res = plan_context(latency, batch, devices, slo_ms=slo_ms, rate_rps=rate, slack=slack, alpha=None,
-                                   pipelined=pipelined, b0s=b0s, cost_bound=None, forms=forms,
-                                   exit_wrapper=exit_wrapper, ramp_blocks=ramp_blocks, relies_on=relies_on)
+    SLO*(1-slack) and the devices; ties go to the higher throughput. ``options.goodput_rps`` is required;
+    ``options.rate_rps`` (fill time) defaults to the goodput; alpha and cost_bound are not read; the rest as
+    for :func:`best_plan`. Raises :class:`PlannerError` when no plan reaches it."""
+    goodput_rps, pipelined = options.goodput_rps, options.pipelined
+    if goodput_rps is None or not goodput_rps > 0:
+        raise PlannerError(f"cheapest_plan needs options.goodput_rps > 0, got {goodput_rps}")
+    rate = goodput_rps if options.rate_rps is None else options.rate_rps
+    asked = dataclasses.replace(options, rate_rps=rate, alpha=None, cost_bound=None)
+    ctx, cands, res = plan_context(latency, batch, devices, asked)
     budget = ctx.latency_budget_ms
     reach = np.asarray(batch.reach, dtype=float)
     cheapest = math.inf
@@ -432,6 +429,5 @@ def cheapest_plan(latency: LatencyProfile, batch: BatchProfile, devices: Mapping
             cheapest = min(cheapest, float(cost_grid(t)[ok].min()))
     if not math.isfinite(cheapest):
         raise PlannerError(f"no plan reaches {goodput_rps:g} inputs/s within {budget:.1f} ms with {res}")
-    return best_plan(latency, batch, res, slo_ms=slo_ms, rate_rps=rate, slack=slack, alpha=None,
-                     pipelined=pipelined, b0s=cands, cost_bound=cheapest, forms=ctx.all_forms,
-                     exit_wrapper=exit_wrapper, ramp_blocks=ctx.ramp_blocks, relies_on=relies_on)
+    return best_plan(latency, batch, res, dataclasses.replace(asked, b0s=cands, cost_bound=cheapest,
+                                                              forms=ctx.all_forms, ramp_blocks=ctx.ramp_blocks))
