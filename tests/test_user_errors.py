@@ -94,3 +94,37 @@ def test_a_data_file_goes_through_the_same_cast(tmp_path):
     with pytest.raises(DataError, match=r"bad\.npz: input 'x' is float64 and the model takes FP32 \(float32\): 6 of "
                                         r"its 6 values would change"):
         load_data(tmp_path / "bad.npz", card)
+
+
+# --- a rule module that imports torch ------------------------------------------------------------------------
+
+def test_export_warns_when_a_rule_module_imports_torch(tmp_path, monkeypatch, caplog):
+    import logging
+    import sys
+    from e3.export.rules import check_shipped, resolve_rule, ship_rule
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "torchy_rule.py").write_text(
+        "import numpy as np\nimport torch  # noqa: F401\nfrom e3.core.exits import ExitRule\n\n"
+        "class Rule(ExitRule):\n    def decide(self, block, logits, state, rows):\n"
+        "        return np.zeros(len(rows), bool)\n")
+    monkeypatch.syspath_prepend(str(src))
+    rule = resolve_rule({"kind": "torchy_rule:Rule"})
+    ship_rule(rule, tmp_path / "v")
+    with caplog.at_level(logging.WARNING, logger="e3.export.rules"):
+        check_shipped(rule, tmp_path / "v")
+    sys.modules.pop("torchy_rule", None)
+    assert ("exit rule torchy_rule:Rule: its module torchy_rule imports torch, which then loads in every serving "
+            "process that runs the rule: about 200 MB more in each of the router's and <m>_ee's processes "
+            "(measured: 248 and 281 MB against 51 and 82 MB)") in caplog.text
+    assert "imports only numpy and e3" in caplog.text
+
+
+def test_a_numpy_only_rule_module_gets_no_warning(tmp_path, caplog):
+    import logging
+    from e3.export.rules import check_shipped, resolve_rule, ship_rule
+    rule = resolve_rule({"kind": "custom_rule:MeanAgreeRule", "margin": 0.3, "num_classes": 3})
+    ship_rule(rule, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="e3.export.rules"):
+        check_shipped(rule, tmp_path)
+    assert "imports torch" not in caplog.text
