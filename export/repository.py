@@ -20,8 +20,10 @@ those inputs, the router and ``<m>_ee`` get them in their ``part_io`` parameter)
 part exactly those.
 
 Each model is written into a temporary directory and moved into place, so a
-failure leaves nothing half-written. A directory in the repository that the
-manifest does not list as e3's is never touched.
+failure leaves nothing half-written; a failed export puts the repository back as
+it found it (the models it replaced, its manifest, or no repository at all: a
+half-exported deployment would load in ``e3 serve`` without its router). A
+directory in the repository that the manifest does not list as e3's is never touched.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from e3.core.files import write_atomic
-from e3.core.manifest import ManifestError, read_manifest, write_manifest
+from e3.core.manifest import MANIFEST, ManifestError, read_manifest, write_manifest
 from e3.core.names import (SHIPPED_MODELS_DIR, WEIGHTS_FILE, block_file, ee_name, preprocess_name, ramp_output, ramps_in_range,
                            ranges_from_cuts, router_name, served_name, split_name, state_output, stock_name)
 from e3.core.plan import Plan, SplitPlan, default_plan
@@ -149,6 +151,22 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
             check_shipped(rule, Path(tmp))
     except RuleError as err:
         raise ExportError(f"{model_name}: {err}") from None
+    undo = _Undo(repo)
+    try:
+        plan = _export_steps(model_name, model, plan, repo, settings, rule, extra_ranges, progress, undo)
+    except BaseException:
+        undo.rollback()
+        raise
+    undo.commit()
+    return plan
+
+
+def _export_steps(model_name: str, model: EarlyExitModel, plan: Plan, repo: Path, settings: ExportSettings,
+                  rule, extra_ranges, progress: bool, undo: "_Undo") -> Plan:
+    """:func:`export_repository`'s writing half: every model of ``plan`` into ``repo``, then the manifest (what
+    it replaces kept by ``undo`` until the caller commits or rolls back)."""
+    card = model.card
+    m = served_name(model_name)
     _check_writable(repo)
     try:
         manifest = read_manifest(repo)
@@ -169,27 +187,22 @@ def export_repository(model_name: str, cuts: str | list[int] | None, repo: Path,
     for name, _ in steps:
         check_owned(repo, name, manifest)
     io: dict[str, dict[str, list[str]]] = {}   # part (block file, split model) -> what it reads and writes
-    try:
-        for name, kind in tqdm(steps, desc=f"export {m}", unit="model", disable=not progress):
-            with staging(repo, name) as tmp:
-                if kind == "split":
-                    io[name] = _write_split(model, splits[name], tmp, settings)
-                elif kind == "router":
-                    io.update(_write_router(model, plan, name, tmp, settings, rule=rule, split_io=io,
-                                            source=model_name))
-                elif kind == "stock":
-                    _write_stock(model_name, name, tmp, settings)
-                elif kind == "preprocess":
-                    _write_preprocess(card, name, tmp, settings)
-                elif kind == "ensemble":
-                    _write_ensemble(card, m, tmp, settings)
-                else:
-                    _write_ee(model, plan, name, tmp, settings, rule=rule)
-            manifest["models"][name] = {"kind": kind, "model": model_name, "target": settings.target}
-    except BaseException:
-        # what was written is e3's (a second export may replace it); the deployment entry waits for a full export
-        write_manifest(repo, manifest)
-        raise
+    for name, kind in tqdm(steps, desc=f"export {m}", unit="model", disable=not progress):
+        with staging(repo, name, undo=undo) as tmp:
+            if kind == "split":
+                io[name] = _write_split(model, splits[name], tmp, settings)
+            elif kind == "router":
+                io.update(_write_router(model, plan, name, tmp, settings, rule=rule, split_io=io,
+                                        source=model_name))
+            elif kind == "stock":
+                _write_stock(model_name, name, tmp, settings)
+            elif kind == "preprocess":
+                _write_preprocess(card, name, tmp, settings)
+            elif kind == "ensemble":
+                _write_ensemble(card, m, tmp, settings)
+            else:
+                _write_ee(model, plan, name, tmp, settings, rule=rule)
+        manifest["models"][name] = {"kind": kind, "model": model_name, "target": settings.target}
     front = [router_name(m), *([preprocess_name(m), m] if card.preprocess else [])]
     manifest["deployments"][m] = {"model": model_name, "card": card.to_dict(), "plan": plan.to_dict(),
                                   "front_door": m if card.preprocess else router_name(m), "router": router_name(m),
@@ -404,11 +417,46 @@ def check_owned(repo: Path, name: str, manifest: dict) -> None:
                           "choose another repository or remove that model yourself")
 
 
-class staging:
-    """Write a model into a temporary sibling directory, then swap it into place."""
+class _Undo:
+    """What one export changed in a repository, to put back if it fails: whether the folder existed, the
+    manifest's bytes, and every model it placed with the one it replaced (kept aside until :meth:`commit`)."""
 
-    def __init__(self, repo: Path, name: str):
-        self.repo, self.name = repo, name
+    def __init__(self, repo: Path):
+        self.repo = repo
+        self.created = not repo.exists()
+        path = repo / MANIFEST
+        self.manifest = path.read_bytes() if path.is_file() else None
+        self.placed: list[tuple[Path, Path | None]] = []   # (model folder, its predecessor set aside or None)
+
+    def commit(self) -> None:
+        for _, old in self.placed:
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        self.placed = []
+
+    def rollback(self) -> None:
+        """Remove the models placed, move back the ones they replaced, restore the manifest (or its absence) and
+        remove the repository folder if the export created it and nothing else is in it."""
+        for final, old in reversed(self.placed):
+            shutil.rmtree(final, ignore_errors=True)
+            if old is not None:
+                old.rename(final)
+        self.placed = []
+        path = self.repo / MANIFEST
+        if self.manifest is not None:
+            write_atomic(path, self.manifest)
+        elif path.exists():
+            path.unlink()
+        if self.created and self.repo.is_dir() and not any(self.repo.iterdir()):
+            self.repo.rmdir()
+
+
+class staging:
+    """Write a model into a temporary sibling directory, then swap it into place (``undo``: keep the model it
+    replaces aside, for an export that may still fail)."""
+
+    def __init__(self, repo: Path, name: str, undo: _Undo | None = None):
+        self.repo, self.name, self.undo = repo, name, undo
 
     def __enter__(self) -> Path:
         self.tmp = Path(tempfile.mkdtemp(dir=self.repo, prefix=f".{self.name}.tmp-"))
@@ -424,5 +472,7 @@ class staging:
             old = self.repo / f".{self.name}.old-{os.getpid()}"
             final.rename(old)
         self.tmp.rename(final)
-        if old is not None:
+        if self.undo is not None:
+            self.undo.placed.append((final, old))
+        elif old is not None:
             shutil.rmtree(old, ignore_errors=True)

@@ -113,3 +113,4 @@ def test_export_checks_the_rule_against_pytorch(tmp_path, monkeypatch):
     monkeypatch.setattr(custom_ee, "forgetful", lambda: custom_ee.SummitEE(rule=ForgetfulRule()), raising=False)
     with pytest.raises(ExportError, match="answers .* example inputs unlike PyTorch"):
         export_repository("custom_ee:forgetful", None, tmp_path / "repo", progress=False)
+    assert not (tmp_path / "repo").exists()      # a failed export removes what it wrote, the folder it made too

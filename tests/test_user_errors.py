@@ -128,3 +128,30 @@ def test_a_numpy_only_rule_module_gets_no_warning(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="e3.export.rules"):
         check_shipped(rule, tmp_path)
     assert "imports torch" not in caplog.text
+
+
+# --- a failed export --------------------------------------------------------------------------------------------
+
+def _snapshot(folder):
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))}
+
+
+def test_a_failed_export_leaves_the_repository_as_it_found_it(tmp_path, monkeypatch):
+    """The walk-through's failure: split models written, then the router's rule check fails. Before, the split
+    models and a manifest listing them stayed (and `e3 serve` loaded them without a router)."""
+    import json
+    import custom_ee
+    from custom_rule import ForgetfulRule
+    from e3.core.manifest import MANIFEST
+    from e3.export.repository import ExportError, export_repository
+    monkeypatch.setattr(custom_ee, "forgetful", lambda: custom_ee.SummitEE(rule=ForgetfulRule()), raising=False)
+    repo = tmp_path / "repo"
+    (repo / "forgetful_split_1-2" / "1").mkdir(parents=True)      # an earlier export's split, to be replaced
+    (repo / "forgetful_split_1-2" / "1" / "model.onnx").write_bytes(b"the earlier split")
+    (repo / "notes.txt").write_text("the user's own file")
+    (repo / MANIFEST).write_text(json.dumps({"created_by": "e3", "deployments": {},
+                                             "models": {"forgetful_split_1-2": {"kind": "split"}}}))
+    before = _snapshot(repo)
+    with pytest.raises(ExportError, match="unlike PyTorch"):
+        export_repository("custom_ee:forgetful", [2], repo, progress=False)
+    assert _snapshot(repo) == before                                # split 3-4 gone, split 1-2 and manifest back
