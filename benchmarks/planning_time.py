@@ -7,7 +7,7 @@ artifacts/results/planning_time.json.
 
     .venv/bin/python -m benchmarks.planning_time [--quick] [--repeats 3] [--reference]
 
-``--reference`` times the planner's original exact search (``tests/planner_oracle.reference_best_plan``,
+``--reference`` times the planner's original exact search (``e3.controller.planner.reference.reference_best_plan``,
 the tests' oracle) instead of the fast one, for before/after tables; both return the same plans.
 """
 
@@ -18,8 +18,6 @@ import platform
 import statistics
 import time
 
-import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -59,9 +57,8 @@ def split_devices(total: int, configs: list[str]) -> dict[str, int]:
 
 
 def _reference():
-    """The tests' oracle (the original reference search), imported from tests/."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from planner_oracle import reference_best_plan
+    """The tests' oracle (the original reference search)."""
+    from e3.controller.planner.reference import reference_best_plan
     return reference_best_plan
 
 

@@ -140,3 +140,16 @@ def test_the_checker_sees_imports_inside_functions_and_from_e3_forms(tmp_path, m
     assert problems == ["serving/bad.py:3: e3.serving -> e3.controller (import of e3.controller.loop) is not in "
                         "the table",
                         "serving/bad.py:4: e3.serving -> e3.controller (import of e3.controller) is not in the table"]
+
+
+def test_nothing_outside_tests_imports_from_tests():
+    """Product code and benchmarks do not reach into tests/ (by import or by sys.path): what a benchmark needs
+    from a test's helpers belongs in a room of the product."""
+    dirs = package_dirs()
+    offenders = []
+    for path in sources(dirs):
+        text = path.read_text()
+        if re.search(r"^\s*(from|import) (tests|helpers|planner_oracle)\b", text, re.M) or \
+                re.search(r"sys\.path\.insert\([^)]*[\"']tests[\"']", text):
+            offenders.append(str(path.relative_to(ROOT)))
+    assert not offenders, f"these import from tests/: {offenders}"

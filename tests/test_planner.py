@@ -22,7 +22,7 @@ from e3.controller.planner.ramps import candidate_ramps, wrap_for_devices
 from e3.core.cost import SPLIT_FORMS, effective_reach, plan_cost
 from e3.core.plan import COMPACT, CONSTANT, FORMS, Plan
 from e3.core.profile import BatchProfile, DeviceConfig, LatencyProfile
-from planner_oracle import reference_best_plan
+from e3.controller.planner.reference import reference_best_plan
 
 BATCHES = [1, 2, 4, 8]
 

@@ -19,7 +19,7 @@ from e3.core.plan import COMPACT, CONSTANT, FORMS, Plan
 from e3.core.profile import BatchProfile, DeviceConfig, LatencyProfile, ProfileError
 from e3.export.modelled_profile import (CHECK_FIXED_MS, CHECK_PER_ROW_MS, REF_LAYER_FLOPS, default_data_file,
                                         load_reference_curves, modelled_profile)
-from planner_oracle import reference_best_plan
+from e3.controller.planner.reference import reference_best_plan
 
 BATCHES = [1, 2, 4, 8]
 

@@ -14,6 +14,7 @@ device.py   the device form's cuts on one accelerator (an exact DP of the added 
 search.py   the searches: best plan (fast, exact), cheapest plan, stock baseline; each weighs the best
             plan of constant and compact splits against the best all-device plan
 placement.py  splits on device pools
+reference.py  the original exact search, kept as the oracle the fast search must agree with (tests, timings)
 
 The model of a plan
 -------------------
@@ -126,7 +127,7 @@ that t and, only if latency binds, the search continues upwards with it.
 B0 values are visited in order of an upper bound on their throughput and
 skipped once that bound cannot beat the best plan found.
 
-That is the *reference* search; it lives in ``tests/planner_oracle.py``, the
+That is the *reference* search; it lives in ``controller/planner/reference.py``, the
 tests' oracle (and ``benchmarks/planning_time.py --reference``). :func:`best_plan`
 (pipelined) runs a faster search for the same answer (:func:`search._search`); profiling showed
 the time went to latency DPs on a B0 that loses (2.4 s of 2.8 s at 24 blocks,

@@ -1,5 +1,7 @@
-"""The planner's reference search, kept as the tests' oracle (and for ``benchmarks/planning_time.py
---reference``): the original, simpler pipelined search that the product's fast search must agree with.
+"""The planner's reference search: the original, simpler pipelined search that the product's fast search
+(:mod:`e3.controller.planner.search`) must agree with. Not used for planning: it is the tests' oracle
+(``tests/test_planner.py``, ``tests/test_split_forms.py``) and ``benchmarks/planning_time.py --reference``
+times it, so it lives here rather than in ``tests/`` (nothing outside ``tests/`` imports from there).
 
 Per B0 (visited by an upper bound on its throughput), :func:`solve_b0` binary-searches the smallest cycle
 bound that a plan meets: first with the latency-free boolean DP, then, where latency binds, with the latency

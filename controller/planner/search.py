@@ -76,7 +76,7 @@ class _B0Search:
     def refine(self, top: int) -> None:
         """Raise lo to an exact lower bound: with one configuration the 1-D latency DP below gives the
         smallest feasible candidate itself; with several, the boolean DP (latency ignored) as in
-        the reference search (tests/planner_oracle.py). ``top``: the largest candidate index still worth searching."""
+        the reference search (controller/planner/reference.py). ``top``: the largest candidate index still worth searching."""
         self.refined = True
         if top < self.lo:
             return
@@ -149,12 +149,12 @@ def _cheap_cycle_bound(latency: LatencyProfile, reach: np.ndarray, res: Mapping[
 
 
 def _search(build, b0s: list[int], cheap_lb: float, ctx: SearchContext) -> PlannerResult | None:
-    """Pipelined best plan over all B0, with the answer of the reference search (tests/planner_oracle.py) (see the module doc).
+    """Pipelined best plan over all B0, with the answer of the reference search (controller/planner/reference.py) (see the module doc).
 
     Best-first: the live B0 with the highest throughput upper bound gets the next piece of work (first an
     exact lower bound, then exact latency-DP probes). A probe is placed where it decides the race with the
     runner-up (the bound at which this B0's throughput equals the runner-up's upper bound), else as in
-    the reference search of ``tests/planner_oracle.py`` (lowest candidate first, then the top, then bisection). A B0 is finished when its
+    the reference search of ``controller/planner/reference.py`` (lowest candidate first, then the top, then bisection). A B0 is finished when its
     smallest feasible candidate is pinned (lo == hi) and dropped once its lowest open candidate exceeds
     the bound that the best plan found so far leaves it, exactly as the reference's ``max_bound``.
     """
