@@ -43,8 +43,10 @@ def _print_heads(model: str) -> None:
     print(f"exit heads ({summary.get('counted', '')}; {summary.get('heldout_positions')} positions; trained in "
           f"{summary.get('train_s', 0):.0f} s):")
     for e, r in summary.get("exits", {}).items():
+        general = (f"; general prompts (held-out topics) trained {r['general_top1']:.3f}, untrained "
+                   f"{r['general_top1_untrained']:.3f}" if "general_top1" in r else "")
         print(f"  after layer {e}: trained {r['top1_agreement_full_vocab']:.3f}, untrained "
-              f"{r['top1_agreement_full_vocab_untrained']:.3f}, classifier AUC {r['classifier_auc']:.3f}")
+              f"{r['top1_agreement_full_vocab_untrained']:.3f}, classifier AUC {r['classifier_auc']:.3f}{general}")
 
 
 def _export_helios(args) -> int:

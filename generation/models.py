@@ -31,7 +31,7 @@ __all__ = ["GenerationModel", "load_generation_model", "MODELS", "SMOLLM2_EXITS"
 log = logging.getLogger(__name__)
 SMOLLM2_EXITS = (10, 20)
 SMOLLM2_CONFIGS = {"smollm2-ee": SMOLLM2_EXITS, "smollm2-ee-late": (15, 25)}
-HEADS_FORMAT = 2   # 2: full-vocabulary self-distillation + confidence classifiers (1: candidate-set KL)
+HEADS_FORMAT = 3   # 3: + general prompts with the model's answers; 2: full-vocabulary KL + classifiers; 1: candidate-set KL
 MODELS = (*SMOLLM2_CONFIGS, "tiny-gen", "tiny-helios-a", "tiny-helios-b")
 
 

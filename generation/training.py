@@ -35,6 +35,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -42,7 +43,7 @@ from tqdm import tqdm
 from e3.generation.decoder import Decoder, attention_mask
 
 __all__ = ["TrainSettings", "train_exit_heads", "train_exit_heads_on_ids", "collect_states", "top1_agreement",
-           "greedy_continuations", "training_questions",
+           "greedy_continuations", "training_questions", "general_prompts",
            "chat_prompt", "training_texts", "heldout_texts", "eval_prompts", "calibration_prompts"]
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ log = logging.getLogger(__name__)
 class TrainSettings:
     snippets: int = 600        # training snippets (about 45 tokens each with the template)
     questions: int = 160       # training prompts in the bench's form, with the full model's greedy answers
+    general: int = 160         # general prompts (:func:`general_prompts`, training topics) with the model's answers
+    general_heldout: int = 48  # general prompts on held-out topics: the report's general-text figure
     answer_tokens: int = 32    # tokens of each answer
     heldout: int = 100         # held-out snippets (test split) for the agreement report
     batch_size: int = 16       # sequences per frozen forward pass
@@ -90,6 +93,42 @@ def heldout_texts(n: int) -> list[str]:
     test split, disjoint from :func:`eval_prompts` and :func:`calibration_prompts`)."""
     return [chat_prompt("Write one sentence of a movie review.") + s + "<|im_end|>"
             for s in _snippets("test")[500:500 + n]]
+
+
+# General prompts: instruction templates x topics, written here (nothing is downloaded). Held-out topics (every
+# fifth) never appear in training prompts, so the general-text report is on subjects the heads never saw.
+_TEMPLATES = (
+    "Explain {t} to a ten-year-old.", "What is {t}?", "Write a short poem about {t}.",
+    "Give three facts about {t}.", "Write a haiku about {t}.", "Why does {t} matter?",
+    "Tell me a short story about {t}.", "List the pros and cons of {t}.", "How would you describe {t} to a friend?",
+    "Summarise the history of {t} in two sentences.", "Write a tweet about {t}.", "What are common myths about {t}?",
+    "Write a Python function related to {t}.", "Compare {t} with something similar.", "Give me a tip about {t}.",
+    "Write an email to a colleague about {t}.", "What questions would a student ask about {t}?",
+    "Describe a day spent on {t}.", "Translate 'I like {t}' into French and explain it.", "Define {t} in one line.",
+)
+_TOPICS = (
+    "photosynthesis", "the moon", "volcanoes", "the French Revolution", "prime numbers", "coffee", "gardening",
+    "black holes", "the internet", "chess", "climate change", "bread baking", "honeybees", "the Roman Empire",
+    "electric cars", "sleep", "the human heart", "jazz music", "recycling", "the ocean tides", "machine learning",
+    "friendship", "the Great Wall of China", "vaccines", "rainbows", "budgeting money", "the Olympic Games",
+    "penguins", "earthquakes", "public speaking", "the printing press", "tea", "solar panels", "dinosaurs",
+    "learning a language", "the water cycle", "the stock market", "mountain climbing", "origami", "democracy",
+    "bicycles", "the speed of light", "meditation", "pizza", "the Amazon rainforest", "robots", "libraries",
+    "time zones", "the immune system", "football", "sorting algorithms", "deserts", "the piano", "running a marathon",
+    "vitamins", "ancient Egypt", "rain", "smartphones", "wolves", "the alphabet",
+)
+
+
+def general_prompts(n: int, *, heldout: bool = False) -> list[str]:
+    """``n`` varied instruction prompts (templates x topics, SmolLM2's chat template): training topics, or with
+    ``heldout`` the held-out topics (every fifth) that training never uses. Deterministic."""
+    topics = [t for i, t in enumerate(_TOPICS) if (i % 5 == 4) == heldout]
+    rng = np.random.default_rng(7 if heldout else 3)
+    pairs = [(a, b) for a in range(len(_TEMPLATES)) for b in range(len(topics))]
+    order = rng.permutation(len(pairs))[:n]
+    if n > len(pairs):
+        raise ValueError(f"at most {len(pairs)} general prompts {'held out' if heldout else 'for training'}")
+    return [chat_prompt(_TEMPLATES[pairs[i][0]].format(t=topics[pairs[i][1]])) for i in order]
 
 
 def _question(s: str) -> str:
@@ -212,10 +251,22 @@ def _auc(score: torch.Tensor, label: torch.Tensor) -> float:
     return float((ranks[:len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
 
 
+def _answer_positions(seqs: list[list[int]], starts: list[int]) -> torch.Tensor:
+    """Indices, into the concatenated positions of ``seqs``, of the positions whose next token is an answer
+    token (from ``starts[i] - 1`` to the sequence's second-to-last position)."""
+    idx, at = [], 0
+    for seq, start in zip(seqs, starts):
+        idx.extend(range(at + start - 1, at + len(seq) - 1))
+        at += len(seq)
+    return torch.tensor(idx, dtype=torch.long)
+
+
 def train_exit_heads_on_ids(model: Decoder, train: list[list[int]], heldout: list[list[int]],
-                            settings: TrainSettings = TrainSettings(), *, progress: bool = True) -> dict:
+                            settings: TrainSettings = TrainSettings(), *, progress: bool = True,
+                            general: list[tuple[list[int], int]] | None = None) -> dict:
     """Train every exit head's adapter and classifier of ``model`` in place on token-id sequences ``train``;
-    report per exit layer on ``heldout`` (see the module docstring for what is counted)."""
+    report per exit layer on ``heldout`` (see the module docstring for what is counted) and, when given, on
+    ``general``: (prompt + the full model's answer, answer start) pairs, counted at the answer's positions."""
     torch.manual_seed(settings.seed)
     started = time.perf_counter()
     exits = list(model.config.exit_layers)
@@ -226,7 +277,15 @@ def train_exit_heads_on_ids(model: Decoder, train: list[list[int]], heldout: lis
                             desc="teacher pass (training text)")
     held = collect_states(model, heldout, layers, batch_size=settings.batch_size, progress=progress,
                           desc="teacher pass (held-out text)")
+    gen = None
+    if general:
+        seqs = [q for q, _ in general]
+        gen = collect_states(model, seqs, layers, batch_size=settings.batch_size, progress=progress,
+                             desc="teacher pass (held-out general prompts)")
+        pick = _answer_positions(seqs, [a for _, a in general])
+        gen = {layer: h[pick] for layer, h in gen.items()}
     summary = {"settings": asdict(settings), "train_positions": int(states[L].shape[0]),
+               "general_positions": 0 if gen is None else int(gen[L].shape[0]),
                "heldout_positions": int(held[L].shape[0]),
                "counted": "top-1 over the whole vocabulary, exit head vs final head, held-out positions",
                "exits": {}}
@@ -258,6 +317,9 @@ def train_exit_heads_on_ids(model: Decoder, train: list[list[int]], heldout: lis
         auc = _train_classifier(model, e, states, held, settings)
         summary["exits"][e] = {"top1_agreement_full_vocab": trained, "top1_agreement_full_vocab_untrained": untrained,
                                "top1_agreement_full_vocab_ridge_only": ridge, "final_kl": kl, "classifier_auc": auc}
+        if gen is not None:   # general prompts on held-out topics, at the positions of the model's own answers
+            summary["exits"][e].update(general_top1=top1_agreement(model, gen[e], gen[L], e),
+                                       general_top1_untrained=top1_agreement(model, gen[e], gen[L], e, untrained=True))
         log.info("exit %d: held-out top-1 agreement %.3f (untrained %.3f, ridge only %.3f), classifier AUC %.3f",
                  e, trained, untrained, ridge, auc)
     summary["train_s"] = time.perf_counter() - started
@@ -295,9 +357,9 @@ def _train_classifier(model: Decoder, e: int, states: dict, held: dict, s: Train
 
 def train_exit_heads(model: Decoder, tokenizer, settings: TrainSettings = TrainSettings(),
                      *, progress: bool = True, eos_id: int | None = None) -> dict:
-    """Train the exit heads of SmolLM2 on :func:`training_texts` and on :func:`training_questions` followed by
-    the full model's own greedy answers (the text the heads see while generating), report on
-    :func:`heldout_texts`."""
+    """Train the exit heads of SmolLM2 on :func:`training_texts`, and on :func:`training_questions` and
+    :func:`general_prompts` each followed by the full model's own greedy answer (self-distillation on the text
+    the heads see while generating); report on :func:`heldout_texts` and on held-out-topic general prompts."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # pinned: on the shared 2-core machine two threads oversubscribe (5x slower measured)
     try:
@@ -311,5 +373,11 @@ def _train_smollm2(model: Decoder, tokenizer, settings: TrainSettings, *, progre
     questions = [tokenizer.encode(t).ids for t in training_questions(settings.questions)]
     answers = greedy_continuations(model, questions, settings.answer_tokens, eos_id=eos_id, progress=progress)
     train += [q + a for q, a in zip(questions, answers)]
+    general = [tokenizer.encode(t).ids for t in general_prompts(settings.general)]
+    train += [q + a for q, a in zip(general, greedy_continuations(model, general, settings.answer_tokens,
+                                                                  eos_id=eos_id, progress=progress))]
+    held_general = [tokenizer.encode(t).ids for t in general_prompts(settings.general_heldout, heldout=True)]
+    held_answers = greedy_continuations(model, held_general, settings.answer_tokens, eos_id=eos_id, progress=progress)
     heldout = [tokenizer.encode(t).ids for t in heldout_texts(settings.heldout)]
-    return train_exit_heads_on_ids(model, train, heldout, settings, progress=progress)
+    return train_exit_heads_on_ids(model, train, heldout, settings, progress=progress,
+                                   general=[(q + a, len(q)) for q, a in zip(held_general, held_answers)])
