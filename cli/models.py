@@ -216,7 +216,7 @@ def _evaluate(args) -> int:
     for name in args.models:
         ev = evaluate(name, limit=args.limit, data=args.data)
         print(format_evaluation(ev))
-        js, png = save_evaluation(ev, artifacts_dir() / "results")
+        js, png = save_evaluation(ev, Path(args.out) if args.out else artifacts_dir() / "results")
         print(f"  wrote {js} and {png}\n")
     return 0
 
@@ -412,6 +412,8 @@ def add_evaluate(sub, repo_help: str) -> None:
     ev.add_argument("--data", default=None, metavar="FILE",
                     help="evaluate on your data: a .npz with one array per model input (named as the model card "
                          "names them) and 'labels' (int64 [N]); any model (README 'Serve your own model')")
+    ev.add_argument("--out", default=None, metavar="FOLDER",
+                    help="folder for <m>.evaluation.json and .png (default artifacts/results)")
     ev.set_defaults(func=_evaluate)
 
 

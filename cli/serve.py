@@ -81,7 +81,7 @@ def _perf(args) -> int:
 
 def _load(args) -> int:
     from e3.client.loadgen import closed_loop, open_loop, replay_workload
-    from e3.client.report import format_table
+    from e3.client.report import exit_comparison, format_table
     common = dict(batch=args.batch, slo_ms=args.slo_ms, protocol=args.protocol)
     if args.closed and args.rate_rps is not None:
         raise ValueError("--closed and --rate-rps exclude each other: a closed loop has no arrival rate")
@@ -113,7 +113,7 @@ def _load(args) -> int:
           + (f", workload {args.workload}" if args.workload else ""))
     print(format_table([result, *result.phases]))
     if result.labelled:
-        print(f"exit ramps differing from the workload's reference: {result.exit_mismatches} of {result.inputs}")
+        print(exit_comparison(result))
     if not args.closed and result.max_send_lag_ms > 50:
         print(f"note: arrivals waited up to {result.max_send_lag_ms:.0f} ms for a free client worker "
               "(counted in latency); raise --workers if the client, not the server, is the limit")

@@ -59,6 +59,9 @@ class LoadResult:
     labelled: int = 0                 # answered inputs with a known true label (workload replays)
     correct: int = 0                  # ... whose answered label equals it
     exit_mismatches: int = 0          # answered inputs whose exit ramp differs from the workload's reference
+    # workload replays: the ramps the workload's reference exits were recorded with (e3 workload: every ramp of
+    # the model); None when the workload does not say
+    reference_ramps: list[int] | None = None
     phase: str | None = None          # the workload phase (mix) this result covers; None: the whole run
     phases: list["LoadResult"] = field(default_factory=list)  # per-phase results of a workload replay
 
@@ -376,6 +379,7 @@ def replay_workload(url: str, model: str, workload: str | Path | Workload, *, ba
     common = dict(slo_ms=slo_ms, offered_rps=None if closed else rate_rps, true_label=wl.label,
                   expected_exit=wl.exit_ramp)
     result = summarize(records, model, duration_s=wall, **common)
+    result.reference_ramps = wl.meta.get("enabled_ramps")
     if len(wl.phases) > 1:
         result.phases = summarize_phases(records, wl.phases, model, **common)
     return result

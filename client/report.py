@@ -7,7 +7,7 @@ from typing import Mapping
 
 from e3.client.loadgen import LoadResult
 
-__all__ = ["format_table", "exit_histogram"]
+__all__ = ["format_table", "exit_histogram", "exit_comparison"]
 
 
 def exit_histogram(result: LoadResult) -> str:
@@ -16,6 +16,18 @@ def exit_histogram(result: LoadResult) -> str:
     if not total or set(result.exit_counts) == {-1}:
         return "-"
     return " ".join(f"{k}:{100 * v / total:.0f}%" for k, v in sorted(result.exit_counts.items()))
+
+
+def exit_comparison(result: LoadResult) -> str:
+    """The served exits against a workload's reference exits, and why they may differ: the reference was recorded
+    with every ramp of the model on (``e3 workload``), and a plan that disables ramps (the exit-wrapper) moves
+    those inputs' exits to a later ramp by design, while the labels are what to compare then."""
+    ramps = ("every ramp of the model (the workload does not list them)" if result.reference_ramps is None
+             else f"ramps {', '.join(map(str, result.reference_ramps))} enabled")
+    return (f"exit ramps differing from the workload's reference: {result.exit_mismatches} of {result.inputs} "
+            f"(served exits {exit_histogram(result)}). The reference was recorded with {ramps}; a plan that "
+            "disables ramps moves the exits of inputs that would leave there to later ramps, so a served plan "
+            "with fewer ramps differs by design: compare its enabled ramps (e3_repository.json) and the accuracy")
 
 
 def format_table(results: list[LoadResult], reference: str | None = None,

@@ -18,7 +18,7 @@ import numpy as np
 from e3.core.exits import EntropyRule, PatienceRule, make_exit_rule
 from e3.export.training import all_exit_logits, simulate_exits, summarize_exits
 
-__all__ = ["Evaluation", "evaluate", "format_evaluation", "plot_evaluation"]
+__all__ = ["Evaluation", "evaluate", "format_evaluation", "plot_evaluation", "evaluation_figure"]
 
 
 @dataclass
@@ -132,33 +132,52 @@ def format_evaluation(ev: Evaluation) -> str:
 
 def plot_evaluation(ev: Evaluation, path: Path) -> Path:
     """PNG: accuracy and compute saved against the threshold; exit shares at the default."""
+    fig = evaluation_figure(ev)          # chooses the Agg backend before pyplot loads
+    import matplotlib.pyplot as plt
+    from e3.core.files import atomic_path
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def evaluation_figure(ev: Evaluation):
+    """The figure :func:`plot_evaluation` saves. Left: accuracy and compute saved against the threshold (τ or
+    patience); a rule of your own has no threshold to sweep (its parameters are its own), so the left panel
+    shows the same quantities at that rule as bars, and says so, instead of empty axes."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     key = _sweep_key(ev.rule)
-    xs = [r[key] for r in ev.sweep]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    a.plot(xs, [100 * r["accuracy"] for r in ev.sweep], "o-", label="EE accuracy")
-    a.plot(xs, [100 * (1 - r["blocks_fraction"]) for r in ev.sweep], "s-", label="compute saved")
-    if ev.stock_accuracy is not None:
-        a.axhline(100 * ev.stock_accuracy, color="gray", ls="--", label="stock accuracy")
-    if key is not None:
+    if ev.sweep:
+        xs = [r[key] for r in ev.sweep]
+        a.plot(xs, [100 * r["accuracy"] for r in ev.sweep], "o-", label="EE accuracy")
+        a.plot(xs, [100 * (1 - r["blocks_fraction"]) for r in ev.sweep], "s-", label="compute saved")
+        if ev.stock_accuracy is not None:
+            a.axhline(100 * ev.stock_accuracy, color="gray", ls="--", label="stock accuracy")
         a.axvline(ev.rule[key], color="red", ls=":", label=f"default {key}")
-    a.set_xlabel({"tau_nats": "τ (nats)", "patience": "patience"}.get(key, f"{ev.rule['kind']}: no sweep"))
+        a.set_xlabel({"tau_nats": "τ (nats)", "patience": "patience"}[key])
+        a.set_title(f"{ev.model}: accuracy and compute saved")
+        a.legend(fontsize=8)
+    else:
+        bars = {"EE accuracy": ev.at_default["accuracy"], "compute saved": ev.compute_saved,
+                "head alone": ev.final_ramp_accuracy}
+        if ev.stock_accuracy is not None:
+            bars["stock accuracy"] = ev.stock_accuracy
+        a.bar(list(bars), [100 * v for v in bars.values()], color=["C0", "C1", "C2", "gray"][:len(bars)])
+        for i, v in enumerate(bars.values()):
+            a.text(i, 100 * v, f"{100 * v:.1f}%", ha="center", va="bottom", fontsize=8)
+        a.set_xlabel(f"at the rule {ev.rule['kind']} (its own parameters: no threshold to sweep)")
+        a.set_title(f"{ev.model}: accuracy and compute saved at its rule")
     a.set_ylabel("%")
-    a.set_title(f"{ev.model}: accuracy and compute saved")
-    a.legend(fontsize=8)
     blocks = list(range(1, ev.num_blocks + 1))
     b.bar(blocks, [100 * ev.at_default["exit_share"].get(k, 0) for k in blocks])
     b.set_xlabel("exit ramp (block; last = final head)")
     b.set_ylabel("% of test inputs")
     b.set_title("exit distribution at the default rule")
     fig.tight_layout()
-    from e3.core.files import atomic_path
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def save_evaluation(ev: Evaluation, folder: Path) -> tuple[Path, Path]:

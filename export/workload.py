@@ -103,7 +103,9 @@ def build_workloads(name: str, out_dir: Path, count: int = 1000, *, rate_rps: fl
     rng = np.random.default_rng(seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     names = [t.name for t in card.inputs]
+    # enabled_ramps: the reference exits are recorded with every ramp on (what `e3 load` compares served exits with)
     common = {"model": name, "exit_rule": card.exit_rule, "num_blocks": L, "inputs": names,
+              "enabled_ramps": list(card.ramp_blocks),
               "easy_rule": f"exit block <= {L // 2}", "test_easy": int(len(bins[False])),
               "test_hard": int(len(bins[True])), "seed": seed}
     picks, paths = {}, []

@@ -45,13 +45,15 @@ def test_the_format_and_its_errors(data_file, tmp_path):
 
 def test_evaluate_workload_and_plan_take_a_users_data(data_file, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(["evaluate", "custom_ee:summit_patience", "--data", str(data_file)]) == 0
+    assert main(["evaluate", "custom_ee:summit_patience", "--data", str(data_file), "--out", str(tmp_path / "ev")]) == 0
     out = capsys.readouterr().out
     assert "accuracy 100.00%" in out                     # the labels are the model's own answers
+    assert sorted(p.name for p in (tmp_path / "ev").iterdir()) == ["summit_patience.evaluation.json",
+                                                                    "summit_patience.evaluation.png"]
     assert main(["workload", "custom_ee:summit_patience", "--data", str(data_file), "--count", "50",
                  "--out", str(tmp_path / "wl")]) == 0
     replay = json.loads((tmp_path / "wl" / "data.json").read_text())
-    assert replay["count"] == 200
+    assert replay["count"] == 200 and replay["enabled_ramps"] == [1, 2, 3]   # what e3 load's comparison names
     assert BatchProfile.load(tmp_path / "wl" / "mix-80-20.batch-profile.json").reach_by_ramps   # measured per set
     synthetic_profile("summit_patience").save(tmp_path / "lat.json")
     assert main(["plan", "--latency-profile", str(tmp_path / "lat.json"), "--model", "custom_ee:summit_patience",

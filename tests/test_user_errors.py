@@ -155,3 +155,53 @@ def test_a_failed_export_leaves_the_repository_as_it_found_it(tmp_path, monkeypa
     with pytest.raises(ExportError, match="unlike PyTorch"):
         export_repository("custom_ee:forgetful", [2], repo, progress=False)
     assert _snapshot(repo) == before                                # split 3-4 gone, split 1-2 and manifest back
+
+
+# --- e3 load's exit comparison ----------------------------------------------------------------------------------
+
+def test_the_exit_comparison_says_which_ramps_the_workload_was_recorded_with():
+    from collections import Counter
+    from e3.client.loadgen import LoadResult
+    from e3.client.report import exit_comparison
+    result = LoadResult("summit_patience_router", inputs=1000, labelled=1000, exit_mismatches=412,
+                        exit_counts=Counter({2: 600, 5: 400}), reference_ramps=[1, 2, 3, 4])
+    text = exit_comparison(result)
+    assert text.startswith("exit ramps differing from the workload's reference: 412 of 1000 (served exits 2:60% "
+                           "5:40%). The reference was recorded with ramps 1, 2, 3, 4 enabled; a plan that disables "
+                           "ramps moves the exits of inputs that would leave there to later ramps")
+    result.reference_ramps = None                                  # a workload written before it said
+    assert "recorded with every ramp of the model (the workload does not list them)" in exit_comparison(result)
+
+
+def test_a_workload_file_carries_its_ramps_to_the_load_generator(tmp_path):
+    import json
+    from e3.client.workloads import load_workload
+    np.savez(tmp_path / "w.npz", x=np.zeros((2, 3), np.float32), exit_ramp=np.array([1, 5]), label=np.array([0, 1]),
+             hard=np.array([False, True]))
+    (tmp_path / "w.json").write_text(json.dumps({"inputs": ["x"], "enabled_ramps": [1, 2, 3, 4],
+                                                 "phases": [{"mix": "all", "start_index": 0, "count": 2}]}))
+    assert load_workload(tmp_path / "w.npz").meta["enabled_ramps"] == [1, 2, 3, 4]
+
+
+# --- e3 evaluate's plot for a rule of one's own ----------------------------------------------------------------
+
+def test_a_custom_rules_evaluation_plot_has_no_empty_panel():
+    from e3.export.evaluate import Evaluation, evaluation_figure
+    ev = Evaluation("summit:summit", 5, {"kind": "summit_rules:MarginAgree", "min_gap": 0.6, "num_classes": 4},
+                    {"accuracy": 0.9, "exit_share": {1: 0.5, 5: 0.5}, "blocks_fraction": 0.6}, None, 0.92, [])
+    fig = evaluation_figure(ev)
+    left, right = fig.axes
+    assert left.has_data() and right.has_data()
+    assert [t.get_text() for t in left.get_xticklabels()] == ["EE accuracy", "compute saved", "head alone"]
+    assert left.get_xlabel() == "at the rule summit_rules:MarginAgree (its own parameters: no threshold to sweep)"
+    assert [round(p.get_height(), 1) for p in left.patches] == [90.0, 40.0, 92.0]
+
+
+# --- --out on the commands that write results --------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["evaluate", "m"], ["workload", "m"], ["profile", "m"],
+                                  ["plan", "--latency-profile", "p.json", "--reach", "1", "--devices", "cpu:2", "--slo-ms", "9"],
+                                  ["bench", "side-by-side"], ["bench", "simulator"], ["bench", "gpu"]])
+def test_commands_that_write_results_take_out(argv):
+    from e3.cli.main import build_parser
+    assert build_parser().parse_args([*argv, "--out", "elsewhere"]).out == "elsewhere"
