@@ -32,7 +32,7 @@ from e3.export.repository import ExportSettings, export_repository
 from e3.export.zoo import resolve_model
 from e3.paths import artifacts_dir
 
-__all__ = ["DemoSettings", "run_demo", "core_budgets", "split_instances"]
+__all__ = ["DemoSettings", "run_demo", "core_budgets", "split_instances", "explain", "kept_gpu_limits"]
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,65 @@ def run_demo(repo: Path, settings: DemoSettings = DemoSettings(), echo=print) ->
     echo(format_table(results, reference=stock_name(m), budgets=budgets))
     failed = sum(r.errors for r in results)
     echo(f"\n{failed} failed requests" if failed else "\nevery request answered")
+    echo("")
+    for line in explain(plan, {r.model: r.throughput_ips for r in results}, kept_gpu_limits()):
+        echo(line)
     return results
+
+
+def explain(plan: Plan, inputs_per_s: dict[str, float], gpu: list[dict]) -> list[str]:
+    """The lines under the demo's table: which form the planner chose here and why, what E3 gains where (the
+    GPU runs kept in the repository, :func:`kept_gpu_limits`, or that none is), and where to read more.
+    ``inputs_per_s``: served model -> its throughput in this run."""
+    m = plan.model
+    e3, ee, stock = (inputs_per_s.get(n, 0.0) for n in (router_name(m), ee_name(m), stock_name(m)))
+    forms = {s.form for s in plan.splits}
+    ratio = f"E3 {e3 / ee:.2f}x `{ee_name(m)}` and {e3 / stock:.2f}x stock in this run" if ee and stock else ""
+    if forms == {COMPACT}:
+        why = ("The planner chose the compact form for this CPU (rows leave the batch between blocks, inside the router): "
+               "here a block costs in proportion to its batch, so a shrinking batch wastes nothing and E3 is early exit "
+               f"done well, at the in-process early-exit model's speed ({ratio}).")
+    else:
+        kinds = ", ".join(sorted(forms))
+        why = (f"This run served {kinds} splits ({ratio}); on this CPU the planner's own choice is the compact form, "
+               "since a shrinking batch costs nothing here.")
+    lines = [why]
+    if gpu:
+        # every kept figure of one model and mix (the first device's first): the range over the batches, no pick
+        g0 = gpu[0]
+        same = [g for g in gpu if (g["device"], g["model"], g["mix"]) == (g0["device"], g0["model"], g0["mix"])]
+        span = lambda k: f"{min(g[k] for g in same):.2f}-{max(g[k] for g in same):.2f}x"   # noqa: E731
+        batches = ", ".join(str(g["max_batch"]) for g in same)
+        lines.append(f"E3's constant batches pay where a shrinking batch wastes the device: on an {g0['device']} "
+                     f"({g0['model']}, mix {g0['mix']}, batches {batches}, in process) E3 ran {span('e3_over_stock')} "
+                     f"the stock model and {span('e3_over_ee')} naive early exit (docs/RESULTS.md, 'E3 on a GPU'; "
+                     "through Triton on a GPU: docs/gpu.md).")
+    else:
+        lines.append("E3's constant batches pay where a shrinking batch wastes the device (a GPU): no GPU run is kept "
+                     "in this checkout yet (docs/gpu.md says how to make one).")
+    lines.append("Read more: docs/README.md (where everything is), docs/RESULTS.md (every figure with its command).")
+    return lines
+
+
+def kept_gpu_limits(root: Path | None = None) -> list[dict]:
+    """The in-process GPU figures kept in ``docs/data/<gpu>/side_by_side.json`` (the standing GPU run's
+    ``limit`` rows): per device, model, mix and batch, E3's throughput over the stock model's and naive early
+    exit's. Empty where none is kept (a checkout without docs/, or no GPU run yet)."""
+    import json
+
+    from e3.paths import project_root
+    out = []
+    for path in sorted(((root or project_root()) / "docs" / "data").glob("*/side_by_side.json")):
+        try:
+            rows = json.loads(path.read_text()).get("limit") or []
+        except (OSError, ValueError):
+            continue
+        for r in rows:
+            if r.get("stock") and r.get("ee") and r.get("e3"):
+                out.append({"device": path.parent.name.upper(), "model": r["model"], "mix": r["mix"],
+                            "max_batch": r["max_batch"], "e3_over_stock": r["e3"] / r["stock"],
+                            "e3_over_ee": r["e3"] / r["ee"]})
+    return out
 
 
 def _describe(plan: Plan) -> str:
