@@ -16,7 +16,7 @@ from typing import Callable, Mapping, Sequence
 
 from e3.deploy.grpc_guard import GrpcGuard
 from e3.deploy.guard import Guard, tune_gc
-from e3.deploy.server import ServerError, TritonServer, port_taken
+from e3.deploy.server import ServerError, TritonServer, models_to_serve, port_taken
 from e3.deploy.supervisor import Supervisor
 
 __all__ = ["serve_until_stopped", "guard_until_stopped", "KEEP_SERVING_ARGS", "models_not_loaded"]
@@ -63,6 +63,9 @@ def serve_until_stopped(repo: str | Path, models: Sequence[str] | None, stop: th
     if headers is None and host not in LOOPBACK:
         raise ServerError(f"--host {host} makes the server reachable by others: set E3_API_HEADER and "
                           "E3_API_KEY so that model control, model configs and shared memory need the key")
+    if not models and not models_to_serve(repo):   # a manifest without a deployment: an export that never finished
+        raise ServerError(f"{repo} has no model to load: its manifest lists no deployment (an export that did not "
+                          "finish writes none); run `e3 export MODEL` again, or name the models with --models")
     for what, port in (("HTTP", http_port), ("gRPC", grpc_port)):
         if guarded and port_taken(host, port):
             raise ServerError(f"{what} port {port} on {host} is already in use; choose another with "

@@ -205,3 +205,22 @@ def test_a_custom_rules_evaluation_plot_has_no_empty_panel():
 def test_commands_that_write_results_take_out(argv):
     from e3.cli.main import build_parser
     assert build_parser().parse_args([*argv, "--out", "elsewhere"]).out == "elsewhere"
+
+
+# --- e3 serve on a repository with nothing to load ---------------------------------------------------------------
+
+def test_serve_refuses_a_repository_whose_manifest_lists_no_deployment(tmp_path):
+    """What an export that failed before this fix left: models in the manifest, no deployment. e3 serve started,
+    loaded 0 models and said nothing; now it exits (ServerError: the CLI prints it, exit 2) before starting."""
+    import json
+    import threading
+    from e3.core.manifest import MANIFEST
+    from e3.deploy.serve import serve_until_stopped
+    from e3.deploy.server import ServerError
+    (tmp_path / MANIFEST).write_text(json.dumps({"created_by": "e3", "deployments": {},
+                                                 "models": {"m_split_1-2": {"kind": "split"}}}))
+    with pytest.raises(ServerError, match=r"has no model to load: its manifest lists no deployment \(an export that "
+                                          r"did not finish writes none\); run `e3 export MODEL` again, or name the "
+                                          r"models with --models"):
+        serve_until_stopped(tmp_path, None, threading.Event(), host="127.0.0.1", http_port=1, grpc_port=1,
+                            metrics_port=1, tritonserver=None, timeout_s=1, headers=None)
