@@ -257,8 +257,9 @@ class GenerationEngine:
             if entry.get("fallback"):
                 return replace(req, note={"e3_mode": "full", "e3_fallback": True, "e3_reason": (
                     f"{what}: no exits are predicted to pay at calibration; decoded plainly")})
-            pred = {"speedup": speedup(costs, entry["predicted_exit_rate"], measure=req.measure, batch=rows)
-                    if costs is not None else entry.get("predicted_speedup", 1.0)}
+            if costs is None or "predicted_exit_rate" not in entry:   # nothing to re-predict with: as calibrated
+                return replace(req, note={"e3_mode": "calm", "e3_reason": f"{what}: as calibrated"})
+            pred = {"speedup": speedup(costs, entry["predicted_exit_rate"], measure=req.measure, batch=rows)}
         elif req.thresholds is None:
             if req.tau > 1.0:
                 return replace(req, note={"e3_mode": "full", "e3_reason": f"tau {req.tau:g} > 1: no exits"})
