@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from e3.core.files import write_atomic
 from e3.core.manifest import MANIFEST, ManifestError, read_manifest, write_manifest
-from e3.core.names import (SHIPPED_MODELS_DIR, WEIGHTS_FILE, block_file, ee_name, preprocess_name, ramp_output, ramps_in_range,
+from e3.core.names import (INPUT_BOUNDS, SHIPPED_MODELS_DIR, WEIGHTS_FILE, block_file, ee_name, preprocess_name, ramp_output, ramps_in_range,
                            ranges_from_cuts, router_name, served_name, split_name, state_output, stock_name)
 from e3.core.plan import Plan, SplitPlan, default_plan
 from e3.core.spec import ModelCard, TensorSpec, answer_specs
@@ -386,7 +386,7 @@ def _write_onnx_model(module: SplitModule, out: Path, desc: ModelDescription, se
         # (e3.serving.input_policy) before ONNX Runtime sees the values.
         bounds = {t.name: list(t.bounds) for t in desc.inputs if t.bounds is not None}
         desc = ModelDescription(**{**desc.__dict__, "parameters": {
-            **desc.parameters, "intra_op_threads": "1", **({"input_bounds": json.dumps(bounds)} if bounds else {})}})
+            **desc.parameters, "intra_op_threads": "1", **({INPUT_BOUNDS: json.dumps(bounds)} if bounds else {})}})
         write_model_py(out, f"{SERVING}.split")
     write_atomic(out / "config.pbtxt", render_config(desc, settings.target))
     return io

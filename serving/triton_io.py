@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from e3.core.names import INPUT_BOUNDS
 from e3.core.rows import request_slices, split_rows
 from e3.core.spec import TensorSpec, dtype_from_config
 from e3.serving.input_policy import InputError, check_request
@@ -36,9 +37,8 @@ EXPIRED_IN_QUEUE = "Request timeout expired"
 # request's non-finite outputs as they are, so that one client's overflowing rows do not fail the rows of
 # other clients merged into the same call; the front door refuses them per client request.
 INTERNAL_ID = "e3-internal"
-# A model config's parameter holding {input name: [low, high]}: the value bounds of its inputs
-# (TensorSpec.bounds), which config.pbtxt's input fields cannot carry.
-INPUT_BOUNDS = "input_bounds"
+# INPUT_BOUNDS (e3.core.names): a model config's parameter holding {input name: [low, high]}, the value bounds of
+# its inputs (TensorSpec.bounds), which config.pbtxt's input fields cannot carry.
 
 
 class BlsError(RuntimeError):

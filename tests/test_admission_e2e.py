@@ -29,12 +29,15 @@ def admission_server(tmp_path_factory):
     export_repository("tiny-ee", None, repo, settings=ExportSettings(), progress=False)
     names = {k: write_admission(repo, "tiny_ee_stock", p, name=f"tiny_ee_stock_admission_{k}")
              for k, p in POLICIES.items()}
+    # the other seam and form: workers as threads of the stage on one shared session, answering inline
+    names["threads-inline"] = write_admission(repo, "tiny_ee_stock", POLICIES["e"], name="tiny_ee_stock_admission_ti",
+                                              worker_processes=None, answering="inline")
     # the stage of "n" loads its workers' model itself on its first batch; "e"'s is loaded up front
     with serving(repo, ["tiny_ee_stock", *names.values(), workers_name(names["e"])], name="admission") as server:
         yield server, repo, names
 
 
-@pytest.mark.parametrize("kind", sorted(POLICIES))
+@pytest.mark.parametrize("kind", [*sorted(POLICIES), "threads-inline"])
 def test_answers_through_the_admission_stage_equal_the_models(admission_server, tiny_model, kind):
     server, repo, names = admission_server
     ids, mask = (x.numpy() for x in tiny_model.example_inputs(300, seed=11))
@@ -56,6 +59,8 @@ def test_answers_through_the_admission_stage_equal_the_models(admission_server, 
     clear = np.abs(np.diff(np.sort(reference, axis=1)[:, -2:], axis=1))[:, 0] > 1e-4
     assert np.array_equal(label[clear], reference.argmax(axis=1)[clear])
     np.testing.assert_allclose(probs, expected, atol=1e-5)
+    if kind == "threads-inline":   # no workers' model: the stage's own threads ran the batches
+        return
     # the batches ran in the workers' processes (Triton instances), none in the stage
     stats = server.model_statistics(workers_name(names[kind]))["model_stats"][0]
     assert stats["inference_count"] >= len(ids) and stats["execution_count"] < len(ids)
@@ -67,8 +72,8 @@ def test_a_bad_request_gets_its_own_error_and_the_stage_keeps_serving(admission_
     with E3Client(server.http_url) as client:
         with pytest.raises(ClientError, match="attention_mask"):
             client.infer(names["n"], {"input_ids": ids})            # an input missing
-        with pytest.raises(ClientError):
-            client.infer(names["n"], {"input_ids": ids.astype(np.float32), "attention_mask": mask})
+        with pytest.raises(ClientError, match="input_ids.*outside the allowed range"):   # the stage's input policy
+            client.infer(names["n"], {"input_ids": ids + 1_000_000, "attention_mask": mask})
         assert len(client.infer(names["n"], {"input_ids": ids, "attention_mask": mask}).label) == 4
 
 

@@ -11,6 +11,7 @@ import re
 
 __all__ = [
     "ANSWERING",
+    "INPUT_BOUNDS",
     "SIDE_BY_SIDE",
     "BASELINES",
     "DEVICE_SYSTEMS",
@@ -41,6 +42,10 @@ WEIGHTS_FILE = "weights.safetensors"   # the model's state dict
 # "continuous" (execute admits, one engine thread computes and answers: e3.serving.device.continuous), the
 # default, or "inline" (the labelled fallback: execute runs its own requests out).
 ANSWERING = ("continuous", "inline")
+
+# The config parameter carrying a model's inputs' value bounds (JSON: input name -> [low, high], inclusive), written
+# by the exporter and read by every served model's input policy (e3.serving.triton_io.io_specs).
+INPUT_BOUNDS = "input_bounds"
 
 # The one registry of the systems a comparison serves (the device models' ``system``/``role`` parameter, the GPU
 # side-by-side's rows): E3 and its two baselines, the stock model and the naive early-exit model; the device

@@ -27,7 +27,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from e3.core.files import write_atomic
-from e3.core.names import ANSWERING
+from e3.core.names import ANSWERING, INPUT_BOUNDS
 from e3.core.manifest import read_manifest, write_manifest
 from e3.core.spec import NUMPY_DTYPES, TensorSpec, dtype_from_config
 from e3.export.repository import SERVING, ExportError, check_owned, staging, write_model_py
@@ -92,6 +92,10 @@ def write_admission(repo: str | Path, fronted: str, policy: Mapping[str, Any], *
         raise ValueError(f"answering must be one of {', '.join(ANSWERING)}, got {answering!r}")
     params = {"policy": json.dumps(dict(policy), sort_keys=True), "intra_op_threads": str(intra_op_threads),
               "response_threads": str(response_threads), "answering": answering}
+    # the fronted model's value bounds (token ids within the vocabulary, masks 0/1): the stage checks them when a
+    # request arrives, so a bad request is refused alone instead of failing the worker batch it would share
+    if INPUT_BOUNDS in cfg.parameters:
+        params[INPUT_BOUNDS] = cfg.parameters[INPUT_BOUNDS].string_value
     if workers is not None:
         check_owned(repo, workers, manifest)
         params["workers_model"] = workers
