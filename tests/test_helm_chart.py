@@ -289,6 +289,7 @@ def test_gpu_pools_ask_for_gpus_on_the_right_nodes():
     assert v100["nodeSelector"] == {"cloud/pool": "gpu", "nvidia.com/gpu.product": "Tesla-V100-SXM2-16GB"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in t4["tolerations"]
     assert "--allow-gpu-metrics=true" in t4["containers"][0]["args"]
+    assert t4["initContainers"][0]["image"] == "e3-export:0.1.0"   # PyTorch: not in the controller's image
     init = t4["initContainers"][0]["command"]
     assert init[:5] == ["e3", "export", "bert-ee", "--target", "ngc"] and "--all-ranges" in init
     assert by_kind(docs, "ConfigMap")["demo-e3-settings"]["data"]["E3_DEVICES"] == "t4:1,v100:12"

@@ -1,6 +1,7 @@
 # The project's own image for the Helm chart (deploy/helm/e3): the `e3` command, which runs the
-# controller (`e3 control --pools ... --kubernetes`) and, with modelRepository.source=export, the init
-# container that writes Triton's model repository (`e3 export ... --target ngc`).
+# controller (`e3 control --pools ... --kubernetes`) and every Triton pod's guard container
+# (`e3 serve --guard-only`). With modelRepository.source=export the init container that writes Triton's model
+# repository (`e3 export ... --target ngc`) needs PyTorch: it runs e3-export.Dockerfile's image, built on this one.
 # Triton itself runs in the NGC-based image of deploy/ngc/Dockerfile.
 #
 #   docker build -f deploy/helm/images/e3.Dockerfile -t e3:0.1.0 .
@@ -16,14 +17,12 @@
 # and the served plan.
 ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE}
-# E3_EXTRAS=gpu adds the optional `gpu` extra (TensorRT, ONNX Runtime on CUDA) for an export init container
-# that builds TensorRT engines on a GPU pool (modelRepository.export.format tensorrt); default: none.
-ARG E3_EXTRAS=""
 
 WORKDIR /opt/e3
-COPY requirements.txt requirements.lock requirements-nodeps.txt pyproject.toml README.md ./
-RUN python3 -m pip install --no-cache-dir -r requirements.txt -c requirements.lock \
- && python3 -m pip install --no-cache-dir --no-deps -r requirements-nodeps.txt
+COPY pyproject.toml README.md deploy/helm/images/requirements-e3.txt ./
+# Only what the controller, the guard and the CLI import (requirements-e3.txt; no PyTorch, no CUDA, no test
+# tooling): tests/test_image_imports.py imports them with exactly this set and sums its size.
+RUN python3 -m pip install --no-cache-dir -r requirements-e3.txt
 COPY e3 e3
 COPY export export
 COPY serving serving
@@ -36,7 +35,7 @@ COPY benchmarks benchmarks
 COPY cli cli
 # A regular (not editable) install: the image holds the package, not a link to its build folder.
 RUN python3 -m pip install --no-cache-dir --no-deps --no-build-isolation . && e3 --help > /dev/null \
- && if [ -n "${E3_EXTRAS}" ]; then python3 -m pip install --no-cache-dir ".[${E3_EXTRAS}]" -c requirements.lock; fi
+ && python3 -c "import e3.cli.control, e3.cli.serve, e3.controller.k8s_scaler, e3.deploy.grpc_guard, kubernetes"
 
 # E3_ARTIFACTS: where `e3` reads checkpoints and writes its files (a volume in the chart; the root
 # filesystem stays read-only).
