@@ -329,7 +329,7 @@ def add_profile(sub, repo_help: str) -> None:
     pr.add_argument("--no-tx", action="store_true", help="skip the Tx measurement (no tritonserver; Tx = 0)")
     pr.add_argument("--data", default=None, metavar="FILE",
                     help="time the blocks on states computed from your inputs (.npz of the model's inputs, see "
-                         "README 'Serve your own model') instead of the model's random example inputs")
+                         "docs/own-model.md) instead of the model's random example inputs")
     pr.add_argument("--tritonserver", default=None, help="tritonserver binary for the Tx measurement")
     pr.set_defaults(func=_profile)
 
@@ -345,7 +345,7 @@ def add_plan(sub, repo_help: str) -> None:
                          "mix); --exits is an old alias. Or --data with --model")
     pl.add_argument("--data", default=None, metavar="FILE",
                     help="measure the batch profile from your data instead (.npz of the model's inputs, see "
-                         "README 'Serve your own model'); needs --model; the exit-wrapper then prices every set "
+                         "docs/own-model.md); needs --model; the exit-wrapper then prices every set "
                          "of ramps with the exits the rule really gives on the data")
     pl.add_argument("--limit", type=int, default=None, help="with --data: the first N inputs only")
     pl.add_argument("--batch-profile-out", default=None, metavar="B.json",
@@ -411,7 +411,7 @@ def add_evaluate(sub, repo_help: str) -> None:
     ev.add_argument("--limit", type=int, default=None, help="evaluate the first N test inputs only")
     ev.add_argument("--data", default=None, metavar="FILE",
                     help="evaluate on your data: a .npz with one array per model input (named as the model card "
-                         "names them) and 'labels' (int64 [N]); any model (README 'Serve your own model')")
+                         "names them) and 'labels' (int64 [N]); any model (docs/own-model.md)")
     ev.add_argument("--out", default=None, metavar="FOLDER",
                     help="folder for <m>.evaluation.json and .png (default artifacts/results)")
     ev.set_defaults(func=_evaluate)
@@ -423,7 +423,7 @@ def add_workload(sub, repo_help: str) -> None:
     w.add_argument("model", help="bert-ee, pabee, resnet-ee, or package.module:factory with --data")
     w.add_argument("--data", default=None, metavar="FILE",
                    help="bin your data's inputs instead of a zoo test split (.npz of the model's inputs and "
-                        "'labels'; README 'Serve your own model')")
+                        "'labels'; docs/own-model.md)")
     w.add_argument("--count", type=int, default=1000, help="inputs per mix (default 1000)")
     w.add_argument("--rate-rps", type=float, default=50.0, help="nominal arrival rate for the stream's phase times")
     w.add_argument("--seed", type=int, default=0)
