@@ -43,13 +43,13 @@ import functools
 import hmac
 import logging
 import math
-import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Callable
 
 import grpc
 
+from e3.deploy.loop_thread import LoopThread
 from e3.deploy.guard import BadRequestLog, Control
 from e3.deploy.routes import KEYED
 from e3.deploy.request_check import (DATATYPES, MODEL_NAME, RESERVED_PARAMETERS, RequestError, _check_bytes_elements,
@@ -231,7 +231,7 @@ _CHECKS: dict[str, Callable[[bytes], tuple[bytes, str]]] = {
 }
 
 
-class GrpcGuard:
+class GrpcGuard(LoopThread):
     """The gRPC guard on ``host:port`` in front of Triton's gRPC endpoint ``upstream`` (``unix:/path`` or
     ``host:port``); see the module docstring.
 
@@ -244,6 +244,7 @@ class GrpcGuard:
     def __init__(self, upstream: str, host: str = "127.0.0.1", port: int = 8001, *,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, api_key: tuple[str, str] | None = None,
                  unhealthy: Callable[[], set[str]] | None = None, on_control: Control | None = None):
+        super().__init__()
         self.upstream, self.host, self.port = upstream, host, port
         self.max_message_bytes = max_message_bytes
         self.api_key = api_key
@@ -252,44 +253,20 @@ class GrpcGuard:
         self.codes: Counter = Counter()   # status code name -> calls answered
         self.bad = BadRequestLog(log)
         self._key_names = () if api_key is None else (api_key[0].lower(), f"triton-grpc-protocol-{api_key[0].lower()}")
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self._server: grpc.aio.Server | None = None
         self._channel: grpc.aio.Channel | None = None
         self._calls: dict[str, Any] = {}
         self._checker = ThreadPoolExecutor(1, thread_name_prefix="e3-grpc-guard-check")
-        self._inflight: dict[str, set[asyncio.Task]] = {}
-        self._aborted: set[asyncio.Task] = set()
 
     @property
     def url(self) -> str:
         return f"{self.host}:{self.port}"
 
     # -- lifecycle --------------------------------------------------------------------------------------------
+    thread_name = "e3-grpc-guard"   # grpc.aio wants asyncio's own loop: LoopThread's default
+
     def start(self) -> "GrpcGuard":
-        started = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()   # grpc.aio wants asyncio's own loop
-            self._loop = loop
-            try:
-                loop.run_until_complete(self._start())
-            except BaseException as err:  # noqa: BLE001 - reported to start()'s caller
-                failure.append(err)
-                started.set()
-                loop.close()
-                return
-            started.set()
-            loop.run_forever()
-            loop.run_until_complete(self._close())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="e3-grpc-guard", daemon=True)
-        self._thread.start()
-        started.wait()
-        if failure:
-            raise failure[0]
+        super().start()
         log.info("gRPC guard on %s in front of %s", self.url, self.upstream)
         return self
 
@@ -318,31 +295,12 @@ class GrpcGuard:
             await self._channel.close()
 
     def stop(self) -> None:
-        if self._loop is not None and self._thread is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
+        super().stop()
         self._checker.shutdown(wait=False)
-        self._loop = None
-
-    def __enter__(self) -> "GrpcGuard":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def abort(self, model: str) -> int:
         """End every call in flight to ``model`` with UNAVAILABLE now (from any thread); how many there were."""
-        if self._loop is None:
-            return 0
-
-        async def cancel() -> int:
-            tasks = list(self._inflight.get(model, ()))
-            for task in tasks:
-                self._aborted.add(task)
-                task.cancel()
-            return len(tasks)
-
-        return asyncio.run_coroutine_threadsafe(cancel(), self._loop).result(timeout=10)
+        return super().abort(model)
 
     def metrics_text(self) -> str:
         """The gRPC guard's counters in Prometheus' text format (served on the HTTP guard's ``/metrics``)."""

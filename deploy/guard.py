@@ -56,7 +56,6 @@ import asyncio
 import gc
 import hmac
 import logging
-import threading
 import time
 import zlib
 from collections import Counter
@@ -65,6 +64,7 @@ from typing import Callable, Mapping
 
 from aiohttp import web, web_protocol
 
+from e3.deploy.loop_thread import LoopThread
 from e3.deploy.request_check import RequestError, canonical_infer_request, canonical_repository_request
 from e3.deploy.routes import KEYED, Route, RouteError, route
 from e3.deploy.strict_json import StrictJSONError, dumps_canonical, loads_strict
@@ -252,7 +252,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-class Guard:
+class Guard(LoopThread):
     """The guard on ``host:port`` in front of Triton's HTTP endpoint ``upstream`` (``host:port``).
 
         with Guard("127.0.0.1:18000", port=8000, upstream_headers=server.http_headers):
@@ -272,6 +272,7 @@ class Guard:
                  api_key: tuple[str, str] | None = None, header_timeout_s: float = HEADER_TIMEOUT_S,
                  body_timeout_s: float = BODY_TIMEOUT_S, metrics: Callable[[], str] | None = None,
                  on_control: Control | None = None):
+        super().__init__()
         if upstream.startswith("unix:"):
             self.upstream: tuple[str, int | None] = (upstream[len("unix:"):], None)
         else:
@@ -287,13 +288,9 @@ class Guard:
         self.on_control = on_control
         self.responses: Counter = Counter()   # status -> answers sent
         self.bad = BadRequestLog(log)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self._runner: web.ServerRunner | None = None
         self._pool: UpstreamPool | None = None
         self._parser = ThreadPoolExecutor(1, thread_name_prefix="e3-guard-parse")
-        self._inflight: dict[str, set[asyncio.Task]] = {}   # model -> upstream calls in flight
-        self._aborted: set[asyncio.Task] = set()
         self._log_limit = _LogLimit(self.bad)
 
     @property
@@ -302,31 +299,14 @@ class Guard:
         return f"{self.host}:{self.port}"
 
     # -- lifecycle --------------------------------------------------------------------------------------------
+    thread_name = "e3-http-guard"
+
+    def _new_loop(self) -> asyncio.AbstractEventLoop:
+        return _new_loop()
+
     def start(self) -> "Guard":
-        started = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            loop = _new_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self._start())
-            except BaseException as err:  # noqa: BLE001 - reported to start()'s caller
-                failure.append(err)
-                started.set()
-                loop.close()
-                return
-            started.set()
-            loop.run_forever()
-            loop.run_until_complete(self._close())
-            loop.close()
-
         logging.getLogger("aiohttp.server").addFilter(self._log_limit)
-        self._thread = threading.Thread(target=run, name="e3-http-guard", daemon=True)
-        self._thread.start()
-        started.wait()
-        if failure:
-            raise failure[0]
+        super().start()
         log.info("HTTP guard on %s in front of %s", self.url, ":".join(str(p) for p in self.upstream if p))
         return self
 
@@ -347,32 +327,13 @@ class Guard:
             self._pool.close()
 
     def stop(self) -> None:
-        if self._loop is not None and self._thread is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
+        super().stop()
         self._parser.shutdown(wait=False)
         logging.getLogger("aiohttp.server").removeFilter(self._log_limit)
-        self._loop = None
-
-    def __enter__(self) -> "Guard":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def abort(self, model: str) -> int:
         """Answer every request in flight to ``model`` with 503 now (from any thread); how many there were."""
-        if self._loop is None:
-            return 0
-
-        async def cancel() -> int:
-            tasks = list(self._inflight.get(model, ()))
-            for task in tasks:
-                self._aborted.add(task)
-                task.cancel()
-            return len(tasks)
-
-        count = asyncio.run_coroutine_threadsafe(cancel(), self._loop).result(timeout=10)
+        count = super().abort(model)
         if count:
             log.warning("guard: %d request(s) in flight to %s ended with 503", count, model)
         return count
