@@ -23,6 +23,11 @@ class ControlError(RuntimeError):
     """The server refused a control operation (or could not be reached); the message is the server's."""
 
 
+class PlanRefused(ControlError):
+    """The plan cannot be served as it stands whatever the retries (e.g. the pools cannot hold it): the loop
+    reports it once and does not retry it."""
+
+
 class ServerView(ABC):
     """What the controller reads from the server. Methods raise :class:`ControlError` when the server refuses."""
 

@@ -48,11 +48,11 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
-from e3.controller.applier import ControlError, ServerControl, ServerView
-from e3.controller.decisions import backoff_delay_s, decide, devices_used, plan_diff, same_layout, score_plan
+from e3.controller.applier import ControlError, PlanRefused, ServerControl, ServerView
+from e3.controller.decisions import backoff_delay_s, decide, devices_used, layout, plan_diff, same_layout, score_plan
 from e3.controller.forecast import Forecaster, drifted
 from e3.controller.health import SplitStats, exclude_stragglers, find_stragglers
 from e3.controller.history import PlanHistory
@@ -211,6 +211,8 @@ class Controller:
         self._stats: dict[str, SplitStats] = {}
         self._failed: dict[str, float] | None = None
         self._windows = 0
+        self.refused: dict[tuple, str] = {}     # layout -> why it was refused for good (reported once)
+        self._no_plan: str | None = None        # the planner's last "no plan" reason (logged when it changes)
 
     # -- one window ----------------------------------------------------------------------------------
     def step(self) -> StepReport:
@@ -257,9 +259,12 @@ class Controller:
             candidate = self.planner.plan(forecast, rep.devices)
         except ValueError as err:   # PlannerError: no plan fits; keep serving
             rep.error = f"planner: {err}"
-            log.warning("window %d: no plan (%s); keeping the running plan", rep.window, err)
+            if str(err) != self._no_plan:   # once per reason, not every window
+                log.warning("window %d: no plan (%s); keeping the running plan", rep.window, err)
+            self._no_plan = str(err)
             self._after_window()
             return self._finish(rep)
+        self._no_plan = None
         rep.candidate = candidate.to_dict()
         rep.candidate_rps = self.planner.throughput(candidate, forecast)
         rep.current_rps = self.planner.throughput(current, forecast) if current is not None else None
@@ -272,6 +277,9 @@ class Controller:
         rep.decision = decision.reason
         log.info("window %d: observed %s forecast %s -> %s (%s)", rep.window, format_reach(rep.observed),
                  format_reach(rep.forecast), "apply" if decision.apply else "keep", decision.reason)
+        if decision.apply and layout(candidate) in self.refused:
+            rep.decision = f"keep: this layout was refused for good ({self.refused[layout(candidate)]})"
+            decision = replace(decision, apply=False)
         if decision.apply and s.dry_run:
             rep.decision = f"dry run, would apply: {decision.reason}"
         elif decision.apply:
@@ -330,6 +338,12 @@ class Controller:
             for sp in plan.triton_splits:   # compact splits run inside the router: nothing to load
                 self.control.configure_split(sp)
             self.control.switch_plan(self.settings.router, plan)
+        except PlanRefused as err:      # no retry makes it fit: report once, serve on with the running plan
+            self.refused[layout(plan)] = str(err)
+            self.pending, self.retry_at = None, None
+            log.warning("plan %s refused (%s); serving goes on with plan %s; not retried",
+                        plan.plan_id, err, current.plan_id if current else "?")
+            return False
         except (ControlError, OSError) as err:
             self.failures += 1
             delay = backoff_delay_s(self.failures, self.settings.backoff_base_s, self.settings.backoff_max_s)

@@ -29,7 +29,7 @@ import socket
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from e3.controller.applier import ControlError, ServerControl, ServerView
+from e3.controller.applier import ControlError, PlanRefused, ServerControl, ServerView
 from e3.controller.health import SplitStats
 from e3.controller.triton_applier import TritonApplier
 from e3.core.plan import Plan, SplitPlan
@@ -204,7 +204,7 @@ class PooledApplier(ServerView, ServerControl):
         try:
             return replicas_needed(plan, self.pools)
         except PoolError as err:
-            raise ControlError(str(err)) from None
+            raise PlanRefused(str(err)) from None
 
     def prepare(self, plan: Plan) -> None:
         """Scale up the pools whose pods cannot hold the plan's instances, and wait for them to be ready."""
@@ -244,17 +244,31 @@ class PooledApplier(ServerView, ServerControl):
             applier.reload(split)
 
 class PlacingPlanner:
-    """The controller's planner with every plan placed on the pools (:func:`e3.deploy.pools.place`):
-    the planner chooses devices per split, the pools say which server has them. A plan the pools cannot
-    hold raises :class:`~e3.deploy.pools.PoolError` (a ValueError: the loop keeps the running plan)."""
+    """The controller's planner with every plan placed on the pools (:func:`e3.controller.planner.placement.place`):
+    the planner chooses devices per split, the pools say which server has them. The planner is told what the
+    pools really hold: when a plan does not fit (a split finds no pool of its device with room), the device's
+    count is lowered below what that plan used and the planner asked again, until a plan fits or no device is
+    left (then :class:`~e3.deploy.pools.PoolError`, a ValueError: the loop keeps the running plan)."""
 
     def __init__(self, planner, pools: Pools):
         self.planner, self.pools = planner, pools
         self.latency = getattr(planner, "latency", None)
 
     def plan(self, forecast, devices):
-        from e3.controller.planner.placement import place
-        return place(self.planner.plan(forecast, devices), self.pools)
+        from e3.controller.decisions import devices_used
+        from e3.controller.planner.placement import NoRoom, place
+        devices = dict(devices)
+        while True:
+            candidate = self.planner.plan(forecast, devices)
+            try:
+                return place(candidate, self.pools)
+            except NoRoom as err:
+                fewer = devices_used(candidate).get(err.device, 0) - 1
+                if fewer < 1:
+                    raise
+                log.info("plan %s does not fit the pools (%s); planning with %s:%d", candidate.plan_id, err,
+                         err.device, fewer)
+                devices[err.device] = fewer
 
     def throughput(self, plan: Plan, forecast) -> float | None:
         return self.planner.throughput(plan, forecast)

@@ -36,7 +36,7 @@ def test_pools_json_from_the_chart_is_read_and_checked():
 
 def test_splits_go_to_a_pool_of_their_device_the_routers_first():
     pools = load_pools(make_pools())
-    plan = make_plan(devices_=("cpu", "t4", "t4"))
+    plan = make_plan(devices_=("cpu", "t4", "t4"), instances=(1, 1, 1))
     placed = place(plan, pools)
     # cpu split: the router's own pool (BLS, no hop); t4 splits: the first t4 pool, over gRPC
     assert [s.server for s in placed.splits] == ["", "demo-e3-triton-t4:8001", "demo-e3-triton-t4:8001"]
@@ -71,15 +71,19 @@ def test_replicas_follow_the_instances_placed_on_each_pool():
     assert replicas_needed(placed, pools) == {"front": 1, "t4": 2, "t4b": 1}
     idle = place(make_plan(devices_=("cpu", "cpu", "cpu"), instances=(1, 1, 1)), pools)
     assert replicas_needed(idle, pools) == {"front": 1, "t4": 1, "t4b": 0}   # min_replicas hold
-    with pytest.raises(PoolError, match="needs 2 pods in pool 'front'"):
-        replicas_needed(place(make_plan(devices_=("cpu", "cpu", "cpu"), instances=(2, 2, 1)), pools), pools)
-    too_many = place(make_plan(devices_=("cpu", "t4", "t4"), instances=(1, 3, 2)), pools)
+    with pytest.raises(PoolError, match="no pool of device 'cpu' has room for bert_ee_split_5-6's 1 instances .room left: front=0"):
+        place(make_plan(devices_=("cpu", "cpu", "cpu"), instances=(2, 2, 1)), pools)
+    # five t4 instances: one t4 pool holds 4, so the second split goes to t4b (issue 39)
+    spread = place(make_plan(devices_=("cpu", "t4", "t4"), instances=(1, 3, 2)), pools)
+    assert replicas_needed(spread, pools) == {"front": 1, "t4": 3, "t4b": 1}
+    too_many = place(make_plan(devices_=("cpu", "t4", "t4"), instances=(1, 3, 2)), pools,
+                     pin={"bert_ee_split_3-4": "t4", "bert_ee_split_5-6": "t4"})
     with pytest.raises(PoolError, match="needs 5 pods in pool 't4'.*max_replicas is 4"):
         replicas_needed(too_many, pools)
 
 
 def test_the_plan_carries_a_splits_server_and_checks_it():
-    plan = make_plan(devices_=("cpu", "t4", "t4"))
+    plan = make_plan(devices_=("cpu", "t4", "t4"), instances=(1, 1, 1))
     placed = place(plan, load_pools(make_pools()))
     doc = placed.to_dict()
     assert "server" not in doc["splits"][0] and doc["splits"][1]["server"] == "demo-e3-triton-t4:8001"

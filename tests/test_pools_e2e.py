@@ -61,7 +61,7 @@ def _pools(a, b):
     an IPv4 literal, since localhost also resolves to ::1, where nothing listens)."""
     return load_pools({"namespace": "local", "pools": [
         {"name": "a", "device": "cpu", "deployment": "e3-triton-a", "grpc_url": a.grpc_url, "http_url": a.http_url,
-         "router": True},
+         "router": True, "devices_per_pod": 2},   # room for both splits' instances (placement counts it)
         {"name": "b", "device": "cpu", "deployment": "e3-triton-b", "grpc_url": f"dns:///127.0.0.1:{b.grpc_port}",
          "http_url": b.http_url}]})
 
@@ -181,7 +181,7 @@ def test_a_pool_that_is_down_answers_every_request_with_an_error(two_servers, ti
                         slo_ms=SLO_MS)
     pools = load_pools({"pools": [
         {"name": "a", "device": "cpu", "deployment": "a", "grpc_url": a.grpc_url, "http_url": a.http_url,
-         "router": True},
+         "router": True, "devices_per_pod": 2},
         {"name": "gone", "device": "cpu", "deployment": "gone", "grpc_url": dead, "http_url": dead}]})
     broken = place(base, pools, pin={"tiny_ee_split_3-4": "gone"})
     applier = PooledApplier(ROUTER, TritonApplier(a.http_url), {dead: TritonApplier(dead)})

@@ -219,7 +219,7 @@ def test_plans_from_the_planner_are_placed():
         latency = "profile"
 
         def plan(self, forecast, devices):
-            return make_plan(devices_=("cpu", "t4", "t4"))
+            return make_plan(devices_=("cpu", "t4", "t4"), instances=(1, 1, 1))
 
         def throughput(self, plan, forecast):
             return 42.0
