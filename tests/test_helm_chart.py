@@ -319,6 +319,13 @@ def test_values_pass_the_charts_schema(case):
     ({"pools": [{"name": "gpu", "device": "t4", "replica": 2}]}, "additional properties 'replica' not allowed"),
     ({"modelRepository": {"source": "s3"}}, "/modelRepository/source"),
     ({"controller": {"slack": 1.5}}, "/controller/slack"),
+    # closed in every section (issue 39): a typo is refused, never rendered silently
+    ({"controller": {"sloMS": 200}}, "additional properties 'sloMS' not allowed"),
+    ({"tritonImage": {"repo": "x"}}, "additional properties 'repo' not allowed"),
+    ({"serviceMonitor": {"enable": True}}, "additional properties 'enable' not allowed"),
+    ({"modelRepository": {"pvc": {"claim": "x"}}}, "additional properties 'claim' not allowed"),
+    ({"networkPolicy": {"frontDoor": []}}, "additional properties 'frontDoor' not allowed"),
+    ({"replicas": 2}, "additional properties 'replicas' not allowed"),
 ])
 def test_the_schema_names_the_bad_value(values, message):
     chart = helm_python.Chart.load(CHART)
