@@ -146,6 +146,7 @@ def _bench_generate(args) -> int:
                 lossless_prompts=args.lossless_prompts, extra_systems=args.extra_systems,
                 out=Path(args.out) if args.out else None, write_docs=not args.no_docs))
         run_frontier(FrontierSettings(model=args.model, new_tokens=args.new_tokens, rounds=args.frontier_rounds,
+                                      point_rounds=args.frontier_rounds,
                                       concurrent=args.concurrent, draft_tokens=args.draft_tokens,
                                       write_docs=not args.no_docs))
     except (ValueError, FileNotFoundError) as err:
@@ -302,7 +303,7 @@ def add_bench(sub, repo_help: str) -> None:
     gen.add_argument("--frontier-only", action="store_true", help="only the speed/quality frontier and the plain-call "
                                                                   "check (issue 40), not the tables before it")
     gen.add_argument("--frontier-rounds", type=int, default=5, help="interleaved rounds of the plain-call check "
-                                                                    "(default 5)")
+                                                                    "and of each operating point (default 5)")
     gen.add_argument("--concurrent", type=int, default=8, help="prompts sent at once in the frontier (default 8)")
     hel = _verb(bsub, "helios", _bench_helios, "HELIOS against each of its candidates alone, one server, one memory budget: "
                                          "tokens/s, batch reached, TTFT, TPOT, tokens per exit layer, agreement; "

@@ -47,3 +47,19 @@ def test_frontier_table_says_which_points_the_default_takes():
     text = format_frontier(results)
     assert "| general | softmax tau=0.9 | 30.0 | 0.80 | 0.80, 0.79, 0.81 | 0.78 | fallback (plain) |" in text
     assert "| `generate()` | 1.000 |" in text and '"why"' in text
+
+
+def test_per_token_agreement_counts_each_choice_given_its_own_prefix():
+    """The full model's own greedy text agrees everywhere; one token changed costs that position only, while
+    the positional (decoded) agreement with the full text counts every later position the change moved."""
+    from e3.benchmarks.generation import agreement, per_token_agreement
+    from e3.generation.decoder import tiny_decoder
+    from e3.generation.reference import generate_full
+    model = tiny_decoder()
+    prompt = [3, 1, 4, 1, 5]
+    full = generate_full(model, prompt, 8).tokens
+    assert per_token_agreement(model, prompt, full) == 1.0
+    changed = [full[0], (full[1] + 1) % 64]
+    changed += generate_full(model, prompt + changed, 6).tokens   # the full model continues from the change
+    assert per_token_agreement(model, prompt, changed) == pytest.approx(7 / 8)
+    assert agreement(changed, full) <= 7 / 8
