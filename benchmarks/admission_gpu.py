@@ -51,7 +51,8 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from e3.benchmarks.admission_report import Phase, RatePoint, burst_schedule, meets, phase_latencies, throughput_at_qos
-from e3.serving.ebird.policy import PROFILED_TOTALS, ElasticPolicy, dynamic_batch, make_policy, naive_engine
+from e3.serving.batcher import dynamic_batch
+from e3.serving.ebird.policy import PROFILED_TOTALS, ElasticPolicy, make_policy, naive_engine
 
 __all__ = ["GpuAdmissionSettings", "TritonBatcher", "Ebird", "serve", "poisson", "run_gpu_admission",
            "gpu_admission_markdown", "write_gpu_admission"]

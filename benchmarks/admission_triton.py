@@ -144,6 +144,7 @@ def measure_model(name: str, s: Settings, results: Results, *, binary, echo) -> 
     from e3.deploy.server import TritonServer
     from e3.benchmarks.gpu_sweep import write_null_model
     from e3.export.device_repository import DeviceModel, write_device_model
+    from e3.serving.ebird.repository import write_device_stage
     from e3.export.reference import reference_answers
     from e3.serving.device.executor import DeviceSettings, build_model, prepare_model
 
@@ -187,7 +188,8 @@ def measure_model(name: str, s: Settings, results: Results, *, binary, echo) -> 
         p = pol["E-Ebird"]
         systems["E-Ebird (inline)"] = (DeviceModel(system="admission", policy=p, variant="e_ebird_inline",
                                                    answering="inline", **base), systems["E-Ebird"][1] + ", answered inline (the fallback)")
-    served = {label: write_device_model(repo, desc, card) for label, (desc, _) in systems.items()}
+    served = {label: (write_device_stage if desc.system == "admission" else write_device_model)(repo, desc, card)
+              for label, (desc, _) in systems.items()}
     m["systems"] = {label: {"served": served[label], "config": cfg} for label, (_, cfg) in systems.items()}
     null = write_null_model(repo, card, instances=1 if s.cpu else 2)   # the load generator's bound (step 7)
     echo(f"  starting tritonserver with {len(served) + 1} models")

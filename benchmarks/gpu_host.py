@@ -311,7 +311,7 @@ def child(name: str, out: Path, options: dict) -> int:
     _ensure_e3()
     if name == "profiles":
         from e3.core.profile import ProfileError
-        from e3.cli.models import profile_cuda   # the blocks timed by the serving executor (docs/profiling.md)
+        from e3.serving.device.timing import profile_cuda   # the blocks timed by the serving executor (docs/profiling.md)
         from e3.export.cuda_profile import CudaSettings, bls_from_run
         from e3.export.profiler import format_table
         for model, kw in (("bert-ee", {}), ("resnet-ee", {}), ("bert-ee", {"precision": "fp32", "graphs": False})):

@@ -56,6 +56,7 @@ def _profile(args) -> int:
         batches = parse_batch_sizes(args.batch_sizes, build(args.model).card.max_batch_size)
         if args.cuda:
             from e3.export.cuda_profile import CudaSettings, bls_from_run
+            from e3.serving.device.timing import profile_cuda
             prices = parse_prices(args.price)
             if len(prices) > 1:
                 raise ValueError("--cuda measures one GPU: give at most one --price GPU=USD")
@@ -85,26 +86,6 @@ def _profile(args) -> int:
     print(format_table(profile), end="")
     print(f"wrote {out}" + (" (contains MODELLED devices: not measured)" if profile.modelled else ""))
     return 0
-
-
-def profile_cuda(model_name: str, settings, *, untrained: bool = False, progress: bool = True):
-    """``e3 profile MODEL --cuda``: a latency profile of ``model_name`` whose blocks and stock graph are timed
-    with the serving executor (:func:`e3.serving.device.timing.time_blocks`: ``prepare_model`` +
-    ``make_executor`` at each batch size as a bucket) and written by :func:`e3.export.cuda_profile.
-    profile_model_cuda` (hops, exit check, router, the file). ``settings``: a
-    :class:`~e3.export.cuda_profile.CudaSettings`. The CLI joins the two because ``e3.export`` may not import
-    ``e3.serving.device``; any other caller (``benchmarks/gpu_host.py``) calls this too, so every GPU profile
-    times the code that serves."""
-    from e3.export.cuda_profile import profile_model_cuda
-    from e3.serving.device.executor import DeviceSettings
-    from e3.serving.device.timing import time_blocks
-
-    def executor_timer(model, s, batches, bar):
-        device = DeviceSettings(device=s.torch_device, precision=s.precision, graphs=s.graphs,
-                                max_batch=max(batches), buckets=tuple(batches))
-        return time_blocks(model, device, repeats=s.repeats, warmup=s.warmup, seed=s.seed, bar=bar)
-
-    return profile_model_cuda(model_name, settings, progress, untrained=untrained, time_blocks=executor_timer)
 
 
 def _plan(args) -> int:

@@ -23,7 +23,7 @@ How each is run and timed, and why:
   launches with ``--eager``), a call copying the rows into the graph's inputs and replaying it. The timing
   lives beside the executor (:func:`e3.serving.device.timing.time_blocks`) because ``e3.export`` may not import
   ``e3.serving.device`` (docs/architecture.md); this module receives it as ``time_blocks`` (the CLI passes it,
-  :func:`e3.cli.models.profile_cuda`) and writes what it measured. FP16 and CUDA graphs are the default: the
+  :func:`e3.serving.device.timing.profile_cuda`) and writes what it measured. FP16 and CUDA graphs are the default: the
   public figures the modelled profiles come from are TensorRT FP16 engines, which launch a whole engine per
   call, as a graph replay does. ``--eager`` / ``--fp32`` measure the other ways (the device is then named e.g.
   ``h100-eager-fp32``), to show what launch overhead and precision do.
@@ -278,7 +278,7 @@ def profile_model_cuda(model_name: str, settings: CudaSettings = CudaSettings(),
     """Measure ``model_name`` on this host's GPU (module docstring); returns the profile.
 
     ``time_blocks(model, settings, batches, bar)`` times the blocks and the stock graph with the serving
-    executor (:func:`e3.cli.models.profile_cuda` passes the one that does); the rest (hops, the exit check,
+    executor (:func:`e3.serving.device.timing.profile_cuda` passes the one that does); the rest (hops, the exit check,
     the router) is measured here. Latencies in ms per call of B rows, B in ``settings.batch_sizes``."""
     import torch
     from tqdm import tqdm

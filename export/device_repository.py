@@ -19,12 +19,11 @@ from e3.core.plan import DEVICE, Plan, SplitPlan
 from e3.core.spec import ModelCard, answer_specs
 from e3.export.triton_config import DynamicBatching, ModelDescription, render_config
 
-__all__ = ["DeviceModel", "device_model_name", "device_plan", "write_device_model", "write_hop_models", "ROUTER_MAX_BATCH", "SYSTEMS"]
+__all__ = ["DeviceModel", "device_model_name", "device_plan", "write_device_model", "write_device_config", "write_hop_models", "ROUTER_MAX_BATCH", "SYSTEMS"]
 
 ROUTER_MAX_BATCH = 1024   # requests' rows Triton hands E3's router per execute: admission only, no compute
 MODULE = "e3.serving.device.triton_model"
 HOPS_MODULE = "e3.serving.device.hops"
-ADMISSION_MODULE = "e3.serving.ebird.model"
 
 
 @dataclass(frozen=True)
@@ -65,12 +64,22 @@ SYSTEMS = DEVICE_SYSTEMS
 
 
 def write_device_model(repo: Path, desc: DeviceModel, card: ModelCard) -> str:
-    """Write ``desc`` into ``repo`` (config.pbtxt and a one-line model.py); returns its name.
+    """Write ``desc`` (E3's device router or a baseline) into ``repo`` (config.pbtxt and a one-line model.py);
+    returns its name. E²bird's stage (system ``admission``) is written by
+    :func:`e3.serving.ebird.repository.write_device_stage`, which checks its policy and calls
+    :func:`write_device_config`."""
+    if desc.system == "admission":
+        raise ValueError("E²bird's stage is written by e3.serving.ebird.repository.write_device_stage "
+                         "(it checks the policy)")
+    return write_device_config(repo, desc, card)
 
-    ``admission`` is E²bird's stage (:mod:`e3.serving.ebird.model`) in front of the model's head path
-    (the stock model): one instance, Triton's batcher with no delay and ``ROUTER_MAX_BATCH`` rows in front of it
-    (requests that queued while an execute ran arrive in the next one together), its policy and ``answering`` form
-    checked here."""
+
+def write_device_config(repo: Path, desc: DeviceModel, card: ModelCard, *, extra_params: dict | None = None,
+                        module: str = MODULE) -> str:
+    """The config and model.py of any device model (``module``: the Python module its model.py imports;
+    ``extra_params``: parameters of a system this file does not know, e.g. E²bird's policy). Front models (E3's
+    router, E²bird's stage) only admit in execute: Triton's batcher with no delay and ``ROUTER_MAX_BATCH`` rows
+    in front of them (requests that queued while an execute ran arrive in the next one together)."""
     if desc.system not in SYSTEMS:
         raise ValueError(f"system must be one of {', '.join(SYSTEMS)}, got {desc.system!r}")
     if desc.answering not in ANSWERING:
@@ -80,7 +89,7 @@ def write_device_model(repo: Path, desc: DeviceModel, card: ModelCard) -> str:
     params = {"role": desc.system, "model": desc.model, "seed": str(desc.seed),
               "trained": "yes" if desc.trained else "no", "max_batch": str(desc.max_batch),
               "exit_rule": json.dumps(desc.exit_rule), "enabled_ramps": json.dumps(list(desc.enabled_ramps)),
-              "FORCE_CPU_ONLY_INPUT_TENSORS": "yes"}
+              "FORCE_CPU_ONLY_INPUT_TENSORS": "yes", **(extra_params or {})}
     if desc.precision:
         params["precision"] = desc.precision
     if desc.system == "e3":
@@ -90,29 +99,18 @@ def write_device_model(repo: Path, desc: DeviceModel, card: ModelCard) -> str:
             raise ValueError(f"{splits} splits need {splits} batch sizes of at most {desc.max_batch}, got {batches}")
         params.update(plan=device_plan(card, desc.exit_rule, cuts=desc.cuts, batch_sizes=batches,
                                        enabled_ramps=desc.enabled_ramps, slo_ms=desc.slo_ms).to_json())
-    if desc.system in ("e3", "admission"):
+    front = desc.system in ("e3", "admission")   # models that only admit in execute: no delay, large batches
+    if front:
         params["answering"] = desc.answering
         if desc.max_queue_inputs:
             params["max_queue_inputs"] = str(desc.max_queue_inputs)
-    front = desc.system in ("e3", "admission")   # models that only admit in execute: no delay, large batches
-    if desc.system == "admission":
-        from e3.serving.ebird.policy import make_policy
-        if not desc.policy or desc.instances != 1:
-            raise ValueError("an admission stage needs its policy and runs as one instance (one pool)")
-        policy = make_policy(desc.policy["kind"], engine=desc.policy.get("engine"),
-                             max_inflight=desc.policy.get("max_inflight"), confs=desc.policy.get("confs"))
-        if max(policy.engine) > desc.max_batch:
-            raise ValueError(f"the policy's workers go up to {max(policy.engine)} rows, above max_batch {desc.max_batch}")
-        if desc.pool_slots and desc.pool_slots < max(policy.engine):
-            raise ValueError(f"a pool of {desc.pool_slots} slots cannot feed a worker of {max(policy.engine)}")
-        params.update(policy=json.dumps(desc.policy, sort_keys=True), pool_slots=str(desc.pool_slots or ""))
     text = render_config(ModelDescription(
         name=desc.name, kind="python", max_batch_size=ROUTER_MAX_BATCH if front else desc.max_batch,
         inputs=card.inputs, outputs=answer_specs(card), instances=desc.instances,
         instance_kind="KIND_GPU" if desc.gpu else "KIND_CPU", gpus=(0,) if desc.gpu else (),
         dynamic_batching=DynamicBatching(max_queue_delay_us=0 if front else desc.queue_delay_us),
         parameters=params))
-    _write_model(repo, desc.name, text, ADMISSION_MODULE if desc.system == "admission" else MODULE)
+    _write_model(repo, desc.name, text, module)
     return desc.name
 
 

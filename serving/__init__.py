@@ -9,6 +9,7 @@ triton_io.py       the glue: model parameters, gathering requests, responses, BL
 input_policy.py    what a served model accepts: batch sizes, NaN/Inf, value bounds (pure, tested without a server)
 output_policy.py   what a served model may answer: non-finite outputs refused (pure)
 policy.py          the router's decisions, pure numpy: exits per ramp, survivors, deadline budget, drop reasons
+batcher.py         Triton's dynamic batcher modelled (pure): the simulator's and E²bird's emulated baselines
 scheduler.py       E3 §4 as a pure state machine: per-split queues, dispatch, drops, the admission bound
 remote.py          a split on another Triton (pool), reached over gRPC with the same typed errors as BLS
 router_metrics.py  the router's Prometheus counters (Triton custom metrics), summed locally, flushed in the background

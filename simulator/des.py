@@ -94,7 +94,7 @@ from e3.core.plan import COMPACT, CONSTANT, Plan
 from e3.core.profile import LatencyProfile
 from e3.core.cost import batch_ms
 from e3.serving.device.dispatch import choose
-from e3.serving.ebird.policy import batch_cut
+from e3.serving.batcher import batch_cut
 from e3.serving.scheduler import Scheduler
 from e3.simulator.device import Dispatch, DeviceRouter
 from e3.simulator.load import Arrivals, Clock, SimResult

@@ -20,8 +20,9 @@ def _card():
 
 def test_the_stage_is_written_as_one_instance_of_the_device_admission_model(tmp_path):
     from e3.export.device_repository import DeviceModel, write_device_model
+    from e3.serving.ebird.repository import write_device_stage
     base = dict(model="tiny-ee", exit_rule={"kind": "entropy", "tau_nats": 0.0}, enabled_ramps=(), max_batch=16)
-    name = write_device_model(tmp_path, DeviceModel(system="admission", gpu=True, variant="e_ebird", policy={
+    name = write_device_stage(tmp_path, DeviceModel(system="admission", gpu=True, variant="e_ebird", policy={
         "kind": "e-ebird", "confs": {"4": [4], "16": [8, 8]}, "max_inflight": 16}, **base), _card())
     assert name == "tiny_ee_admission_b16_e_ebird"
     config = (tmp_path / name / "config.pbtxt").read_text()
@@ -29,16 +30,16 @@ def test_the_stage_is_written_as_one_instance_of_the_device_admission_model(tmp_
     assert "e3.serving.ebird.model" in (tmp_path / name / "1" / "model.py").read_text()
     assert 'key: "answering"' in config and 'string_value: "continuous"' in config   # the paper's form, by default
     with pytest.raises(ValueError, match="answering must be one of continuous, inline"):
-        write_device_model(tmp_path, DeviceModel(system="admission", answering="later", policy={"kind": "n-ebird"},
+        write_device_stage(tmp_path, DeviceModel(system="admission", answering="later", policy={"kind": "n-ebird"},
                                                  **base), _card())
     with pytest.raises(ValueError, match="one instance"):
-        write_device_model(tmp_path, DeviceModel(system="admission", instances=2, policy={"kind": "n-ebird"}, **base),
+        write_device_stage(tmp_path, DeviceModel(system="admission", instances=2, policy={"kind": "n-ebird"}, **base),
                            _card())
     with pytest.raises(ValueError, match="above max_batch 16"):
-        write_device_model(tmp_path, DeviceModel(system="admission", policy={"kind": "n-ebird", "engine": [32, 1]},
+        write_device_stage(tmp_path, DeviceModel(system="admission", policy={"kind": "n-ebird", "engine": [32, 1]},
                                                  **base), _card())
     with pytest.raises(ValueError, match="powers of two"):
-        write_device_model(tmp_path, DeviceModel(system="admission", policy={"kind": "n-ebird", "engine": [3]},
+        write_device_stage(tmp_path, DeviceModel(system="admission", policy={"kind": "n-ebird", "engine": [3]},
                                                  **base), _card())
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from e3.cli.main import main
-from e3.cli.models import profile_cuda
+from e3.serving.device.timing import profile_cuda
 from e3.core.profile import LatencyProfile
 from e3.export.cuda_profile import CudaSettings, cuda_available
 from e3.serving.device import executor

@@ -290,7 +290,7 @@ def test_measured_hops_replace_the_assumed_exchange_in_a_cuda_profile(tmp_path):
     import json
 
     from e3.core.profile import ProfileError
-    from e3.cli.models import profile_cuda
+    from e3.serving.device.timing import profile_cuda
     from e3.export.cuda_profile import CudaSettings, bls_from_run, measured_hop_ms
     run = tmp_path / "run"
     run.mkdir()

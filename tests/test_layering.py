@@ -153,3 +153,40 @@ def test_nothing_outside_tests_imports_from_tests():
                 re.search(r"sys\.path\.insert\([^)]*[\"']tests[\"']", text):
             offenders.append(str(path.relative_to(ROOT)))
     assert not offenders, f"these import from tests/: {offenders}"
+
+
+def room_graph(table: dict[str, set[str]], dirs: dict[str, str]) -> dict[str, set[str]]:
+    """Room -> the rooms its modules really import (each module in its longest room of the table)."""
+    rooms = set(table)
+    graph: dict[str, set[str]] = {r: set() for r in rooms}
+    for path in sources(dirs):
+        me = module_name(path, dirs)
+        mine = room_of(me, rooms)
+        for _, module, names in imports_of(path, me):
+            for target in [f"{module}.{n}" for n in names] or [module]:
+                their = room_of(target, rooms) or room_of(module, rooms)
+                if mine and their and their != mine:
+                    graph[mine].add(their)
+    return graph
+
+
+def test_no_loop_between_rooms():
+    """The rooms as they import each other form no loop (a room below another, e3.serving.ebird under
+    e3.serving, counts as a room of its own): every import goes one way."""
+    graph = room_graph(read_table(TABLE.read_text()), package_dirs())
+    state: dict[str, int] = {}
+    loops: list[list[str]] = []
+
+    def visit(room: str, path: list[str]) -> None:
+        state[room] = 1
+        for nxt in sorted(graph[room]):
+            if state.get(nxt) == 1:
+                loops.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[room] = 2
+
+    for room in sorted(graph):
+        if room not in state:
+            visit(room, [room])
+    assert not loops, f"rooms importing each other in a loop: {loops}"

@@ -35,7 +35,7 @@ from e3.export.model_api import EarlyExitModel, SplitModule
 from e3.serving.device import executor
 
 __all__ = ["ExecutorTimings", "SplitTimes", "timed", "time_blocks", "time_split", "LayerComparison", "torch_layer_twin",
-           "compare_with_torch_layer"]
+           "compare_with_torch_layer", "profile_cuda"]
 
 log = logging.getLogger(__name__)
 
@@ -244,3 +244,22 @@ def compare_with_torch_layer(config=None, *, batch: int = 32, settings: executor
     log.info("encoder %.3f ms, nn.TransformerEncoderLayer twin %.3f ms at B=%d x %d tokens: %.2fx (%s)",
              result.ours_ms, result.torch_layer_ms, batch, config.max_seq_len, result.ratio, result.execution)
     return result
+
+
+def profile_cuda(model_name: str, settings, *, untrained: bool = False, progress: bool = True):
+    """``e3 profile MODEL --cuda``: a latency profile of ``model_name`` whose blocks and stock graph are timed
+    with the serving executor (:func:`e3.serving.device.timing.time_blocks`: ``prepare_model`` +
+    ``make_executor`` at each batch size as a bucket) and written by :func:`e3.export.cuda_profile.
+    profile_model_cuda` (hops, exit check, router, the file). ``settings``: a
+    :class:`~e3.export.cuda_profile.CudaSettings`. It lives here, beside the timer, because ``e3.export`` may not
+    import ``e3.serving.device``; ``e3 profile --cuda`` and ``benchmarks/gpu_host.py`` both call it, so every GPU
+    profile times the code that serves."""
+    from e3.export.cuda_profile import profile_model_cuda
+    from e3.serving.device.executor import DeviceSettings
+
+    def executor_timer(model, s, batches, bar):
+        device = DeviceSettings(device=s.torch_device, precision=s.precision, graphs=s.graphs,
+                                max_batch=max(batches), buckets=tuple(batches))
+        return time_blocks(model, device, repeats=s.repeats, warmup=s.warmup, seed=s.seed, bar=bar)
+
+    return profile_model_cuda(model_name, settings, progress, untrained=untrained, time_blocks=executor_timer)

@@ -62,7 +62,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-__all__ = ["NAIVE_ENGINE", "PROFILED_TOTALS", "ElasticPolicy", "NEbird", "EEbird", "worker_sets", "batch_cut", "dynamic_batch", "naive_engine", "max_inflight_for_qos",
+__all__ = ["NAIVE_ENGINE", "PROFILED_TOTALS", "ElasticPolicy", "NEbird", "EEbird", "worker_sets", "naive_engine", "max_inflight_for_qos",
            "best_worker_sets", "engine_for", "max_batch_for_qos", "make_policy", "POLICIES"]
 
 NAIVE_ENGINE = (1, 1, 2, 4, 8, 16)      # N-Ebird's engine for MaxBS = 32 (paper §7.2.1)
@@ -238,34 +238,6 @@ def max_batch_for_qos(latency_ms: Mapping[int, float], qos_ms: float) -> int:
         raise ValueError(f"no batch meets the QoS target of {qos_ms} ms: a batch of "
                          f"{min(latency_ms)} takes {latency_ms[min(latency_ms)]:.1f} ms")
     return max(fits)
-
-
-def batch_cut(sizes: Sequence[int], preferred: int, max_batch: int, *, exceeded: bool) -> int:
-    """Triton's dynamic batcher (``GetDynamicBatch``), the one model of it here: how many of the queued requests
-    (``sizes``: inputs of each, oldest first) an idle instance puts into one batch once it stops waiting. At
-    least one; more while their inputs stay within the preferred batch (``max_batch`` when ``preferred`` is 0),
-    or within ``max_batch`` once the queue delay is ``exceeded``. The simulator's batcher
-    (:class:`e3.simulator.des.Baseline`) and :func:`dynamic_batch` both cut here."""
-    cap = max_batch if exceeded or preferred <= 0 else preferred
-    take, rows = 0, 0
-    while take < len(sizes) and (take == 0 or rows + sizes[take] <= cap):
-        rows += sizes[take]
-        take += 1
-    return take
-
-
-def dynamic_batch(staged: int, oldest_wait_us: float, max_batch: int, *, delay_us: float) -> int:
-    """Triton's dynamic batcher (preferred batch = max batch, one input per request), the baselines' rule
-    where they are emulated outside Triton (``e3 bench admission --cuda``): how many of ``staged`` queued
-    inputs an idle instance takes now (0: it waits). A full batch goes at once; less goes once the oldest
-    has waited ``delay_us`` (with no delay: at once, all up to the max batch)."""
-    if max_batch < 1 or delay_us < 0:
-        raise ValueError(f"max_batch must be >= 1 and delay_us >= 0, got {max_batch} and {delay_us}")
-    if staged <= 0:
-        return 0
-    if staged >= max_batch or oldest_wait_us >= delay_us:
-        return batch_cut([1] * min(staged, max_batch), max_batch, max_batch, exceeded=oldest_wait_us >= delay_us > 0)
-    return 0
 
 
 def naive_engine(max_bs: int) -> list[int]:

@@ -30,13 +30,16 @@ from e3.core.files import write_atomic
 from e3.core.names import ANSWERING, INPUT_BOUNDS
 from e3.core.manifest import read_manifest, write_manifest
 from e3.core.spec import NUMPY_DTYPES, TensorSpec, dtype_from_config
+from e3.export.device_repository import DeviceModel, write_device_config
 from e3.export.repository import SERVING, ExportError, check_owned, staging, write_model_py
 from e3.export.triton_config import DynamicBatching, ModelDescription, parse_config, render_config
 from e3.serving.ebird.offline import CPU_RULE, offline_phase, onnx_timer, policies
 from e3.serving.ebird.policy import POLICIES, PROFILED_TOTALS, make_policy, naive_engine
 
-__all__ = ["admission_name", "workers_name", "write_admission", "profile_admission", "profile_served_model",
-           "stage_policy", "naive_engine"]
+__all__ = ["admission_name", "workers_name", "write_admission", "write_device_stage", "profile_admission",
+           "profile_served_model", "stage_policy", "naive_engine", "MODULE"]
+
+MODULE = "e3.serving.ebird.model"   # what every stage's model.py imports
 
 
 def admission_name(fronted: str) -> str:
@@ -117,12 +120,28 @@ def write_admission(repo: str | Path, fronted: str, policy: Mapping[str, Any], *
         (tmp / "1").mkdir(parents=True)
         if workers is None:
             shutil.copyfile(onnx, tmp / "1" / "model.onnx")
-        write_model_py(tmp, f"{SERVING}.ebird.model")
+        write_model_py(tmp, MODULE)
         write_atomic(tmp / "config.pbtxt", render_config(desc, "embedded"))
     manifest["models"][name] = {"kind": "admission", "model": fronted, "target": "embedded",
                                 **({"workers": workers} if workers else {})}
     write_manifest(repo, manifest)
     return name
+
+
+def write_device_stage(repo: str | Path, desc: DeviceModel, card) -> str:
+    """E²bird's stage on a device (``desc.system == "admission"``: the model's head path in PyTorch on the
+    instance's device, :mod:`e3.serving.ebird.model`) in ``repo``, after checking its policy: one instance (one
+    pool), workers no larger than ``desc.max_batch``, a pool that can feed its largest worker. Returns its name."""
+    if desc.system != "admission" or not desc.policy or desc.instances != 1:
+        raise ValueError("an admission stage needs system 'admission', its policy and runs as one instance (one pool)")
+    policy = make_policy(desc.policy["kind"], engine=desc.policy.get("engine"),
+                         max_inflight=desc.policy.get("max_inflight"), confs=desc.policy.get("confs"))
+    if max(policy.engine) > desc.max_batch:
+        raise ValueError(f"the policy's workers go up to {max(policy.engine)} rows, above max_batch {desc.max_batch}")
+    if desc.pool_slots and desc.pool_slots < max(policy.engine):
+        raise ValueError(f"a pool of {desc.pool_slots} slots cannot feed a worker of {max(policy.engine)}")
+    return write_device_config(Path(repo), desc, card, module=MODULE, extra_params={
+        "policy": json.dumps(desc.policy, sort_keys=True), "pool_slots": str(desc.pool_slots or "")})
 
 
 def profile_admission(onnx_file: str | Path, example: Mapping[str, np.ndarray], qos_ms: float, *,
