@@ -36,7 +36,7 @@ def exegpt_name(model: str) -> str:
 
 def encoder_name(model: str) -> str:
     """Name prefix of WAA's encode-worker splits: ``smollm2-ee`` -> ``smollm2_ee_enc`` (so its splits are
-    ``smollm2_ee_enc_split_<a>-<b>``, DESIGN §2's form)."""
+    ``smollm2_ee_enc_split_<a>-<b>``, docs/design.md §2's form)."""
     return f"{model.replace('-', '_')}_enc"
 
 
