@@ -57,6 +57,9 @@ ITEMS = [
      [r"front door: \d+ compressed.*", r"front door: \d+ of \d+ half-closed.*"]),
     (17, "no secret on /proc; 512 MiB gRPC; a 1 GiB bomb", ["tests/test_security.py"],
      [r"security: e3 serve: .*"]),
+    (18, "the continuous device router: 100,000 requests from 64 clients",
+     ["tests/test_device_continuous.py::test_continuous_router_answers_every_request_from_64_clients_as_the_reference"],
+     [r"[\d,]+ requests from 64 clients in .*"]),
 ]
 
 
