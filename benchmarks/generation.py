@@ -515,6 +515,30 @@ def _rate(out, wall: float) -> float:
     return sum(len(o.tokens) for o in out) / wall
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` and its live descendants (Triton and its
+    Python-backend stubs): the work a run costs, whatever else the shared machine runs meanwhile."""
+    import os
+    parent, ticks = {}, {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(d)] = int(fields[1])
+        ticks[int(d)] = int(fields[11]) + int(fields[12])
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parent.items() if pp == p and c not in tree]
+        tree.update(kids)
+        frontier += kids
+    return sum(ticks.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
+
+
 def run_frontier(settings: FrontierSettings = FrontierSettings(), echo=print) -> dict:
     """Served tokens/s against per-token agreement, decoded agreement and ROUGE-L for each operating point
     (raw thresholds per measure at the exit shares the calibration's replay gives, served with their exits
@@ -555,24 +579,29 @@ def run_frontier(settings: FrontierSettings = FrontierSettings(), echo=print) ->
     log_file = artifacts_dir() / "logs" / "bench-generate-frontier.log"
     served = [n for n in model_names(s.model, spec) if "_kv_split" in n or "_kvfill_" in n] + [door, stream_door]
     with TritonServer.on_free_ports(repo, served, log_file=log_file, exit_timeout_s=5) as server:
-        url = server.http_url
+        url, pid = server.http_url, server.process.pid
         _serve(url, door, sets["review"][:2], 4, mode="full")   # warm-up
         echo(f"plain calls ({budget}; {s.rounds} interleaved rounds)")
-        runs: dict[str, list] = {"full": [], "generate()": [], "generate_stream()": []}
+        # each plain call right after the full model through the same router (streamed: the streaming one)
+        runs: dict[str, list] = {"full": [], "generate()": [], "full, streamed": [], "generate_stream()": []}
         for rnd in range(s.rounds):
             for name in runs:
-                if name == "generate_stream()":
-                    out, wall = _serve_stream(server.grpc_url, stream_door, sets["general"], s.new_tokens)
+                if "stream" in name:
+                    out, wall = _serve_stream(server.grpc_url, stream_door, sets["general"], s.new_tokens,
+                                              **(dict(mode="full") if name.startswith("full") else {}))
                 else:
                     out, wall = _serve(url, door, sets["general"], s.new_tokens,
                                        **(dict(mode="full") if name == "full" else {}))
                 runs[name].append((out, wall))
             echo(f"  round {rnd + 1}: " + ", ".join(f"{n} {_rate(*runs[n][-1]):.1f} tok/s" for n in runs))
         full_general = [o.tokens for o in runs["full"][0][0]]
-        for name in ("generate()", "generate_stream()"):
-            ratios = [_rate(*o) / _rate(*f) for o, f in zip(runs[name], runs["full"])]
+        for name, base in (("generate()", "full"), ("generate_stream()", "full, streamed")):
+            ratios = [_rate(*o) / _rate(*f) for o, f in zip(runs[name], runs[base])]
             out = runs[name][0][0]
             results["plain"][name] = {
+                "against": f"{base} (mode=full through the same router)",
+                "vs_unstreamed_full": statistics.median(_rate(*o) / _rate(*f)
+                                                        for o, f in zip(runs[name], runs["full"])),
                 "ratios": ratios, "median": statistics.median(ratios),
                 "modes": sorted({o.parameters.get("e3_mode", "?") for o in out}),
                 "reason": out[0].parameters.get("e3_reason", ""),
@@ -585,11 +614,18 @@ def run_frontier(settings: FrontierSettings = FrontierSettings(), echo=print) ->
             measured: dict[str, list] = {n: [] for n, _ in points}
             for rnd in range(s.point_rounds):
                 for n, kw in points[1:]:   # the machine is shared: each point against the full run just before
+                    c0 = _cpu_s(pid)
                     before = _serve(url, door, prompts, s.new_tokens, mode="full")
+                    c1 = _cpu_s(pid)
                     out, wall = _serve(url, door, prompts, s.new_tokens, **kw)
-                    measured["full"].append((*before, 1.0))
-                    measured[n].append((out, wall, _rate(out, wall) / _rate(*before)))
-                echo(f"  round {rnd + 1}: " + ", ".join(f"{n} x{measured[n][-1][2]:.2f}" for n, _ in points[1:]))
+                    c2 = _cpu_s(pid)
+                    # tokens per server CPU-second, over the full run's: the ratio with the machine's noise removed
+                    cpu_ratio = (sum(len(o.tokens) for o in out) / max(1e-9, c2 - c1)) / (
+                        sum(len(o.tokens) for o in before[0]) / max(1e-9, c1 - c0))
+                    measured["full"].append((*before, 1.0, 1.0))
+                    measured[n].append((out, wall, _rate(out, wall) / _rate(*before), cpu_ratio))
+                echo(f"  round {rnd + 1}: " + ", ".join(f"{n} x{measured[n][-1][2]:.2f} (cpu x{measured[n][-1][3]:.2f})"
+                                                        for n, _ in points[1:]))
             reference = [o.tokens for o in measured["full"][0][0]]
             for n, kw in points:
                 rows = measured[n]
@@ -598,8 +634,9 @@ def run_frontier(settings: FrontierSettings = FrontierSettings(), echo=print) ->
                 decoded = [e for o in out for e in o.exit_layers[1:]]
                 shares = [decoded.count(e) / max(1, len(decoded)) for e in exits]
                 row = {"set": set_name, "point": n, **kw,
-                       "tokens_per_s": statistics.median(_rate(o, w) for o, w, _ in rows),
-                       "x_full": statistics.median(r for _, _, r in rows), "x_full_rounds": [r for _, _, r in rows],
+                       "tokens_per_s": statistics.median(_rate(o, w) for o, w, _, _ in rows),
+                       "x_full": statistics.median(r for _, _, r, _ in rows), "x_full_rounds": [r for _, _, r, _ in rows],
+                       "x_full_cpu": statistics.median(c for _, _, _, c in rows),
                        "per_token_agreement": statistics.mean(per_token_agreement(model, p, o.tokens)
                                                               for p, o in zip(prompts, out)),
                        "decoded_agreement": statistics.mean(agreement(o.tokens, r) for o, r in zip(out, reference)),
@@ -611,7 +648,7 @@ def run_frontier(settings: FrontierSettings = FrontierSettings(), echo=print) ->
                     pred = predict_raw(spec.calibration, costs, measure=kw["measure"], tau=kw["tau"], batch=s.concurrent)
                     row["default_takes_it"] = bool(pred and pred["speedup"] >= MIN_GAIN)
                 results["points"].append(row)
-                echo(f"  {n:34s} {row['tokens_per_s']:6.1f} tok/s x{row['x_full']:.2f}"
+                echo(f"  {n:34s} {row['tokens_per_s']:6.1f} tok/s x{row['x_full']:.2f} (cpu x{row['x_full_cpu']:.2f})"
                      + (f" (predicted x{row['predicted_x_full']:.2f}, default: "
                         f"{'exits' if row['default_takes_it'] else 'fallback'})" if "predicted_x_full" in row else "")
                      + f"  per-token {row['per_token_agreement']:.3f}  decoded {row['decoded_agreement']:.3f}  "
@@ -664,9 +701,11 @@ def format_frontier(results: dict) -> str:
              f"Budget: {results['budget']}. x full: each run's tokens/s over that of the full model's run just "
              "before it, median over rounds (the machine is shared: absolute rates drift several-fold).", "",
              "Plain SDK calls (no knobs: the server's default), general prompts:", "",
-             "| call | x full (median) | rounds | served as | identical to full |", "|---|---:|---|---|---:|"]
+             "| call | against | x full (median) | rounds | x the unstreamed full | served as | identical to full |",
+             "|---|---|---:|---|---:|---|---:|"]
     for name, r in results["plain"].items():
-        lines.append(f"| `{name}` | {r['median']:.3f} | {', '.join(f'{x:.2f}' for x in r['ratios'])} "
+        lines.append(f"| `{name}` | {r.get('against', 'full')} | {r['median']:.3f} "
+                     f"| {', '.join(f'{x:.2f}' for x in r['ratios'])} | {r.get('vs_unstreamed_full', r['median']):.3f} "
                      f"| {', '.join(r['modes'])} | {r['identical_to_full']}/{s['concurrent']} |")
     reason = next((r["reason"] for r in results["plain"].values() if r["reason"]), "")
     if reason:
@@ -687,14 +726,16 @@ def format_frontier(results: dict) -> str:
               "cost model with the costs as served and the exit shares observed; default: what a request with "
               "`on_slower` left out gets at this batch, exits or the fallback):", "",
               "![frontier](figures/generation_frontier.png)", "",
-              "| prompts | point | tokens/s | x full | rounds | predicted x full | default | per-token agreement "
-              "| decoded agreement | ROUGE-L | exit share (per exit) |", "|---|---|---:|---:|---|---:|---|---:|---:|---:|---|"]
+              "| prompts | point | tokens/s | x full | rounds | x full by server CPU | predicted x full | default "
+              "| per-token agreement | decoded agreement | ROUGE-L | exit share (per exit) |",
+              "|---|---|---:|---:|---|---:|---:|---|---:|---:|---:|---|"]
     for r in results["points"]:
         pred = f"{r['predicted_x_full']:.2f}" if "predicted_x_full" in r else "-"
         default = ("exits" if r.get("default_takes_it") else "fallback (plain)") if "default_takes_it" in r else \
             ", ".join(r["modes"])
         lines.append(f"| {r['set']} | {r['point']} | {r['tokens_per_s']:.1f} | {r['x_full']:.2f} "
-                     f"| {', '.join(f'{x:.2f}' for x in r['x_full_rounds'])} | {pred} | {default} "
+                     f"| {', '.join(f'{x:.2f}' for x in r['x_full_rounds'])} | {r.get('x_full_cpu', float('nan')):.2f} "
+                     f"| {pred} | {default} "
                      f"| {r['per_token_agreement']:.3f} | {r['decoded_agreement']:.3f} | {r['rouge_l']:.3f} "
                      f"| {', '.join(f'{x:.2f}' for x in r['exit_share'])} |")
     lines += ["", *_frontier_reading(results)]
@@ -706,13 +747,16 @@ def _frontier_reading(results: dict) -> list[str]:
     below 0.95x and whether the default takes them, the best point at per-token agreement >= 0.9."""
     out = []
     exiting = [r for r in results["points"] if "predicted_x_full" in r]
-    if exiting:
-        errs = [r["predicted_x_full"] / r["x_full"] - 1 for r in exiting]
-        worst = max(exiting, key=lambda r: abs(r["predicted_x_full"] / r["x_full"] - 1))
-        out.append(f"- Cost model against served, {len(exiting)} exiting points: predicted/served - 1 from "
+    for key, what in (("x_full", "served tokens/s"), ("x_full_cpu", "served tokens per server CPU-second")):
+        if not exiting or key not in exiting[0]:
+            continue
+        errs = [r["predicted_x_full"] / r[key] - 1 for r in exiting]
+        worst = max(exiting, key=lambda r: abs(r["predicted_x_full"] / r[key] - 1))
+        out.append(f"- Cost model against {what}, {len(exiting)} exiting points: predicted/served - 1 from "
                    f"{min(errs):+.1%} to {max(errs):+.1%} (worst: {worst['set']}, {worst['point']}, predicted "
-                   f"{worst['predicted_x_full']:.2f}x, served {worst['x_full']:.2f}x); "
+                   f"{worst['predicted_x_full']:.2f}x, served {worst[key]:.2f}x); "
                    f"{sum(abs(e) <= 0.10 for e in errs)}/{len(errs)} within 10%.")
+    if exiting:
         slow = [r for r in exiting if r["x_full"] < 0.95]
         out.append(f"- Served below 0.95x with exits taken: {len(slow)} of {len(exiting)}; of those the default "
                    f"(fallback on) takes {sum(r['default_takes_it'] for r in slow)} and decodes the rest plainly.")

@@ -237,8 +237,9 @@ class GenerationEngine:
         self.waiting.append((req, time.perf_counter()))
 
     def costs(self) -> Costs | None:
-        """The cost table the decisions read: the profile, with each kind of call as served once timed."""
-        return self.meter.costs() if self.meter is not None else None
+        """The cost table the decisions read: the profile, with each kind of call as served once timed (refitted
+        every ``REFRESH_STEPS`` steps)."""
+        return self._costs
 
     def _plan(self, req: GenRequest) -> GenRequest:
         """Never slower: resolve a CALM request's exits and predict them under the served costs at the batch it

@@ -120,11 +120,26 @@ class TritonPythonModel(InboxFrontDoor):
         self.inbox: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
         self.sent: dict[int, int] = {}
+        # streaming: each step's chunks leave from a sender thread, in order, while the engine decodes the next
+        self.outbox: queue.Queue = queue.Queue()
+        self.sender = threading.Thread(target=self._send_loop, name="e3-generate-send", daemon=True)
+        self.sender.start()
         self.loop = threading.Thread(target=self._loop, name="e3-generate", daemon=True)
         self.loop.start()
 
     def finalize(self):
         self.stop_loop()
+        self.outbox.put(None)
+        self.sender.join(timeout=10)
+
+    def _send_loop(self) -> None:
+        """Sends what the engine thread queued, in order: (request, a callable building its response, flags)."""
+        while (item := self.outbox.get()) is not None:
+            request, build, flags = item
+            try:
+                request.get_response_sender().send(build(), flags=flags)
+            except Exception:   # one failed send must not stop the others
+                log.exception("sending a generation response failed")
 
     # -- engine thread -------------------------------------------------------------------------------
     def _parse(self, request) -> GenRequest:
@@ -148,7 +163,11 @@ class TritonPythonModel(InboxFrontDoor):
         try:
             self.engine.submit(self._parse(request))
         except (ValueError, TypeError) as err:
-            request.get_response_sender().send(error_response(str(err), client_error=True), flags=FINAL)
+            if self.streaming:
+                refusal = error_response(str(err), client_error=True)
+                self.outbox.put((request, lambda: refusal, FINAL))
+            else:
+                request.get_response_sender().send(error_response(str(err), client_error=True), flags=FINAL)
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
@@ -182,7 +201,8 @@ class TritonPythonModel(InboxFrontDoor):
     def _stream(self, request, tokens, exits) -> None:
         start = self.sent.get(id(request), 0)
         if len(tokens) > start:
-            request.get_response_sender().send(tensor_response(self._outputs(tokens[start:], exits[start:])))
+            chunk = (tokens[start:], exits[start:])
+            self.outbox.put((request, lambda: tensor_response(self._outputs(*chunk)), 0))
             self.sent[id(request)] = len(tokens)
 
     def _served_as(self, note: dict) -> np.ndarray:
@@ -193,12 +213,17 @@ class TritonPythonModel(InboxFrontDoor):
 
     def _answer(self, done) -> None:
         request = done.request_id
+        if self.streaming:   # after the request's chunks, from the same queue
+            if not done.error:
+                self._stream(request, done.tokens, done.exit_layers)
+            final = (error_response(done.error) if done.error else
+                     tensor_response({"served_as": self._served_as(done.note)}))
+            self.outbox.put((request, lambda: final, FINAL))
+            self.sent.pop(id(request), None)
+            return
         sender = request.get_response_sender()
         if done.error:
             sender.send(error_response(done.error), flags=FINAL)
-        elif self.streaming:
-            self._stream(request, done.tokens, done.exit_layers)
-            sender.send(tensor_response({"served_as": self._served_as(done.note)}), flags=FINAL)
         else:
             outputs = self._outputs(done.tokens, done.exit_layers, done.ttft_s, done.total_s)
             sender.send(tensor_response({**outputs, "served_as": self._served_as(done.note)}), flags=FINAL)

@@ -38,15 +38,16 @@ def test_operating_point_is_the_tau_nearest_the_exit_share():
 
 def test_frontier_table_says_which_points_the_default_takes():
     point = {"set": "general", "point": "softmax tau=0.9", "tokens_per_s": 30.0, "x_full": 0.8,
-             "x_full_rounds": [0.8, 0.79, 0.81], "per_token_agreement": 0.9, "decoded_agreement": 0.5,
+             "x_full_rounds": [0.8, 0.79, 0.81], "x_full_cpu": 0.82, "per_token_agreement": 0.9, "decoded_agreement": 0.5,
              "rouge_l": 0.6, "exit_share": [0.1, 0.05], "modes": ["calm"], "predicted_x_full": 0.78,
              "default_takes_it": False}
     results = {"settings": {"model": "m", "concurrent": 8}, "budget": "b", "training": None,
                "plain": {"generate()": {"median": 1.0, "ratios": [1.0] * 5, "modes": ["full"], "reason": "why",
                                         "identical_to_full": 8}}, "points": [point]}
     text = format_frontier(results)
-    assert "| general | softmax tau=0.9 | 30.0 | 0.80 | 0.80, 0.79, 0.81 | 0.78 | fallback (plain) |" in text
-    assert "| `generate()` | 1.000 |" in text and '"why"' in text
+    assert "| general | softmax tau=0.9 | 30.0 | 0.80 | 0.80, 0.79, 0.81 | 0.82 | 0.78 | fallback (plain) |" in text
+    assert "predicted/served - 1 from -2.5% to -2.5%" in text and "1/1 within 10%" in text
+    assert "| `generate()` | full | 1.000 |" in text and '"why"' in text
 
 
 def test_per_token_agreement_counts_each_choice_given_its_own_prefix():
