@@ -16,6 +16,11 @@ Decisions (where the paper and docs/design.md are silent)
   all-zero attention mask gives NaN softmaxes), zeros for floats.
 * **Reloads** carry a new ``e3_reload`` parameter: Triton skips a load whose
   config and files are unchanged (measured: a dead stub stayed dead).
+* **Durable plans**: with a repository, every split configuration and plan switch that holds is also
+  written there (:mod:`e3.deploy.durable`: the model's ``config.pbtxt`` atomically, the plan and the
+  models to serve in the manifest), so a restarted server loads what was applied, not what was
+  exported. A repository this process cannot write is logged once per model and skipped (the plan
+  then lives in memory only, as before).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from e3.controller.health import SplitStats, failed_requests
 from e3.core.names import parse_split_name
 from e3.core.plan import Plan, PlanError, SplitPlan
 from e3.core.spec import NUMPY_DTYPES, dtype_from_config
+from e3.deploy.durable import record_plan, write_config
 from e3.deploy.stubs import with_reload_mark
 
 __all__ = ["TritonApplier", "with_split_settings", "probe_inputs"]
@@ -93,12 +99,16 @@ class TritonApplier(ServerView, ServerControl):
     ``repo`` and ``zoo_model`` are needed only to export split models that are
     missing from the repository; ``metrics_url`` only for the failed-request
     counters; ``gpus`` (GPUs of the server's pod, 0 on a CPU) spreads split
-    instances over them (:func:`with_split_settings`).
+    instances over them (:func:`with_split_settings`). ``durable`` (default: when ``repo`` is given)
+    writes what holds into ``repo`` (see the module docstring).
     """
 
     def __init__(self, url: str, *, metrics_url: str | None = None, repo: Path | None = None,
-                 zoo_model: str | None = None, probe_timeout_s: float = 10.0, gpus: int = 0):
+                 zoo_model: str | None = None, probe_timeout_s: float = 10.0, gpus: int = 0,
+                 durable: bool | None = None):
         self.url, self.metrics_url, self.repo, self.zoo_model = url, metrics_url, repo, zoo_model
+        self.durable = repo is not None if durable is None else durable and repo is not None
+        self._unwritable: set[str] = set()
         self.gpus = gpus
         self.probe_timeout_s = probe_timeout_s
         self._local = threading.local()
@@ -210,9 +220,27 @@ class TritonApplier(ServerView, ServerControl):
             self.control.load(split.model, want)
         if not self.control.is_ready(split.model):
             raise ControlError(f"{split.model} is not ready after its load")
+        self._persist(split.model, lambda: write_config(self.repo, split.model, want))
 
     def switch_plan(self, router: str, plan: Plan) -> None:
         self.control.switch_plan(router, plan)
+        config = self.control.model_config(router) if self.durable else None
+        self._persist(router, lambda: write_config(self.repo, router, config) and
+                      record_plan(self.repo, router, plan.to_dict()))
+
+    def _persist(self, name: str, write) -> None:
+        """Run ``write`` (a durable write of ``name``'s applied state) when durable; an unwritable repository
+        is logged once per model, never fatal: the load itself held."""
+        if not self.durable:
+            return
+        try:
+            write()
+            self._unwritable.discard(name)
+        except Exception as err:  # noqa: BLE001 (a read-only mount, a config protobuf refuses: the load held)
+            if name not in self._unwritable:
+                log.warning("%s serves what was applied, but %s cannot record it (%s): a restarted server "
+                            "will load the repository's older config", name, self.repo, err)
+            self._unwritable.add(name)
 
     def unload(self, name: str) -> None:
         self.control.unload(name)

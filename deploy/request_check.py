@@ -372,6 +372,8 @@ def canonical_repository_request(name: str, body: bytes) -> bytes:
         raise RequestError("'parameters' must be an object")
     for key, value in params.items():
         check_file_override(key)
+        if key == "unload_dependents" and isinstance(value, bool):   # tritonclient's unload_model sends it
+            continue
         if not isinstance(value, str):
             raise RequestError(f"parameter {key[:40]!r} must be a string")
     return dumps_canonical(request)

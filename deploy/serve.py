@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from e3.deploy.durable import PlanWatch
 from e3.deploy.grpc_guard import GrpcGuard
 from e3.deploy.guard import Guard, tune_gc
 from e3.deploy.server import ServerError, TritonServer, models_to_serve, port_taken
@@ -120,14 +121,16 @@ def guard_until_stopped(triton_http: str, triton_grpc: str, stop: threading.Even
     """Only the guards (``e3 serve --guard-only``), in front of a tritonserver someone else runs: the Helm chart's
     ``guard`` container, beside Triton's in the same pod, whose HTTP and gRPC endpoints are Unix sockets on a
     volume the two containers share (``triton_http``, ``triton_grpc``: ``unix:/path``). No supervisor (the
-    kubelet restarts containers); until ``stop`` is set; 0."""
+    kubelet restarts containers), but readiness answers 503 while the router's plan names a split this server
+    does not serve (:class:`~e3.deploy.durable.PlanWatch`); until ``stop`` is set; 0."""
     if headers is None and host not in LOOPBACK:
         raise ServerError(f"--host {host} makes the guards reachable by others: set E3_API_HEADER and "
                           "E3_API_KEY_FILE (or E3_API_KEY) so that model control needs the key")
     api_key = next(iter(headers.items())) if headers else None
-    grpc_guard = GrpcGuard(triton_grpc, host=host, port=grpc_port, api_key=api_key).start()
+    watch = PlanWatch.over_http(triton_http).start()
+    grpc_guard = GrpcGuard(triton_grpc, host=host, port=grpc_port, api_key=api_key, unhealthy=watch.down).start()
     try:
-        guard = Guard(triton_http, host=host, port=http_port, api_key=api_key,
+        guard = Guard(triton_http, host=host, port=http_port, api_key=api_key, unhealthy=watch.down,
                       metrics=grpc_guard.metrics_text).start()
         try:
             tune_gc()
@@ -138,4 +141,5 @@ def guard_until_stopped(triton_http: str, triton_grpc: str, stop: threading.Even
             guard.stop()
     finally:
         grpc_guard.stop()
+        watch.stop()
     return 0

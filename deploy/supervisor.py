@@ -13,8 +13,15 @@ in ``e3 serve``'s main thread, polls once per ``poll_s``:
   backend's /dev/shm files removed), starts tritonserver again with no
   model, and loads the snapshot's models with their snapshot configs as
   overrides: ordinary models first, then routers, then ensembles (which
-  call them). Requests in flight got connection errors from the dying
-  server; none waits for the new one.
+  call them). A model whose ``config.pbtxt`` in the repository is newer than
+  the snapshot (the controller's applier wrote what it applied there,
+  :mod:`e3.deploy.durable`) loads from its file instead, and the splits a
+  restored router's plan names are loaded too (:func:`restore_set`): a plan
+  switched just before the death comes back whole. Requests in flight got
+  connection errors from the dying server; none waits for the new one.
+* **Readiness against the plan.** A READY router whose plan names a split of this server that is not
+  READY is in :meth:`Supervisor.down` (:func:`e3.deploy.durable.plan_gaps`), so the guard's readiness
+  answers 503 until the plan is served whole.
 * **Stub death.** When a stub process of a snapshot model is gone (a
   controller's reload or scale-down also ends stubs, so that alone decides
   nothing) and the model now runs fewer stubs than its live config has
@@ -55,11 +62,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
+from e3.deploy.durable import plan_gaps, plan_splits
 from e3.deploy.stubs import is_dead_stub, with_reload_mark
 from e3.deploy.server import ServerError, TritonServer
 
 __all__ = ["Supervisor", "Snapshot", "load_order", "lost_stubs", "probe_request", "orphan_regions", "backoff_s",
-           "death_cause"]
+           "death_cause", "restore_set"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +98,7 @@ class Snapshot:
     configs: dict[str, dict] = field(default_factory=dict)   # READY model -> its live config (JSON)
     stubs: dict[str, set[int]] = field(default_factory=dict)  # model -> pids of the stubs running it
     taken_at: float = 0.0                                    # time.monotonic() of the snapshot
+    taken_wall: float = 0.0                                  # time.time() of the snapshot (file times' clock)
 
 
 def load_order(configs: Mapping[str, dict]) -> list[str]:
@@ -101,6 +110,42 @@ def load_order(configs: Mapping[str, dict]) -> list[str]:
             return 2, name
         return (1 if name.endswith("_router") else 0), name
     return sorted(configs, key=rank)
+
+
+def _file_newer(repo: Path | None, name: str, than: float) -> bool:
+    try:
+        return repo is not None and (Path(repo) / name / "config.pbtxt").stat().st_mtime > than
+    except OSError:
+        return False
+
+
+def restore_set(snapshot: Snapshot, repo: str | Path | None) -> dict[str, dict | None]:
+    """Model -> the config override to load it with after a restart (None: its repository file): the
+    snapshot's models with their snapshot configs, except those whose file the applier wrote after the
+    snapshot (the file is newer), plus the splits each restored router's plan names that the snapshot
+    lacks (loaded from their files)."""
+    repo = Path(repo) if repo is not None else None
+    out: dict[str, dict | None] = {}
+    for name, config in snapshot.configs.items():
+        out[name] = None if _file_newer(repo, name, snapshot.taken_wall) else config
+    for name in list(out):
+        if not name.endswith("_router"):
+            continue
+        config = out[name]
+        try:
+            if config is None:
+                from google.protobuf import json_format, text_format
+                from tritonclient.grpc import model_config_pb2 as mc
+                text = (Path(repo) / name / "config.pbtxt").read_text()
+                config = json_format.MessageToDict(text_format.Parse(text, mc.ModelConfig()),
+                                                   preserving_proto_field_name=True)
+            plan = json.loads(config.get("parameters", {}).get("plan", {}).get("string_value", "{}"))
+        except Exception as err:  # noqa: BLE001 (an unreadable file: restore what the snapshot knows)
+            log.warning("cannot read %s's plan from the repository (%s)", name, err)
+            continue
+        for split in plan_splits(plan):
+            out.setdefault(split, None)
+    return out
 
 
 def lost_stubs(before: Mapping[str, set[int]], now: Mapping[str, set[int]]) -> list[str]:
@@ -196,6 +241,7 @@ class Supervisor:
         self.changing: Counter = Counter()   # model -> control-API loads/unloads in flight (stubs not watched)
         self.unloaded: set[str] = set()      # models unloaded through the control API (not restored)
         self._resnap = False                 # a control call ended: take a snapshot at the next poll
+        self.gaps: dict[str, list[str]] = {} # READY router -> its plan's splits not READY (last snapshot)
         self._last_live = time.monotonic()
 
     # -- the user's own loads and unloads (called from the guards' threads) ------------------------------------
@@ -232,12 +278,18 @@ class Supervisor:
         index = self._call("POST", "/v2/repository/index", {})
         ready = [m["name"] for m in index if m.get("state") == "READY" and m["name"] not in self.unloaded]
         configs = {m: self._call("GET", f"/v2/models/{m}/config") for m in ready}
-        self.snapshot = Snapshot(configs, _match_stubs(stubs, ready), time.monotonic())
+        self.snapshot = Snapshot(configs, _match_stubs(stubs, ready), time.monotonic(), time.time())
+        gaps = plan_gaps(configs, ready)
+        for router, missing in gaps.items():
+            if self.gaps.get(router) != missing:
+                log.warning("%s is not ready: its plan names %s, not loaded", router, ", ".join(missing))
+        self.gaps = gaps
         return self.snapshot
 
-    def _load(self, name: str, config: dict) -> None:
-        self._call("POST", f"/v2/repository/models/{name}/load",
-                   {"parameters": {"config": json.dumps(config)}}, timeout_s=self.start_timeout_s)
+    def _load(self, name: str, config: dict | None) -> None:
+        """Load ``name`` with ``config`` as its override (None: its repository file)."""
+        body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
+        self._call("POST", f"/v2/repository/models/{name}/load", body, timeout_s=self.start_timeout_s)
 
     # -- the loop --------------------------------------------------------------------------------------------
     def run(self, stop) -> None:
@@ -309,8 +361,9 @@ class Supervisor:
         return now - self._last_live > self.hang_s
 
     def down(self) -> set[str]:
-        """What is known broken now: models being reloaded, and ``"tritonserver"`` while it restarts."""
-        return set(self.unhealthy) | ({"tritonserver"} if self.restarting else set())
+        """What is known broken now: models being reloaded, routers whose plan is not served whole, and
+        ``"tritonserver"`` while it restarts."""
+        return set(self.unhealthy) | set(self.gaps) | ({"tritonserver"} if self.restarting else set())
 
     def _died(self, cause: str) -> float:
         """Record a death of cause ``cause``; the backoff before the next start."""
@@ -343,9 +396,13 @@ class Supervisor:
             except ServerError as err:
                 delay = self._died("start_failed")
                 log.error("tritonserver did not start again (%s); retrying in %.1f s", str(err)[:2000], delay)
-        for name in load_order(self.snapshot.configs):
+        restore = restore_set(self.snapshot, self.server.repo)
+        fromfile = sorted(n for n, c in restore.items() if c is None)
+        if fromfile:
+            log.warning("restoring %s from the repository (applied after the last snapshot)", ", ".join(fromfile))
+        for name in load_order({n: c or {} for n, c in restore.items()}):
             try:
-                self._load(name, self.snapshot.configs[name])
+                self._load(name, restore[name])
             except (urllib.error.URLError, OSError) as err:
                 log.error("after the restart, %s did not load: %s", name, err)
         self.unhealthy.clear()
