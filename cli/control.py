@@ -88,7 +88,10 @@ def _control(args) -> int:
             applier, planner, pinned, pools = _pooled(args, applier, planner, pinned)
         if args.metrics_port is not None:
             from e3.controller.metrics import ControllerMetrics
-            metrics = ControllerMetrics(pools=pools, window_s=args.window_s)
+            from e3.controller.pooled_applier import POD_READY_TIMEOUT_S
+            # liveness waits out an apply's wait for new pods (Kubernetes) before it calls the loop wedged
+            metrics = ControllerMetrics(pools=pools, window_s=args.window_s,
+                                        pod_wait_s=POD_READY_TIMEOUT_S if args.kubernetes else 0.0)
             port = metrics.serve(args.metrics_port)
             print(f"controller metrics and probes on port {port} (/metrics, /healthz, /readyz)", flush=True)
         controller = Controller(settings, telemetry=TelemetryReader(metrics_url, m, window_s=args.window_s,

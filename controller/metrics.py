@@ -14,7 +14,8 @@
   ``e3_controller_plans_applied_total``, ``e3_controller_last_window_timestamp_seconds``.
 
 ``/healthz`` (liveness): 200 while the control loop has finished a window within ``stale_after_s`` (default
-three windows plus a minute: an apply may wait for pods), else 503, so a wedged loop is restarted.
+three windows plus a minute, plus ``pod_wait_s``: the longest an apply may wait for pods, so a legitimate
+scale-up never looks wedged), else 503, so a wedged loop is restarted.
 ``/readyz`` (readiness): 200 once the loop runs (the model's facts are known and the first window began).
 
 Decisions: one registry per controller (not the process-wide default), so tests can run several; the server
@@ -42,9 +43,9 @@ class ControllerMetrics:
     """Gauges and counters of one controller; :meth:`observe` after every window, :meth:`serve` to expose."""
 
     def __init__(self, *, pools: Pools | None, window_s: float, stale_after_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 pod_wait_s: float = 0.0, clock: Callable[[], float] = time.monotonic):
         self.pools, self.clock = pools, clock
-        self.stale_after_s = stale_after_s if stale_after_s is not None else 3 * window_s + 60.0
+        self.stale_after_s = stale_after_s if stale_after_s is not None else 3 * window_s + 60.0 + pod_wait_s
         self.registry = r = CollectorRegistry()
         self.desired = Gauge("e3_controller_desired_replicas", "Pods each pool should run for the plan the "
                              "controller wants in force", ["pool"], registry=r)

@@ -38,10 +38,11 @@ if TYPE_CHECKING:
     from e3.controller.k8s_scaler import PoolScaler
     from e3.deploy.pools import Pools
 
-__all__ = ["PooledApplier", "PlacingPlanner", "ROUTER_SERVER", "located", "dns_pods"]
+__all__ = ["PooledApplier", "PlacingPlanner", "ROUTER_SERVER", "POD_READY_TIMEOUT_S", "located", "dns_pods"]
 
 log = logging.getLogger(__name__)
 
+POD_READY_TIMEOUT_S = 600.0   # the longest an apply waits for a pool's new pods to be ready (seconds)
 ROUTER_SERVER = "router"   # how a copy on the router's own server is named in ``<split>@<server>``
 
 
@@ -64,7 +65,8 @@ class PooledApplier(ServerView, ServerControl):
     go through the Service. ``make_applier(url)`` builds a pod's applier (default :class:`TritonApplier`)."""
 
     def __init__(self, router_model: str, router: TritonApplier, servers: dict[str, TritonApplier], *,
-                 pools: Pools | None = None, scaler: PoolScaler | None = None, ready_timeout_s: float = 600.0,
+                 pools: Pools | None = None, scaler: PoolScaler | None = None,
+                 ready_timeout_s: float = POD_READY_TIMEOUT_S,
                  resolve: Callable[[str, int], list[str]] | None = None,
                  make_applier: Callable[[str], TritonApplier] | None = None):
         if scaler is not None and pools is None:
