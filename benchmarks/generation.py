@@ -515,6 +515,21 @@ def _rate(out, wall: float) -> float:
     return sum(len(o.tokens) for o in out) / wall
 
 
+def predicted_ratio(costs, lengths: list[int], full_lengths: list[int], exit_share, *, measure: str) -> float:
+    """The cost model's tokens/s of a CALM run over the full model's, given each run's tokens per sequence (all
+    started together: step t decodes the sequences longer than t, so the batch shrinks as they finish) and the
+    exit shares: decode steps only (the prefill is the same call in both)."""
+    from e3.generation.policy import calm_s_per_token, plain_step_s
+    rates = [*exit_share, max(0.0, 1.0 - sum(exit_share))]
+
+    def steps(lens):
+        return [sum(n > t for n in lens) for t in range(1, max(lens, default=1))]
+    calm = sum(r * calm_s_per_token(costs, rates, measure=measure, batch=r) for r in steps(lengths))
+    plain = sum(plain_step_s(costs, r) for r in steps(full_lengths))
+    decoded, full_decoded = sum(steps(lengths)), sum(steps(full_lengths))
+    return (decoded / calm) / (full_decoded / plain) if calm and plain and full_decoded else 1.0
+
+
 def _cpu_s(pid: int) -> float:
     """CPU seconds (user + system) used so far by process ``pid`` and its live descendants (Triton and its
     Python-backend stubs): the work a run costs, whatever else the shared machine runs meanwhile."""
@@ -622,28 +637,34 @@ def run_frontier(settings: FrontierSettings = FrontierSettings(), echo=print) ->
                     # tokens per server CPU-second, over the full run's: the ratio with the machine's noise removed
                     cpu_ratio = (sum(len(o.tokens) for o in out) / max(1e-9, c2 - c1)) / (
                         sum(len(o.tokens) for o in before[0]) / max(1e-9, c1 - c0))
-                    measured["full"].append((*before, 1.0, 1.0))
-                    measured[n].append((out, wall, _rate(out, wall) / _rate(*before), cpu_ratio))
+                    measured["full"].append((*before, 1.0, 1.0, before[0]))
+                    measured[n].append((out, wall, _rate(out, wall) / _rate(*before), cpu_ratio, before[0]))
                 echo(f"  round {rnd + 1}: " + ", ".join(f"{n} x{measured[n][-1][2]:.2f} (cpu x{measured[n][-1][3]:.2f})"
                                                         for n, _ in points[1:]))
             reference = [o.tokens for o in measured["full"][0][0]]
             for n, kw in points:
                 rows = measured[n]
                 out = rows[0][0]
-                costs = next((Costs.from_dict(o.costs) for o in out if o.costs), None)
+                # the table the router decided with at the end of the last round (the most calls timed)
+                costs = next((Costs.from_dict(o.costs) for o in rows[-1][0] if o.costs), None)
                 decoded = [e for o in out for e in o.exit_layers[1:]]
                 shares = [decoded.count(e) / max(1, len(decoded)) for e in exits]
                 row = {"set": set_name, "point": n, **kw,
-                       "tokens_per_s": statistics.median(_rate(o, w) for o, w, _, _ in rows),
-                       "x_full": statistics.median(r for _, _, r, _ in rows), "x_full_rounds": [r for _, _, r, _ in rows],
-                       "x_full_cpu": statistics.median(c for _, _, _, c in rows),
+                       "tokens_per_s": statistics.median(_rate(o, w) for o, w, *_ in rows),
+                       "x_full": statistics.median(r[2] for r in rows), "x_full_rounds": [r[2] for r in rows],
+                       "x_full_cpu": statistics.median(r[3] for r in rows),
                        "per_token_agreement": statistics.mean(per_token_agreement(model, p, o.tokens)
                                                               for p, o in zip(prompts, out)),
                        "decoded_agreement": statistics.mean(agreement(o.tokens, r) for o, r in zip(out, reference)),
                        "rouge_l": statistics.mean(rouge_l(o.tokens, r) for o, r in zip(out, reference)),
                        "exit_share": shares, "modes": sorted({o.parameters.get("e3_mode", "?") for o in out})}
                 if kw.get("measure") in MEASURES and costs is not None and any(shares):
-                    row["predicted_x_full"] = speedup(costs, shares, measure=kw["measure"], batch=s.concurrent)
+                    row["predicted_x_full"] = statistics.median(
+                        predicted_ratio(costs, [len(o.tokens) for o in o_], [len(o.tokens) for o in f_],
+                                        shares, measure=kw["measure"])
+                        for o_, _, _, _, f_ in rows)
+                    row["predicted_x_full_constant_batch"] = speedup(costs, shares, measure=kw["measure"],
+                                                                     batch=s.concurrent)
                     row["served_costs"] = costs.to_dict()
                     pred = predict_raw(spec.calibration, costs, measure=kw["measure"], tau=kw["tau"], batch=s.concurrent)
                     row["default_takes_it"] = bool(pred and pred["speedup"] >= MIN_GAIN)

@@ -64,3 +64,17 @@ def test_per_token_agreement_counts_each_choice_given_its_own_prefix():
     changed += generate_full(model, prompt + changed, 6).tokens   # the full model continues from the change
     assert per_token_agreement(model, prompt, changed) == pytest.approx(7 / 8)
     assert agreement(changed, full) <= 7 / 8
+
+
+def test_predicted_ratio_follows_the_batch_as_sequences_finish():
+    from e3.benchmarks.generation import predicted_ratio
+    from e3.generation.policy import Costs, SplitCost, speedup
+    costs = Costs(splits=(SplitCost(1e-2, 1e-3),) * 3, head_s=4e-4, head_fixed_s=8e-3,
+                  fills=(SplitCost(1.5e-2, 3e-5), SplitCost(1e-2, 2e-5)))
+    same = [32] * 8
+    assert predicted_ratio(costs, same, same, [0.0, 0.0], measure="classifier") == pytest.approx(1.0)
+    assert predicted_ratio(costs, same, same, [0.1, 0.05], measure="classifier") == pytest.approx(
+        speedup(costs, [0.1, 0.05], measure="classifier", batch=8))
+    # the same exits, but the early-exit texts end sooner: the tail runs at small batches, where the fixed
+    # parts of the calls weigh more per token
+    assert predicted_ratio(costs, [32] + [8] * 7, same, [0.0, 0.0], measure="classifier") < 0.9
