@@ -98,7 +98,8 @@ def drive(grpc_url: str, door: str, lengths: LengthDistribution, *, prompt_token
             state["next"] += 1
             state["open"] += 1
         t0 = time.perf_counter()
-        client.async_infer(door, _inputs(grpc, prompt, n, mode, 0.9, 4),
+        knobs = {"max_new_tokens": n, "mode": mode, "tau": 0.9, "draft_tokens": 4}
+        client.async_infer(door, _inputs(grpc, prompt, knobs),
                            callback=lambda result, error: answered(t0, result, error), client_timeout=timeout_s)
 
     def answered(t0: float, result, error) -> None:
