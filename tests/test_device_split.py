@@ -211,14 +211,20 @@ def test_forced_exits_really_spread_over_the_ramps_in_the_pipeline():
     assert pipe.counts["rows"][1] == int(np.sum(exits > 1))
 
 
-def test_requests_that_cannot_make_their_slo_are_dropped_with_an_error_and_the_rest_answered():
+def _slo_pipeline():
+    """tiny-ee cut after block 2, batches of 8, an SLO of 50 ms and a clock the test moves: (pipeline, 64 rows of
+    inputs, the clock's [now], answers by handle, errors by handle)."""
     model = build_model("tiny-ee", seed=0, trained=False)
-    arrays = model.example_arrays(64, seed=2)
     now = [0.0]
     got, failed = {}, {}
     pipe = DevicePipeline(model, cuts=(2,), batch_sizes=[8, 8], enabled_ramps=(1, 2, 3), rule=ForcedRule([1, .5, .5, .5]),
                           settings=DeviceSettings(max_batch=8), slo_ms=50.0, answer=got.__setitem__,
                           fail=failed.__setitem__, clock=lambda: now[0])
+    return pipe, model.example_arrays(64, seed=2), now, got, failed
+
+
+def test_requests_that_cannot_make_their_slo_are_dropped_with_an_error_and_the_rest_answered():
+    pipe, arrays, now, got, failed = _slo_pipeline()
     for i in range(8):
         pipe.admit(i, {k: v[8 * i:8 * i + 8] for k, v in arrays.items()})
     for _ in range(3):
@@ -238,13 +244,7 @@ def test_only_requests_that_would_finish_late_are_dropped():
     Four requests admitted at 0 and four at 40 ms, an SLO of 50 ms, every split expected to take 30 ms: at 40 ms
     the first four would end at 70 ms, past their 50 ms, and are dropped; the last four would end at 70 ms too,
     inside their 90 ms, and are answered (the fake clock stands still while the pipeline runs)."""
-    model = build_model("tiny-ee", seed=0, trained=False)
-    arrays = model.example_arrays(64, seed=2)
-    now = [0.0]
-    got, failed = {}, {}
-    pipe = DevicePipeline(model, cuts=(2,), batch_sizes=[8, 8], enabled_ramps=(1, 2, 3), rule=ForcedRule([1, .5, .5, .5]),
-                          settings=DeviceSettings(max_batch=8), slo_ms=50.0, answer=got.__setitem__,
-                          fail=failed.__setitem__, clock=lambda: now[0])
+    pipe, arrays, now, got, failed = _slo_pipeline()
     for q in pipe.queues:
         for _ in range(4 * WARM_BATCHES):
             q.learn(8, 0.030)
