@@ -60,7 +60,26 @@ S3 = {"modelRepository": {"source": "objectStorage", "objectStorage": {
 GCS = {"modelRepository": {"source": "objectStorage", "objectStorage": {
     "url": "gs://models-bucket/e3/bert_ee", "credentialsSecret": "e3-gcs", "credentialsKey": "key.json"}}}
 
-VALUES = {"default": {}, "multi-pool": MULTI_POOL, "gpu": GPU, "hpa": HPA, "keda": KEDA, "s3": S3, "gcs": GCS}
+# Issue 39, Deliver 6: an Ingress (TLS, gRPC), pull secrets, affinity and spread, extra Triton flags and env
+SPREAD = {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}
+ANTI_AFFINITY = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+    "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                       "labelSelector": {"matchLabels": {"e3.pool": "deep"}}}}]}}
+EXTRAS = {
+    **MULTI_POOL,
+    "pools": [{**MULTI_POOL["pools"][0], "extraArgs": ["--pinned-memory-pool-byte-size=268435456", "--log-info=true"],
+               "extraEnv": [{"name": "OMP_NUM_THREADS", "value": "4"}]},
+              {**MULTI_POOL["pools"][1], "affinity": ANTI_AFFINITY, "topologySpreadConstraints": [SPREAD]}],
+    "imagePullSecrets": [{"name": "registry-key"}],
+    "ingress": {"enabled": True, "className": "nginx", "host": "e3.example.com",
+                "tls": {"secretName": "e3-tls"},
+                "grpc": {"enabled": True, "host": "grpc.e3.example.com",
+                         "annotations": {"nginx.ingress.kubernetes.io/backend-protocol": "GRPC"}}},
+    "controller": {"topologySpreadConstraints": [SPREAD]},
+}
+
+VALUES = {"default": {}, "multi-pool": MULTI_POOL, "gpu": GPU, "hpa": HPA, "keda": KEDA, "s3": S3, "gcs": GCS,
+          "extras": EXTRAS}
 CRDS = {"monitoring.coreos.com/": "ServiceMonitor", "keda.sh/": "ScaledObject"}   # no schema ships for these
 
 
@@ -99,12 +118,15 @@ def key_fields(docs: list[dict]) -> dict:
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             if probe in c:
                 entry[probe] = c[probe]
+        for optional in ("imagePullSecrets", "affinity", "topologySpreadConstraints"):   # pinned where set
+            if optional in pod:
+                entry[optional] = pod[optional]
         out[f"Deployment/{name}"] = entry
     for name, role in sorted(by_kind(docs, "Role").items()):
         out[f"Role/{name}"] = role["rules"]
     for name, svc in sorted(by_kind(docs, "Service").items()):
         out[f"Service/{name}"] = svc["spec"]["ports"]
-    for kind in ("HorizontalPodAutoscaler", "ScaledObject", "NetworkPolicy", "PodDisruptionBudget"):
+    for kind in ("HorizontalPodAutoscaler", "ScaledObject", "NetworkPolicy", "PodDisruptionBudget", "Ingress"):
         for name, doc in sorted(by_kind(docs, kind).items()):
             out[f"{kind}/{name}"] = doc["spec"]
     return out

@@ -65,7 +65,9 @@ def test_outside_traffic_reaches_only_the_guard(case):
         for rule in ingress["spec"]["rules"]:
             for path in rule["http"]["paths"]:
                 backend = path["backend"]["service"]
-                assert backend["name"] in by_kind(docs, "Service") and backend["port"]["name"] == "http"
+                service = by_kind(docs, "Service")[backend["name"]]
+                port = next(p for p in service["spec"]["ports"] if p["name"] == backend["port"]["name"])
+                assert port["name"] in ("http", "grpc") and port["targetPort"] in ("http", "grpc")
 
 
 @pytest.mark.e2e

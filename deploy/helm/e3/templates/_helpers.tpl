@@ -47,7 +47,8 @@ e3.pool: {{ .pool.name }}
 {{/* A pool entry with every optional field filled in, as JSON (use: include "e3.pool" $entry | fromJson). */}}
 {{- define "e3.pool" -}}
 {{- $d := dict "replicas" 1 "minReplicas" 1 "devicesPerPod" 1 "price" 1.0 "gpu" (dict "type" "" "count" 0)
-      "nodeSelector" (dict) "tolerations" (list) "resources" (dict) "models" (list) "repository" (dict) -}}
+      "nodeSelector" (dict) "tolerations" (list) "resources" (dict) "models" (list) "repository" (dict)
+      "affinity" (dict) "topologySpreadConstraints" (list) "extraArgs" (list) "extraEnv" (list) -}}
 {{- $p := mergeOverwrite $d (deepCopy .) -}}
 {{- if not (hasKey . "maxReplicas") -}}{{- $_ := set $p "maxReplicas" (max $p.replicas $p.minReplicas) -}}{{- end -}}
 {{- toJson $p -}}
@@ -79,4 +80,58 @@ e3.pool: {{ .pool.name }}
 {{- $sc := deepCopy .root.Values.containerSecurityContext -}}
 {{- $_ := set $sc "readOnlyRootFilesystem" .readOnly -}}
 {{- toYaml $sc -}}
+{{- end -}}
+
+
+{{/* The pod spec's imagePullSecrets (every pod: Triton pools and the controller); nothing when none are set. */}}
+{{- define "e3.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* A pod's affinity and topology spread constraints: (dict "affinity" ... "spread" ... "selector" labels).
+     A spread constraint without a labelSelector counts the pods of its own Deployment (the selector given). */}}
+{{- define "e3.placement" -}}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if .spread }}
+{{- $constraints := list }}
+{{- range .spread }}
+{{- $c := deepCopy . }}
+{{- if not (hasKey $c "labelSelector") }}{{ $_ := set $c "labelSelector" (dict "matchLabels" $.selector) }}{{ end }}
+{{- $constraints = append $constraints $c }}
+{{- end }}
+topologySpreadConstraints:
+  {{- toYaml $constraints | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* tritonserver flags a pool's extraArgs may not carry: the ones the chart sets (a later flag would override
+     them: the Unix sockets the guard fronts, the repository and its control mode, readiness, metrics) and the
+     ones that would open another door past the guard or change what it relies on (docs/kubernetes.md). */}}
+{{- define "e3.refusedTritonFlags" -}}
+model-repository model-store model-control-mode load-model strict-readiness exit-timeout-secs log-verbose
+http-address http-port grpc-address grpc-port allow-http allow-grpc reuse-http-port reuse-grpc-port
+http-restricted-api grpc-restricted-api http-header-forward-pattern grpc-header-forward-pattern
+grpc-use-ssl grpc-use-ssl-mutual grpc-server-cert grpc-server-key grpc-root-cert
+allow-sagemaker sagemaker-port sagemaker-safe-port-range sagemaker-thread-count
+allow-vertex-ai vertex-ai-port vertex-ai-thread-count vertex-ai-default-model
+allow-metrics allow-gpu-metrics allow-cpu-metrics metrics-address metrics-port
+{{- end -}}
+
+{{/* A pool's extraArgs, checked: (dict "pool" $pool). Each is one --flag=value word; a refused flag fails the
+     render with its name. */}}
+{{- define "e3.extraTritonArgs" -}}
+{{- $refused := splitList " " (include "e3.refusedTritonFlags" . | replace "\n" " ") -}}
+{{- range .pool.extraArgs }}
+{{- $flag := regexReplaceAll "^--([^=]*).*$" . "${1}" }}
+{{- if has $flag $refused }}
+{{- fail (printf "pools[%s].extraArgs: %s is the chart's own or would bypass the guard (refused: --%s)" $.pool.name . (join ", --" $refused)) }}
+{{- end }}
+- {{ . | quote }}
+{{- end }}
 {{- end -}}
