@@ -200,10 +200,41 @@ def _pooled(args, router_applier, planner, pinned):
     return applier, PlacingPlanner(planner, pools), pinned, pools
 
 
+def _controller_status(url: str, timeout_s: float = 5.0) -> dict | None:
+    """The controller's ``/status`` at ``url`` (its --metrics-port), or None where something else answers
+    (a Triton server, the guard): what decides which kind of address ``e3 status --url`` was given."""
+    import json
+    import urllib.error
+    import urllib.request
+    from e3.controller.metrics import STATUS_KIND
+    base = url if "://" in url else f"http://{url}"
+    try:
+        with urllib.request.urlopen(f"{base.rstrip('/')}/status", timeout=timeout_s) as resp:
+            status = json.loads(resp.read())
+    except urllib.error.HTTPError:
+        return None   # Triton and the guard know no /status
+    except ValueError:
+        return None   # not JSON: not a controller
+    return status if isinstance(status, dict) and status.get("kind") == STATUS_KIND else None
+
+
 def _status(args) -> int:
-    from e3.controller.report import status_lines
+    from e3.controller.report import controller_status_lines, status_lines
     from e3.controller.triton_applier import TritonApplier
     from e3.core.names import served_name
+    try:
+        status = _controller_status(args.url)
+    except OSError as err:   # nothing listening: say where, whichever kind of address it was meant to be
+        print(f"e3 status: error: cannot reach {args.url} ({err})", file=sys.stderr)
+        return 2
+    if status is not None:
+        for line in controller_status_lines(status, args.url):
+            print(line)
+        return 0
+    if not args.model:
+        print(f"e3 status: error: {args.url} is a Triton server, not a controller: give --model too",
+              file=sys.stderr)
+        return 2
     applier = TritonApplier(args.url)
     try:
         for line in status_lines(applier, served_name(args.model), args.state_dir, history_entries=args.history):
@@ -270,8 +301,12 @@ def add_control(sub, repo_help: str) -> None:
 def add_status(sub, repo_help: str) -> None:
     """`e3 status`'s arguments."""
     st = sub.add_parser("status", help="live plan, loaded splits and instances, forecast vs observed, plan history")
-    st.add_argument("--model", required=True, help="zoo name of the served model, e.g. tiny-ee")
-    st.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP address (default 127.0.0.1:8000)")
+    st.add_argument("--model", default=None, help="zoo name of the served model, e.g. tiny-ee (needed with a "
+                                                    "Triton address)")
+    st.add_argument("--url", default="127.0.0.1:8000",
+                    help="Triton HTTP address (default 127.0.0.1:8000), or a controller's --metrics-port address "
+                         "(in a cluster: kubectl port-forward svc/<release>-e3-controller 9090), whose /status is "
+                         "printed instead")
     st.add_argument("--state-dir", default=None, help="controller files (default artifacts/controller)")
     st.add_argument("--history", type=int, default=10, help="plan history entries to show (default 10)")
     st.set_defaults(func=_status)

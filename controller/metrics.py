@@ -17,6 +17,8 @@
 three windows plus a minute, plus ``pod_wait_s``: the longest an apply may wait for pods, so a legitimate
 scale-up never looks wedged), else 503, so a wedged loop is restarted.
 ``/readyz`` (readiness): 200 once the loop runs (the model's facts are known and the first window began).
+``/status`` (JSON, what ``e3 status --url`` prints): ready and healthy, the window counts, the plan the controller
+wants in force, the pods each pool should run and the last window's report.
 
 Decisions: one registry per controller (not the process-wide default), so tests can run several; the server
 is a ``ThreadingHTTPServer`` in a daemon thread on the port the chart names (``controller.metricsPort``).
@@ -24,8 +26,10 @@ is a ``ThreadingHTTPServer`` in a daemon thread on the port the chart names (``c
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
@@ -36,7 +40,9 @@ from e3.controller.signals import desired_replicas
 from e3.core.plan import Plan
 from e3.deploy.pools import Pools
 
-__all__ = ["ControllerMetrics"]
+__all__ = ["ControllerMetrics", "STATUS_KIND"]
+
+STATUS_KIND = "e3-controller-status"   # /status's "kind": what tells a controller from a Triton server
 
 
 class ControllerMetrics:
@@ -61,6 +67,8 @@ class ControllerMetrics:
                           registry=r)
         self.ready = False
         self._beat = clock()
+        self._status: dict = {"windows": 0, "window_errors": 0, "plans_applied": 0, "last_window_unix_s": None,
+                              "wanted_plan": None, "desired_replicas": {}, "last_report": None}
         self._server: ThreadingHTTPServer | None = None
 
     def started(self, plan: Plan | None) -> None:
@@ -69,19 +77,29 @@ class ControllerMetrics:
         self.publish_plan(plan)
 
     def publish_plan(self, plan: Plan | None) -> None:
+        self._status["wanted_plan"] = plan.to_dict() if plan is not None else None
         if self.pools is not None:
-            for pool, n in desired_replicas(plan, self.pools).items():
+            wanted = desired_replicas(plan, self.pools)
+            self._status["desired_replicas"] = wanted
+            for pool, n in wanted.items():
                 self.desired.labels(pool=pool).set(n)
 
     def observe(self, report, wanted: Plan | None) -> None:
         """One window's :class:`~e3.controller.loop.StepReport`, and the plan the controller now wants."""
         self._beat = self.clock()
         self.windows.inc()
-        self.last.set(time.time())
+        now = time.time()
+        self.last.set(now)
+        st = self._status
+        st["windows"] += 1
+        st["last_window_unix_s"] = now
+        st["last_report"] = asdict(report)
         if report.error:
             self.errors.inc()
+            st["window_errors"] += 1
         if report.applied:
             self.applied.inc()
+            st["plans_applied"] += 1
         for gauge, value in ((self.dropped, report.dropped_rps), (self.offered, report.offered_rps),
                              (self.planned, report.planned_rps)):
             if value is not None:
@@ -94,8 +112,14 @@ class ControllerMetrics:
     def text(self) -> bytes:
         return generate_latest(self.registry)
 
+    def status(self) -> dict:
+        """What ``/status`` answers (JSON): ``kind`` (:data:`STATUS_KIND`), ``ready``, ``healthy``, ``windows``,
+        ``window_errors``, ``plans_applied``, ``last_window_unix_s`` (Unix s), ``wanted_plan`` (a plan's dict),
+        ``desired_replicas`` (pool -> pods) and ``last_report`` (a StepReport's fields)."""
+        return {"kind": STATUS_KIND, "ready": self.ready, "healthy": self.healthy(), **self._status}
+
     def serve(self, port: int, host: str = "0.0.0.0") -> int:
-        """Serve /metrics, /healthz and /readyz on ``port`` (0: any free one) in a daemon thread; the port."""
+        """Serve /metrics, /healthz, /readyz and /status on ``port`` (0: any free one) in a daemon thread; the port."""
         metrics = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -106,8 +130,10 @@ class ControllerMetrics:
                 elif path in ("/healthz", "/readyz"):
                     ok = metrics.healthy() if path == "/healthz" else metrics.ready
                     code, body, kind = (200 if ok else 503), (b"ok\n" if ok else b"not ok\n"), "text/plain"
+                elif path == "/status":
+                    code, body, kind = 200, json.dumps(metrics.status()).encode(), "application/json"
                 else:
-                    code, body, kind = 404, b"not found: /metrics, /healthz, /readyz\n", "text/plain"
+                    code, body, kind = 404, b"not found: /metrics, /healthz, /readyz, /status\n", "text/plain"
                 self.send_response(code)
                 self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(body)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
     from e3.controller.planner import PlannerResult
     from e3.core.profile import LatencyProfile
 
-__all__ = ["format_reach", "plan_lines", "planner_result_lines", "describe_report", "status_lines"]
+__all__ = ["format_reach", "plan_lines", "planner_result_lines", "describe_report", "status_lines",
+           "controller_status_lines"]
 
 
 def format_reach(reach: Sequence[float] | None) -> str:
@@ -135,4 +137,32 @@ def status_lines(view: ServerView, model: str, state_dir: str | Path | None = No
         plan = Plan.from_dict(e["plan"])
         cuts = " | ".join(f"{s.first_block}-{s.last_block} x{s.instances}" for s in plan.splits)
         lines.append(f"  {time.ctime(e['applied_at'])}  {plan.plan_id}  {cuts}  ({e['reason']})")
+    return lines
+
+
+def controller_status_lines(status: Mapping, url: str) -> list[str]:
+    """What ``e3 status --url`` prints for a controller's ``/status`` answer (``ControllerMetrics.status``):
+    its health, the plan it wants in force, the pods per pool, and its last window as ``e3 control`` printed it."""
+    from e3.controller.loop import StepReport
+    yes = {True: "yes", False: "no"}
+    last = status.get("last_window_unix_s")
+    lines = [f"controller at {url}: ready {yes[bool(status['ready'])]}, healthy {yes[bool(status['healthy'])]}; "
+             f"{status['windows']} windows ({status['window_errors']} failed), {status['plans_applied']} plans "
+             f"applied; last window {time.ctime(last) if last else 'none yet'}"]
+    wanted = status.get("wanted_plan")
+    if wanted is None:
+        lines.append("plan it wants in force: none (the router's plan not known yet)")
+    else:
+        plan = Plan.from_dict(wanted)
+        lines.append(f"plan it wants in force: {plan.plan_id} (SLO {plan.slo_ms:g} ms, slack {plan.slack:g}, "
+                     f"exit rule {plan.exit_rule})")
+        lines += plan_lines(plan)
+    pods = status.get("desired_replicas") or {}
+    if pods:
+        lines.append("pods each pool should run: " + ", ".join(f"{p} {n}" for p, n in pods.items()))
+    if status.get("last_report"):
+        lines.append("last window:")
+        known = {f.name for f in fields(StepReport)}   # a newer controller's extra fields are not an error
+        rep = StepReport(**{k: v for k, v in status["last_report"].items() if k in known})
+        lines += ["  " + line for line in describe_report(rep).splitlines()]
     return lines
