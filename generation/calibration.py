@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from e3.generation.policy import MIN_GAIN, Costs, SplitCost, calm_s_per_token
+from e3.generation.policy import MIN_GAIN, NEVER, Costs, SplitCost, calm_s_per_token
 
 __all__ = ["profile_costs", "collect_records", "calibrate", "predict", "validate_by_decoding", "calibrate_model",
            "TARGETS"]
@@ -51,7 +51,6 @@ __all__ = ["profile_costs", "collect_records", "calibrate", "predict", "validate
 log = logging.getLogger(__name__)
 TARGETS = (0.8, 0.9, 0.95, 0.99)
 MEASURE_COLUMNS = ("softmax", "saturation", "classifier")
-NEVER = 2.0     # a threshold no score reaches
 Z = 1.645       # one-sided 95%: a target must hold for the calibration's lower confidence bound
 
 

@@ -55,8 +55,8 @@ from typing import Callable
 import numpy as np
 
 from e3.core.names import split_name
-from e3.generation.policy import (MIN_GAIN, CostMeter, Costs, SpeculationPolicy, predict_raw, resolve_entry,
-                                  speedup)
+from e3.generation.policy import (MIN_GAIN, NEVER, CostMeter, Costs, SpeculationPolicy, predict_raw,
+                                  resolve_entry, speedup)
 
 __all__ = ["EngineSpec", "GenRequest", "Finished", "GenerationEngine", "OrtRunner", "MODES", "split_name",
            "kvfill_name"]
@@ -65,7 +65,6 @@ log = logging.getLogger(__name__)
 MODES = ("calm", "full", "speculative")
 MEASURES = ("softmax", "saturation", "classifier")   # CALM's confidence measures; the last two skip the head
 ON_SLOWER = ("fallback", "refuse", "serve")   # a CALM request predicted slower than plain decoding: what to do
-NEVER = 2.0                                   # a threshold no confidence reaches (no exits)
 REFRESH_STEPS = 32                            # steps between refits of the served costs
 Runner = Callable[[str, dict], dict]
 
@@ -238,19 +237,25 @@ class GenerationEngine:
 
     def costs(self) -> Costs | None:
         """The cost table the decisions read: the profile, with each kind of call as served once timed (refitted
-        every ``REFRESH_STEPS`` steps)."""
-        return self._costs
+        every ``REFRESH_STEPS`` steps; the speculation policy reads the same table); None without a profile."""
+        if self.meter is None:
+            return None
+        if self._costs_at is None or self.steps - self._costs_at >= REFRESH_STEPS:
+            self._served_costs, self._costs_at = self.meter.costs(), self.steps
+            if self.policy is not None:
+                self.policy.costs = self._served_costs
+        return self._served_costs
 
     def _plan(self, req: GenRequest) -> GenRequest:
         """Never slower: resolve a CALM request's exits and predict them under the served costs at the batch it
         joins; exits predicted below ``MIN_GAIN`` x plain decoding become plain decoding (the same calls as
         ``full``), or a ValueError with the reason when the request says ``on_slower="refuse"``. The outcome is
-        written into ``req.note`` (the router returns it in the response's parameters)."""
+        written into ``req.note`` (the router returns it as ``served_as``)."""
         if req.mode != "calm":
             return replace(req, note={"e3_mode": req.mode})
         E = len(self.spec.ranges) - 1
         rows = max(1, min(self.spec.max_active, len(self.active) + len(self.waiting) + 1))
-        costs = self._costs
+        costs = self.costs()
         if req.min_agreement is not None:
             entry = resolve_entry(self.spec.calibration, req.min_agreement)
             req = replace(req, measure=entry["measure"], thresholds=tuple(float(x) for x in entry["thresholds"]))
@@ -284,16 +289,6 @@ class GenerationEngine:
                        note={**note, "e3_mode": "full", "e3_fallback": True, "e3_reason": reason + "; decoded plainly"})
 
     @property
-    def _costs(self) -> Costs | None:
-        if self.meter is None:
-            return None
-        if self._costs_at is None or self.steps - self._costs_at >= REFRESH_STEPS:
-            self._served_costs, self._costs_at = self.meter.costs(), self.steps
-            if self.policy is not None:
-                self.policy.costs = self._served_costs
-        return self._served_costs
-
-    @property
     def idle(self) -> bool:
         return not self.waiting and not self.active
 
@@ -310,7 +305,7 @@ class GenerationEngine:
             spec = [s for s in old if s.req.mode == "speculative"]
             depth, k_max = 0, None
             if spec and self.policy is not None:
-                _ = self._costs   # the policy drafts under the costs as served
+                self.costs()   # the policy drafts under the costs as served
                 depth, k_max = self.policy.choose(len(spec), max(s.req.draft_tokens for s in spec))
                 if k_max == 0:               # no draft pays now: these rows decode plainly (same tokens)
                     plain, spec = plain + spec, []

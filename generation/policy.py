@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 
 __all__ = ["SplitCost", "Costs", "call_key", "plain_step_s", "calm_s_per_token", "speculation_round_s",
            "expected_tokens", "choose_draft", "SpeculationPolicy", "resolve_target", "resolve_entry", "CostMeter", "predict_raw", "speedup",
-           "MIN_GAIN"]
+           "MIN_GAIN", "NEVER"]
 
 MIN_GAIN = 1.01   # exits must be predicted this much faster than plain decoding (the cost table's resolution)
+NEVER = 2.0       # a threshold no confidence reaches: no exits
 
 
 @dataclass(frozen=True)
