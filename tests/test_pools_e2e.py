@@ -206,3 +206,71 @@ def test_a_pool_that_is_down_answers_every_request_with_an_error(two_servers, ti
         control.switch_plan(ROUTER, base)
         with E3Client(a.http_url) as client:
             assert len(client.infer(ROUTER, {"input_ids": ids, "attention_mask": mask}).label) == 12
+
+
+def test_a_plan_of_five_instances_is_placed_over_both_pools_and_applied_under_load(two_servers, tiny_model,
+                                                                                  tmp_path, monkeypatch, capsys):
+    """Issue 39: a plan needing five instances (2 of split 1-2, 3 of split 3-4) does not fit the router's pool
+    (2 devices); placement puts split 3-4's three on B, the controller applies it under load with 0 failed
+    requests, B serves split 3-4 with 3 instances, and every answer equals the reference."""
+    from dataclasses import replace
+    a, b = two_servers
+    monkeypatch.setenv("E3_API_HEADER", HEADER)
+    monkeypatch.setenv("E3_API_KEY", KEY)
+    card = tiny_model.card
+    pools = load_pools({"namespace": "local", "pools": [
+        {"name": "a", "device": "cpu", "deployment": "e3-triton-a", "grpc_url": a.grpc_url, "http_url": a.http_url,
+         "router": True, "devices_per_pod": 2},
+        {"name": "b", "device": "cpu", "deployment": "e3-triton-b", "grpc_url": f"dns:///127.0.0.1:{b.grpc_port}",
+         "http_url": b.http_url, "devices_per_pod": 3}]})
+    base = default_plan(MODEL, card.num_blocks, [(1, 2), (3, 4)], exit_rule=card.exit_rule,
+                        ramp_blocks=card.ramp_blocks, batch_size=4, slo_ms=SLO_MS)
+    five = replace(base, plan_id="five-instances", splits=tuple(replace(s, instances=n)
+                                                                 for s, n in zip(base.splits, (2, 3))))
+    placed = place(five, pools)
+    b_url = pools.named("b").grpc_url
+    assert [s.server for s in placed.splits] == ["", b_url]    # 2 fill the router's pool, 3 go to B
+    applier = PooledApplier(ROUTER, TritonApplier(a.http_url),
+                            {p.grpc_url: TritonApplier(p.http_url) for p in pools.pools if not p.router})
+    settings = ControlSettings(model=MODEL, devices={"cpu": 5}, slo_ms=SLO_MS, rate_rps=50, state_dir=tmp_path)
+    controller = Controller(settings, telemetry=None, forecaster=None, planner=None, view=applier, pinned=placed)
+    ids, mask = (x.numpy() for x in tiny_model.example_inputs(240, seed=23))
+    pool = {"input_ids": ids, "attention_mask": mask}
+    records: list = []
+    applied = threading.Event()
+
+    def load():
+        while True:
+            records.extend(closed_loop_records(a.http_url, ROUTER, pool, concurrency=8, batch=3, requests=ROUND)[0])
+            if applied.is_set():
+                return
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    try:
+        assert controller.apply_pinned()
+        wait_until(lambda: not controller.drain_until or controller.clock.now() >= controller.drain_until,
+                   SLO_MS / 1e3 + 5, "the drain after the switch")
+        controller.unload_unused()
+        with TritonControl(b.http_url, headers={HEADER: KEY}) as cb:
+            wait_until(lambda: cb.is_ready("tiny_ee_split_3-4"), 60, "split 3-4 ready on B")
+            groups = cb.model_config("tiny_ee_split_3-4")["instance_group"]
+        count_b = b.model_statistics("tiny_ee_split_3-4")["model_stats"][0]["inference_count"]
+        wait_until(lambda: b.model_statistics("tiny_ee_split_3-4")["model_stats"][0]["inference_count"] > count_b + 30,
+                   60, "split 3-4 on B serving under load")
+    finally:
+        applied.set()
+        loader.join()
+    failed = [r for r in records if r.error is not None]
+    with capsys.disabled():
+        print(f"\nfive instances over two pools under load: sent {len(records)}, failed {len(failed)}, "
+              f"split 3-4 on B with {sum(g['count'] for g in groups)} instances")
+    assert not failed, [r.error for r in failed][:3]
+    assert sum(g["count"] for g in groups) == 3
+    with TritonControl(a.http_url) as ca:
+        running = ca.current_plan(ROUTER)   # the placed plan (placement gives it its own id)
+        assert running.plan_id == placed.plan_id and [s.server for s in running.splits] == ["", b_url]
+        assert [s.instances for s in running.splits] == [2, 3]
+        assert ca.model_config("tiny_ee_split_1-2")["instance_group"][0]["count"] == 2
+    checked, ties = _reference_check(tiny_model, ids, mask, records)
+    assert checked > 0.95 * 3 * len(records) and ties < 0.02 * len(ids)
