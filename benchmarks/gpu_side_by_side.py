@@ -65,7 +65,7 @@ __all__ = ["Settings", "run", "main", "namespace", "REACH", "MIXES"]
 
 # The forced exit distributions (share of inputs reaching each block; the rule of the served models):
 # bert-ee's is its 80:20 workload's batch profile as recorded for the GPU reference measurement
-# (../shared/gpu/README.md); the BERT-base-sized model's easy inputs leave after layer 2.
+# (the H200 run made when the design was written, docs/design.md §5); the BERT-base-sized model's easy inputs leave after layer 2.
 REACH = {"bert-base-ee": [1.0, 1.0] + [0.2] * 10,
          "bert-ee": [1.0, 0.35, 0.25, 0.22, 0.21, 0.21],
          "tiny-ee": [1.0, 0.5, 0.35, 0.3]}

@@ -193,7 +193,7 @@ def run_gpu_bench(quick: bool = False, model: str = "bert-ee", mix: tuple[int, i
         f"## GPU clusters by simulation: MODELLED GPU profiles (`{command}`)",
         "",
         "**Every figure in this section is MODELLED, not measured**: per-layer GPU latencies come from public "
-        "whole-model BERT-base figures (`e3 profile --modelled`, `shared/data/gpu_latency_public.csv`: curve / 12 "
+        "whole-model BERT-base figures (`e3 profile --modelled`, `docs/data/public/gpu_latency_public.csv`: curve / 12 "
         "layers, scaled to each block by FLOPs), and the goodputs from the discrete-event simulator "
         f"(`simulator/`, SimPy, the real scheduler). {model}, mix {mix[0]}:{mix[1]} (its batch profile and every "
         f"input's reference exit, `e3 workload`); SLO {settings.slo_ms:g} ms; commit {doc['commit']}; JSON "

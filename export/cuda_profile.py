@@ -133,7 +133,7 @@ def bls_from_run(path, model_name: str) -> tuple[tuple[int, float], ...]:
 def measured_hop_ms(measured: tuple[tuple[int, float], ...], batches) -> list[float]:
     """The measured hop at each of ``batches``: interpolated in log2(batch) between the measured batches, the
     nearest measured figure outside them (a BLS call's cost is nearly flat in the batch: 1.64-1.75 ms at
-    1-128 rows on the H200, ../shared/gpu/README.md)."""
+    1-128 rows on the H200, measured when the design was written: docs/design.md §5)."""
     xs = np.log2([b for b, _ in measured])
     ys = [ms for _, ms in measured]
     return [float(np.interp(np.log2(b), xs, ys)) for b in batches]

@@ -5,7 +5,7 @@ device, its ``source`` starts with "modelled from public figures", and
 ``e3 profile`` prints "MODELLED" beside it. It exists so that the planner and
 the simulator can reason about GPUs this project's machines lack (docs/design.md §3, §5).
 
-The model, step by step (data: ``shared/data/gpu_latency_public.csv``, see its README):
+The model, step by step (data: ``docs/data/public/gpu_latency_public.csv``, see its README):
 
 1. **Reference curve** ``W_g(b)``: whole-model latency (ms) of BERT-base (12 layers,
    hidden 768, FFN 3072) at sequence length 128, FP16, against batch ``b``:
@@ -121,11 +121,12 @@ def parse_prices(items: Iterable[str]) -> dict[str, float]:
 
 
 def default_data_file() -> Path:
-    """``shared/data/gpu_latency_public.csv`` beside the checkout ($E3_GPU_DATA overrides)."""
+    """``docs/data/public/gpu_latency_public.csv`` in the repository (its sources in the README beside it;
+    $E3_GPU_DATA overrides)."""
     import os
 
     from e3.paths import project_root
-    return Path(os.environ.get("E3_GPU_DATA", project_root().parent / "shared" / "data" / "gpu_latency_public.csv"))
+    return Path(os.environ.get("E3_GPU_DATA", project_root() / "docs" / "data" / "public" / "gpu_latency_public.csv"))
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,7 @@ def modelled_profile(model: str, batch_sizes: Sequence[int], flops: Sequence[flo
             router[g] = [float(x) for x in router_ms]
         devices[g] = DeviceConfig(g, float(prices[g]), modelled=True)
     how = "; ".join(f"{g}: {curves[g].how}" for g in gpus)
-    source = (f"{SOURCE_PREFIX} (shared/data/gpu_latency_public.csv), NOT measured: whole-model BERT-base curves "
+    source = (f"{SOURCE_PREFIX} (docs/data/public/gpu_latency_public.csv), NOT measured: whole-model BERT-base curves "
               f"divided by {REF_LAYERS} layers, scaled by block FLOPs / {REF_LAYER_FLOPS / 1e9:.3f} GFLOP "
               f"(one BERT-base layer at seq {REF_SEQ_LEN}) as an equivalent batch; ramps by their FLOP share; "
               f"Tx = {tx_fixed_ms:g} ms + cut bytes at {tx_gbit_s:g} Gbit/s (assumed)"

@@ -10,7 +10,7 @@ Attention goes through ``torch.nn.functional.scaled_dot_product_attention``:
 on a GPU it is one fused kernel (memory-efficient attention with the padding
 bias) where the matmul, softmax, matmul it replaces ran the stock BERT-base at
 half the speed of ``nn.TransformerEncoderLayer``'s fused path on an H200
-(``../shared/gpu/README.md``). Every system (the stock model, the early-exit
+(the H200 measurement made when the design was written, docs/design.md §5). Every system (the stock model, the early-exit
 model, E3's splits) runs this one layer, so they stay comparable. The padding
 keeps its old form, an additive bias of -10000 on padded keys, not a boolean
 mask: a row whose keys are all padding (a padding row of a batch bucket) then

@@ -161,7 +161,7 @@ def time_blocks(model: EarlyExitModel, settings: executor.DeviceSettings, *, rep
 class _TorchLayer(nn.Module):
     """``nn.TransformerEncoderLayer`` behind the zoo encoder's layer call ``(states [B, S, H], mask [B, S]) ->
     states``; ``padding``: pass the padded keys as ``src_key_padding_mask`` (False: no mask at all, PyTorch's
-    flash path, as the reference run in ../shared/gpu/ measured it)."""
+    flash path, as the H200 run made when the design was written measured it: docs/design.md §5)."""
 
     def __init__(self, layer: nn.TransformerEncoderLayer, padding: bool):
         super().__init__()
