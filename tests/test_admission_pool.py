@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -266,25 +267,46 @@ def test_on_cpu_tensors_the_continuous_form_answers_as_the_stock_model():
 
 @pytest.mark.parametrize("kind", ["n-ebird", "e-ebird"])
 def test_onnx_worker_threads_stage_arrivals_while_workers_compute_and_answer_each_request_with_its_rows(kind):
-    """HostOps (the CPU stage's workers): a worker blocks until the test has submitted every request, so the
-    answers can only be right if the engine kept staging arrivals while that worker computed."""
+    """HostOps (the CPU stage's workers): the first batches hold their workers until the test opens a gate; while
+    they hold, the engine must already have staged later arrivals into the pool (rows copied past those taken by
+    the running workers), which an engine that ran one batch at a time would not; then every request is answered
+    with its own rows."""
     from e3.core.spec import TensorSpec
     from e3.serving.ebird.host_ops import HostOps
     gate = threading.Event()
+    staged_while_held: list = []
 
     def run(feed):
-        gate.wait(10)   # the first batches hold their workers while the rest arrive
+        if not gate.is_set():   # the first batches: what was staged beside them, once the arrivals settle
+            time.sleep(0.1)
+            staged_while_held.append(ops.staged_rows())
+            gate.wait(10)
         return {"y": feed["x"] * 2.0, "n": feed["x"][:, :1].astype(np.int64)}
     policy = make_policy(kind, engine=(4, 2, 1), max_inflight=6) if kind == "n-ebird" else         make_policy(kind, confs={4: (2, 2), 8: (4, 2, 2)}, max_inflight=8)
-    ops = HostOps((TensorSpec("x", "FP32", (3,)),), policy.engine, capacity=16, run=run)
+    class Counting(HostOps):   # rows copied into the pool and rows handed to workers
+        copied = launched = 0
+
+        def copy_in(self, segments, arrays):
+            self.copied += sum(b - a for a, b in segments)
+            super().copy_in(segments, arrays)
+
+        def launch(self, worker, taken, after):
+            self.launched += taken.rows
+            return super().launch(worker, taken, after)
+
+        def staged_rows(self):
+            return self.copied - self.launched
+
+    ops = Counting((TensorSpec("x", "FP32", (3,)),), policy.engine, capacity=16, run=run)
     rng = np.random.default_rng(0)
     sizes = [int(n) for n in rng.integers(1, 4, 60)]
     x = rng.normal(size=(sum(sizes), 3)).astype(np.float32)
     requests = _split({"x": x}, sizes)
-    threading.Timer(0.2, gate.set).start()
+    threading.Timer(0.5, gate.set).start()
     answers = serve_continuously(policy, ops, capacity=16, requests=requests, poll_s=0.05)
     for i, r in enumerate(requests):
         np.testing.assert_array_equal(answers[i]["y"], 2 * r["x"])
+    assert staged_while_held and max(staged_while_held) > 0, staged_while_held   # staged while workers computed
 
 
 def test_onnx_worker_threads_answer_a_failing_batch_with_its_error_and_refuse_variable_shapes():

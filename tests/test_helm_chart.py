@@ -351,6 +351,11 @@ def test_values_pass_the_charts_schema(case):
     ({"replicas": 2}, "additional properties 'replicas' not allowed"),
 ])
 def test_the_schema_names_the_bad_value(values, message):
+    assert_schema_refuses(values, message)
+
+
+def assert_schema_refuses(values: dict, message: str) -> None:
+    """The chart's values schema refuses ``values`` with an error matching ``message``."""
     chart = helm_python.Chart.load(CHART)
     try:
         with pytest.raises(helm_python.HelmValuesError, match=message):

@@ -14,7 +14,7 @@ import helm_python
 import pytest
 
 from pss_restricted import pod_specs
-from test_helm_chart import CHART, EXTRAS, MULTI_POOL, S3, by_kind, render
+from test_helm_chart import CHART, EXTRAS, MULTI_POOL, S3, assert_schema_refuses, by_kind, render
 
 FRONT, DEEP = "demo-e3-triton-front", "demo-e3-triton-deep"
 
@@ -153,9 +153,4 @@ def test_a_refused_flag_fails_the_render_with_its_name(arg):
     ({"controller": {"topologySpreadConstraints": [{"maxSkew": 1}]}}, "missing propert"),
 ])
 def test_the_schema_refuses_bad_extras(values, message):
-    chart = helm_python.Chart.load(CHART)
-    try:
-        with pytest.raises(helm_python.HelmValuesError, match=message):
-            chart.validate_schema(values)
-    finally:
-        chart.close()
+    assert_schema_refuses(values, message)

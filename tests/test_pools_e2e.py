@@ -80,6 +80,20 @@ def _reference_check(tiny_model, ids, mask, records):
     return checked, int((~clear).sum())
 
 
+def _load_until(stop: threading.Event, server, pool: dict, records: list) -> threading.Thread:
+    """A started thread sending rounds of closed-loop load (8 clients, 3 inputs per request) to the router on
+    ``server`` until ``stop`` is set after a round; every request's record goes to ``records``."""
+    def load():
+        while True:
+            records.extend(closed_loop_records(server.http_url, ROUTER, pool, concurrency=8, batch=3,
+                                               requests=ROUND)[0])
+            if stop.is_set():
+                return
+    loader = threading.Thread(target=load)
+    loader.start()
+    return loader
+
+
 def test_splits_on_two_servers_and_a_move_under_load(two_servers, tiny_model, tmp_path, monkeypatch, capsys):
     a, b = two_servers
     monkeypatch.setenv("E3_API_HEADER", HEADER)
@@ -131,15 +145,7 @@ def test_splits_on_two_servers_and_a_move_under_load(two_servers, tiny_model, tm
     assert [s.server for s in to_a.splits] == ["", ""]
     records: list = []
     moved = threading.Event()
-
-    def load():   # rounds of closed-loop load until the move is over: the move happens under load
-        while True:
-            records.extend(closed_loop_records(a.http_url, ROUTER, pool, concurrency=8, batch=3, requests=ROUND)[0])
-            if moved.is_set():
-                return
-
-    loader = threading.Thread(target=load)
-    loader.start()
+    loader = _load_until(moved, a, pool, records)   # the move happens under load
     b_count = stats_b["inference_count"]
     wait_until(lambda: b.model_statistics("tiny_ee_split_3-4")["model_stats"][0]["inference_count"] > b_count + 60,
                60, "split 3-4 on B serving under load")
@@ -238,15 +244,7 @@ def test_a_plan_of_five_instances_is_placed_over_both_pools_and_applied_under_lo
     pool = {"input_ids": ids, "attention_mask": mask}
     records: list = []
     applied = threading.Event()
-
-    def load():
-        while True:
-            records.extend(closed_loop_records(a.http_url, ROUTER, pool, concurrency=8, batch=3, requests=ROUND)[0])
-            if applied.is_set():
-                return
-
-    loader = threading.Thread(target=load)
-    loader.start()
+    loader = _load_until(applied, a, pool, records)
     try:
         assert controller.apply_pinned()
         wait_until(lambda: not controller.drain_until or controller.clock.now() >= controller.drain_until,
