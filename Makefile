@@ -59,7 +59,7 @@ reliability: setup
 
 # The server and client a bare GPU host needs for benchmarks/gpu_side_by_side.py (docs/gpu.md), into .gpu_wheels/.
 gpu-wheels: setup
-	bash benchmarks/gpu_wheels.sh .gpu_wheels
+	bash deploy/gpu_wheels.sh .gpu_wheels
 
 # docs/cli.md from the argparse definitions (tests/test_cli_reference.py fails when it is stale).
 docs: setup

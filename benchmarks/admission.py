@@ -132,9 +132,9 @@ def _bench_model(name: str, settings: AdmissionBenchSettings, echo) -> dict:
     from e3.controller.triton_api import TritonControl
     from e3.deploy.server import TritonServer
     from e3.serving.ebird.repository import naive_engine, profile_admission, workers_name, write_admission
-    from e3.export.recipes import missing_checkpoints, train
+    from e3.models.recipes import missing_checkpoints, train
     from e3.export.repository import ExportSettings, export_repository
-    from e3.export.zoo import resolve_model
+    from e3.models.zoo import resolve_model
     for missing in missing_checkpoints(name):
         echo(f"[setup] {missing} is not trained yet: training it now (once; cached under artifacts/checkpoints)")
         train(missing)

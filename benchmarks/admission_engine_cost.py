@@ -16,6 +16,7 @@ from pathlib import Path
 
 if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.append(str(Path(__file__).resolve().parents[1] / "deploy"))   # gpu_host_setup, standard library only
     from gpu_host_setup import namespace
     sys.path.insert(0, str(namespace()))
 

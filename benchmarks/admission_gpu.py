@@ -11,7 +11,7 @@ batcher that waits for, or serialises, big ones. That needs a GPU, not Triton, t
 serving loop is emulated here:
 
 * **one host thread** for every system alike: it stages the arrivals (in arrival order), asks the
-  system which batches to launch, launches each as a CUDA graph replay (:func:`e3.export.cuda_profile.
+  system which batches to launch, launches each as a CUDA graph replay (:func:`e3.profiling.cuda_profile.
   compile_call`: FP16, one graph per call, as a TensorRT engine) on the stream of the instance or worker
   that runs it, and polls the batches' completion events. An input's latency is from its arrival to the
   poll that saw its batch done.
@@ -188,7 +188,7 @@ class _Executors:
     def __init__(self, module, inputs_of: Callable[[int], tuple], executors: list[list[int]], cuda_settings):
         import torch
 
-        from e3.export.cuda_profile import compile_call
+        from e3.profiling.cuda_profile import compile_call
         self.streams = [torch.cuda.Stream() for _ in executors]
         self.calls = [{b: compile_call(module, inputs_of(b), cuda_settings) for b in sizes} for sizes in executors]
 
@@ -246,10 +246,10 @@ def _point(latency: np.ndarray, failed: np.ndarray, arrivals: np.ndarray, rate: 
 def _bench_model(name: str, settings: GpuAdmissionSettings, echo) -> dict:
     import torch
 
-    from e3.export.cuda_profile import CudaSettings, device_label
-    from e3.export.model_api import SplitModule
+    from e3.profiling.cuda_profile import CudaSettings, device_label
+    from e3.models.api import SplitModule
     from e3.export.onnx_export import split_inputs
-    from e3.export.zoo import resolve_architecture
+    from e3.models.zoo import resolve_architecture
 
     model = resolve_architecture(name).to("cuda")
     module = SplitModule(model, 1, model.card.num_blocks, ())
@@ -340,7 +340,7 @@ def _bench_model(name: str, settings: GpuAdmissionSettings, echo) -> dict:
 
 def run_gpu_admission(settings: GpuAdmissionSettings = GpuAdmissionSettings(), echo=print) -> dict:
     """Run the GPU analogue for every model; returns the results document."""
-    from e3.export.cuda_profile import cuda_available
+    from e3.profiling.cuda_profile import cuda_available
     if not cuda_available():
         raise ValueError("e3 bench admission --cuda needs an NVIDIA GPU that PyTorch can use (none here); "
                            "`e3 bench admission` runs the CPU analogue on Triton")

@@ -52,10 +52,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 if __package__:   # imported as e3.benchmarks.admission_triton
-    from e3.benchmarks.gpu_host_setup import measure_each, prepare_host
+    from e3.deploy.gpu_host_setup import measure_each, prepare_host
     from e3.benchmarks.gpu_load import OpenLoop
 else:             # run as a script, on a bare host before the project can be imported
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.append(str(Path(__file__).resolve().parents[1] / "deploy"))   # gpu_host_setup, standard library only
     from gpu_host_setup import measure_each, prepare_host
     from gpu_load import OpenLoop
 
@@ -145,7 +146,7 @@ def measure_model(name: str, s: Settings, results: Results, *, binary, echo) -> 
     from e3.benchmarks.gpu_sweep import write_null_model
     from e3.export.device_repository import DeviceModel, write_device_model
     from e3.serving.ebird.repository import write_device_stage
-    from e3.export.reference import reference_answers
+    from e3.models.reference import reference_answers
     from e3.serving.device.executor import DeviceSettings, build_model, prepare_model
 
     m = results.doc["models"][name] = {"per_request": s.per_request}

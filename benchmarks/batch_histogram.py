@@ -131,7 +131,7 @@ def run_config(model_name: str, cuts: str, config: Config, *, concurrency: int, 
     from e3.deploy.server import TritonServer
     from e3.core.manifest import read_manifest
     from e3.export.repository import ExportSettings, export_repository
-    from e3.export.zoo import resolve_model
+    from e3.models.zoo import resolve_model
 
     repo = workdir / f"repo-b{config.batch_size}-r{config.router_instances}-d{config.queue_delay_us}" \
                      f"-l{config.later_queue_delay_us}"

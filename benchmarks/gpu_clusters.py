@@ -2,7 +2,7 @@
 GPUs this project's machines lack, with latency profiles MODELLED from public figures.
 
 Nothing here is measured on a GPU: the profiles come from ``e3 profile --modelled`` (whole-model
-BERT-base curves per GPU, scaled to the model's blocks; :mod:`e3.export.modelled_profile`), every
+BERT-base curves per GPU, scaled to the model's blocks; :mod:`e3.profiling.modelled_profile`), every
 table says MODELLED, and the figures are the discrete-event simulator's (:mod:`e3.simulator.des`).
 Pure: a function of the profile, the batch profile and the inputs' exits; no files, no Triton.
 
@@ -65,7 +65,7 @@ Decisions (the paper is silent on them):
   (:func:`baseline_grid`), chosen at a calibration load per request size; E3 runs the
   planner's plan for the same GPUs (``best_plan``, no cost bound).
 * **Heterogeneity at fixed cost** (Fig. 13): clusters whose hourly price fits one budget
-  (prices of :data:`e3.export.modelled_profile.PRICES_PER_HOUR`); E3 plans every cluster, mixes
+  (prices of :data:`e3.profiling.modelled_profile.PRICES_PER_HOUR`); E3 plans every cluster, mixes
   included (a split's replicas share one GPU type); the baselines run on the homogeneous ones
   (one model on one GPU type).
 * **Cost at fixed goodput** (Figs. 14-15): E3's cheapest cluster is the planner's
@@ -274,7 +274,7 @@ def plan_for(latency: LatencyProfile, batch_profile: BatchProfile, devices: Mapp
 def with_link(latency: LatencyProfile, gbit_s: float, *, modelled_gbit_s: float = 25.0,
               fixed_ms: float = 0.2, new_fixed_ms: float | None = None) -> LatencyProfile:
     """``latency`` with its hops (``tx_ms``, ``tx_in_ms``) re-priced for a link of ``gbit_s`` instead of the
-    modelled ``modelled_gbit_s`` (:mod:`e3.export.modelled_profile` step 5: ``fixed_ms`` + bytes / bandwidth,
+    modelled ``modelled_gbit_s`` (:mod:`e3.profiling.modelled_profile` step 5: ``fixed_ms`` + bytes / bandwidth,
     so the bytes term scales by ``modelled_gbit_s / gbit_s``) and, when given, a fixed part of
     ``new_fixed_ms``. Pure; for the hop sensitivity."""
     import copy

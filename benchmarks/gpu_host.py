@@ -50,6 +50,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
+DEPLOY = HERE.parent / "deploy"
 MAX_FILES = 8            # files a lent host brings back from OUT_DIR
 LOG_TAIL_LINES = 3000    # a server log's tail copied back
 DEFAULT_BUDGET_S = 420.0
@@ -121,8 +122,7 @@ def _remove_model_path_file() -> None:
     """The ``.pth`` a runner puts in site-packages for the model processes (gpu_host_setup.model_process_path),
     removed here too: a child killed on its timeout cannot remove it."""
     import site
-    sys.path.insert(0, str(HERE))
-    from gpu_host_setup import PTH_NAME
+    PTH_NAME = _load("gpu_host_setup", DEPLOY).PTH_NAME
     for folder in site.getsitepackages():
         (Path(folder) / PTH_NAME).unlink(missing_ok=True)
 
@@ -259,11 +259,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # -- a child: one step ----------------------------------------------------------------------------------------------
-def _load(name: str):
-    """benchmarks/<name>.py as a module of that name (the runners import their siblings by name on a bare host)."""
+def _load(name: str, folder: Path = HERE):
+    """``folder/<name>.py`` (benchmarks/ by default) as a module of that name (the runners import their siblings
+    by name on a bare host; ``deploy/gpu_host_setup.py`` is standard library only)."""
     import importlib.util
+    if name in sys.modules:
+        return sys.modules[name]
     sys.path.insert(0, str(HERE))
-    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module   # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
@@ -280,7 +283,7 @@ def _ensure_e3() -> None:
     except ImportError:
         pass
     sys.modules.pop("e3", None)
-    sys.path.insert(0, str(_load("gpu_host_setup").namespace()))
+    sys.path.insert(0, str(_load("gpu_host_setup", DEPLOY).namespace()))
 
 
 def child(name: str, out: Path, options: dict) -> int:
@@ -311,9 +314,8 @@ def child(name: str, out: Path, options: dict) -> int:
     _ensure_e3()
     if name == "profiles":
         from e3.core.profile import ProfileError
-        from e3.serving.device.timing import profile_cuda   # the blocks timed by the serving executor (docs/profiling.md)
-        from e3.export.cuda_profile import CudaSettings, bls_from_run
-        from e3.export.profiler import format_table
+        from e3.profiling.cuda_profile import CudaSettings, bls_from_run, profile_cuda
+        from e3.profiling.profiler import format_table
         for model, kw in (("bert-ee", {}), ("resnet-ee", {}), ("bert-ee", {"precision": "fp32", "graphs": False})):
             try:   # the BLS hops the side-by-side measured in Triton on this GPU, where it ran
                 kw.setdefault("bls_ms", bls_from_run(out.parent / "side-by-side", model))

@@ -50,12 +50,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 if __package__:   # imported as e3.benchmarks.gpu_side_by_side
-    from e3.benchmarks.gpu_host_setup import measure_each, namespace, prepare_host
+    from e3.deploy.gpu_host_setup import measure_each, namespace, prepare_host
     from e3.benchmarks.gpu_in_process import in_process, mixed_pool
     from e3.benchmarks.gpu_load import INPUTS_PER_REQUEST, LoadPool
     from e3.benchmarks.gpu_sweep import Config, Sweep, device_model, has_answering, write_null_model
 else:             # run as a script, on a bare host before the project can be imported
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.append(str(Path(__file__).resolve().parents[1] / "deploy"))   # gpu_host_setup, standard library only
     from gpu_host_setup import measure_each, namespace, prepare_host
     from gpu_in_process import in_process, mixed_pool
     from gpu_load import INPUTS_PER_REQUEST, LoadPool
@@ -225,7 +226,7 @@ def check_answers(name: str, reported: str, settings: Settings, *, results: Resu
     import numpy as np
     import tritonclient.grpc as grpcclient
 
-    from e3.export.reference import reference_answers
+    from e3.models.reference import reference_answers
     from e3.serving.device.executor import build_model
 
     model = build_model(name, seed=settings.seed, trained=False)

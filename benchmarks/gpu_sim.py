@@ -42,7 +42,7 @@ def _workload(model: str, mix: tuple[int, int], echo):
     exit_ramp = np.load(artifacts_dir() / "workloads" / model / f"mix-{mix[0]}-{mix[1]}.npz")["exit_ramp"]
     plan_kw: dict = {}
     try:
-        from e3.export.zoo import resolve_model
+        from e3.models.zoo import resolve_model
         card = resolve_model(model).card
         plan_kw = {"exit_rule": dict(card.exit_rule), "ramp_blocks": list(card.ramp_blocks)}
     except Exception as err:   # the plan's rule is not simulated (exits come from the workload): a label only
@@ -52,11 +52,11 @@ def _workload(model: str, mix: tuple[int, int], echo):
 
 def _profile(model: str, gpus, echo):
     from e3.core.profile import LatencyProfile
-    from e3.export.profiler import default_profile_path
+    from e3.profiling.profiler import default_profile_path
     path = default_profile_path(model, list(gpus), modelled=True)
     if path.exists():
         return LatencyProfile.load(path)
-    from e3.export.modelled_profile import model_modelled_profile
+    from e3.profiling.modelled_profile import model_modelled_profile
     echo(f"[setup] modelling the GPU profile of {model} on {', '.join(gpus)} (e3 profile --modelled) -> {path}")
     profile = model_modelled_profile(model, list(gpus))
     profile.save(path)
@@ -112,7 +112,7 @@ def _sensitivity(modelled, batch_profile, exit_ramp, settings, plan_kw, echo) ->
 def _linked(modelled, gbit_s: float, fixed_ms: float):
     """``modelled`` (hops at ``e3 profile --modelled``'s link) with its hops re-priced at ``gbit_s`` and
     ``fixed_ms`` per hop (:func:`e3.benchmarks.gpu_clusters.with_link`)."""
-    from e3.export.modelled_profile import TX_FIXED_MS, TX_GBIT_S
+    from e3.profiling.modelled_profile import TX_FIXED_MS, TX_GBIT_S
     from e3.benchmarks.gpu_clusters import with_link
     if (gbit_s, fixed_ms) == (TX_GBIT_S, TX_FIXED_MS):
         return modelled

@@ -66,7 +66,7 @@ class HeliosBenchSettings:
 def workload(n: int) -> list[str]:
     """``n`` chat prompts: the first half asks for a review sentence about a film (easy for the exit heads), the
     second half asks about held-out reviews (harder)."""
-    from e3.export.data.text import rotten_tomatoes
+    from e3.models.data.text import rotten_tomatoes
     from e3.generation.training import chat_prompt, eval_prompts
     easy = n // 2
     topics = [t.split(".")[0][:60] for t in rotten_tomatoes()["test"].texts[200:200 + easy]]

@@ -69,8 +69,8 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
     """Run the benchmark; returns the results document (also written to ``settings.out``). ``after(url,
     plans, workloads)``: called on the same server once the side-by-side is measured (`e3 bench`'s
     perf_analyzer check), its return value kept as the document's ``after``."""
-    from e3.export.recipes import missing_checkpoints, train
-    from e3.export.zoo import resolve_model
+    from e3.models.recipes import missing_checkpoints, train
+    from e3.models.zoo import resolve_model
     name = settings.model
     for missing in missing_checkpoints(name):
         echo(f"[setup] {missing} is not trained yet: training it now (once; cached under artifacts/checkpoints)")
@@ -140,7 +140,7 @@ def machine_plan(name: str, cores: int, mix: tuple[int, int] = (50, 50), *, echo
     """The planner's plan for zoo model ``name`` on this machine's ``cores`` for one workload mix: what
     `e3 demo` serves (the measured latency profile and the mix's batch profile, measured or built when
     missing)."""
-    from e3.export.zoo import resolve_model
+    from e3.models.zoo import resolve_model
     wl = load_workloads(name, [mix], echo)[mix]
     latency = _latency_profile(name, echo)
     return _plan(latency, wl["batch_profile"], resolve_model(name).card, BenchSettings(model=name, cores=cores))
@@ -148,7 +148,7 @@ def machine_plan(name: str, cores: int, mix: tuple[int, int] = (50, 50), *, echo
 
 # -- steps -------------------------------------------------------------------------------------------------------
 def load_workloads(name: str, mixes, echo) -> dict:
-    from e3.export.workload import MIXES, build_workloads, load_workload
+    from e3.models.workload import MIXES, build_workloads, load_workload
     from e3.core.profile import BatchProfile
     unknown = [mix for mix in mixes if mix not in MIXES]
     if unknown:
@@ -170,7 +170,7 @@ def _latency_profile(name: str, echo):
     """The measured CPU profile (``e3 profile``), measured now when missing or made before the router's
     own costs, the stock graph and the host's CPU per request were part of it (the simulator reads them)."""
     from e3.core.profile import LatencyProfile
-    from e3.export.profiler import ProfileSettings, default_profile_path, profile_model
+    from e3.profiling.profiler import ProfileSettings, default_profile_path, profile_model
     path = default_profile_path(name, ["cpu"])
     if path.exists():
         profile = LatencyProfile.load(path)
@@ -267,7 +267,7 @@ def run_simulator_validation(measured: Path | None = None, out: Path | None = No
     import numpy as np
     from e3.core.files import write_json_atomic
     from e3.core.profile import LatencyProfile
-    from e3.export.profiler import default_profile_path
+    from e3.profiling.profiler import default_profile_path
     from e3.benchmarks.report import validation_table, within_both
     from e3.benchmarks.sim_validation import GOODPUT_TOLERANCE, P99_TOLERANCE, validate_side_by_side
     measured = measured or default_results_path()
@@ -380,7 +380,7 @@ def run_perf_check(settings: PerfSettings = PerfSettings(), echo=print) -> dict:
     the same concurrency, inputs per request and inputs, alternating (:mod:`e3.benchmarks.perf_check`); writes
     ``artifacts/results/perf_check.json`` and the input file perf_analyzer reads, and returns the document."""
     from e3.deploy.server import TritonServer
-    from e3.export.zoo import resolve_model
+    from e3.models.zoo import resolve_model
     name = settings.model
     m = served_name(name)
     wl, data = _perf_inputs(settings, echo)

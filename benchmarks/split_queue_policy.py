@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     from e3.controller.triton_api import TritonControl
     from e3.deploy.server import TritonServer
     from e3.export.repository import ExportSettings, export_repository
-    from e3.export.zoo import resolve_model
+    from e3.models.zoo import resolve_model
     repo = tempfile.mkdtemp(prefix="e3-queue-policy-")
     export_repository("tiny-ee", "2", repo, settings=ExportSettings(slo_ms=60_000), progress=False)
     ids, mask = (np.ascontiguousarray(x.numpy()) for x in resolve_model("tiny-ee").example_inputs(args.inputs, seed=5))

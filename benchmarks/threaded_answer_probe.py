@@ -39,7 +39,7 @@ run cut short keeps what it measured. Exit 1 (``ok`` false) where any variant fa
 wrongly, failed a load or an unload, or left a fatal line.
 
 On a bare GPU host it unpacks the server and client from ``.gpu_wheels/`` as the other GPU runners do
-(``benchmarks/gpu_host_setup.py``); the stub is the one for the running interpreter.
+(``deploy/gpu_host_setup.py``); the stub is the one for the running interpreter.
 """
 
 from __future__ import annotations
@@ -62,10 +62,11 @@ import urllib.request
 from pathlib import Path
 
 if __package__:
-    from e3.benchmarks.gpu_host_setup import prepare_host
+    from e3.deploy.gpu_host_setup import prepare_host
     from e3.benchmarks.gpu_load import REQUEST_TIMEOUT_S, OpenLoop
 else:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.append(str(Path(__file__).resolve().parents[1] / "deploy"))   # gpu_host_setup, standard library only
     from gpu_host_setup import prepare_host
     from gpu_load import REQUEST_TIMEOUT_S, OpenLoop
 

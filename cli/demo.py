@@ -29,7 +29,7 @@ from e3.core.names import ee_name, parse_cuts, ranges_from_cuts, router_name, se
 from e3.core.plan import COMPACT, CONSTANT, Plan, default_plan
 from e3.deploy.server import TritonServer, free_port, port_taken
 from e3.export.repository import ExportSettings, export_repository
-from e3.export.zoo import resolve_model
+from e3.models.zoo import resolve_model
 from e3.paths import artifacts_dir
 
 __all__ = ["DemoSettings", "run_demo", "core_budgets", "split_instances", "explain", "kept_gpu_limits"]
@@ -50,7 +50,7 @@ class DemoSettings:
 
 
 def run_demo(repo: Path, settings: DemoSettings = DemoSettings(), echo=print) -> list[LoadResult]:
-    from e3.export.recipes import missing_checkpoints, train
+    from e3.models.recipes import missing_checkpoints, train
     for name in missing_checkpoints(settings.model):
         echo(f"[0/3] {name} is not trained yet: training it now (once; cached under artifacts/checkpoints)")
         report = train(name)
@@ -152,7 +152,7 @@ def _describe(plan: Plan) -> str:
 
 def demo_plan(settings: DemoSettings, model, export: ExportSettings, *, echo=print) -> Plan:
     """E3's plan for the demo (see the module docstring)."""
-    from e3.export.zoo import ZOO
+    from e3.models.zoo import ZOO
     card = model.card
     L, m = card.num_blocks, served_name(settings.model)
     entry = ZOO.get(settings.model)
@@ -189,8 +189,8 @@ def core_budgets(plan: Plan, export: ExportSettings) -> dict[str, str]:
 
 def _pool(settings: DemoSettings, model):
     """The model's test inputs with their labels (zoo models with a dataset), else random inputs."""
-    from e3.export.data import split_inputs
-    from e3.export.zoo import ZOO
+    from e3.models.data import split_inputs
+    from e3.models.zoo import ZOO
     entry = ZOO.get(settings.model)
     if entry is not None and entry.dataset:
         inputs, labels = split_inputs(entry.dataset, "test", model.card.max_seq_len)

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 # have raised its error, and importing e3.export here would load torch into every command (the controller
 # needs neither torch nor the model's checkpoint).
 USER_ERRORS = {"e3.deploy.server": "ServerError", "e3.client.sdk": "ClientError",
-               "e3.export.repository": "ExportError", "e3.export.checkpoints": "CheckpointMissing"}
+               "e3.export.repository": "ExportError", "e3.models.checkpoints": "CheckpointMissing"}
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

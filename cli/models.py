@@ -1,5 +1,5 @@
 """`e3` verbs over models and their repository: export, profile, plan, admission, train, evaluate, workload, models,
-clean. `--data FILE` (a .npz of the model's inputs and labels, e3.export.user_data) works with any model."""
+clean. `--data FILE` (a .npz of the model's inputs and labels, e3.models.user_data) works with any model."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def _export(args) -> int:
     from e3.core.names import ee_name, router_name, stock_name
     from e3.core.plan import Plan
     from e3.export.repository import ExportSettings, all_ranges, export_repository
-    from e3.export.zoo import resolve_model
+    from e3.models.zoo import resolve_model
     plan = Plan.from_json(Path(args.plan).read_text()) if args.plan else None
     extra = all_ranges(resolve_model(args.model).card.num_blocks) if args.all_ranges else ()
     plan = export_repository(args.model, args.cuts, Path(args.repo), settings=ExportSettings(
@@ -41,10 +41,10 @@ def _export(args) -> int:
 
 def _profile(args) -> int:
     from e3.core.profile import LatencyProfile, ProfileError
-    from e3.export.modelled_profile import parse_prices
-    from e3.export.profiler import (ProfileSettings, default_profile_path, format_table, merge_profiles,
+    from e3.profiling.modelled_profile import parse_prices
+    from e3.profiling.profiler import (ProfileSettings, default_profile_path, format_table, merge_profiles,
                                     parse_batch_sizes, profile_model)
-    from e3.export.zoo import resolve_architecture, resolve_model
+    from e3.models.zoo import resolve_architecture, resolve_model
     try:
         if args.modelled and args.cuda:
             raise ValueError("--modelled models GPUs, --cuda measures this host's GPU: choose one")
@@ -55,8 +55,8 @@ def _profile(args) -> int:
         build = resolve_architecture if args.untrained else resolve_model
         batches = parse_batch_sizes(args.batch_sizes, build(args.model).card.max_batch_size)
         if args.cuda:
-            from e3.export.cuda_profile import CudaSettings, bls_from_run
-            from e3.serving.device.timing import profile_cuda
+            from e3.profiling.cuda_profile import CudaSettings, bls_from_run
+            from e3.profiling.cuda_profile import profile_cuda
             prices = parse_prices(args.price)
             if len(prices) > 1:
                 raise ValueError("--cuda measures one GPU: give at most one --price GPU=USD")
@@ -68,7 +68,7 @@ def _profile(args) -> int:
                 price=next(iter(prices.values()), 1.0), torch_device=args.torch_device or "cuda",
                 bls_ms=bls_from_run(args.hops, args.model) if args.hops else ()), untrained=args.untrained)
         elif args.modelled:
-            from e3.export.modelled_profile import model_modelled_profile
+            from e3.profiling.modelled_profile import model_modelled_profile
             gpus = [g.strip().lower() for g in args.modelled.split(",") if g.strip()]
             profile = model_modelled_profile(args.model, gpus, batches, prices=parse_prices(args.price))
         else:
@@ -98,7 +98,7 @@ def _plan(args) -> int:
         if args.data:
             if not args.model:
                 raise ValueError("--data needs --model: the model is run on the data to measure its exits")
-            from e3.export.workload import data_batch_profile
+            from e3.models.workload import data_batch_profile
             batch = data_batch_profile(args.model, args.data, limit=args.limit)
         elif args.batch_profile:
             batch = BatchProfile.load(args.batch_profile)
@@ -113,7 +113,7 @@ def _plan(args) -> int:
         from e3.controller.model_facts import planning_facts
         card = None
         if args.model:
-            from e3.export.zoo import resolve_model
+            from e3.models.zoo import resolve_model
             card = resolve_model(args.model).card
         facts = planning_facts(latency, batch, card=card, tau_nats=args.tau_nats)
         common = dict(slo_ms=args.slo_ms, slack=args.slack, pipelined=not args.no_pipelining,
@@ -177,7 +177,7 @@ def _admission(args) -> int:
 
 
 def _train(args) -> int:
-    from e3.export.recipes import train
+    from e3.models.recipes import train
     for name in args.models:
         report = train(name, quick=args.quick, retune=args.retune)
         meta = report.meta
@@ -193,7 +193,7 @@ def _train(args) -> int:
 
 
 def _evaluate(args) -> int:
-    from e3.export.evaluate import evaluate, format_evaluation, save_evaluation
+    from e3.models.evaluate import evaluate, format_evaluation, save_evaluation
     for name in args.models:
         ev = evaluate(name, limit=args.limit, data=args.data)
         print(format_evaluation(ev))
@@ -203,7 +203,7 @@ def _evaluate(args) -> int:
 
 
 def _workload(args) -> int:
-    from e3.export.workload import build_workloads, load_workload
+    from e3.models.workload import build_workloads, load_workload
     from e3.core.names import served_name
     out = Path(args.out) if args.out else artifacts_dir() / "workloads" / (
         served_name(args.model) if ":" in args.model else args.model)
@@ -217,7 +217,7 @@ def _workload(args) -> int:
 
 
 def _models(args) -> int:
-    from e3.export.zoo import ZOO
+    from e3.models.zoo import ZOO
     for entry in ZOO.values():
         print(f"{entry.name:12s} {entry.summary}")
     return 0

@@ -49,7 +49,7 @@ def _serve(args) -> int:
 def _infer(args) -> int:
     from e3.client.sdk import E3Client
     from e3.core.names import router_name, served_name
-    from e3.export.zoo import resolve_model
+    from e3.models.zoo import resolve_model
     model = resolve_model(args.model)
     target = args.target or router_name(served_name(args.model))
     inputs = model.example_arrays(args.n, seed=args.seed)
@@ -92,9 +92,9 @@ def _load(args) -> int:
                                  concurrency=args.concurrency if args.closed else None, seed=args.seed,
                                  workers=args.workers, **common)
     else:
-        from e3.export.zoo import resolve_model
+        from e3.models.zoo import resolve_model
         from e3.core.names import zoo_name_of
-        from e3.export.zoo import ZOO
+        from e3.models.zoo import ZOO
         zoo = args.inputs_from or zoo_name_of(args.model, ZOO)
         model = resolve_model(zoo)
         pool = model.example_arrays(args.pool, seed=args.seed)

@@ -4,7 +4,7 @@ A workload is ``<name>.npz`` (the model inputs, named like the model's inputs,
 plus ``exit_ramp``, ``label`` and ``hard`` per input, in arrival order) and
 ``<name>.json`` (metadata: input names, nominal ``rate_rps`` in inputs/s, and
 the phase table: ``mix``, ``start_index``, ``count``, ``start_s``). The file
-format is the exporter's (:mod:`e3.export.workload`); this reader stays free of
+format is the exporter's (:mod:`e3.models.workload`); this reader stays free of
 ``e3.export`` so that a load generator needs neither torch nor the zoo.
 """
 

@@ -75,7 +75,7 @@ class PlanningFacts:
 def planning_facts(latency: LatencyProfile, batch, *, card=None, tau_nats: float = 0.0) -> PlanningFacts:
     """The ramps, exit rule and rule dependencies ``e3 plan`` uses.
 
-    With the model's ``card`` (a :class:`~e3.export.model_api.ModelCard`): its ramps and rule, and the rule's
+    With the model's ``card`` (a :class:`~e3.models.api.ModelCard`): its ramps and rule, and the rule's
     ``relies_on``; the planner is held to those ramps. Without it (a latency and a batch profile alone): the ramps
     the latency profile measured, the batch profile's rule (else an entropy rule at ``tau_nats``), and the
     planner picks among the ramps the profiles support. Decision: a batch-profile rule whose module does not

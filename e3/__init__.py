@@ -2,7 +2,9 @@
 
 Rooms (see docs/architecture.md):
   e3.core        the shared vocabulary: names, plans, model cards, exit rules
-  e3.export      PyTorch early-exit models -> ONNX splits -> a Triton model repository
+  e3.models      the early-exit models in PyTorch: interface, zoo, data, training, evaluation, workloads
+  e3.profiling   what a model costs, measured: the latency profiles the planner and the simulator read
+  e3.export      a model's ONNX splits -> a Triton model repository
   e3.serving     what runs inside Triton: the router, splits, baselines, preprocessing and their glue
   e3.controller  forecaster, planner and the controller that applies plans
   e3.client      client SDK, load generator, workload reader

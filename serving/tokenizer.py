@@ -3,7 +3,7 @@
 The one tokenizing code: the ``<m>_preprocess`` model runs it on the
 ``tokenizer.json`` the exporter put beside it, and training and the PyTorch
 reference run it on the same file read from the model's package
-(:class:`e3.export.data.text.Tokenizer`), so served inputs are tokenized
+(:class:`e3.models.data.text.Tokenizer`), so served inputs are tokenized
 exactly as in training: [CLS] ... [SEP], truncated to ``max_seq_len`` tokens,
 padded with 0.
 """

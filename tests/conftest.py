@@ -15,7 +15,7 @@ TINY_CUTS = "2"
 
 @pytest.fixture(scope="session")
 def tiny_model():
-    from e3.export.zoo import resolve_model
+    from e3.models.zoo import resolve_model
     return resolve_model(TINY)
 
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from e3.core.exits import softmax
 from e3.core.spec import ModelCard, TensorSpec
-from e3.export.model_api import EarlyExitModel
+from e3.models.api import EarlyExitModel
 
 F, D, C, L = 8, 16, 3, 4
 SEED = 7

@@ -40,7 +40,7 @@ def serving_every_range(tmp_path_factory, name: str) -> Iterator:
     """:func:`serving` on a repository of its own: tiny-ee cut after block 2, with every block range
     pre-exported, so that a controller or a plan switch can load any split at once."""
     from e3.export.repository import ExportSettings, all_ranges, export_repository
-    from e3.export.zoo import resolve_model
+    from e3.models.zoo import resolve_model
     repo = tmp_path_factory.mktemp(name)
     export_repository("tiny-ee", "2", repo, settings=ExportSettings(), progress=False,
                       extra_ranges=all_ranges(resolve_model("tiny-ee").card.num_blocks))

@@ -1,7 +1,7 @@
 """An independent reference for the MiniLM backbone: BERT's forward pass and WordPiece in numpy.
 
 Written from the BERT paper / Hugging Face ``BertModel`` layout, not from
-``e3.export.zoo``: it reads the raw checkpoint (``model.safetensors``,
+``e3.models.zoo``: it reads the raw checkpoint (``model.safetensors``,
 ``config.json``, ``tokenizer.json`` from the model zip the project locates with
 ``minilm_zip``) and shares no model code with the project, so a test that
 compares the two catches a mistake in either. Float64 throughout, so that the

@@ -115,7 +115,7 @@ def test_twenty_thousand_requests_from_32_clients_answered_continuously_and_equa
 
     import tritonclient.grpc as grpcclient
 
-    from e3.export.zoo import resolve_architecture
+    from e3.models.zoo import resolve_architecture
     server, repo, names = admission_server
     requests_total, clients = 20_000, 32
     arrays = resolve_architecture("tiny-ee").example_arrays(256, seed=7)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from e3.benchmarks.admission_gpu import Ebird, GpuAdmissionSettings, TritonBatcher, poisson, serve
-from e3.serving.device.timing import profile_cuda
-from e3.export.cuda_profile import CudaSettings, cuda_available, device_label
+from e3.profiling.cuda_profile import profile_cuda
+from e3.profiling.cuda_profile import CudaSettings, cuda_available, device_label
 from e3.serving.batcher import dynamic_batch
 from e3.serving.ebird.policy import make_policy
 

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _card():
-    from e3.export.zoo import resolve_architecture
+    from e3.models.zoo import resolve_architecture
     return resolve_architecture("tiny-ee").card
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from e3.core.exits import PatienceRule, make_exit_rule
 from e3.core.names import block_file
-from e3.export.reference import reference_answers
+from e3.models.reference import reference_answers
 from e3.serving.compact import BLOCK_BY_BLOCK, COMPOSED, CompactRunner
 
 N_INPUTS, TIE_BAND = 120, 1e-5

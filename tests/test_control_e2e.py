@@ -26,7 +26,7 @@ from e3.controller.triton_applier import TritonApplier
 from e3.controller.triton_api import TritonControl
 from e3.core.exits import make_exit_rule
 from e3.core.profile import BatchProfile
-from e3.export.reference import reference_answers
+from e3.models.reference import reference_answers
 from helpers import serving_every_range
 from polling import wait_until
 from helpers import DEVICES, RATE_RPS, SLO_MS, synthetic_profile

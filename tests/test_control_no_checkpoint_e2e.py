@@ -26,7 +26,7 @@ ROUTER = "tiny_ee_router"
 # Run in the child: no zoo, no checkpoints, no torch; then `e3 control ...` with the arguments given.
 GUARD = """
 import sys
-BLOCKED = ("e3.export.zoo", "e3.export.checkpoints", "torch")
+BLOCKED = ("e3.models.zoo", "e3.models.checkpoints", "torch")
 class Block:
     def find_spec(self, name, path=None, target=None):
         if name in BLOCKED or name.startswith(tuple(b + "." for b in BLOCKED)):

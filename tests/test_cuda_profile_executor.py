@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from e3.cli.main import main
-from e3.serving.device.timing import profile_cuda
+from e3.profiling.cuda_profile import profile_cuda
 from e3.core.profile import LatencyProfile
-from e3.export.cuda_profile import CudaSettings, cuda_available
+from e3.profiling.cuda_profile import CudaSettings, cuda_available
 from e3.serving.device import executor
 from e3.serving.device.timing import time_blocks, timed
 
@@ -77,7 +77,7 @@ def test_the_profile_holds_what_the_executor_took(monkeypatch):
 
 
 def test_time_blocks_gives_every_block_and_bucket_its_repeats():
-    from e3.export.zoo import resolve_architecture
+    from e3.models.zoo import resolve_architecture
     t = time_blocks(resolve_architecture("tiny-ee"), executor.DeviceSettings(max_batch=4, buckets=(1, 2, 4)),
                     repeats=4, warmup=0)
     assert t.batch_sizes == (1, 2, 4)

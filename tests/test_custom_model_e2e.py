@@ -17,9 +17,9 @@ from e3.controller.triton_api import TritonControl
 from e3.core.exits import make_exit_rule
 from e3.core.plan import COMPACT, CONSTANT, DEVICE, Plan, default_plan
 from e3.core.manifest import read_manifest
-from e3.export.reference import reference_answers
+from e3.models.reference import reference_answers
 from e3.export.repository import ExportSettings, export_repository
-from e3.export.zoo import resolve_model
+from e3.models.zoo import resolve_model
 from helpers import serving
 
 pytestmark = pytest.mark.e2e

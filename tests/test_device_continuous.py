@@ -152,7 +152,7 @@ def _repo(tmp_path, fields_max_batch=8, **fields):
     import torch
     from e3.core.exits import ForcedRule
     from e3.export.device_repository import DeviceModel, write_device_model
-    from e3.export.reference import reference_answers
+    from e3.models.reference import reference_answers
     from e3.serving.device.executor import build_model
     torch.set_num_threads(1)
     model = build_model("tiny-ee", seed=0, trained=False)

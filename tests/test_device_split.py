@@ -12,7 +12,7 @@ import torch
 
 from e3.controller.planner.device import choose_device_cuts, plan_time_ms
 from e3.core.exits import EntropyRule, ForcedRule, PatienceRule, entropy_nats, make_exit_rule, row_uniform
-from e3.export.reference import reference_answers
+from e3.models.reference import reference_answers
 from e3.serving.device.dispatch import QueueView, choose
 from e3.serving.device.executor import DeviceSettings, bucket_for, buckets_for, build_model
 from e3.serving.device.pipeline import DevicePipeline, NaiveRunner, StockRunner
@@ -290,8 +290,8 @@ def test_measured_hops_replace_the_assumed_exchange_in_a_cuda_profile(tmp_path):
     import json
 
     from e3.core.profile import ProfileError
-    from e3.serving.device.timing import profile_cuda
-    from e3.export.cuda_profile import CudaSettings, bls_from_run, measured_hop_ms
+    from e3.profiling.cuda_profile import profile_cuda
+    from e3.profiling.cuda_profile import CudaSettings, bls_from_run, measured_hop_ms
     run = tmp_path / "run"
     run.mkdir()
     (run / "side_by_side.json").write_text(json.dumps({"hops": [

@@ -15,8 +15,8 @@ import torch
 from e3.client.sdk import ClientError, E3Client
 from helpers import mixed_sizes, read_until_serving, send_concurrently
 from e3.core.exits import make_exit_rule
-from e3.export.model_api import SplitModule
-from e3.export.reference import reference_answers
+from e3.models.api import SplitModule
+from e3.models.reference import reference_answers
 
 pytestmark = pytest.mark.e2e
 

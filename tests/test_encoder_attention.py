@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from e3.export.cuda_profile import cuda_available
-from e3.export.zoo.encoder import EncoderConfig, EncoderEE
+from e3.profiling.cuda_profile import cuda_available
+from e3.models.zoo.encoder import EncoderConfig, EncoderEE
 from e3.serving.device import executor
 from e3.serving.device.timing import compare_with_torch_layer, torch_layer_twin
 
@@ -62,7 +62,7 @@ def test_the_layer_keeps_its_parameter_names_so_checkpoints_load():
 def test_a_block_with_sdpa_exports_to_onnx_with_parity(tmp_path):
     import onnx
 
-    from e3.export.model_api import SplitModule
+    from e3.models.api import SplitModule
     from e3.export.onnx_export import export_onnx
     path = tmp_path / "block_1.onnx"
     export_onnx(SplitModule(_model(), 1, 1, (1,)), path, max_batch_size=8)   # raises ParityError past 1e-4

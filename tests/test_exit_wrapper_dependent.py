@@ -14,8 +14,8 @@ from e3.controller.planner import PlanOptions, best_plan, judge_ramps
 from e3.core.cost import effective_reach
 from e3.core.exits import PatienceRule
 from e3.core.profile import BatchProfile, DeviceConfig, LatencyProfile
-from e3.export.training import simulate_exits
-from e3.export.workload import reach_by_ramps
+from e3.models.training import simulate_exits
+from e3.models.workload import reach_by_ramps
 
 B = [1, 2, 4, 8, 16]
 

@@ -10,12 +10,12 @@ import onnx
 import pytest
 
 from e3.core.names import CutError
-from e3.export.model_api import SplitModule
+from e3.models.api import SplitModule
 from e3.export.onnx_export import ParityError, check_parity, export_onnx
 from e3.core.manifest import MANIFEST
 from e3.export.repository import ExportError, ExportSettings, export_repository
 from e3.export.triton_config import parse_config, render_config
-from e3.export.zoo import UnknownModelError
+from e3.models.zoo import UnknownModelError
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -142,8 +142,8 @@ def test_bad_cuts_unknown_model_unowned_dir_and_unwritable_repo(tmp_path):
 
 
 def test_user_model_by_module_factory(tmp_path):
-    from e3.export.zoo import resolve_model
-    model = resolve_model("e3.export.zoo.tiny:build_tiny_ee")
+    from e3.models.zoo import resolve_model
+    model = resolve_model("e3.models.zoo.tiny:build_tiny_ee")
     assert model.card.num_blocks == 4
     with pytest.raises(UnknownModelError, match="cannot import"):
         resolve_model("no_such_pkg.mod:factory")
@@ -156,11 +156,11 @@ def test_zoo_architectures_export_a_few_cuts_with_parity(family, tmp_path):
     import torch
     torch.manual_seed(0)
     if family == "minilm":
-        from e3.export.zoo.encoder import EncoderEE
-        from e3.export.zoo.minilm import minilm_config
+        from e3.models.zoo.encoder import EncoderEE
+        from e3.models.zoo.minilm import minilm_config
         model = EncoderEE("m", minilm_config(), exit_rule={"kind": "entropy", "tau_nats": 0.3}).eval()
     else:
-        from e3.export.zoo.resnet import ResNetEE
+        from e3.models.zoo.resnet import ResNetEE
         model = ResNetEE("r", {"kind": "entropy", "tau_nats": 0.3}).eval()
     for first, last in ((1, 2), (3, 5), (6, 6)):
         split = SplitModule(model, first, last, model.card.ramp_blocks)

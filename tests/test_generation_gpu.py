@@ -32,7 +32,7 @@ def test_runner_cpu_form_writes_every_mode_with_the_full_models_tokens(tmp_path)
 def test_device_runner_equals_the_onnx_engine(tmp_path):
     """Same tokens and exits as the engine over the exported ONNX splits, the cache kept by the runner."""
     from e3.benchmarks.generation import engine_tokens
-    from e3.benchmarks.generation_gpu import DeviceRunner
+    from e3.generation.device_runner import DeviceRunner
     from e3.generation.decoder import tiny_decoder
     from e3.generation.engine import EngineSpec
     from e3.generation.repository import export_generation_repository, onnx_files

@@ -18,7 +18,7 @@ from e3.controller.triton_api import TritonControl
 from e3.core.exits import make_exit_rule
 from e3.core.plan import CONSTANT, default_plan
 from e3.core.telemetry import metric_samples
-from e3.export.reference import reference_answers
+from e3.models.reference import reference_answers
 from e3.export.repository import ExportSettings, export_repository
 from helpers import serving
 from polling import wait_until

@@ -86,7 +86,7 @@ def test_non_utf8_text_is_refused_naming_the_input():
 
 
 def test_long_text_keeps_its_first_pieces_and_closes_with_sep():
-    from e3.export.data.text import Tokenizer
+    from e3.models.data.text import Tokenizer
     tok = Tokenizer(8)
     words = " ".join(f"w{i}" for i in range(50))
     ids, mask = tok([words])

@@ -31,7 +31,7 @@ def record(index, *, first_row=None, inputs=2, scheduled_s=0.0, sent_s=None, don
 
 def write_workload(stem, n=12, phases=((0, 4, "80:20"), (4, 4, "50:50"), (8, 4, "20:80")), rate_rps=40.0,
                    ids=None, mask=None):
-    """A workload file in the format `e3 workload` writes (export/workload.py)."""
+    """A workload file in the format `e3 workload` writes (models/workload.py)."""
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 50, size=(n, 16)) if ids is None else ids
     mask = np.ones((n, 16), np.int64) if mask is None else mask

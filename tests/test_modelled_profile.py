@@ -3,10 +3,10 @@
 import pytest
 
 from e3.core.profile import LatencyProfile, ProfileError
-from e3.export.modelled_profile import (CHECK_FIXED_MS, CHECK_PER_ROW_MS, GPUS, PRICES_PER_HOUR, REF_LAYER_FLOPS,
+from e3.profiling.modelled_profile import (CHECK_FIXED_MS, CHECK_PER_ROW_MS, GPUS, PRICES_PER_HOUR, REF_LAYER_FLOPS,
                                         REF_LAYERS, SOURCE_PREFIX, Curve, default_data_file, load_reference_curves,
                                         model_modelled_profile, modelled_profile)
-from e3.export.profiler import format_table, merge_profiles
+from e3.profiling.profiler import format_table, merge_profiles
 
 needs_data = pytest.mark.skipif(not default_data_file().exists(),
                                 reason=f"public GPU figures not found at {default_data_file()} (set E3_GPU_DATA)")
@@ -38,9 +38,9 @@ def test_reference_layer_flops_match_a_counted_bert_base_layer():
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from e3.export.model_api import SplitModule
+    from e3.models.api import SplitModule
     from e3.export.onnx_export import split_inputs
-    from e3.export.zoo.encoder import EncoderConfig, EncoderEE
+    from e3.models.zoo.encoder import EncoderConfig, EncoderEE
     torch.manual_seed(0)
     bert = EncoderEE("bert-base-layer", EncoderConfig(hidden=768, heads=12, ffn=3072, layers=2, max_seq_len=128,
                                                       ramp_blocks=(), vocab_size=8), {"kind": "entropy"}).eval()
@@ -113,7 +113,7 @@ def test_tiny_ee_modelled_profile_on_three_gpus_loads_merges_and_says_modelled(t
     assert q.router_ms["v100"] == q.router_ms["k80"]
     table = format_table(q)
     assert table.count("MODELLED from public figures") == 3
-    from e3.export.profiler import assemble_profile
+    from e3.profiling.profiler import assemble_profile
     cpu = assemble_profile("tiny_ee", [1, 8, 64], [[[1.0]] * 3] * 4, with_ramp=[None] * 4, tx=[[0.5]] * 3)
     both = merge_profiles([cpu, q])
     assert list(both.devices) == ["cpu", "v100", "t4", "k80"] and not both.devices["cpu"].modelled
@@ -128,7 +128,7 @@ def test_tiny_ee_modelled_profile_on_three_gpus_loads_merges_and_says_modelled(t
 
 
 def test_parse_prices():
-    from e3.export.modelled_profile import parse_prices
+    from e3.profiling.modelled_profile import parse_prices
     assert parse_prices(["a30=1.5", "T4=0.6"]) == {"a30": 1.5, "t4": 0.6}
     assert parse_prices([]) == {}
     for bad in ("a30", "a30=cheap", "=1", "a30=-1", "a30=nan"):

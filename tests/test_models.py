@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from e3.core.exits import EntropyRule, PatienceRule
-from e3.export.training import (all_exit_logits, choose_patience, choose_tau, encoder_pooled_features, finetune_head,
+from e3.models.training import (all_exit_logits, choose_patience, choose_tau, encoder_pooled_features, finetune_head,
                                 simulate_exits, summarize_exits, train_ramps_on_pooled)
-from e3.export.zoo.encoder import EncoderConfig, EncoderEE
+from e3.models.zoo.encoder import EncoderConfig, EncoderEE
 from reference_bert import bert_hidden_states, load_checkpoint, sentence_embedding, wordpiece_ids
 
 # Real sentences of different lengths, with punctuation, an accent and words split into pieces.
@@ -22,12 +22,12 @@ SENTENCES = ["A man is eating food.",
 @pytest.fixture(scope="module")
 def minilm_reference():
     """The raw all-MiniLM-L6-v2 checkpoint, located the way the project locates it."""
-    from e3.export.data.text import minilm_zip
+    from e3.models.data.text import minilm_zip
     return load_checkpoint(minilm_zip())
 
 
 def test_rotten_tomatoes_loader_reads_the_shipped_file():
-    from e3.export.data.text import rotten_tomatoes
+    from e3.models.data.text import rotten_tomatoes
     data = rotten_tomatoes()
     sizes = {k: len(v.texts) for k, v in data.items()}
     assert sum(sizes.values()) == 12808  # fresh + rotten; 'plot' rows and empty texts excluded
@@ -38,7 +38,7 @@ def test_rotten_tomatoes_loader_reads_the_shipped_file():
 
 
 def test_tokenizer_pads_and_truncates_to_max_seq_len():
-    from e3.export.data.text import Tokenizer
+    from e3.models.data.text import Tokenizer
     tok = Tokenizer(12)
     ids, mask = tok(["A man is eating food.", "word " * 40])
     assert ids.shape == mask.shape == (2, 12) and ids.dtype == np.int64
@@ -49,7 +49,7 @@ def test_tokenizer_pads_and_truncates_to_max_seq_len():
 
 def test_tokenizer_matches_an_independent_wordpiece(minilm_reference):
     """The project's tokenizer against a plain greedy WordPiece over the checkpoint's own vocabulary."""
-    from e3.export.data.text import Tokenizer
+    from e3.models.data.text import Tokenizer
     vocab = minilm_reference.vocab
     assert (vocab["[PAD]"], vocab["[UNK]"], vocab["[CLS]"], vocab["[SEP]"]) == (0, 100, 101, 102)
     ids, mask = Tokenizer()(SENTENCES)
@@ -66,7 +66,7 @@ def test_tokenizer_matches_an_independent_wordpiece(minilm_reference):
 
 
 def test_fashion_mnist_loader_reads_the_debian_files():
-    from e3.export.data.images import fashion_mnist
+    from e3.models.data.images import fashion_mnist
     data = fashion_mnist()
     assert {k: v.images.shape for k, v in data.items()} == {
         "train": (55000, 1, 28, 28), "dev": (5000, 1, 28, 28), "test": (10000, 1, 28, 28)}
@@ -79,7 +79,7 @@ def test_minilm_backbone_matches_an_independent_bert_forward_pass(minilm_referen
     float64 on the raw checkpoint: every layer's states at the real tokens, and the sentence
     embedding as sentence-transformers defines it for this model (masked mean, L2-normalised).
     The sentences differ in length, so all but the longest carry padding."""
-    from e3.export.zoo.minilm import build_minilm_ee
+    from e3.models.zoo.minilm import build_minilm_ee
     assert minilm_reference.modules == ["Transformer", "Pooling", "Normalize"]
     pooling = minilm_reference.pooling
     assert pooling["pooling_mode_mean_tokens"] and not pooling["pooling_mode_cls_token"]
@@ -179,7 +179,7 @@ def test_simulated_exits_match_the_rule_input_by_input():
 
 
 def test_batch_profile_of_an_exit_stream():
-    from e3.export.workload import batch_profile_of
+    from e3.models.workload import batch_profile_of
     prof = batch_profile_of(np.array([1, 1, 2, 3]), 3, "m", batch_size=8)
     assert prof.reach == [1.0, 0.5, 0.25]
     assert prof.batch_at(2) == 4.0

@@ -20,7 +20,7 @@ def _normalised(text: str) -> str:
     model's own card, so that new card fields do not churn the goldens) replaced."""
     cfg = parse_config(text)
     if "model_card" in cfg.parameters:
-        from e3.export.zoo import resolve_model
+        from e3.models.zoo import resolve_model
         assert json.loads(cfg.parameters["model_card"].string_value) == resolve_model("tiny-ee").card.to_dict()
         cfg.parameters["model_card"].string_value = "<model card>"
     if "plan" in cfg.parameters:

@@ -12,7 +12,7 @@ from e3.client.loadgen import closed_loop
 from e3.controller.triton_api import ControlError, TritonControl
 from e3.core.exits import make_exit_rule
 from e3.core.plan import default_plan
-from e3.export.reference import reference_answers
+from e3.models.reference import reference_answers
 from helpers import serving_every_range
 from polling import wait_until
 

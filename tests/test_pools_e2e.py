@@ -25,7 +25,7 @@ from e3.core.exits import make_exit_rule
 from e3.core.plan import default_plan
 from e3.controller.planner.placement import place
 from e3.deploy.pools import load_pools, pool_models
-from e3.export.reference import reference_answers
+from e3.models.reference import reference_answers
 from polling import wait_until
 
 pytestmark = pytest.mark.e2e

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from e3.core.profile import DeviceConfig, LatencyProfile, ProfileError
-from e3.export.profiler import (assemble_profile, cut_state, default_batch_sizes, format_table, measure_check,
+from e3.profiling.profiler import (assemble_profile, cut_state, default_batch_sizes, format_table, measure_check,
                                 measure_router, merge_profiles, parse_batch_sizes, summarize)
 
 
@@ -188,7 +188,7 @@ def test_tx_of_the_resnet_is_its_heaviest_real_cut():
     """On the untrained ResNet-EE architecture, cut_state names the tensor that really crosses the
     heaviest cut: shapes measured by running the blocks, not read from the card."""
     import torch
-    from e3.export.zoo.resnet import ResNetEE
+    from e3.models.zoo.resnet import ResNetEE
     model = ResNetEE("resnet-ee", {"kind": "entropy", "tau_nats": 0.5}).eval()
     crossing = []
     with torch.no_grad():
@@ -204,7 +204,7 @@ def test_tx_of_the_resnet_is_its_heaviest_real_cut():
 def test_block_order_runs_the_other_blocks_between_two_calls_of_a_block():
     """One timing round calls every block as a served batch does: 1..L without ramps, then 1..L-1 with;
     between two calls of a block at least L-2 other blocks run, so no call finds its own weights warm."""
-    from e3.export.profiler import block_order
+    from e3.profiling.profiler import block_order
     order = block_order(5, (1, 2, 3, 4))
     assert order == [(1, "without"), (2, "without"), (3, "without"), (4, "without"), (5, "without"),
                      (1, "with"), (2, "with"), (3, "with"), (4, "with")]
@@ -218,7 +218,7 @@ def test_block_order_runs_the_other_blocks_between_two_calls_of_a_block():
 def test_router_work_runs_the_serving_code_and_the_compute_between_calls(tiny_model):
     """router_batch answers every input of the batch through the scheduler (one request each, every exit
     ramp decided); the `between` work runs once before every timed call, warmup included, and is not timed."""
-    from e3.export.profiler import router_batch
+    from e3.profiling.profiler import router_batch
     card = tiny_model.card
     answers = router_batch(card, 8, np.random.default_rng(0))()
     assert len(answers) == 8

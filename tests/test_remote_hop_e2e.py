@@ -37,7 +37,7 @@ def test_a_state_over_4_mib_crosses_the_hop_between_two_servers(tmp_path_factory
     import tritonclient.http as http
     from e3.controller.triton_api import TritonControl
     from e3.deploy.server import TritonServer
-    from e3.export.reference import reference_answers
+    from e3.models.reference import reference_answers
     from e3.export.repository import ExportSettings, export_repository
     from e3.paths import artifacts_dir
     from wide_model import STATE_BYTES_PER_INPUT, wide_ee

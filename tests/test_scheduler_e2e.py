@@ -18,7 +18,7 @@ from e3.controller.telemetry import parse_snapshots
 from e3.controller.triton_api import TritonControl
 from e3.core.exits import make_exit_rule
 from e3.core.plan import COMPACT, CONSTANT, default_plan
-from e3.export.reference import reference_answers
+from e3.models.reference import reference_answers
 from helpers import mixed_sizes, send_concurrently, serving_every_range
 from polling import wait_until
 

@@ -17,7 +17,7 @@ from e3.controller.planner.ramps import candidate_ramps, wrap_for_devices
 from e3.core.cost import effective_reach, form_table, plan_cost, stage_cost
 from e3.core.plan import COMPACT, CONSTANT, FORMS, Plan
 from e3.core.profile import BatchProfile, DeviceConfig, LatencyProfile, ProfileError
-from e3.export.modelled_profile import (CHECK_FIXED_MS, CHECK_PER_ROW_MS, REF_LAYER_FLOPS, default_data_file,
+from e3.profiling.modelled_profile import (CHECK_FIXED_MS, CHECK_PER_ROW_MS, REF_LAYER_FLOPS, default_data_file,
                                         load_reference_curves, modelled_profile)
 from e3.controller.planner.reference import reference_best_plan
 
@@ -151,8 +151,8 @@ def test_a_modelled_v100_gets_constant_splits(reach, gpus):
 
 def test_merged_cpu_and_v100_profile_gives_each_its_form():
     """Flat GPU curve (as the modelled ones): constant on the GPU, compact on the CPU, in one profile."""
-    from e3.export.modelled_profile import Curve
-    from e3.export.profiler import merge_profiles
+    from e3.profiling.modelled_profile import Curve
+    from e3.profiling.profiler import merge_profiles
     flat = Curve((1, 8, 64), (1.15, 1.2, 1.3), "flat test curve")
     both = merge_profiles([cpu_like_profile(), v100_profile({"v100": flat})])
     reach = batch([1.0, 0.6, 0.4, 0.3])

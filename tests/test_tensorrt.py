@@ -200,7 +200,7 @@ def _gpu_reason() -> str | None:
 @pytest.mark.gpu
 @pytest.mark.skipif(_gpu_reason() is not None, reason=_gpu_reason() or "")
 def test_real_engine_build_of_a_tiny_split(tiny_model, tmp_path):
-    from e3.export.model_api import SplitModule
+    from e3.models.api import SplitModule
     from e3.export.onnx_export import export_onnx
     split = SplitModule(tiny_model, 1, 2, tiny_model.card.ramp_blocks)
     export_onnx(split, tmp_path / "model.onnx", max_batch_size=64)

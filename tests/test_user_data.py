@@ -11,9 +11,9 @@ import pytest
 from e3.cli import main
 from e3.core.exits import make_exit_rule
 from e3.core.profile import BatchProfile
-from e3.export.reference import reference_answers
-from e3.export.user_data import DataError, load_data
-from e3.export.zoo import resolve_model
+from e3.models.reference import reference_answers
+from e3.models.user_data import DataError, load_data
+from e3.models.zoo import resolve_model
 from helpers import synthetic_profile
 
 

@@ -83,7 +83,7 @@ def test_float64_inputs_that_would_round_are_refused_with_the_reason_and_the_fix
 
 def test_a_data_file_goes_through_the_same_cast(tmp_path):
     from e3.core.spec import ModelCard, TensorSpec
-    from e3.export.user_data import DataError, load_data
+    from e3.models.user_data import DataError, load_data
     card = ModelCard(name="t", num_blocks=2, ramp_blocks=(1,), num_classes=2,
                      inputs=(TensorSpec("x", "FP32", (2,)),), state=(TensorSpec("h", "FP32", (2,)),),
                      exit_rule={"kind": "entropy", "tau_nats": 0.1})
@@ -186,7 +186,7 @@ def test_a_workload_file_carries_its_ramps_to_the_load_generator(tmp_path):
 # --- e3 evaluate's plot for a rule of one's own ----------------------------------------------------------------
 
 def test_a_custom_rules_evaluation_plot_has_no_empty_panel():
-    from e3.export.evaluate import Evaluation, evaluation_figure
+    from e3.models.evaluate import Evaluation, evaluation_figure
     ev = Evaluation("summit:summit", 5, {"kind": "summit_rules:MarginAgree", "min_gap": 0.6, "num_classes": 4},
                     {"accuracy": 0.9, "exit_share": {1: 0.5, 5: 0.5}, "blocks_fraction": 0.6}, None, 0.92, [])
     fig = evaluation_figure(ev)

@@ -25,7 +25,7 @@ from helpers import mixed_sizes, send_concurrently, serving, tau_in_widest_gap
 from e3.core.exits import entropy_nats, make_exit_rule
 from e3.core.names import ranges_from_cuts, served_name
 from e3.core.plan import COMPACT, CONSTANT, default_plan
-from e3.export.reference import reference_answers
+from e3.models.reference import reference_answers
 
 pytestmark = pytest.mark.e2e
 
@@ -35,11 +35,11 @@ _REFERENCE: dict = {}
 
 @pytest.fixture(scope="module")
 def zoo_server(tmp_path_factory):
-    from e3.export.checkpoints import load_meta, save_checkpoint
-    from e3.export.recipes import train
+    from e3.models.checkpoints import load_meta, save_checkpoint
+    from e3.models.recipes import train
     from e3.export.repository import ExportSettings, export_repository
-    from e3.export.zoo import resolve_model
-    from e3.export.data.text import Tokenizer, rotten_tomatoes
+    from e3.models.zoo import resolve_model
+    from e3.models.data.text import Tokenizer, rotten_tomatoes
     old = os.environ.get("E3_ARTIFACTS")
     os.environ["E3_ARTIFACTS"] = str(tmp_path_factory.mktemp("artifacts"))
     try:
@@ -47,7 +47,7 @@ def zoo_server(tmp_path_factory):
         ids, mask = Tokenizer()(texts)
         for name in ("bert-ee", "pabee", "resnet-ee"):   # no baselines here: their stock models are not needed
             train(name, quick=True, progress=False)
-        from e3.export.data.images import fashion_mnist
+        from e3.models.data.images import fashion_mnist
         pixels = fashion_mnist()["test"].images[:N_INPUTS]
         for name, rule in (("bert-ee", None), ("pabee", {"kind": "patience", "patience": 2})):
             model = resolve_model(name)
@@ -95,7 +95,7 @@ def test_thousand_inputs_from_sixteen_clients_equal_the_reference(zoo_server, na
 def _thousand_inputs_answer_as_the_reference(zoo_server, name, front, *, seed, n=N_INPUTS):
     """``n`` inputs (of the N_INPUTS the fixture holds) from CLIENTS clients in requests of mixed sizes through ``front`` (the text ensemble or the
     router): labels and exit ramps equal to the PyTorch reference, the tie band excluded and tiny."""
-    from e3.export.zoo import resolve_model
+    from e3.models.zoo import resolve_model
     server, texts, ids, mask, pixels = zoo_server
     model = resolve_model(name)
     m = name.replace("-", "_")
@@ -140,7 +140,7 @@ def test_the_device_form_switched_in_answers_as_the_reference(zoo_server, name, 
     shapes). Last in this file: it leaves the routers on device plans."""
     from e3.controller.triton_api import TritonControl
     from e3.export.device_repository import device_plan
-    from e3.export.zoo import resolve_model
+    from e3.models.zoo import resolve_model
     server = zoo_server[0]
     card = resolve_model(name).card
     m = served_name(name)
@@ -163,7 +163,7 @@ def test_plan_export_serve_the_device_form_from_the_kept_h200_profile(zoo_server
     from pathlib import Path
 
     from e3.deploy.server import free_port
-    from e3.export.zoo import resolve_model
+    from e3.models.zoo import resolve_model
     from helpers import read_until_serving
     root = Path(__file__).resolve().parents[1]
     server, texts, ids, mask, pixels = zoo_server

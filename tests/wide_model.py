@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from e3.export.zoo.encoder import EncoderConfig, EncoderEE
+from e3.models.zoo.encoder import EncoderConfig, EncoderEE
 
 SEQ, HIDDEN = 128, 256
 STATE_BYTES_PER_INPUT = SEQ * HIDDEN * 4 + SEQ * 8   # hidden (FP32) + attention mask (INT64)

@@ -53,7 +53,7 @@ def cast_exact(name: str, array: np.ndarray, dtype: str) -> np.ndarray:
     when no value changes in the conversion (float64 holding float32 values, int32 token ids for INT64, ...),
     else ``ValueError`` naming the input ``name``, how many values would change and the first, and the fix.
     Text (``BYTES``) is left as it is. One piece of code for the client (:class:`e3.client.sdk.E3Client`) and
-    data files (:mod:`e3.export.user_data`); Triton itself refuses any datatype but the config's.
+    data files (:mod:`e3.models.user_data`); Triton itself refuses any datatype but the config's.
 
     Decision: a value that would round (float64's 0.1 is not a float32) is refused, not rounded: the answer
     would be that of another input, and whether that is close enough is the caller's to say."""

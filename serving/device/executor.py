@@ -31,7 +31,7 @@ from typing import Sequence
 
 import torch
 
-from e3.export.model_api import EarlyExitModel, SplitModule
+from e3.models.api import EarlyExitModel, SplitModule
 
 __all__ = ["DeviceSettings", "SplitExecutor", "EagerExecutor", "CudaGraphExecutor", "make_executor", "buckets_for",
            "bucket_for", "prepare_model", "build_model"]
@@ -84,7 +84,7 @@ def bucket_for(buckets: Sequence[int], n: int) -> int:
 def build_model(name: str, *, seed: int, trained: bool) -> EarlyExitModel:
     """The model a config names: its checkpoint (``trained``), or its architecture with weights drawn from
     ``seed``, so that every process of a comparison holds the same weights."""
-    from e3.export.zoo import resolve_architecture, resolve_model
+    from e3.models.zoo import resolve_architecture, resolve_model
     torch.manual_seed(seed)
     return resolve_model(name) if trained else resolve_architecture(name)
 
@@ -97,7 +97,7 @@ def prepare_model(model: EarlyExitModel, settings: DeviceSettings) -> EarlyExitM
 
 
 class SplitExecutor(abc.ABC):
-    """Blocks ``first..last`` with their computed ramps (:class:`~e3.export.model_api.SplitModule`) on a device."""
+    """Blocks ``first..last`` with their computed ramps (:class:`~e3.models.api.SplitModule`) on a device."""
 
     buckets: tuple[int, ...]
 

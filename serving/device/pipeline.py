@@ -46,7 +46,7 @@ import torch
 
 from e3.core.exits import ExitRule
 from e3.core.names import ranges_from_cuts
-from e3.export.model_api import EarlyExitModel
+from e3.models.api import EarlyExitModel
 from e3.serving.device.dispatch import QueueView, choose
 from e3.serving.device.executor import DeviceSettings, make_executor
 from e3.serving.policy import DEADLINE, ERROR, BatchRoute

@@ -61,7 +61,7 @@ class DeviceRouter:
 
         from e3.core.spec import ModelCard
         from e3.serving.device.continuous import ContinuousEngine
-        from e3.export.zoo import load_shipped_model
+        from e3.models.zoo import load_shipped_model
         from e3.serving.device.executor import DeviceSettings, build_model, prepare_model
         from e3.serving.device.pipeline import DevicePipeline
         from e3.serving.router_metrics import RouterMetrics

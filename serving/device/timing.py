@@ -1,6 +1,6 @@
 """How long the serving executors take: every block and every split, at each batch bucket, run as they serve.
 
-``e3 profile MODEL --cuda`` times a model here and hands the timings to :mod:`e3.export.cuda_profile`, which
+``e3 profile MODEL --cuda`` times a model here and hands the timings to :mod:`e3.profiling.cuda_profile`, which
 writes the latency profile. So the planner's prices come from the very code that serves a split on a device:
 :func:`~e3.serving.device.executor.prepare_model` (the weights on the device, ``model.half()`` for FP16) and
 :func:`~e3.serving.device.executor.make_executor` (one CUDA graph per batch bucket, or eager PyTorch), a call being
@@ -31,11 +31,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from e3.export.model_api import EarlyExitModel, SplitModule
+from e3.models.api import EarlyExitModel, SplitModule
 from e3.serving.device import executor
 
 __all__ = ["ExecutorTimings", "SplitTimes", "timed", "time_blocks", "time_split", "LayerComparison", "torch_layer_twin",
-           "compare_with_torch_layer", "profile_cuda"]
+           "compare_with_torch_layer"]
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class _TorchLayer(nn.Module):
 
 
 def torch_layer_twin(model, *, padding: bool = True):
-    """A copy of the zoo encoder ``model`` (:class:`~e3.export.zoo.encoder.EncoderEE`) whose layers are
+    """A copy of the zoo encoder ``model`` (:class:`~e3.models.zoo.encoder.EncoderEE`) whose layers are
     ``nn.TransformerEncoderLayer`` of the same size (hidden, heads, FFN, post-LayerNorm, erf GELU, its eps),
     holding the same weights (q, k, v stacked into ``in_proj``): the same function, up to float rounding, where
     every row has a token (a row of padding only gets uniform weights in ours and NaN in the twin). Stem, ramps
@@ -215,14 +215,14 @@ class LayerComparison:
 def compare_with_torch_layer(config=None, *, batch: int = 32, settings: executor.DeviceSettings | None = None,
                              padding: bool = True, repeats: int = 50, warmup: int = 5,
                              seed: int = 0) -> LayerComparison:
-    """Time the stock model of the zoo encoder (``config``: an :class:`~e3.export.zoo.encoder.EncoderConfig`;
+    """Time the stock model of the zoo encoder (``config``: an :class:`~e3.models.zoo.encoder.EncoderConfig`;
     default BERT-base's shape, 12 x 768, 12 heads, FFN 3072, 128 tokens) against its
     :func:`torch_layer_twin`, both prepared and run by the serving executor (:func:`time_split`, alternating) at
     one bucket of ``batch`` rows. ``settings`` default: CUDA, FP16, CUDA graphs. Inputs: the model's example
     token ids with random lengths (padding masked in both unless ``padding=False``, which drops the twin's mask:
     PyTorch's flash path, the fastest it has). Returns both medians and their ratio."""
-    from e3.export.zoo import BERT_BASE
-    from e3.export.zoo.encoder import EncoderConfig, EncoderEE
+    from e3.models.zoo import BERT_BASE
+    from e3.models.zoo.encoder import EncoderConfig, EncoderEE
     config = config or EncoderConfig(**BERT_BASE, ramp_blocks=())
     settings = settings or executor.DeviceSettings(device="cuda", precision="fp16", graphs=True, max_batch=batch)
     settings = dataclasses.replace(settings, max_batch=batch, buckets=(batch,))
@@ -244,22 +244,3 @@ def compare_with_torch_layer(config=None, *, batch: int = 32, settings: executor
     log.info("encoder %.3f ms, nn.TransformerEncoderLayer twin %.3f ms at B=%d x %d tokens: %.2fx (%s)",
              result.ours_ms, result.torch_layer_ms, batch, config.max_seq_len, result.ratio, result.execution)
     return result
-
-
-def profile_cuda(model_name: str, settings, *, untrained: bool = False, progress: bool = True):
-    """``e3 profile MODEL --cuda``: a latency profile of ``model_name`` whose blocks and stock graph are timed
-    with the serving executor (:func:`e3.serving.device.timing.time_blocks`: ``prepare_model`` +
-    ``make_executor`` at each batch size as a bucket) and written by :func:`e3.export.cuda_profile.
-    profile_model_cuda` (hops, exit check, router, the file). ``settings``: a
-    :class:`~e3.export.cuda_profile.CudaSettings`. It lives here, beside the timer, because ``e3.export`` may not
-    import ``e3.serving.device``; ``e3 profile --cuda`` and ``benchmarks/gpu_host.py`` both call it, so every GPU
-    profile times the code that serves."""
-    from e3.export.cuda_profile import profile_model_cuda
-    from e3.serving.device.executor import DeviceSettings
-
-    def executor_timer(model, s, batches, bar):
-        device = DeviceSettings(device=s.torch_device, precision=s.precision, graphs=s.graphs,
-                                max_batch=max(batches), buckets=tuple(batches))
-        return time_blocks(model, device, repeats=s.repeats, warmup=s.warmup, seed=s.seed, bar=bar)
-
-    return profile_model_cuda(model_name, settings, progress, untrained=untrained, time_blocks=executor_timer)

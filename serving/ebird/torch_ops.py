@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from e3.export.model_api import EarlyExitModel
+from e3.models.api import EarlyExitModel
 from e3.serving.device.executor import DeviceSettings, torch_dtype, make_executor
 from e3.serving.ebird.engine import DeviceOps
 from e3.serving.ebird.pool import Taken

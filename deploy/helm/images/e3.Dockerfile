@@ -24,6 +24,8 @@ COPY pyproject.toml README.md deploy/helm/images/requirements-e3.txt ./
 # tooling): tests/test_image_imports.py imports them with exactly this set and sums its size.
 RUN python3 -m pip install --no-cache-dir -r requirements-e3.txt
 COPY e3 e3
+COPY models models
+COPY profiling profiling
 COPY export export
 COPY serving serving
 COPY controller controller

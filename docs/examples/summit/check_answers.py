@@ -1,5 +1,5 @@
 """Send the data file's inputs to a served model and compare every answer with the PyTorch reference run one
-input at a time under the same rule and the plan's enabled ramps (e3.export.reference).
+input at a time under the same rule and the plan's enabled ramps (e3.models.reference).
 
     python check_answers.py summit:summit_patience summit_patience_router --plan plan.json [--url 127.0.0.1:8000]
 """
@@ -13,9 +13,9 @@ import numpy as np
 
 from e3.client.sdk import E3Client
 from e3.core.exits import make_exit_rule
-from e3.export.reference import reference_answers
-from e3.export.user_data import load_data
-from e3.export.zoo import resolve_model
+from e3.models.reference import reference_answers
+from e3.models.user_data import load_data
+from e3.models.zoo import resolve_model
 
 
 def main() -> None:

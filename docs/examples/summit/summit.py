@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from e3.core.spec import ModelCard, TensorSpec
-from e3.export.model_api import EarlyExitModel
+from e3.models.api import EarlyExitModel
 
 F, D, C, L = 32, 1024, 4, 5
 WEIGHTS = Path(__file__).with_name("summit.pt")

@@ -22,7 +22,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from e3.export.data.assets import file_sha256, package_file
+from e3.models.data.assets import file_sha256, package_file
 from e3.serving.tokenizer import Tokenizer as WordPiece
 
 __all__ = ["TextSplit", "rotten_tomatoes", "minilm_zip", "minilm_tokenizer_json", "Tokenizer", "MAX_SEQ_LEN"]

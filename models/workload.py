@@ -21,7 +21,7 @@ the phase table and the per-input exit ramps (for forecaster replays);
 the mix's recorded ramp logits, :func:`reach_by_ramps`), so that the planner's exit-wrapper prices a
 dependent rule's ramps exactly.
 
-``--data FILE`` (:mod:`e3.export.user_data`) bins the file's inputs instead of a zoo model's test split,
+``--data FILE`` (:mod:`e3.models.user_data`) bins the file's inputs instead of a zoo model's test split,
 for any model, and also writes ``data.npz``: every input of the file in its order (the distribution
 ``e3 plan --data FILE`` plans for), to replay with ``e3 load --workload``.
 """
@@ -35,7 +35,7 @@ import numpy as np
 
 from e3.core.exits import make_exit_rule
 from e3.core.profile import BatchProfile
-from e3.export.training import simulate_exits
+from e3.models.training import simulate_exits
 
 __all__ = ["MIXES", "build_workloads", "load_workload", "batch_profile_of", "reach_by_ramps", "data_batch_profile"]
 
@@ -63,12 +63,12 @@ def reach_by_ramps(logits: dict[int, np.ndarray], rule, num_blocks: int,
 
 def data_batch_profile(name: str, data, *, batch_size: int = 8, limit: int | None = None,
                        progress: bool = True) -> BatchProfile:
-    """The batch profile of model ``name`` on the inputs of ``data`` (a ``.npz``, :mod:`e3.export.user_data`)
+    """The batch profile of model ``name`` on the inputs of ``data`` (a ``.npz``, :mod:`e3.models.user_data`)
     under its own exit rule, with the reach of every set of ramps (:func:`reach_by_ramps`)."""
     from e3.core.names import served_name
-    from e3.export.training import all_exit_logits
-    from e3.export.user_data import load_data
-    from e3.export.zoo import resolve_model
+    from e3.models.training import all_exit_logits
+    from e3.models.user_data import load_data
+    from e3.models.zoo import resolve_model
     model = resolve_model(name)
     card = model.card
     inputs, _ = load_data(data, card, limit=limit)
@@ -89,7 +89,7 @@ def build_workloads(name: str, out_dir: Path, count: int = 1000, *, rate_rps: fl
                     progress: bool = True, data: str | Path | None = None) -> list[Path]:
     """Write the three mixes and the switching stream for model ``name`` (its zoo test split, or the inputs
     of ``data``); returns the .npz paths."""
-    from e3.export.evaluate import test_split_logits
+    from e3.models.evaluate import test_split_logits
     model, inputs, labels, logits = test_split_logits(name, progress, desc="bin test inputs of", data=data)
     card = model.card
     L = card.num_blocks

@@ -19,8 +19,8 @@ import zipfile
 
 import torch
 
-from e3.export.data.text import MAX_SEQ_LEN, minilm_zip
-from e3.export.zoo.encoder import EncoderConfig, EncoderEE
+from e3.models.data.text import MAX_SEQ_LEN, minilm_zip
+from e3.models.zoo.encoder import EncoderConfig, EncoderEE
 
 __all__ = ["MINILM", "minilm_config", "load_minilm_backbone", "build_minilm_ee"]
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from e3.core.spec import ModelCard, TensorSpec
-from e3.export.model_api import EarlyExitModel
+from e3.models.api import EarlyExitModel
 
 __all__ = ["ResNetEE", "CHANNELS"]
 

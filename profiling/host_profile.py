@@ -1,4 +1,4 @@
-"""The host-side curves of ``e3 profile`` (:mod:`e3.export.profiler`): the exit check between blocks
+"""The host-side curves of ``e3 profile`` (:mod:`e3.profiling.profiler`): the exit check between blocks
 (``check_ms``), the router's own work per batch (``router_ms``) and the state a hop carries (the heaviest
 cut). In-process, no Triton; the router's work runs the serving code itself (:func:`router_batch`).
 
@@ -22,7 +22,7 @@ import numpy as np
 from e3.core.spec import ModelCard, TensorSpec
 
 if TYPE_CHECKING:
-    from e3.export.model_api import EarlyExitModel
+    from e3.models.api import EarlyExitModel
 
 __all__ = ["cut_state", "measure_check", "measure_router", "router_batch", "stock_runner"]
 
@@ -159,7 +159,7 @@ def stock_runner(model: "EarlyExitModel", *, workdir: Path, seed: int = 0):
     """``run(batch)``: the model's stock graph (``workdir/stock.onnx``, exported when missing) once on
     ``batch`` example inputs, 1 intra-op thread: the compute the profile runs between timed calls of the
     router's work and the exit check."""
-    from e3.export.model_api import SplitModule
+    from e3.models.api import SplitModule
     from e3.export.onnx_export import export_onnx, split_inputs
     from e3.core.session import make_session
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from e3.core.exits import entropy_nats
-from e3.export.zoo.encoder import EncoderConfig, EncoderEE
+from e3.models.zoo.encoder import EncoderConfig, EncoderEE
 
 SEED = 1234
 EXIT_SHARE_AT_RAMP_1 = 0.35

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from e3.core.exits import EntropyRule, PatienceRule, make_exit_rule
-from e3.export.training import all_exit_logits, simulate_exits, summarize_exits
+from e3.models.training import all_exit_logits, simulate_exits, summarize_exits
 
 __all__ = ["Evaluation", "evaluate", "format_evaluation", "plot_evaluation", "evaluation_figure"]
 
@@ -51,18 +51,18 @@ class Evaluation:
 def test_split_logits(name: str, progress: bool = True, limit: int | None = None, *, desc: str = "evaluate",
                       data: str | Path | None = None):
     """Model ``name``, its test inputs and labels, and every exit's logits on them (``limit``: first N inputs
-    only). ``data``: a ``.npz`` file of inputs and labels (:mod:`e3.export.user_data`), for any model; else
+    only). ``data``: a ``.npz`` file of inputs and labels (:mod:`e3.models.user_data`), for any model; else
     the zoo model's test split."""
-    from e3.export.data import split_inputs
-    from e3.export.zoo import ZOO, resolve_model
+    from e3.models.data import split_inputs
+    from e3.models.zoo import ZOO, resolve_model
     entry = ZOO.get(name)
     if data is None and (entry is None or entry.dataset is None):
         raise ValueError(f"{name!r} has no dataset of its own; give your data with --data FILE (a .npz of the "
-                         f"model's inputs and 'labels', docs in e3.export.user_data); zoo models with one: "
+                         f"model's inputs and 'labels', docs in e3.models.user_data); zoo models with one: "
                          f"{', '.join(n for n, e in ZOO.items() if e.dataset)}")
     model = resolve_model(name)
     if data is not None:
-        from e3.export.user_data import load_data
+        from e3.models.user_data import load_data
         inputs, labels = load_data(data, model.card, limit=limit, need_labels=True)
         return model, inputs, labels, all_exit_logits(model, inputs, progress=progress, desc=f"{desc} {name}")
     inputs, labels = split_inputs(entry.dataset, "test", model.card.max_seq_len)
@@ -76,7 +76,7 @@ def evaluate(name: str, progress: bool = True, limit: int | None = None, *,
     """Evaluate model ``name`` on its test split, or on ``data`` (a ``.npz`` of inputs and labels, any model;
     ``limit``: first N inputs only). A rule other than entropy or patience is evaluated as it is, without a
     sweep (its parameters are its own)."""
-    from e3.export.zoo import ZOO, resolve_stock
+    from e3.models.zoo import ZOO, resolve_stock
     model, inputs, labels, logits = test_split_logits(name, progress, limit, data=data)
     entry = ZOO.get(name)
     card = model.card

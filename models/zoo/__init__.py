@@ -12,7 +12,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from e3.export.model_api import EarlyExitModel
+from e3.models.api import EarlyExitModel
 
 __all__ = ["ZooEntry", "ZOO", "resolve_model", "resolve_stock", "resolve_architecture", "load_shipped_model",
            "UnknownModelError"]
@@ -28,19 +28,19 @@ class ZooEntry:
     summary: str
     build: Callable[[], EarlyExitModel]          # the early-exit model, weights loaded, eval mode
     build_stock: Callable[[], EarlyExitModel] | None = None  # stock counterpart (None: the EE model's head path)
-    dataset: str | None = None                   # e3.export.data dataset its evaluation and workloads use
+    dataset: str | None = None                   # e3.models.data dataset its evaluation and workloads use
     architecture: Callable[[], EarlyExitModel] | None = None  # the same model with random weights (None: build)
 
 
 def _tiny() -> EarlyExitModel:
-    from e3.export.zoo.tiny import build_tiny_ee
+    from e3.models.zoo.tiny import build_tiny_ee
     return build_tiny_ee()
 
 
 def _encoder(name: str, meta: dict, ramps: tuple[int, ...]) -> EarlyExitModel:
-    from e3.export.zoo.encoder import EncoderEE
-    from e3.export.zoo.minilm import minilm_config
-    from e3.export.data.text import MAX_SEQ_LEN
+    from e3.models.zoo.encoder import EncoderEE
+    from e3.models.zoo.minilm import minilm_config
+    from e3.models.data.text import MAX_SEQ_LEN
     return EncoderEE(name, minilm_config(max_seq_len=meta.get("max_seq_len", MAX_SEQ_LEN), ramps=ramps),
                      exit_rule=meta.get("exit_rule") or {"kind": "entropy", "tau_nats": 0.0}, preprocess="minilm")
 
@@ -54,7 +54,7 @@ BERT_BASE_REACH = {"80-20": [1.0, 1.0] + [0.2] * 10, "50-50": [1.0, 1.0] + [0.5]
 
 def _bert_base() -> EarlyExitModel:
     import torch
-    from e3.export.zoo.encoder import EncoderConfig, EncoderEE
+    from e3.models.zoo.encoder import EncoderConfig, EncoderEE
     torch.manual_seed(0)
     config = EncoderConfig(**BERT_BASE, ramp_blocks=tuple(range(1, 12)))
     return EncoderEE("bert-base-ee", config, exit_rule={"kind": "forced", "reach": BERT_BASE_REACH["80-20"]},
@@ -62,14 +62,14 @@ def _bert_base() -> EarlyExitModel:
 
 
 def _resnet(name: str, meta: dict, ramps: tuple[int, ...]) -> EarlyExitModel:
-    from e3.export.zoo.resnet import ResNetEE
+    from e3.models.zoo.resnet import ResNetEE
     return ResNetEE(name, meta.get("exit_rule") or {"kind": "entropy", "tau_nats": 0.0}, ramps=ramps)
 
 
 def _trained(architecture, name: str, ramps: bool = True) -> Callable[[], EarlyExitModel]:
     """A builder that loads checkpoint ``name`` into ``architecture`` (ramps after blocks 1-5, or none)."""
     def build() -> EarlyExitModel:
-        from e3.export.checkpoints import load_meta, load_state
+        from e3.models.checkpoints import load_meta, load_state
         model = architecture(name, load_meta(name), (1, 2, 3, 4, 5) if ramps else ())
         model.load_state_dict(load_state(name))
         return model

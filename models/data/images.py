@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from e3.export.data.assets import debian_dir, file_sha256
+from e3.models.data.assets import debian_dir, file_sha256
 
 __all__ = ["ImageSplit", "fashion_mnist", "fashion_sha256", "MEAN", "STD"]
 

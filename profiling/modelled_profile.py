@@ -44,7 +44,7 @@ The model, step by step (data: ``docs/data/public/gpu_latency_public.csv``, see 
    default 0.05 ms + 0.0005 ms per row (an assumption, labelled modelled, not a figure
    from the data file).
 5c. **Router** (``router_ms``): the router is CPU work whatever device runs the splits,
-   so it is the curve measured on this host's CPU (:func:`e3.export.profiler.measure_router`,
+   so it is the curve measured on this host's CPU (:func:`e3.profiling.profiler.measure_router`,
    in-process, no Triton) when made by :func:`model_modelled_profile`; absent (0) when
    :func:`modelled_profile` is not given one.
 6. **Prices** (README, AWS on-demand us-east-1, January 2026, USD per device-hour):
@@ -67,7 +67,7 @@ from e3.core.profile import DeviceConfig, LatencyProfile, ProfileError, interp_l
 from e3.core.spec import ModelCard, NUMPY_DTYPES
 
 if TYPE_CHECKING:
-    from e3.export.model_api import EarlyExitModel
+    from e3.models.api import EarlyExitModel
 
 __all__ = ["GPUS", "PRICES_PER_HOUR", "REF_LAYERS", "REF_SEQ_LEN", "REF_LAYER_FLOPS", "CHECK_FIXED_MS",
            "CHECK_PER_ROW_MS", "default_data_file",
@@ -188,7 +188,7 @@ def block_flops(model: "EarlyExitModel") -> tuple[list[float], list[float]]:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from e3.export.model_api import SplitModule
+    from e3.models.api import SplitModule
     from e3.export.onnx_export import split_inputs
 
     def flops(module) -> float:
@@ -211,7 +211,7 @@ def _bytes(specs) -> int:
 
 
 def _state_bytes(card: ModelCard) -> int:
-    from e3.export.profiler import cut_state
+    from e3.profiling.profiler import cut_state
     return _bytes(cut_state(card))
 
 
@@ -280,12 +280,12 @@ def model_modelled_profile(model_name: str, gpus: Sequence[str], batch_sizes: Se
                            *, prices: Mapping[str, float] | None = None, data_file: str | Path | None = None
                            ) -> LatencyProfile:
     """:func:`modelled_profile` for a zoo model (or ``package.module:factory``), with ``tx_in_ms`` from its
-    inputs' bytes and ``router_ms`` measured on this host (:func:`e3.export.profiler.measure_router`)."""
+    inputs' bytes and ``router_ms`` measured on this host (:func:`e3.profiling.profiler.measure_router`)."""
     from e3.core.names import served_name
-    from e3.export.profiler import default_batch_sizes
-    from e3.export.zoo import resolve_model
+    from e3.profiling.profiler import default_batch_sizes
+    from e3.models.zoo import resolve_model
 
-    from e3.export.profiler import measure_router, summarize
+    from e3.profiling.profiler import measure_router, summarize
 
     model = resolve_model(model_name)
     card = model.card

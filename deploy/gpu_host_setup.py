@@ -1,10 +1,13 @@
-"""A bare GPU host made ready for the side-by-side (``benchmarks/gpu_side_by_side.py``): the project as an ``e3``
-namespace from the checkout, the server and client unpacked from ``.gpu_wheels/``, and the model processes'
-path. Standard library only: it runs before anything of the project can be imported."""
+"""A bare GPU host made ready for the GPU runners (``benchmarks/gpu_host.py`` and the runners it starts): the
+project as an ``e3`` namespace from the checkout, the server and client unpacked from ``.gpu_wheels/``
+(``deploy/gpu_wheels.sh`` fills it), and the model processes' path. Standard library only: it runs before
+anything of the project can be imported, so the runners find it by putting ``deploy/`` at the end of
+``sys.path``."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -14,16 +17,23 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
-ROOMS = ("export", "serving", "controller", "client", "deploy", "generation", "simulator", "benchmarks", "cli")
+
+
+def rooms() -> dict[str, str]:
+    """``e3`` subpackage -> its top-level folder, from pyproject.toml's package-dir (``models`` -> ``models``)."""
+    line = re.search(r"^package-dir\s*=\s*\{(.*)\}", (ROOT / "pyproject.toml").read_text(), re.M)[1]
+    pairs = re.findall(r'"e3\.(\w+)"\s*=\s*"(\w+)"', line)
+    return dict(pairs)
 
 
 def namespace() -> Path:
     """A temporary folder holding ``e3`` as the installed package lays it out (e3/ plus the rooms)."""
     ns = Path(tempfile.mkdtemp(prefix="e3-ns-"))
     shutil.copytree(ROOT / "e3", ns / "e3")
-    for room in ROOMS:
-        (ns / "e3" / room).symlink_to(ROOT / room)
+    for package, folder in rooms().items():
+        (ns / "e3" / package).symlink_to(ROOT / folder)
     return ns
+
 
 
 def _install_wheel(wheel: Path, site: Path) -> None:

@@ -1,7 +1,7 @@
 """``e3 profile MODEL --cuda``: a latency profile MEASURED on this host's NVIDIA GPU, with PyTorch.
 
-The same units as the CPU profile (:mod:`e3.export.profiler`): every block k alone
-(:class:`~e3.export.model_api.SplitModule`, block 1 with the stem, block L with the head)
+The same units as the CPU profile (:mod:`e3.profiling.profiler`): every block k alone
+(:class:`~e3.models.api.SplitModule`, block 1 with the stem, block L with the head)
 with and without its ramp, the stock graph (blocks 1..L, no ramp), a cut's hop, the
 exit check of a compact split and the router's work, at batch 1, 2, 4, ... up to the
 model's maximum batch. The device configuration is named after the GPU (``h100``,
@@ -21,9 +21,8 @@ How each is run and timed, and why:
   (:mod:`e3.serving.device.executor`): ``prepare_model`` (the weights on the GPU, ``model.half()`` for FP16)
   and ``make_executor`` (one CUDA graph per batch bucket, the batch sizes here being the buckets, or eager
   launches with ``--eager``), a call copying the rows into the graph's inputs and replaying it. The timing
-  lives beside the executor (:func:`e3.serving.device.timing.time_blocks`) because ``e3.export`` may not import
-  ``e3.serving.device`` (docs/architecture.md); this module receives it as ``time_blocks`` (the CLI passes it,
-  :func:`e3.serving.device.timing.profile_cuda`) and writes what it measured. FP16 and CUDA graphs are the default: the
+  lives beside the executor (:func:`e3.serving.device.timing.time_blocks`); :func:`profile_model_cuda` receives
+  it as ``time_blocks`` (:func:`profile_cuda` passes it; a test passes a plain one) and writes what it measured. FP16 and CUDA graphs are the default: the
   public figures the modelled profiles come from are TensorRT FP16 engines, which launch a whole engine per
   call, as a graph replay does. ``--eager`` / ``--fp32`` measure the other ways (the device is then named e.g.
   ``h100-eager-fp32``), to show what launch overhead and precision do.
@@ -42,11 +41,11 @@ How each is run and timed, and why:
   router runs it), the survivors' indices copied back and their state rows gathered on the
   device. Measured, where the modelled profile assumes 0.05 ms + 0.0005 ms per row.
 * **router**: the router's own work per batch (stacking rows, the exit rule, answers) is
-  host CPU work whatever runs the splits: :func:`e3.export.profiler.measure_router`, on
+  host CPU work whatever runs the splits: :func:`e3.profiling.profiler.measure_router`, on
   this host's CPU.
 
 The weights' values do not change a latency: ``--untrained`` times the architecture with
-random weights (:func:`e3.export.zoo.resolve_architecture`) on a host without the trained
+random weights (:func:`e3.models.zoo.resolve_architecture`) on a host without the trained
 checkpoints. Measuring needs CUDA, or ``torch_device="cpu"`` (``e3 profile --cuda --torch-device
 cpu``): the same path with eager executors in FP32 on the CPU, a check of the code where no GPU is;
 :func:`device_label` and the assembly are pure.
@@ -63,12 +62,14 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 import numpy as np
 
 from e3.core.profile import LatencyProfile, ProfileError
-from e3.export.modelled_profile import TX_FIXED_MS
+from e3.profiling.modelled_profile import TX_FIXED_MS
+from e3.serving.device.executor import DeviceSettings
+from e3.serving.device.timing import time_blocks
 
 if TYPE_CHECKING:
-    from e3.export.model_api import EarlyExitModel
+    from e3.models.api import EarlyExitModel
 
-__all__ = ["CudaSettings", "BlockTimer", "BlockTimings", "device_label", "profile_model_cuda", "cuda_available",
+__all__ = ["CudaSettings", "BlockTimer", "BlockTimings", "device_label", "profile_model_cuda", "profile_cuda", "cuda_available",
            "bls_from_run", "measured_hop_ms", "compile_call"]
 
 log = logging.getLogger(__name__)
@@ -230,7 +231,7 @@ def measure_hops_cuda(model: "EarlyExitModel", batches: Sequence[int], settings:
     part is not in them."""
     import torch
 
-    from e3.export.profiler import cut_state
+    from e3.profiling.profiler import cut_state
     card = model.card
     dev = settings.torch_device
     tx, tx_in = [], []
@@ -251,7 +252,7 @@ def measure_check_cuda(model: "EarlyExitModel", batches: Sequence[int], settings
     of the heaviest cut's state."""
     import torch
 
-    from e3.export.profiler import _check_inputs, _first_ramp, _route, cut_state
+    from e3.profiling.profiler import _check_inputs, _first_ramp, _route, cut_state
     card = model.card
     dev = settings.torch_device
     rng = np.random.default_rng(settings.seed)
@@ -278,14 +279,14 @@ def profile_model_cuda(model_name: str, settings: CudaSettings = CudaSettings(),
     """Measure ``model_name`` on this host's GPU (module docstring); returns the profile.
 
     ``time_blocks(model, settings, batches, bar)`` times the blocks and the stock graph with the serving
-    executor (:func:`e3.serving.device.timing.profile_cuda` passes the one that does); the rest (hops, the exit check,
+    executor (:func:`profile_cuda` passes the one that does); the rest (hops, the exit check,
     the router) is measured here. Latencies in ms per call of B rows, B in ``settings.batch_sizes``."""
     import torch
     from tqdm import tqdm
 
     from e3.core.names import served_name
-    from e3.export.profiler import assemble_profile, default_batch_sizes, measure_router, summarize
-    from e3.export.zoo import resolve_architecture, resolve_model
+    from e3.profiling.profiler import assemble_profile, default_batch_sizes, measure_router, summarize
+    from e3.models.zoo import resolve_architecture, resolve_model
 
     if settings.torch_device != "cpu" and not cuda_available():
         raise ProfileError("--cuda needs an NVIDIA GPU that PyTorch can use (torch.cuda.is_available() is False "
@@ -335,3 +336,18 @@ def profile_model_cuda(model_name: str, settings: CudaSettings = CudaSettings(),
     profile.tx_in_ms[device] = [summarize(s).median_ms for s in tx_in_samples]
     profile.validate()
     return profile
+
+
+def profile_cuda(model_name: str, settings, *, untrained: bool = False, progress: bool = True):
+    """``e3 profile MODEL --cuda``: a latency profile of ``model_name`` whose blocks and stock graph are timed
+    with the serving executor (:func:`e3.serving.device.timing.time_blocks`: ``prepare_model`` +
+    ``make_executor`` at each batch size as a bucket) and written by :func:`profile_model_cuda` (hops, exit
+    check, router, the file). ``settings``: a :class:`CudaSettings`. ``e3 profile --cuda`` and
+    ``benchmarks/gpu_host.py`` both call it, so every GPU profile times the code that serves."""
+
+    def executor_timer(model, s, batches, bar):
+        device = DeviceSettings(device=s.torch_device, precision=s.precision, graphs=s.graphs,
+                                max_batch=max(batches), buckets=tuple(batches))
+        return time_blocks(model, device, repeats=s.repeats, warmup=s.warmup, seed=s.seed, bar=bar)
+
+    return profile_model_cuda(model_name, settings, progress, untrained=untrained, time_blocks=executor_timer)

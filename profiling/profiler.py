@@ -3,7 +3,7 @@
 What is measured (device configuration ``cpu``: one core, one instance, one thread, price 1):
 
 * **blocks** -- every block k alone, exported as a one-block split
-  (:class:`~e3.export.model_api.SplitModule`; block 1 includes the stem, block L
+  (:class:`~e3.models.api.SplitModule`; block 1 includes the stem, block L
   the final head) twice: with its ramp and without it. Each file runs in ONNX
   Runtime exactly as a split instance runs it (``make_session``: CPU provider,
   1 intra-op thread, sequential), at batch sizes 1, 2, 4, ... up to the model's
@@ -30,7 +30,7 @@ What is measured (device configuration ``cpu``: one core, one instance, one thre
   compaction of the survivors' rows of the heaviest cut's state. In-process,
   pure numpy, no Triton; the model's stock graph runs (untimed, at batch 1:
   every weight through the caches) before every timed call, as blocks run
-  before a check in a served batch (:mod:`e3.export.host_profile`).
+  before a check in a served batch (:mod:`e3.profiling.host_profile`).
 * **router** (``router_ms``) -- the router's own work per batch of a split,
   with the serving code itself (:func:`router_batch`): one request per input
   (the worst case) checked and admitted by the scheduler, the batch dispatched
@@ -76,12 +76,12 @@ import numpy as np
 
 from e3.core.names import served_name
 from e3.core.profile import OPTIONAL_CURVES, DeviceConfig, LatencyProfile, ProfileError
-from e3.export.host_profile import (_check_inputs, _first_ramp, _route, cut_state, measure_check,  # noqa: F401
+from e3.profiling.host_profile import (_check_inputs, _first_ramp, _route, cut_state, measure_check,  # noqa: F401
                                     measure_router, router_batch, stock_runner)
 from e3.paths import artifacts_dir
 
 if TYPE_CHECKING:
-    from e3.export.model_api import EarlyExitModel
+    from e3.models.api import EarlyExitModel
 
 __all__ = ["ProfileSettings", "Stats", "summarize", "default_batch_sizes", "parse_batch_sizes",
            "assemble_profile", "merge_profiles", "format_table", "default_profile_path",
@@ -333,7 +333,7 @@ def measure_blocks(model: "EarlyExitModel", batch_sizes: Sequence[int], settings
     walk-through's model (8 MB of weights per block, 32 MB L3 shared by 2 cores): 0.12 ms a block alone
     at batch 1, 0.42-0.51 ms in sequence, the whole stock graph 2.2 ms (the sequence's sum); at batch 64
     the two agree (compute-bound)."""
-    from e3.export.model_api import SplitModule
+    from e3.models.api import SplitModule
     from e3.export.onnx_export import export_onnx, split_inputs
     from e3.core.session import make_session
 
@@ -373,7 +373,7 @@ def measure_stock(model: "EarlyExitModel", batch_sizes: Sequence[int], settings:
                   threads: Sequence[int] = (1, 2), bar=None) -> dict[int, list[np.ndarray]]:
     """Timings (ms) of the stock graph (blocks 1..L, no ramp) at each batch size, per intra-op thread count:
     {threads: [i] repeats}. The thread counts alternate call by call, as the block variants do."""
-    from e3.export.model_api import SplitModule
+    from e3.models.api import SplitModule
     from e3.export.onnx_export import export_onnx, split_inputs
     from e3.core.session import make_session
 
@@ -402,7 +402,7 @@ def measure_jitter(model: "EarlyExitModel", batch_sizes: Sequence[int], settings
     with it). Each copy times ``2 x repeats`` calls; ONNX Runtime releases the GIL while it runs."""
     import threading
 
-    from e3.export.model_api import SplitModule
+    from e3.models.api import SplitModule
     from e3.export.onnx_export import export_onnx, split_inputs
     from e3.core.session import make_session
 
@@ -439,17 +439,17 @@ def measure_jitter(model: "EarlyExitModel", batch_sizes: Sequence[int], settings
 def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings(), progress: bool = True,
                   *, tritonserver: str | None = None, data: str | Path | None = None) -> LatencyProfile:
     """Measure ``model_name`` on this machine (see the module docstring); returns the profile. ``data``: a
-    ``.npz`` of the model's inputs (:mod:`e3.export.user_data`): the blocks are timed on states computed from
+    ``.npz`` of the model's inputs (:mod:`e3.models.user_data`): the blocks are timed on states computed from
     its rows instead of the model's random example inputs."""
     import onnxruntime as ort
     from tqdm import tqdm
 
-    from e3.export.zoo import resolve_model
+    from e3.models.zoo import resolve_model
 
     model = resolve_model(model_name)
     card = model.card
     if data is not None:
-        from e3.export.user_data import load_data, use_data_inputs
+        from e3.models.user_data import load_data, use_data_inputs
         use_data_inputs(model, load_data(data, card)[0])
     batches = list(settings.batch_sizes or default_batch_sizes(card.max_batch_size))
     if batches != sorted(set(batches)) or batches[0] < 1 or batches[-1] > card.max_batch_size:
@@ -465,7 +465,7 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
         jitter = measure_jitter(model, batches, settings, workdir=Path(tmp), copies=len(threads), bar=bar) if len(threads) > 1 else None
         request = None
         if settings.tx:
-            from e3.export.server_profile import REQUEST_CLIENTS, measure_request, measure_tx, probe_server
+            from e3.profiling.server_profile import REQUEST_CLIENTS, measure_request, measure_tx, probe_server
             with probe_server(card, max(batches), settings.warmup, tritonserver=tritonserver) as server:
                 tx = measure_tx(card, batches, tx_repeats, warmup=settings.warmup, bar=bar, server=server)
                 request = measure_request(card, batches, bar=bar, server=server)

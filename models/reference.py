@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from e3.core.exits import ExitRule, exit_mask, softmax
-from e3.export.model_api import EarlyExitModel
+from e3.models.api import EarlyExitModel
 
 __all__ = ["ReferenceAnswers", "reference_answers"]
 

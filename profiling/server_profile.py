@@ -16,7 +16,7 @@ import numpy as np
 from e3.core.files import write_atomic
 from e3.core.names import state_output
 from e3.core.spec import ModelCard, TensorSpec
-from e3.export.profiler import cut_state
+from e3.profiling.profiler import cut_state
 from e3.paths import artifacts_dir
 
 __all__ = ["probe_server", "measure_tx", "measure_request", "TX_ECHO", "TX_CALLER", "TX_FRONT", "REQUEST_CLIENTS"]

@@ -5,7 +5,7 @@
 #                                     and the stubs for Python 3.11 and 3.12 (27 MB instead of the wheel's 55)
 #   tritonclient-2.51.0-py3-none-any.whl, python_rapidjson-*-cp312-*.whl   the pure-Python gRPC client
 #   numpy-1.26.4-cp312-*.whl          numpy<2 for the Python-backend stub (with numpy 2 it returns empty outputs)
-# Usage: bash benchmarks/gpu_wheels.sh [DEST] [PYTHON_VERSION]   (make gpu-wheels)
+# Usage: bash deploy/gpu_wheels.sh [DEST] [PYTHON_VERSION]   (make gpu-wheels)
 set -euo pipefail
 DEST=${1:-.gpu_wheels}; PYV=${2:-3.12}; TAG=cp${PYV/./}
 PIP=${PIP:-.venv/bin/python -m pip}

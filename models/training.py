@@ -1,4 +1,4 @@
-"""Training and evaluation helpers shared by the zoo's recipes (see export/recipes.py).
+"""Training and evaluation helpers shared by the zoo's recipes (see models/recipes.py).
 
 Everything works from the :class:`EarlyExitModel` interface, so evaluation
 and τ selection apply to any model; the encoder-specific parts (DeeBERT's
@@ -20,7 +20,7 @@ from torch import nn
 from tqdm import tqdm
 
 from e3.core.exits import EntropyRule, ExitRule, PatienceRule
-from e3.export.model_api import EarlyExitModel
+from e3.models.api import EarlyExitModel
 from e3.serving.policy import BatchRoute
 
 __all__ = ["all_exit_logits", "simulate_exits", "choose_tau", "choose_patience", "finetune_head", "train_joint",
