@@ -136,7 +136,8 @@ def _bench_admission_gpu(args) -> int:
 
 
 def _bench_generate(args) -> int:
-    from e3.benchmarks.generation import FrontierSettings, GenerateBenchSettings, run_frontier, run_generate_bench
+    from e3.benchmarks.generation import GenerateBenchSettings, run_generate_bench
+    from e3.benchmarks.generation_frontier import FrontierSettings, run_frontier
     try:
         floats = lambda text: tuple(float(t) for t in text.split(",") if t)
         if not args.frontier_only:

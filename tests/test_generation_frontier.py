@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from e3.benchmarks.generation import _tau_for_share, format_frontier, rouge_l
+from e3.benchmarks.generation import rouge_l
+from e3.benchmarks.generation_frontier import _tau_for_share, format_frontier
 
 
 def _lcs_brute(a, b) -> int:
@@ -67,7 +68,7 @@ def test_per_token_agreement_counts_each_choice_given_its_own_prefix():
 
 
 def test_predicted_ratio_follows_the_batch_as_sequences_finish():
-    from e3.benchmarks.generation import predicted_ratio
+    from e3.benchmarks.generation_frontier import predicted_ratio
     from e3.generation.policy import Costs, SplitCost, speedup
     costs = Costs(splits=(SplitCost(1e-2, 1e-3),) * 3, head_s=4e-4, head_fixed_s=8e-3,
                   fills=(SplitCost(1.5e-2, 3e-5), SplitCost(1e-2, 2e-5)))
