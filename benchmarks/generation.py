@@ -27,7 +27,6 @@ Results: ``artifacts/results/generation.json`` and a section of ``docs/RESULTS.m
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import statistics
@@ -39,6 +38,7 @@ from pathlib import Path
 import torch
 
 from e3.benchmarks.report import commit
+from e3.core.files import write_json_atomic
 from e3.paths import artifacts_dir, project_root
 
 __all__ = ["GenerateBenchSettings", "run_generate_bench", "agreement", "format_tables", "write_results_section",
@@ -286,9 +286,7 @@ def run_generate_bench(settings: GenerateBenchSettings = GenerateBenchSettings()
         echo(f"  {name:40s} {row['tokens_per_s']:7.1f} tok/s  x{row['speedup_vs_full']:.2f} full  TTFT "
              f"{row['ttft_ms_p50']:8.1f} ms  TPOT {row['tpot_ms_p50']:6.1f} ms  agreement {row['agreement']:.3f}  "
              f"ppl {row['perplexity']:.2f}  measure {row['measure']}")
-    out_path = s.out or artifacts_dir() / "results" / "generation.json"
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(results, indent=1))
+    out_path = write_json_atomic(s.out or artifacts_dir() / "results" / "generation.json", results, sort_keys=False)
     echo(f"wrote {out_path}")
     if s.write_docs:
         docs = s.docs or project_root() / "docs" / "RESULTS.md"

@@ -5,7 +5,6 @@ each operating point, on general prompts and review prompts, beside the full mod
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 import time
@@ -17,6 +16,7 @@ import torch
 
 from e3.benchmarks.generation import _serve, agreement, per_token_agreement, rouge_l
 from e3.benchmarks.report import commit
+from e3.core.files import write_json_atomic
 from e3.paths import artifacts_dir, project_root
 
 __all__ = ["FrontierSettings", "run_frontier", "predicted_ratio", "format_frontier", "write_frontier_docs",
@@ -229,9 +229,7 @@ def run_frontier(settings: FrontierSettings = FrontierSettings(), echo=print) ->
                         f"{'exits' if row['default_takes_it'] else 'fallback'})" if "predicted_x_full" in row else "")
                      + f"  per-token {row['per_token_agreement']:.3f}  decoded {row['decoded_agreement']:.3f}  "
                        f"ROUGE-L {row['rouge_l']:.3f}  exits {', '.join(f'{x:.2f}' for x in shares)}")
-    out_path = s.out or artifacts_dir() / "results" / "generation_frontier.json"
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(results, indent=1))
+    out_path = write_json_atomic(s.out or artifacts_dir() / "results" / "generation_frontier.json", results, sort_keys=False)
     echo(f"wrote {out_path}")
     if s.write_docs:
         echo(f"updated {' and '.join(str(p) for p in write_frontier_docs(results, s.docs))}")

@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from e3.benchmarks.generation import agreement, engine_tokens
 from e3.benchmarks.report import commit
+from e3.core.files import write_json_atomic
 from e3.paths import artifacts_dir, project_root
 
 __all__ = ["HeliosBenchSettings", "run_helios_bench", "format_tables", "write_results_section"]
@@ -145,9 +146,7 @@ def run_helios_bench(settings: HeliosBenchSettings = HeliosBenchSettings(), echo
             full_tokens = [f.tokens for f in full]
         echo(f"serving on one tritonserver ({budget}); {len(prompts)} prompts, {s.clients} clients, tau {tau}")
         results["runs"].append({"tau": tau, "systems": _serve_all(s, repo, doors, prompts, full_tokens, echo)})
-    out_path = s.out or artifacts_dir() / "results" / "helios.json"
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(results, indent=1))
+    out_path = write_json_atomic(s.out or artifacts_dir() / "results" / "helios.json", results, sort_keys=False)
     echo(f"wrote {out_path}")
     if s.write_docs:
         docs = project_root() / "docs" / "RESULTS.md"
