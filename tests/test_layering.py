@@ -190,3 +190,27 @@ def test_no_loop_between_rooms():
         if room not in state:
             visit(room, [room])
     assert not loops, f"rooms importing each other in a loop: {loops}"
+
+
+def _named_in(doc: str, name: str) -> bool:
+    """``name`` named as a module in a docstring: ``name.py``, ``name/``, a ``name`` literal, ``:mod:`...name```,
+    or a line of a listing that starts with it."""
+    n = re.escape(name)
+    return bool(re.search(rf"(?<![\w-]){n}(\.py\b|/)|``{n}``|`{n}`|:mod:`[~.\w]*\b{n}`|^\s*[*-]?\s*{n}\s", doc, re.M))
+
+
+def test_every_package_lists_what_it_holds_or_nothing():
+    """A package's docstring either names none of its modules (it describes the room in words) or names every
+    one of them: a listing that has gone stale fails here."""
+    import ast
+    stale = []
+    for folder in package_dirs():
+        for init in sorted((ROOT / folder).rglob("__init__.py")):
+            doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+            pkg = init.parent
+            names = {p.stem for p in pkg.glob("*.py") if p.stem not in ("__init__", "__main__")}
+            names |= {d.name for d in pkg.iterdir() if (d / "__init__.py").exists()}
+            said = {n for n in names if _named_in(doc, n)}
+            if said and said != names:
+                stale.append(f"{init.relative_to(ROOT)} lists {sorted(said)} but not {sorted(names - said)}")
+    assert not stale, "\n".join(stale)
