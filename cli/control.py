@@ -8,12 +8,17 @@ latency profile."""
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
 from pathlib import Path
 
+from e3.core.names import served_name
 from e3.paths import default_repository
+
+# Deferred imports: `e3 --help` and the light verbs must start fast, without torch, numpy, urllib's HTTP stack or the
+# controller's rooms, so each verb imports what it needs inside its function.
 
 
 def _planning_args(p: argparse.ArgumentParser, rate_required: bool) -> None:
@@ -49,7 +54,6 @@ def _control(args) -> int:
     from e3.controller.settings import ControlSettings
     from e3.controller.telemetry import TelemetryReader
     from e3.controller.triton_applier import TritonApplier
-    from e3.core.names import served_name
     from e3.core.plan import Plan
     from e3.core.profile import LatencyProfile, ProfileError
     from e3.deploy.server import metrics_url_for
@@ -141,7 +145,6 @@ def _model_facts(args, latency, applier, router: str, stop: threading.Event):
     controller started before its router waits for it (a pod started beside Triton); None if stopped."""
     from e3.controller.model_facts import model_facts
     from e3.core.manifest import read_manifest
-    from e3.core.names import served_name
     from e3.core.plan import Plan
     if args.repo:
         deployment = read_manifest(args.repo).get("deployments", {}).get(served_name(args.model))
@@ -177,10 +180,9 @@ def _check_live(url: str) -> None:
 
 def _pooled(args, router_applier, planner, pinned):
     """The controller's applier, planner, pinned plan and pools over the pools of ``--pools``."""
+    from e3.controller.planner.placement import place
     from e3.controller.pooled_applier import PlacingPlanner, PooledApplier
     from e3.controller.triton_applier import TritonApplier
-    from e3.core.names import served_name
-    from e3.controller.planner.placement import place
     from e3.deploy.pools import PoolError, load_pools
     from e3.deploy.server import metrics_url_for
     try:
@@ -203,7 +205,6 @@ def _pooled(args, router_applier, planner, pinned):
 def _controller_status(url: str, timeout_s: float = 5.0) -> dict | None:
     """The controller's ``/status`` at ``url`` (its --metrics-port), or None where something else answers
     (a Triton server, the guard): what decides which kind of address ``e3 status --url`` was given."""
-    import json
     import urllib.error
     import urllib.request
     from e3.controller.metrics import STATUS_KIND
@@ -221,7 +222,6 @@ def _controller_status(url: str, timeout_s: float = 5.0) -> dict | None:
 def _status(args) -> int:
     from e3.controller.report import controller_status_lines, status_lines
     from e3.controller.triton_applier import TritonApplier
-    from e3.core.names import served_name
     try:
         status = _controller_status(args.url)
     except OSError as err:   # nothing listening: say where, whichever kind of address it was meant to be

@@ -19,18 +19,22 @@ Glue only: each step is a call into its room (export, deploy, client).
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from e3.benchmarks.side_by_side import machine_plan
 from e3.client.loadgen import LoadResult, closed_loop
 from e3.client.report import format_table
 from e3.core.names import ee_name, parse_cuts, ranges_from_cuts, router_name, served_name, stock_name
 from e3.core.plan import COMPACT, CONSTANT, Plan, default_plan
 from e3.deploy.server import TritonServer, free_port, port_taken
 from e3.export.repository import ExportSettings, export_repository
-from e3.models.zoo import resolve_model
-from e3.paths import artifacts_dir
+from e3.models.data import split_inputs
+from e3.models.recipes import missing_checkpoints, train
+from e3.models.zoo import ZOO, resolve_model
+from e3.paths import artifacts_dir, project_root
 
 __all__ = ["DemoSettings", "run_demo", "core_budgets", "split_instances", "explain", "kept_gpu_limits"]
 
@@ -50,7 +54,6 @@ class DemoSettings:
 
 
 def run_demo(repo: Path, settings: DemoSettings = DemoSettings(), echo=print) -> list[LoadResult]:
-    from e3.models.recipes import missing_checkpoints, train
     for name in missing_checkpoints(settings.model):
         echo(f"[0/3] {name} is not trained yet: training it now (once; cached under artifacts/checkpoints)")
         report = train(name)
@@ -128,9 +131,6 @@ def kept_gpu_limits(root: Path | None = None) -> list[dict]:
     """The in-process GPU figures kept in ``docs/data/<gpu>/side_by_side.json`` (the standing GPU run's
     ``limit`` rows): per device, model, mix and batch, E3's throughput over the stock model's and naive early
     exit's. Empty where none is kept (a checkout without docs/, or no GPU run yet)."""
-    import json
-
-    from e3.paths import project_root
     out = []
     for path in sorted(((root or project_root()) / "docs" / "data").glob("*/side_by_side.json")):
         try:
@@ -152,12 +152,10 @@ def _describe(plan: Plan) -> str:
 
 def demo_plan(settings: DemoSettings, model, export: ExportSettings, *, echo=print) -> Plan:
     """E3's plan for the demo (see the module docstring)."""
-    from e3.models.zoo import ZOO
     card = model.card
     L, m = card.num_blocks, served_name(settings.model)
     entry = ZOO.get(settings.model)
     if settings.cuts is None and entry is not None and entry.dataset:
-        from e3.benchmarks.side_by_side import machine_plan
         return machine_plan(settings.model, settings.cores, echo=echo)
     ranges = ranges_from_cuts(parse_cuts(settings.cuts or "", L), L)
     plan = default_plan(m, L, ranges, exit_rule=card.exit_rule, ramp_blocks=card.ramp_blocks, batch_size=export.batch_size,
@@ -189,8 +187,6 @@ def core_budgets(plan: Plan, export: ExportSettings) -> dict[str, str]:
 
 def _pool(settings: DemoSettings, model):
     """The model's test inputs with their labels (zoo models with a dataset), else random inputs."""
-    from e3.models.data import split_inputs
-    from e3.models.zoo import ZOO
     entry = ZOO.get(settings.model)
     if entry is not None and entry.dataset:
         inputs, labels = split_inputs(entry.dataset, "test", model.card.max_seq_len)

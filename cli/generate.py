@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+
+from e3.paths import default_repository
+
+# Deferred imports: `e3 --help` and the light verbs must start fast, without torch or the generation rooms, so each
+# verb imports what it needs inside its function.
 
 
 def _export_generate(args) -> int:
     from e3.generation.repository import export_generation_repository
-    from e3.paths import default_repository
     repo = Path(args.repo) if args.repo else default_repository()
     try:
         spec = export_generation_repository(args.model, repo, max_active=args.max_active,
@@ -31,8 +36,6 @@ def _export_generate(args) -> int:
 
 def _print_heads(model: str) -> None:
     """The exit heads' training report (whole-vocabulary agreement on held-out text, per exit layer)."""
-    import json
-
     import torch
 
     from e3.generation.models import heads_path
@@ -51,7 +54,6 @@ def _print_heads(model: str) -> None:
 
 def _export_helios(args) -> int:
     from e3.generation.repository import export_helios_repository
-    from e3.paths import default_repository
     repo = Path(args.repo) if args.repo else default_repository()
     try:
         doors = export_helios_repository(args.models, repo, memory_mb=args.memory_mb, tau=args.tau,

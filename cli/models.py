@@ -7,11 +7,15 @@ import shutil
 import sys
 from pathlib import Path
 
+from e3.cli.control import _planning_args
+from e3.core.names import ee_name, router_name, served_name, stock_name
 from e3.paths import artifacts_dir, default_repository
+
+# Deferred imports: `e3 --help` and the light verbs must start fast, without torch, numpy or the model, export and
+# profiling rooms, so each verb imports what it needs inside its function.
 
 
 def _export(args) -> int:
-    from e3.core.names import ee_name, router_name, stock_name
     from e3.core.plan import Plan
     from e3.export.repository import ExportSettings, all_ranges, export_repository
     from e3.models.zoo import resolve_model
@@ -41,10 +45,10 @@ def _export(args) -> int:
 
 def _profile(args) -> int:
     from e3.core.profile import LatencyProfile, ProfileError
+    from e3.models.zoo import resolve_architecture, resolve_model
     from e3.profiling.modelled_profile import parse_prices
     from e3.profiling.profiler import (ProfileSettings, default_profile_path, format_table, merge_profiles,
-                                    parse_batch_sizes, profile_model)
-    from e3.models.zoo import resolve_architecture, resolve_model
+                                       parse_batch_sizes, profile_model)
     try:
         if args.modelled and args.cuda:
             raise ValueError("--modelled models GPUs, --cuda measures this host's GPU: choose one")
@@ -55,8 +59,7 @@ def _profile(args) -> int:
         build = resolve_architecture if args.untrained else resolve_model
         batches = parse_batch_sizes(args.batch_sizes, build(args.model).card.max_batch_size)
         if args.cuda:
-            from e3.profiling.cuda_profile import CudaSettings, bls_from_run
-            from e3.profiling.cuda_profile import profile_cuda
+            from e3.profiling.cuda_profile import CudaSettings, bls_from_run, profile_cuda
             prices = parse_prices(args.price)
             if len(prices) > 1:
                 raise ValueError("--cuda measures one GPU: give at most one --price GPU=USD")
@@ -150,8 +153,8 @@ def _plan(args) -> int:
 
 
 def _admission(args) -> int:
-    from e3.serving.ebird.repository import profile_served_model, stage_policy, workers_name, write_admission
     from e3.export.repository import ExportError
+    from e3.serving.ebird.repository import profile_served_model, stage_policy, workers_name, write_admission
     repo = Path(args.repo)
     try:
         if args.max_workers is None:     # more workers than processes would only queue for one
@@ -204,7 +207,6 @@ def _evaluate(args) -> int:
 
 def _workload(args) -> int:
     from e3.models.workload import build_workloads, load_workload
-    from e3.core.names import served_name
     out = Path(args.out) if args.out else artifacts_dir() / "workloads" / (
         served_name(args.model) if ":" in args.model else args.model)
     for path in build_workloads(args.model, out, count=args.count, rate_rps=args.rate_rps, seed=args.seed,
@@ -319,7 +321,6 @@ def add_plan(sub, repo_help: str) -> None:
     """`e3 plan`'s arguments."""
     pl = sub.add_parser("plan", help="plan cuts, instances per split, device configurations and input batch "
                                      "(E3's DP) from a latency profile and a batch profile")
-    from e3.cli.control import _planning_args
     _planning_args(pl, rate_required=False)
     pl.add_argument("--batch-profile", "--exits", dest="batch_profile", default=None,
                     help="batch profile JSON: share of inputs reaching every block (e3 workload writes one per "

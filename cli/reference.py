@@ -12,6 +12,8 @@ import argparse
 import os
 import sys
 
+from e3.cli.main import build_parser
+
 __all__ = ["render", "main", "WIDTH"]
 
 WIDTH = 110   # columns the help text is wrapped at (argparse reads $COLUMNS)
@@ -41,7 +43,6 @@ def render(parser: argparse.ArgumentParser | None = None) -> str:
     os.environ["COLUMNS"] = str(WIDTH)
     try:
         if parser is None:
-            from e3.cli.main import build_parser
             parser = build_parser()
         verbs = _subcommands(parser)
         lines = [HEADER, "| command | what it does |", "| --- | --- |"]

@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
 
+from e3.core.names import router_name, served_name, zoo_name_of
 from e3.paths import default_repository
+
+# Deferred imports: `e3 --help` and the light verbs must start fast, without torch, numpy, subprocess or the serving
+# and client rooms, so each verb imports what it needs inside its function.
 
 
 def _api_key() -> dict[str, str] | None:
     """The user's key header: E3_API_HEADER with E3_API_KEY_FILE (a file only its owner reads; nothing in any
     process's environment then) or E3_API_KEY (in e3 serve's own environment, which only its user and root
     read; Triton's environment never gets it)."""
-    import os
     from e3.controller.triton_api import api_key_headers
     name, path = os.environ.get("E3_API_HEADER"), os.environ.get("E3_API_KEY_FILE")
     if name and path:
@@ -48,7 +52,6 @@ def _serve(args) -> int:
 
 def _infer(args) -> int:
     from e3.client.sdk import E3Client
-    from e3.core.names import router_name, served_name
     from e3.models.zoo import resolve_model
     model = resolve_model(args.model)
     target = args.target or router_name(served_name(args.model))
@@ -92,9 +95,7 @@ def _load(args) -> int:
                                  concurrency=args.concurrency if args.closed else None, seed=args.seed,
                                  workers=args.workers, **common)
     else:
-        from e3.models.zoo import resolve_model
-        from e3.core.names import zoo_name_of
-        from e3.models.zoo import ZOO
+        from e3.models.zoo import ZOO, resolve_model
         zoo = args.inputs_from or zoo_name_of(args.model, ZOO)
         model = resolve_model(zoo)
         pool = model.example_arrays(args.pool, seed=args.seed)
