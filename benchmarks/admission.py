@@ -52,6 +52,7 @@ import copy
 import dataclasses
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,9 +60,18 @@ import numpy as np
 
 from e3.benchmarks.admission_report import (Phase, RatePoint, admission_markdown, burst_schedule, format_burst,
                                         format_throughput, meets, phase_latencies, throughput_at_qos)
-from e3.core.files import write_json_atomic
+from e3.benchmarks.report import commit, replace_section
+from e3.client.loadgen import closed_loop, open_loop, scheduled_records
+from e3.client.sdk import ClientError
+from e3.controller.triton_api import TritonControl
+from e3.core.files import write_atomic, write_json_atomic
 from e3.core.names import served_name, stock_name
+from e3.deploy.server import TritonServer
+from e3.export.repository import ExportSettings, export_repository
+from e3.models.recipes import missing_checkpoints, train
+from e3.models.zoo import resolve_model
 from e3.paths import artifacts_dir
+from e3.serving.ebird.repository import naive_engine, profile_admission, workers_name, write_admission
 
 __all__ = ["AdmissionBenchSettings", "run_admission_bench"]
 
@@ -104,12 +114,8 @@ def run_admission_bench(settings: AdmissionBenchSettings = AdmissionBenchSetting
     """Run the benchmark for every model; returns the results document (also written to ``settings.out``)."""
     if settings.quick:
         settings = settings.shortened()
-    from e3.benchmarks.report import commit
-    from e3.benchmarks.report import replace_section
-    from e3.core.files import write_atomic
     out = settings.out or artifacts_dir() / "results" / "admission.json"
     doc = {"cores": settings.cores, "commit": commit(), "quick": settings.quick, "models": {}}
-    from e3.client.sdk import ClientError
     for name in settings.models:
         try:
             doc["models"][name] = _bench_model(name, settings, echo)
@@ -129,12 +135,6 @@ def run_admission_bench(settings: AdmissionBenchSettings = AdmissionBenchSetting
 
 
 def _bench_model(name: str, settings: AdmissionBenchSettings, echo) -> dict:
-    from e3.controller.triton_api import TritonControl
-    from e3.deploy.server import TritonServer
-    from e3.serving.ebird.repository import naive_engine, profile_admission, workers_name, write_admission
-    from e3.models.recipes import missing_checkpoints, train
-    from e3.export.repository import ExportSettings, export_repository
-    from e3.models.zoo import resolve_model
     for missing in missing_checkpoints(name):
         echo(f"[setup] {missing} is not trained yet: training it now (once; cached under artifacts/checkpoints)")
         train(missing)
@@ -201,7 +201,6 @@ def _bench_model(name: str, settings: AdmissionBenchSettings, echo) -> dict:
         systems.update(stages)
         configs.update({k: f"workers {_engine_of(profile, k, max_bs)} x 1 thr, {_worker_note(k, cores)}"
                         for k in stages})
-        from e3.client.loadgen import closed_loop
         for model in systems.values():      # warm-up: first runs allocate, stages' workers connect
             closed_loop(url, model, pool, concurrency=4, batch=1, requests=4 * max_bs, warmup=1, shm=settings.shm)
         closed = _closed_loops(server, systems, pool, max_bs, settings, echo)
@@ -236,7 +235,6 @@ def _bench_model(name: str, settings: AdmissionBenchSettings, echo) -> dict:
 
 
 def _engine_of(profile: dict, kind: str, max_bs: int) -> list[int]:
-    from e3.serving.ebird.repository import naive_engine
     return naive_engine(max_bs) if kind == "N-Ebird" else profile["engine"]
 
 
@@ -252,7 +250,6 @@ def _pick(entry: dict) -> dict:
 def _copy_model(repo: Path, stock: str, name: str) -> str:
     """``name``: a copy of model ``stock`` in ``repo`` (its ONNX file hard-linked where the filesystem allows),
     so that each Triton baseline is loaded with its own configuration beside the others."""
-    import shutil
     dest = repo / name
     if dest.exists():
         shutil.rmtree(dest)
@@ -288,7 +285,6 @@ def _closed_loops(server, systems: dict[str, str], pool, max_bs: int, settings, 
     only the system under load works meanwhile). CPU per input is what a neighbour's load on a shared
     machine disturbs least: at a budget of ``cores``, ``cores x 1000 / (CPU ms per input)`` bounds the
     inputs/s a system can reach."""
-    from e3.client.loadgen import closed_loop
     runs: dict[str, list[tuple[float, float]]] = {label: [] for label in systems}
     labels = list(systems)
     requests = settings.closed_requests_per_bs * max_bs
@@ -310,7 +306,6 @@ def _sweep(url, systems: dict[str, str], pool, rates, qos_ms, settings, echo) ->
     run again at once and the better run kept, so one run disturbed by a neighbour's load on the machine
     does not end a system's sweep. Past the listed rates, 15% more each step (up to 4x the last listed),
     so no system's figure is capped by the ladder."""
-    from e3.client.loadgen import open_loop
     ladder = list(rates)
     while ladder[-1] < 4 * rates[-1]:
         ladder.append(round(ladder[-1] * 1.15, 1))
@@ -344,7 +339,6 @@ def _bursts(url, systems: dict[str, str], pool, phases, qos_ms, settings, echo):
     """The burst ``settings.burst_rounds`` times for every system, the systems in turn (the order rotates
     each round; each round its own Poisson arrivals, the same for every system); per phase, p50 and p99
     over the rounds pooled. Returns (rows, {label: (arrival s, latency ms) of the first round})."""
-    from e3.client.loadgen import scheduled_records
     pooled: dict[str, list] = {label: [] for label in systems}
     traces = {}
     labels = list(systems)
@@ -370,9 +364,10 @@ def _bursts(url, systems: dict[str, str], pool, phases, qos_ms, settings, echo):
 
 def _plot_burst(traces: dict, phases, qos_ms: float, m: str) -> Path | None:
     """Latency of every request against its arrival time, per system, with the QoS target."""
+    # deferred: matplotlib loads only when a figure is drawn, its Agg backend chosen before pyplot
     import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt   # after the backend is chosen
     fig, ax = plt.subplots(figsize=(8, 4))
     for label, (at, lat) in traces.items():
         ax.plot(at, lat, ".", ms=2, label=label, alpha=0.6)

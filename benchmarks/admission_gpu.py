@@ -46,12 +46,23 @@ import gc
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
+import torch
 
-from e3.benchmarks.admission_report import Phase, RatePoint, burst_schedule, meets, phase_latencies, throughput_at_qos
+from e3.benchmarks.admission_report import (Phase, RatePoint, burst_rows, burst_schedule, meets, phase_latencies,
+                                            shown_system, sweep_label, throughput_at_qos, verdict)
+from e3.benchmarks.report import commit, replace_between
+from e3.core.files import write_atomic, write_json_atomic
+from e3.export.onnx_export import split_inputs
+from e3.models.api import SplitModule
+from e3.models.zoo import resolve_architecture
+from e3.paths import artifacts_dir, project_root
+from e3.profiling.cuda_profile import CudaSettings, compile_call, cuda_available, device_label
 from e3.serving.batcher import dynamic_batch
+from e3.serving.ebird.offline import OfflineRule, offline_phase
 from e3.serving.ebird.policy import PROFILED_TOTALS, ElasticPolicy, make_policy, naive_engine
 
 __all__ = ["GpuAdmissionSettings", "TritonBatcher", "Ebird", "serve", "poisson", "run_gpu_admission",
@@ -186,14 +197,10 @@ class _Executors:
     """CUDA graphs of the stock model per (executor, batch), each executor on a stream of its own."""
 
     def __init__(self, module, inputs_of: Callable[[int], tuple], executors: list[list[int]], cuda_settings):
-        import torch
-
-        from e3.profiling.cuda_profile import compile_call
         self.streams = [torch.cuda.Stream() for _ in executors]
         self.calls = [{b: compile_call(module, inputs_of(b), cuda_settings) for b in sizes} for sizes in executors]
 
     def launch(self, e: int, b: int):
-        import torch
         with torch.cuda.stream(self.streams[e]):
             self.calls[e][b]()
             event = torch.cuda.Event()
@@ -206,9 +213,6 @@ def _offline(module, inputs_of, settings: GpuAdmissionSettings, cuda_settings, e
     (:func:`e3.serving.ebird.offline.offline_phase`) over this emulation's CUDA-graph executors, a set's workers
     on their own streams from one start event, each timed to its end event; E-Ebird's MaxInf from totals above
     MaxBS (:func:`e3.serving.ebird.policy.max_inflight_for_qos`)."""
-    import torch
-
-    from e3.serving.ebird.offline import OfflineRule, offline_phase
 
     def timer_for(slots: list[list[int]]):
         execs = _Executors(module, inputs_of, slots, cuda_settings)
@@ -244,12 +248,6 @@ def _point(latency: np.ndarray, failed: np.ndarray, arrivals: np.ndarray, rate: 
 
 
 def _bench_model(name: str, settings: GpuAdmissionSettings, echo) -> dict:
-    import torch
-
-    from e3.profiling.cuda_profile import CudaSettings, device_label
-    from e3.models.api import SplitModule
-    from e3.export.onnx_export import split_inputs
-    from e3.models.zoo import resolve_architecture
 
     model = resolve_architecture(name).to("cuda")
     module = SplitModule(model, 1, model.card.num_blocks, ())
@@ -340,11 +338,9 @@ def _bench_model(name: str, settings: GpuAdmissionSettings, echo) -> dict:
 
 def run_gpu_admission(settings: GpuAdmissionSettings = GpuAdmissionSettings(), echo=print) -> dict:
     """Run the GPU analogue for every model; returns the results document."""
-    from e3.profiling.cuda_profile import cuda_available
     if not cuda_available():
         raise ValueError("e3 bench admission --cuda needs an NVIDIA GPU that PyTorch can use (none here); "
                            "`e3 bench admission` runs the CPU analogue on Triton")
-    from e3.benchmarks.report import commit
     doc = {"commit": commit(), "settings": {k: v for k, v in settings.__dict__.items()}, "models": {}}
     for name in settings.models:
         doc["models"][name] = _bench_model(name, settings, echo)
@@ -353,7 +349,6 @@ def run_gpu_admission(settings: GpuAdmissionSettings = GpuAdmissionSettings(), e
 
 def gpu_admission_markdown(doc: dict, command: str) -> str:
     """docs/RESULTS.md's section for the GPU analogue: per model, throughput at the target and the burst."""
-    from e3.benchmarks.admission_report import burst_rows, shown_system, sweep_label, verdict
     out = [f"## Elastic admission (E²bird) on a real GPU, emulated outside Triton (`{command}`)", "",
            f"Commit {doc.get('commit', 'unknown')}. One process: the real N-Ebird / E-Ebird policies and Triton's "
            "dynamic-batcher rule, each batch a CUDA graph (FP16) of the stock model with random weights on the "
@@ -388,11 +383,6 @@ def gpu_admission_markdown(doc: dict, command: str) -> str:
 def write_gpu_admission(doc: dict, out=None, command: str = "e3 bench admission --cuda", *, results_md=None) -> None:
     """Write the run's JSON (default ``artifacts/results/admission_gpu.json``) and its section of
     ``docs/RESULTS.md`` (between its own markers; the rest of the file is left alone)."""
-    from pathlib import Path
-
-    from e3.benchmarks.report import replace_between
-    from e3.core.files import write_atomic, write_json_atomic
-    from e3.paths import artifacts_dir, project_root
     out = Path(out) if out else artifacts_dir() / "results" / "admission_gpu.json"
     write_json_atomic(out, doc, indent=1, default=float)
     path = Path(results_md) if results_md else project_root() / "docs" / "RESULTS.md"

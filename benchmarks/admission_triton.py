@@ -60,6 +60,8 @@ else:             # run as a script, on a bare host before the project can be im
     from gpu_host_setup import measure_each, prepare_host
     from gpu_load import OpenLoop
 
+# Deferred imports: this runs on a bare GPU host, where the project (`e3`) imports only once prepare_host has made
+# its namespace and tritonclient only once it has unpacked the wheels; numpy and torch load with the step using them.
 __all__ = ["Settings", "run", "main"]
 
 CAPACITY_REQUESTS = 4000   # the capacity probe's most requests (a few seconds of backlog at most)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from e3.benchmarks.report import load_run
+from e3.benchmarks.report import load_run, write_section
 
 __all__ = ["load_admission_triton", "render_admission_triton", "write_admission_triton_section", "BEGIN", "END",
            "not_measured_section"]
@@ -165,7 +165,6 @@ def not_measured_section() -> str:
 
 def write_admission_triton_section(path: str | Path | None, results_md: str | Path) -> str:
     """Write the section into ``results_md`` from the run at ``path`` (None: the not-measured text); returns it."""
-    from e3.benchmarks.report import write_section
     text = render_admission_triton(load_admission_triton(path)) if path is not None else not_measured_section()
     write_section(results_md, BEGIN, END, section=text)
     return text

@@ -63,10 +63,20 @@ import logging
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from e3.client.loadgen import closed_loop
+from e3.core import telemetry
 from e3.core.files import write_atomic, write_json_atomic
+from e3.core.manifest import read_manifest
+from e3.core.names import ranges_from_cuts, router_name, served_name
+from e3.core.plan import default_plan
+from e3.deploy.server import TritonServer
+from e3.export.repository import ExportSettings, export_repository
+from e3.models.zoo import resolve_model
+from e3.paths import artifacts_dir
 
 log = logging.getLogger("batch_histogram")
 
@@ -125,13 +135,6 @@ def format_histogram(hist: dict[int, int], plan_size: int) -> str:
 
 def run_config(model_name: str, cuts: str, config: Config, *, concurrency: int, requests: int,
                protocol: str, workdir: Path) -> dict:
-    from e3.client.loadgen import closed_loop
-    from e3.core.names import ranges_from_cuts, router_name, served_name
-    from e3.core.plan import default_plan
-    from e3.deploy.server import TritonServer
-    from e3.core.manifest import read_manifest
-    from e3.export.repository import ExportSettings, export_repository
-    from e3.models.zoo import resolve_model
 
     repo = workdir / f"repo-b{config.batch_size}-r{config.router_instances}-d{config.queue_delay_us}" \
                      f"-l{config.later_queue_delay_us}"
@@ -192,8 +195,6 @@ def run_config(model_name: str, cuts: str, config: Config, *, concurrency: int, 
 
 def router_costs(server, m: str, splits: list[str]) -> dict[str, float]:
     """Cumulative router counters (metrics port) and split compute time (Triton statistics), microseconds."""
-    import urllib.request
-    from e3.core import telemetry
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
     wanted = {telemetry.ROUTER_OVERHEAD_US: "overhead_us", telemetry.ROUTER_BLS_US: "bls_us",
               telemetry.BATCHES: "batches"}
@@ -274,7 +275,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="JSON results (default artifacts/results/batch_histogram.json)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from e3.paths import artifacts_dir
     configs = SWEEP if args.sweep else (Config(args.batch_size, args.router_instances, args.queue_delay_us,
                                                args.later_queue_delay_us, args.split_instances, args.router_max_batch_size),)
     results = []

@@ -32,6 +32,11 @@ from e3.client.loadgen import closed_loop_records
 from e3.core.files import write_json_atomic
 from e3.core.names import router_name, served_name
 from e3.core.plan import CONSTANT, default_plan
+from e3.deploy.server import TritonServer
+from e3.export.repository import ExportSettings, export_repository
+from e3.models.data import split_inputs
+from e3.models.recipes import missing_checkpoints, train
+from e3.models.zoo import ZOO, resolve_model
 from e3.paths import artifacts_dir
 
 
@@ -41,10 +46,6 @@ def run(model_name: str, cut: int, batch_size: int, *, concurrency: int, request
     the SLO forces it; survivors of bert-ee's split 1 (about 2 of 8 inputs per batch) need about four
     split-1 batches (~250 ms here) to fill a batch of 8, so a short delay would send partial batches
     (measured with 50 ms: split 2 ran batches of 1-6, none of 8)."""
-    from e3.deploy.server import TritonServer
-    from e3.models.recipes import missing_checkpoints, train
-    from e3.export.repository import ExportSettings, export_repository
-    from e3.models.zoo import resolve_model
     for name in missing_checkpoints(model_name):
         print(f"training {name} (once)")
         train(name)
@@ -92,8 +93,6 @@ def _pct(values, q) -> float | None:
 
 
 def _pool(model_name: str, model) -> dict:
-    from e3.models.data import split_inputs
-    from e3.models.zoo import ZOO
     entry = ZOO.get(model_name)
     if entry is not None and entry.dataset:
         inputs, _ = split_inputs(entry.dataset, "test", model.card.max_seq_len)

@@ -36,10 +36,16 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from e3.benchmarks.report import write_section
+from e3.deploy.server import TritonServer
+from e3.generation.engine import EngineSpec
+from e3.generation.exegpt.door import door_models, export_exegpt_door
 from e3.generation.exegpt.drive import Run, concurrency_for, control, drive
-from e3.generation.exegpt.scheduler import (RraSchedule, WaaSchedule, best_static, predict, predict_waa,
+from e3.generation.exegpt.profiler import ProfileSettings, cached_profile
+from e3.generation.exegpt.scheduler import (ReplanPolicy, RraSchedule, WaaSchedule, best_static, predict, predict_waa,
                                             schedule_from_json)
 from e3.generation.exegpt.workload import LayerProfile, LengthDistribution
+from e3.generation.repository import export_generation_repository, router_names
 from e3.paths import artifacts_dir, project_root
 
 __all__ = ["ExegptBenchSettings", "Calibration", "calibrate", "measure", "chosen_of", "run_exegpt_bench",
@@ -168,11 +174,6 @@ def _measured(schedule, predicted, run: Run) -> dict:
 def run_exegpt_bench(settings: ExegptBenchSettings = ExegptBenchSettings(), echo=print) -> dict:
     """Export (when missing), serve, calibrate, measure every bound; returns the results (also JSON and, unless
     disabled, ``docs/RESULTS.md``)."""
-    from e3.deploy.server import TritonServer
-    from e3.generation.engine import EngineSpec
-    from e3.generation.exegpt.door import door_models, export_exegpt_door
-    from e3.generation.exegpt.scheduler import ReplanPolicy
-    from e3.generation.repository import export_generation_repository, router_names
     s = settings
     m = s.model.replace("-", "_")
     repo = artifacts_dir() / "generation" / ("repo" if s.model.startswith("smollm2") else f"{m}-repo")
@@ -266,7 +267,6 @@ def _save(s: ExegptBenchSettings, results: dict) -> None:
 
 def _offline_profile(repo: Path, spec) -> LayerProfile:
     """The offline profiler's whole-model step estimate (layers x L + head), the door's start before calibration."""
-    from e3.generation.exegpt.profiler import ProfileSettings, cached_profile
     first, last = spec.ranges[-1]
     onnx = repo / f"{spec.model}_split_{first}-{last}" / "1" / "model.onnx"
     per_layer = cached_profile(onnx, last - first + 1, last,
@@ -399,5 +399,4 @@ def write_results_section(path: Path, results: dict) -> None:
             f"{s['slack']:.0%}; bounds: {', '.join(str(f) for f in s['factors'])} x the predicted p99-length "
             f"latency of a static batch of one{', and none' if s.get('unbounded', True) else ''}; each run "
             f"measured over at most {s['measure_s']:.0f} s after a warm-up as large as its concurrency.\n")
-    from e3.benchmarks.report import write_section
     write_section(path, BEGIN, END, section=f"{head}\n{format_tables(results)}")

@@ -32,13 +32,20 @@ import math
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
-from e3.benchmarks.report import commit
+from e3.benchmarks.report import commit, write_section
 from e3.core.files import write_json_atomic
+from e3.deploy.server import TritonServer
+from e3.generation.client import generate
+from e3.generation.decoder import attention_mask
+from e3.generation.engine import GenerationEngine, GenRequest, OrtRunner
+from e3.generation.models import load_generation_model
+from e3.generation.policy import resolve_target
+from e3.generation.reference import generate_early_exit, generate_full
 from e3.paths import artifacts_dir, project_root
 
 __all__ = ["GenerateBenchSettings", "run_generate_bench", "agreement", "format_tables", "write_results_section",
@@ -84,7 +91,6 @@ def _perplexity(model, prompts: list[list[int]], outputs: list[list[int]]) -> fl
 def _full_logits(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     """The full model's logits [len(tokens), V] at the positions that chose ``tokens`` after ``prompt``
     (teacher-forced on them: each position sees the generated prefix)."""
-    from e3.generation.decoder import attention_mask
     ids = torch.tensor([prompt + tokens])
     n = ids.shape[1]
     c = model.config
@@ -141,7 +147,6 @@ def engine_tokens(spec, files, prompts, *, new_tokens, mode, tau, draft_tokens=4
     """Decode ``prompts`` with the engine in this process (``request``: further GenRequest fields, e.g.
     ``min_agreement``); (finished per prompt, stats: wall, tokens/s, KV gather, call and decision time, head
     rows, drafted/accepted)."""
-    from e3.generation.engine import GenerationEngine, GenRequest, OrtRunner
     engine = GenerationEngine(spec, runner or OrtRunner(files))
     for i, p in enumerate(prompts):
         engine.submit(GenRequest(i, p, new_tokens, mode=mode, tau=tau, draft_tokens=draft_tokens, **request))
@@ -160,7 +165,6 @@ def engine_tokens(spec, files, prompts, *, new_tokens, mode, tau, draft_tokens=4
 
 
 def _serve(url: str, model: str, prompts, new_tokens, **kw):
-    from e3.generation.client import generate
     start = time.perf_counter()
     with ThreadPoolExecutor(len(prompts)) as pool:
         out = list(pool.map(lambda p: generate(url, model, p, max_new_tokens=new_tokens, **kw), prompts))
@@ -169,10 +173,8 @@ def _serve(url: str, model: str, prompts, new_tokens, **kw):
 
 def run_generate_bench(settings: GenerateBenchSettings = GenerateBenchSettings(), echo=print) -> dict:
     """Run the tables; returns the results (also written to JSON and, unless disabled, docs/RESULTS.md)."""
-    from dataclasses import replace
-
-    from e3.deploy.server import TritonServer
-    from e3.generation.models import load_generation_model
+    # deferred: benchmarks/generation_gpu.py imports this module on a bare GPU host (torch and numpy), where
+    # these two rooms (tqdm) may not import
     from e3.generation.repository import export_generation_repository, model_names, onnx_files, router_names
     from e3.generation.training import eval_prompts
     torch.set_num_threads(1)
@@ -298,7 +300,6 @@ def run_generate_bench(settings: GenerateBenchSettings = GenerateBenchSettings()
 def kv_fill_rows(model, prompts: list[list[int]], calibration: dict, *, new_tokens: int, eos_id, echo=print) -> list:
     """The KV of skipped layers, copied (served) or recomputed (PyTorch reference), at the lowest target's
     replayed thresholds (the choice with the most exits): agreement with the full model and tokens that left."""
-    from e3.generation.reference import generate_early_exit, generate_full
     t = min(calibration["targets"], key=lambda t: t["min_agreement"])
     r = t.get("replayed", t)
     exits = model.config.exit_layers
@@ -323,7 +324,6 @@ def kv_fill_rows(model, prompts: list[list[int]], calibration: dict, *, new_toke
 def _target_entry(calibration: dict | None, target: float | None) -> dict | None:
     if target is None or not calibration:
         return None
-    from e3.generation.policy import resolve_target
     measure, thresholds = resolve_target(calibration, target)
     return next(t for t in calibration["targets"] if t["thresholds"] == thresholds and t["measure"] == measure
                 and t["min_agreement"] >= target - 1e-9)
@@ -462,5 +462,4 @@ def _reading(results: dict) -> list[str]:
 
 def write_results_section(path: Path, results: dict) -> None:
     """Replace (or append) this benchmark's section of ``path``, between its markers; the rest is kept."""
-    from e3.benchmarks.report import write_section
     write_section(path, BEGIN, END, section=f"## Early-exit generation (issues 14, 28)\n\n{format_tables(results)}")

@@ -6,6 +6,7 @@ each operating point, on general prompts and review prompts, beside the full mod
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,8 +16,15 @@ from pathlib import Path
 import torch
 
 from e3.benchmarks.generation import _serve, agreement, per_token_agreement, rouge_l
-from e3.benchmarks.report import commit
+from e3.benchmarks.report import commit, write_section
 from e3.core.files import write_json_atomic
+from e3.deploy.server import TritonServer
+from e3.generation.client import Generated, generate_stream
+from e3.generation.engine import MEASURES
+from e3.generation.models import load_generation_model
+from e3.generation.policy import MIN_GAIN, Costs, calm_s_per_token, plain_step_s, predict_raw, speedup
+from e3.generation.repository import export_generation_repository, model_names, router_names
+from e3.generation.training import eval_prompts, general_prompts
 from e3.paths import artifacts_dir, project_root
 
 __all__ = ["FrontierSettings", "run_frontier", "predicted_ratio", "format_frontier", "write_frontier_docs",
@@ -51,7 +59,6 @@ def _tau_for_share(table: dict, share: float) -> float:
 
 
 def _serve_stream(url: str, model: str, prompts, new_tokens, **kw):
-    from e3.generation.client import Generated, generate_stream
 
     def one(p):
         stream = generate_stream(url, model, p, new_tokens, **kw)
@@ -74,7 +81,6 @@ def predicted_ratio(costs, lengths: list[int], full_lengths: list[int], exit_sha
     """The cost model's tokens/s of a CALM run over the full model's, given each run's tokens per sequence (all
     started together: step t decodes the sequences longer than t, so the batch shrinks as they finish) and the
     exit shares: decode steps only (the prefill is the same call in both)."""
-    from e3.generation.policy import calm_s_per_token, plain_step_s
     rates = [*exit_share, max(0.0, 1.0 - sum(exit_share))]
 
     def steps(lens):
@@ -88,7 +94,6 @@ def predicted_ratio(costs, lengths: list[int], full_lengths: list[int], exit_sha
 def _cpu_s(pid: int) -> float:
     """CPU seconds (user + system) used so far by process ``pid`` and its live descendants (Triton and its
     Python-backend stubs): the work a run costs, whatever else the shared machine runs meanwhile."""
-    import os
     parent, ticks = {}, {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -117,12 +122,6 @@ def run_frontier(settings: FrontierSettings = FrontierSettings(), echo=print) ->
     observed exit shares) against the served ratio, and whether the default (``on_slower=fallback``) would take
     it. First, the plain-call check: ``generate()`` and ``generate_stream()`` with no knobs against the full
     model, ``rounds`` interleaved rounds."""
-    from e3.deploy.server import TritonServer
-    from e3.generation.engine import MEASURES
-    from e3.generation.models import load_generation_model
-    from e3.generation.policy import MIN_GAIN, Costs, predict_raw, speedup
-    from e3.generation.repository import export_generation_repository, model_names, router_names
-    from e3.generation.training import eval_prompts, general_prompts
     torch.set_num_threads(1)
     s = settings
     gm = load_generation_model(s.model)
@@ -239,7 +238,6 @@ def run_frontier(settings: FrontierSettings = FrontierSettings(), echo=print) ->
 def write_frontier_docs(results: dict, docs: Path | None = None) -> tuple[Path, Path]:
     """The frontier's plot (docs/figures/generation_frontier.png) and its section of ``docs`` (default
     docs/RESULTS.md), from a result (also a saved one: artifacts/results/generation_frontier.json)."""
-    from e3.benchmarks.report import write_section
     figure = project_root() / "docs" / "figures" / "generation_frontier.png"
     plot_frontier(results, figure)
     docs = docs or project_root() / "docs" / "RESULTS.md"
@@ -250,9 +248,10 @@ def write_frontier_docs(results: dict, docs: Path | None = None) -> tuple[Path, 
 
 def plot_frontier(results: dict, path: Path) -> None:
     """Served x full against the three quality measures, one panel each, general and review prompts."""
+    # deferred: matplotlib loads only when a figure is drawn, its Agg backend chosen before pyplot
     import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt   # after the backend is chosen
     fig, axes = plt.subplots(1, 3, figsize=(13, 4), sharey=True)
     for ax, (key, label) in zip(axes, [("per_token_agreement", "per-token agreement (same prefix)"),
                                        ("decoded_agreement", "decoded agreement (same positions)"),

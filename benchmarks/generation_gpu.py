@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -35,15 +36,21 @@ if not __package__:   # run as a script on a bare host: the project as an e3 nam
     sys.path.insert(0, str(namespace()))
 
 import numpy as np
+import torch
 
+from e3.benchmarks.generation import agreement, engine_tokens
+from e3.core.names import served_name
+from e3.generation.calibration import TARGETS, calibrate, collect_records, profile_costs
 from e3.generation.device_runner import DeviceRunner
+from e3.generation.engine import EngineSpec
+from e3.generation.models import load_generation_model
+from e3.generation.onnx_splits import split_ranges
 
 __all__ = ["run", "main"]
 
 
 def _model(name: str):
     """(GenerationModel, label) for ``name``; tiny-gen when SmolLM2 cannot be built on this host."""
-    from e3.generation.models import load_generation_model
     if name != "tiny-gen":
         try:
             return load_generation_model(name, progress=False), name
@@ -54,10 +61,10 @@ def _model(name: str):
 
 def _prompts(gm, n: int, *, calibration: bool) -> list[list[int]]:
     if gm.tokenizer is not None:
+        # deferred: a bare host without SmolLM2's tokenizer never gets here, and this room needs tqdm
         from e3.generation.training import calibration_prompts, eval_prompts
         texts = calibration_prompts(n) if calibration else eval_prompts(n)
         return [gm.tokenizer.encode(t).ids for t in texts]
-    import random
     r = random.Random(1 if calibration else 0)
     return [[r.randrange(gm.decoder.config.vocab_size) for _ in range(r.randint(2, 12))] for _ in range(n)]
 
@@ -65,13 +72,6 @@ def _prompts(gm, n: int, *, calibration: bool) -> list[list[int]]:
 def run(out_dir: Path, *, cpu: bool = False, model: str = "smollm2-ee", prompts: int = 16, new_tokens: int = 32,
         calibration_prompts: int = 32) -> dict:
     """The steps of the module docstring; returns (and writes) the results."""
-    import torch
-
-    from e3.benchmarks.generation import agreement, engine_tokens
-    from e3.generation.calibration import TARGETS, calibrate, collect_records, profile_costs
-    from e3.generation.engine import EngineSpec
-    from e3.generation.onnx_splits import split_ranges
-    from e3.core.names import served_name
     device = "cpu" if cpu or not torch.cuda.is_available() else "cuda"
     if not cpu and device == "cpu":
         raise SystemExit("no CUDA device here: run with --cpu for the CPU form")

@@ -76,6 +76,7 @@ Decisions (the paper is silent on them):
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from dataclasses import asdict, dataclass, field
@@ -83,7 +84,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from e3.core.plan import Plan
+from e3.controller.planner import PlanOptions, PlannerError, best_plan, cheapest_plan
+from e3.core.plan import CONSTANT, FORMS, Plan
 from e3.core.profile import BatchProfile, LatencyProfile
 from e3.simulator.des import Arrivals, Baseline, CallCosts, SimResult, simulate_baseline, simulate_plan
 
@@ -187,7 +189,6 @@ def beside_profile(latency: LatencyProfile, hop_fixed_latency: bool = False) -> 
     latency that holds no engine). Worst-case latency then counts ``max`` where the stages add up, under
     by at most the smaller of them per split, and the hops' fixed parts (under 1 ms per split here, against
     a 100 ms SLO). Pure."""
-    import copy
     out = copy.deepcopy(latency)
     b = latency.batch_sizes
     for d in latency.devices:
@@ -251,8 +252,6 @@ def plan_for(latency: LatencyProfile, batch_profile: BatchProfile, devices: Mapp
     the split forms it may choose (None: both). With the router's work beside the GPUs
     (``settings.router_cores_per_gpu`` or ``router_cores``), also the best constant plan priced by
     :func:`beside_profile`; the one the planner predicts faster is kept (ties: the first)."""
-    from e3.controller.planner import PlanOptions, PlannerError, best_plan
-    from e3.core.plan import CONSTANT, FORMS
     allowed = tuple(forms or FORMS)
     kw = dict(slo_ms=settings.slo_ms, rate_rps=settings.rate_rps, slack=settings.slack, alpha=None)
     result = best_plan(latency, batch_profile, dict(devices), PlanOptions(forms=allowed, **kw))
@@ -277,7 +276,6 @@ def with_link(latency: LatencyProfile, gbit_s: float, *, modelled_gbit_s: float 
     modelled ``modelled_gbit_s`` (:mod:`e3.profiling.modelled_profile` step 5: ``fixed_ms`` + bytes / bandwidth,
     so the bytes term scales by ``modelled_gbit_s / gbit_s``) and, when given, a fixed part of
     ``new_fixed_ms``. Pure; for the hop sensitivity."""
-    import copy
     scale = modelled_gbit_s / gbit_s
     fixed_out = fixed_ms if new_fixed_ms is None else new_fixed_ms
 
@@ -426,8 +424,6 @@ def _cheapest(latency: LatencyProfile, batch_profile: BatchProfile, devices: Map
     """The planner's cheapest plan reaching ``goodput_ips``; with the router's work beside the GPUs, also the
     cheapest constant plan priced by :func:`beside_profile`, and the cheaper of the two (ties: the faster).
     Raises PlannerError when neither exists."""
-    from e3.controller.planner import PlanOptions, PlannerError, cheapest_plan
-    from e3.core.plan import CONSTANT
     kw = dict(slo_ms=settings.slo_ms, goodput_rps=goodput_ips, rate_rps=settings.rate_rps, slack=settings.slack)
     found, errors = [], []
     for profile, forms in ((latency, None), (beside_profile(latency, settings.hop_fixed_latency), (CONSTANT,))):
@@ -452,7 +448,6 @@ def cost_at_goodput(latency: LatencyProfile, batch_profile: BatchProfile, exit_r
     Where the planner's cheapest plan falls short in the simulator (its model of a compact split leaves
     out the inputs' copy the simulator charges), the planner is asked again for ``E3_ASK_MORE`` times
     the target, and so on, until the simulated plan reaches the target; every attempt is kept."""
-    from e3.controller.planner import PlannerError
     devices = {t: settings.max_per_type for t in settings.hetero_types}
     rows: list[dict] = []
     attempts: list[dict] = []
@@ -570,9 +565,10 @@ def results_document(settings: GpuSimSettings, latency: LatencyProfile, cells: S
 
 def plot_goodput(cells: Sequence[Mapping], title: str, path) -> None:
     """(1)'s PNG: goodput against inputs per request, one line per system, MODELLED in the title."""
+    # deferred: matplotlib loads only when a figure is drawn, its Agg backend chosen before pyplot
     import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt   # after the backend is chosen
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for system, label in (("e3", "E3"), ("stock", "stock"), ("ee", "naive EE")):
         pts = sorted((c["batch"], c["goodput_ips"]) for c in cells if c["system"] == system)

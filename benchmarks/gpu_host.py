@@ -35,19 +35,25 @@ docs/RESULTS.md. ``--cpu`` runs the same steps on this machine's CPU (tiny-ee, K
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import inspect
 import json
 import os
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import traceback
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# Deferred imports: standard library only until a step's child has made the e3 namespace (_ensure_e3); torch and
+# onnxruntime only to describe the host, which may lack them.
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
 DEPLOY = HERE.parent / "deploy"
@@ -92,7 +98,6 @@ class _Log:
 
 
 def _tail(src: Path, dest: Path, lines: int = LOG_TAIL_LINES) -> None:
-    from collections import deque
     with src.open(errors="replace") as f:
         kept = deque(f, maxlen=lines)
     dest.write_text("".join(kept))
@@ -121,7 +126,6 @@ def collect(steps: list[Step], work: Path, out: Path, log: _Log, *, first: list[
 def _remove_model_path_file() -> None:
     """The ``.pth`` a runner puts in site-packages for the model processes (gpu_host_setup.model_process_path),
     removed here too: a child killed on its timeout cannot remove it."""
-    import site
     PTH_NAME = _load("gpu_host_setup", DEPLOY).PTH_NAME
     for folder in site.getsitepackages():
         (Path(folder) / PTH_NAME).unlink(missing_ok=True)
@@ -262,7 +266,6 @@ def main(argv: list[str] | None = None) -> int:
 def _load(name: str, folder: Path = HERE):
     """``folder/<name>.py`` (benchmarks/ by default) as a module of that name (the runners import their siblings
     by name on a bare host; ``deploy/gpu_host_setup.py`` is standard library only)."""
-    import importlib.util
     if name in sys.modules:
         return sys.modules[name]
     sys.path.insert(0, str(HERE))
@@ -276,7 +279,6 @@ def _load(name: str, folder: Path = HERE):
 def _ensure_e3() -> None:
     """``e3`` with its rooms importable: installed, or a temporary namespace from the checkout
     (gpu_host_setup.namespace)."""
-    import importlib.util
     try:
         if importlib.util.find_spec("e3.serving") is not None:
             return
@@ -298,7 +300,6 @@ def child(name: str, out: Path, options: dict) -> int:
         try:
             doc = probe.run(out, **kwargs)
         except Exception:  # noqa: BLE001 - the probe is a check; the run goes on with the next step
-            import traceback
             traceback.print_exc()
             return 1
         return 0 if isinstance(doc, dict) and doc.get("ok", True) else 1

@@ -18,6 +18,7 @@ a bare host before the project's namespace exists.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections import deque
 from pathlib import Path
@@ -29,6 +30,8 @@ else:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gpu_load import INPUTS_PER_REQUEST
 
+# Deferred imports: torch, numpy and the project load inside the functions: a bare GPU host imports this module
+# before the project's namespace exists (the module docstring).
 __all__ = ["mixed_pool", "reach_of", "in_process", "overlapped", "stock_batch", "naive_batch", "overlap_depth"]
 
 
@@ -193,7 +196,6 @@ def in_process(model, rule, enabled: tuple[int, ...], *, device_settings, pools:
     """Prices at batch B, E3's cuts per mix, and the in-process inputs/s of the three systems: each system is
     given the same inputs (``12 x B`` per timing), the baselines with two batches in flight on a GPU as E3's
     pipeline (module docstring; ``*_sync_ips``: one batch at a time, as before)."""
-    import dataclasses
 
     import numpy as np
     import torch

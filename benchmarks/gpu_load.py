@@ -19,6 +19,8 @@ import multiprocessing as mp
 import threading
 import time
 
+# Deferred imports: numpy and tritonclient load in the functions that send: a bare GPU host imports this module
+# before prepare_host has unpacked the client's wheels.
 INPUTS_PER_REQUEST = 8
 REQUEST_TIMEOUT_S = 10.0   # a request not answered by then counts as an error (a stuck server ends the run, not the bench)
 WINDOW_LATENCIES = 10.0    # a run's window is at least this many times the point's p50

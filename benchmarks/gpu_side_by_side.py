@@ -40,6 +40,7 @@ runs: what ``make test`` runs, so the runner cannot rot between GPU runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -62,6 +63,8 @@ else:             # run as a script, on a bare host before the project can be im
     from gpu_load import INPUTS_PER_REQUEST, LoadPool
     from gpu_sweep import Config, Sweep, device_model, has_answering, write_null_model
 
+# Deferred imports: this runs on a bare GPU host, where the project (`e3`) imports only once prepare_host has made
+# its namespace and tritonclient only once it has unpacked the wheels; numpy and torch load with the step using them.
 __all__ = ["Settings", "run", "main", "namespace", "REACH", "MIXES"]
 
 # The forced exit distributions (share of inputs reaching each block; the rule of the served models):
@@ -134,7 +137,6 @@ def _rule_and_ramps(name: str):
 
 
 def measure_model(name: str, settings: Settings, results: Results, *, binary: Path | None, echo) -> None:
-    import dataclasses
 
     import torch
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from e3.benchmarks.report import load_run
+from e3.benchmarks.report import load_run, markers, write_section
 from e3.core.names import BASELINES, SIDE_BY_SIDE
+from e3.paths import project_root
 
 __all__ = ["load_side_by_side", "render_side_by_side", "is_side_by_side", "write_side_by_side_section", "SECTION"]
 
@@ -42,8 +43,6 @@ def is_side_by_side(path: str | Path) -> bool:
 def write_side_by_side_section(path: str | Path, results_md: Path | None = None) -> str:
     """Render the run at ``path`` into its section of docs/RESULTS.md (the rest of the file kept); returns the
     section's text."""
-    from e3.benchmarks.report import markers, write_section
-    from e3.paths import project_root
     doc = load_side_by_side(path)
     p = Path(path)
     try:

@@ -9,12 +9,27 @@ It reads (or makes) the modelled profile (``e3 profile --modelled``), the bert-e
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import time
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
+from e3.benchmarks.gpu_clusters import (GpuSimSettings, batch_table, best_baseline, cost_at_goodput, cost_table,
+                                        describe_plan, goodput_ratios, goodput_vs_batch, heterogeneity,
+                                        heterogeneity_table, plan_for, plot_goodput, results_document, saturated,
+                                        simulate_e3, with_link)
+from e3.benchmarks.report import commit, replace_between
+from e3.benchmarks.side_by_side import load_workloads
+from e3.core.files import write_atomic, write_json_atomic
+from e3.core.profile import LatencyProfile
+from e3.models.zoo import resolve_model
 from e3.paths import artifacts_dir, project_root
+from e3.profiling.modelled_profile import TX_FIXED_MS, TX_GBIT_S, model_modelled_profile
+from e3.profiling.profiler import default_profile_path
 
 __all__ = ["run_gpu_bench", "run_measured_gpu_bench", "beside_table", "BEGIN", "END", "FIGURE", "replace_gpu_section"]
 
@@ -28,21 +43,16 @@ MODELLED_GPUS = ("v100", "t4", "a100")
 def replace_gpu_section(document: str, section: str) -> str:
     """``document`` with its gpu-sim section replaced (appended when absent): the one section writer,
     :func:`e3.benchmarks.report.replace_between`, with this section's markers."""
-    from e3.benchmarks.report import replace_between
     return replace_between(document, BEGIN, END, section=section, name="gpu-sim")
 
 
 def _workload(model: str, mix: tuple[int, int], echo):
     """The mix's batch profile, every input's reference exit (``e3 workload``, made when missing) and the
     planner's keywords from the model's card (exit rule, ramps; none where the card cannot be built)."""
-    import numpy as np
-
-    from e3.benchmarks.side_by_side import load_workloads
     wl = load_workloads(model, [mix], echo)[mix]
     exit_ramp = np.load(artifacts_dir() / "workloads" / model / f"mix-{mix[0]}-{mix[1]}.npz")["exit_ramp"]
     plan_kw: dict = {}
     try:
-        from e3.models.zoo import resolve_model
         card = resolve_model(model).card
         plan_kw = {"exit_rule": dict(card.exit_rule), "ramp_blocks": list(card.ramp_blocks)}
     except Exception as err:   # the plan's rule is not simulated (exits come from the workload): a label only
@@ -51,12 +61,9 @@ def _workload(model: str, mix: tuple[int, int], echo):
 
 
 def _profile(model: str, gpus, echo):
-    from e3.core.profile import LatencyProfile
-    from e3.profiling.profiler import default_profile_path
     path = default_profile_path(model, list(gpus), modelled=True)
     if path.exists():
         return LatencyProfile.load(path)
-    from e3.profiling.modelled_profile import model_modelled_profile
     echo(f"[setup] modelling the GPU profile of {model} on {', '.join(gpus)} (e3 profile --modelled) -> {path}")
     profile = model_modelled_profile(model, list(gpus))
     profile.save(path)
@@ -81,10 +88,6 @@ def _sensitivity(modelled, batch_profile, exit_ramp, settings, plan_kw, echo) ->
     """Why E3's ratio is what it is: the same cell (``settings.hetero_batch`` inputs per request, the
     homogeneous cluster) with one assumption changed at a time (:data:`SENSITIVITY`). ``modelled``: the
     profile as ``e3 profile --modelled`` wrote it (hops at its 25 Gbit/s)."""
-    import copy
-    import dataclasses
-
-    from e3.benchmarks.gpu_clusters import best_baseline, describe_plan, plan_for, saturated, simulate_e3
     rows, baselines = [], {}
     for label, gbit, changes, forms in SENSITIVITY:
         gbit = settings.link_gbit_s if gbit is None else gbit
@@ -112,8 +115,6 @@ def _sensitivity(modelled, batch_profile, exit_ramp, settings, plan_kw, echo) ->
 def _linked(modelled, gbit_s: float, fixed_ms: float):
     """``modelled`` (hops at ``e3 profile --modelled``'s link) with its hops re-priced at ``gbit_s`` and
     ``fixed_ms`` per hop (:func:`e3.benchmarks.gpu_clusters.with_link`)."""
-    from e3.profiling.modelled_profile import TX_FIXED_MS, TX_GBIT_S
-    from e3.benchmarks.gpu_clusters import with_link
     if (gbit_s, fixed_ms) == (TX_GBIT_S, TX_FIXED_MS):
         return modelled
     return with_link(modelled, gbit_s, modelled_gbit_s=TX_GBIT_S, fixed_ms=TX_FIXED_MS, new_fixed_ms=fixed_ms)
@@ -151,10 +152,6 @@ def run_gpu_bench(quick: bool = False, model: str = "bert-ee", mix: tuple[int, i
                   *, out: Path | None = None, results_md: Path | None = None, figure: Path | None = None,
                   docs: bool = True, echo: Callable[[str], None] = print) -> dict:
     """Run every GPU simulation (module docstring); returns the results document."""
-    from e3.benchmarks.report import commit
-    from e3.core.files import write_atomic, write_json_atomic
-    from e3.benchmarks.gpu_clusters import (GpuSimSettings, batch_table, cost_at_goodput, cost_table, describe_plan,
-                                  goodput_vs_batch, heterogeneity, heterogeneity_table, plot_goodput, results_document)
     started = time.monotonic()
     settings = GpuSimSettings.quick() if quick else GpuSimSettings()
     modelled = _profile(model, MODELLED_GPUS, echo)
@@ -299,13 +296,6 @@ def run_measured_gpu_bench(profile_path: Path, quick: bool = False, model: str =
     settings, hops as measured: the state's copies and the assumed BLS exchange), with the measured curves
     beside the modelled ones (``beside``: more measured profiles, e.g. the eager FP32 one). Writes
     ``artifacts/results/gpu_sim_measured.json`` and its own section of ``docs/RESULTS.md``."""
-    import dataclasses
-
-    from e3.benchmarks.report import commit
-    from e3.benchmarks.report import replace_between
-    from e3.core.files import write_atomic, write_json_atomic
-    from e3.core.profile import LatencyProfile
-    from e3.benchmarks.gpu_clusters import GpuSimSettings, batch_table, describe_plan, goodput_ratios, goodput_vs_batch
     started = time.monotonic()
     measured = LatencyProfile.load(profile_path)
     devices = [d for d, c in measured.devices.items() if not c.modelled]

@@ -24,6 +24,7 @@ before the project's namespace exists).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +37,8 @@ else:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gpu_load import MIN_REPS, measure_point, slo_rows
 
+# Deferred imports: this runs on a bare GPU host, where the project (`e3`) imports only once prepare_host has made
+# its namespace and tritonclient only once it has unpacked the wheels; numpy and torch load with the step using them.
 __all__ = ["Config", "Sweep", "device_model", "write_null_model", "has_answering", "BOUND_FACTOR", "NULL_MODEL"]
 
 BOUND_FACTOR = 3.0          # the client's bound must be at least this many times the best system's rate
@@ -89,7 +92,6 @@ class Config:
 
 def has_answering() -> bool:
     """Whether this checkout's :class:`DeviceModel` chooses E3's answering form (``answering``)."""
-    import dataclasses
 
     from e3.export.device_repository import DeviceModel
     return "answering" in {f.name for f in dataclasses.fields(DeviceModel)}

@@ -31,11 +31,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+import torch
+import tritonclient.http as http
 from tqdm import tqdm
 
 from e3.benchmarks.generation import agreement, engine_tokens
-from e3.benchmarks.report import commit
+from e3.benchmarks.report import commit, write_section
 from e3.core.files import write_json_atomic
+from e3.deploy.server import TritonServer
+from e3.generation.engine import EngineSpec
+from e3.generation.models import load_generation_model
+from e3.generation.repository import export_helios_repository, onnx_files
+from e3.generation.training import chat_prompt, eval_prompts
+from e3.models.data.text import rotten_tomatoes
 from e3.paths import artifacts_dir, project_root
 
 __all__ = ["HeliosBenchSettings", "run_helios_bench", "format_tables", "write_results_section"]
@@ -67,8 +76,6 @@ class HeliosBenchSettings:
 def workload(n: int) -> list[str]:
     """``n`` chat prompts: the first half asks for a review sentence about a film (easy for the exit heads), the
     second half asks about held-out reviews (harder)."""
-    from e3.models.data.text import rotten_tomatoes
-    from e3.generation.training import chat_prompt, eval_prompts
     easy = n // 2
     topics = [t.split(".")[0][:60] for t in rotten_tomatoes()["test"].texts[200:200 + easy]]
     return ([chat_prompt(f"Write one sentence of a movie review about {t}.") for t in topics]
@@ -76,8 +83,6 @@ def workload(n: int) -> list[str]:
 
 
 def _call(url: str, model: str, prompt: list[int], new_tokens: int) -> dict:
-    import numpy as np
-    import tritonclient.http as http
     with http.InferenceServerClient(url, network_timeout=600.0, connection_timeout=600.0) as c:
         ids = http.InferInput("input_ids", [len(prompt)], "INT64")
         ids.set_data_from_numpy(np.array(prompt, np.int64))
@@ -90,8 +95,6 @@ def _call(url: str, model: str, prompt: list[int], new_tokens: int) -> dict:
 
 
 def _status(url: str, model: str) -> dict:
-    import numpy as np
-    import tritonclient.http as http
     with http.InferenceServerClient(url) as c:
         s = http.InferInput("status", [1], "BYTES")
         s.set_data_from_numpy(np.array([b"?"], dtype=object))
@@ -119,11 +122,6 @@ def _exit_share(answers: list[dict]) -> dict[str, float]:
 def run_helios_bench(settings: HeliosBenchSettings = HeliosBenchSettings(), echo=print) -> dict:
     """Export, serve, run every system at every threshold; returns the results (also JSON and, unless disabled,
     docs/RESULTS.md)."""
-    import torch
-
-    from e3.generation.engine import EngineSpec
-    from e3.generation.models import load_generation_model
-    from e3.generation.repository import onnx_files
     torch.set_num_threads(1)
     s = settings
     repo = artifacts_dir() / "generation" / "helios-repo"
@@ -156,13 +154,11 @@ def run_helios_bench(settings: HeliosBenchSettings = HeliosBenchSettings(), echo
 
 
 def _export(s: HeliosBenchSettings, repo: Path, tau: float, reuse: bool) -> list[str]:
-    from e3.generation.repository import export_helios_repository
     return export_helios_repository(list(s.models), repo, memory_mb=s.memory_mb, tau=tau, eval_prompts=s.eval_prompts,
                                     ri=s.ri, cbc_max=s.cbc_max, window=s.window, reuse_splits=reuse)
 
 
 def _serve_all(s: HeliosBenchSettings, repo: Path, doors: list[str], prompts, full_tokens, echo) -> list[dict]:
-    from e3.deploy.server import TritonServer
     order = [d for d in doors if d != "helios_generate"] + ["helios_generate"]
     rows = []
     with TritonServer.on_free_ports(repo, order, log_file=artifacts_dir() / "logs" / "bench-helios.log",
@@ -235,6 +231,5 @@ def _run_tables(run: dict) -> list[str]:
 
 def write_results_section(path: Path, results: dict) -> None:
     """Replace (or append) this benchmark's section of ``path``, between its markers; the rest is kept."""
-    from e3.benchmarks.report import write_section
     write_section(path, BEGIN, END,
                   section=f"## HELIOS: candidates, partial loading, breach counter (issue 15)\n\n{format_tables(results)}")

@@ -33,6 +33,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from e3.core.files import write_atomic
+
 __all__ = ["TOLERANCE", "PerfCheck", "perf_input_document", "perf_arguments", "read_perf_csv", "agreement",
            "format_check", "write_input_data", "steady_ips"]
 
@@ -153,7 +155,6 @@ def format_check(checks: Sequence[PerfCheck]) -> str:
 
 def write_input_data(pool: Mapping[str, np.ndarray], path: str | Path, rows: int | None = None) -> Path:
     """:func:`perf_input_document` written to ``path`` (atomically); returns the path."""
-    from e3.core.files import write_atomic
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(perf_input_document(pool, rows)))

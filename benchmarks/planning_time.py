@@ -18,10 +18,10 @@ import platform
 import statistics
 import time
 
-
 import numpy as np
 
 from e3.controller.planner import PlanOptions, best_plan
+from e3.controller.planner.reference import reference_best_plan
 from e3.core.files import write_json_atomic
 from e3.core.profile import BatchProfile, DeviceConfig, LatencyProfile
 from e3.paths import artifacts_dir
@@ -58,7 +58,6 @@ def split_devices(total: int, configs: list[str]) -> dict[str, int]:
 
 def _reference():
     """The tests' oracle (the original reference search)."""
-    from e3.controller.planner.reference import reference_best_plan
     return reference_best_plan
 
 

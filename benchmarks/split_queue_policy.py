@@ -17,12 +17,18 @@ from __future__ import annotations
 import argparse
 import copy
 import http.client
+import json
 import sys
 import tempfile
 import threading
 import time
 
 import numpy as np
+
+from e3.controller.triton_api import TritonControl
+from e3.deploy.server import TritonServer
+from e3.export.repository import ExportSettings, export_repository
+from e3.models.zoo import resolve_model
 
 SPLITS = ["tiny_ee_split_1-2", "tiny_ee_split_3-4"]
 POLICY = {"timeout_action": "REJECT", "default_timeout_microseconds": 3_600_000_000, "allow_timeout_override": True}
@@ -31,7 +37,6 @@ POLICY = {"timeout_action": "REJECT", "default_timeout_microseconds": 3_600_000_
 def _binary_request(arrays: dict[str, np.ndarray]) -> tuple[bytes, dict]:
     """One binary-protocol HTTP infer body (JSON header, then the raw tensors) and the header saying where the
     JSON ends (KServe v2's binary extension)."""
-    import json
     header = json.dumps({"inputs": [{"name": k, "shape": list(a.shape), "datatype": "INT64",
                                      "parameters": {"binary_data_size": a.nbytes}} for k, a in arrays.items()]}).encode()
     return header + b"".join(a.tobytes() for a in arrays.values()), {"Inference-Header-Content-Length": str(len(header))}
@@ -68,10 +73,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--seconds", type=float, default=8.0, help="load per round and setting (default 8)")
     args = p.parse_args(argv)
-    from e3.controller.triton_api import TritonControl
-    from e3.deploy.server import TritonServer
-    from e3.export.repository import ExportSettings, export_repository
-    from e3.models.zoo import resolve_model
     repo = tempfile.mkdtemp(prefix="e3-queue-policy-")
     export_repository("tiny-ee", "2", repo, settings=ExportSettings(slo_ms=60_000), progress=False)
     ids, mask = (np.ascontiguousarray(x.numpy()) for x in resolve_model("tiny-ee").example_inputs(args.inputs, seed=5))

@@ -70,6 +70,8 @@ else:
     from gpu_host_setup import prepare_host
     from gpu_load import REQUEST_TIMEOUT_S, OpenLoop
 
+# Deferred imports: this runs on a bare GPU host, where the project (`e3`) imports only once prepare_host has made
+# its namespace and tritonclient only once it has unpacked the wheels; numpy and torch load with the step using them.
 __all__ = ["VARIANTS", "FATAL_PATTERNS", "write_probe_model", "model_name", "fatal_lines", "attribute_fatal",
            "run", "main"]
 
