@@ -16,7 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from e3.core.exits import EntropyRule, PatienceRule, make_exit_rule
+from e3.core.files import atomic_path, write_json_atomic
+from e3.core.names import served_name
+from e3.models.data import split_inputs
 from e3.models.training import all_exit_logits, simulate_exits, summarize_exits
+from e3.models.user_data import load_data
+from e3.models.zoo import ZOO, resolve_model, resolve_stock
 
 __all__ = ["Evaluation", "evaluate", "format_evaluation", "plot_evaluation", "evaluation_figure"]
 
@@ -53,8 +58,6 @@ def test_split_logits(name: str, progress: bool = True, limit: int | None = None
     """Model ``name``, its test inputs and labels, and every exit's logits on them (``limit``: first N inputs
     only). ``data``: a ``.npz`` file of inputs and labels (:mod:`e3.models.user_data`), for any model; else
     the zoo model's test split."""
-    from e3.models.data import split_inputs
-    from e3.models.zoo import ZOO, resolve_model
     entry = ZOO.get(name)
     if data is None and (entry is None or entry.dataset is None):
         raise ValueError(f"{name!r} has no dataset of its own; give your data with --data FILE (a .npz of the "
@@ -62,7 +65,6 @@ def test_split_logits(name: str, progress: bool = True, limit: int | None = None
                          f"{', '.join(n for n, e in ZOO.items() if e.dataset)}")
     model = resolve_model(name)
     if data is not None:
-        from e3.models.user_data import load_data
         inputs, labels = load_data(data, model.card, limit=limit, need_labels=True)
         return model, inputs, labels, all_exit_logits(model, inputs, progress=progress, desc=f"{desc} {name}")
     inputs, labels = split_inputs(entry.dataset, "test", model.card.max_seq_len)
@@ -76,7 +78,6 @@ def evaluate(name: str, progress: bool = True, limit: int | None = None, *,
     """Evaluate model ``name`` on its test split, or on ``data`` (a ``.npz`` of inputs and labels, any model;
     ``limit``: first N inputs only). A rule other than entropy or patience is evaluated as it is, without a
     sweep (its parameters are its own)."""
-    from e3.models.zoo import ZOO, resolve_stock
     model, inputs, labels, logits = test_split_logits(name, progress, limit, data=data)
     entry = ZOO.get(name)
     card = model.card
@@ -133,8 +134,7 @@ def format_evaluation(ev: Evaluation) -> str:
 def plot_evaluation(ev: Evaluation, path: Path) -> Path:
     """PNG: accuracy and compute saved against the threshold; exit shares at the default."""
     fig = evaluation_figure(ev)          # chooses the Agg backend before pyplot loads
-    import matplotlib.pyplot as plt
-    from e3.core.files import atomic_path
+    import matplotlib.pyplot as plt     # deferred: only a plot loads matplotlib, after the backend is chosen
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110)
     plt.close(fig)
@@ -145,9 +145,10 @@ def evaluation_figure(ev: Evaluation):
     """The figure :func:`plot_evaluation` saves. Left: accuracy and compute saved against the threshold (τ or
     patience); a rule of your own has no threshold to sweep (its parameters are its own), so the left panel
     shows the same quantities at that rule as bars, and says so, instead of empty axes."""
+    # deferred: only a plot loads matplotlib, and pyplot only after the Agg backend is chosen
     import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt   # deferred: after the backend is chosen
     key = _sweep_key(ev.rule)
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     if ev.sweep:
@@ -181,8 +182,6 @@ def evaluation_figure(ev: Evaluation):
 
 
 def save_evaluation(ev: Evaluation, folder: Path) -> tuple[Path, Path]:
-    from e3.core.files import write_json_atomic
-    from e3.core.names import served_name
     stem = served_name(ev.model) if ":" in ev.model else ev.model
     js = write_json_atomic(folder / f"{stem}.evaluation.json", ev.to_dict(), indent=2, sort_keys=False,
                            default=float)

@@ -31,8 +31,19 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from e3.models.checkpoints import CheckpointMissing, load_meta, load_state, save_checkpoint
+from e3.core.exits import make_exit_rule
+from e3.core.files import atomic_path
+from e3.models.checkpoints import CheckpointMissing, checkpoint_dir, load_meta, load_state, save_checkpoint
+from e3.models.data.images import fashion_mnist, fashion_sha256
+from e3.models.data.text import Tokenizer, corpus_sha256, rotten_tomatoes
+from e3.models.training import (all_exit_logits, choose_patience, choose_tau, encoder_pooled_features, finetune_head,
+                                simulate_exits, summarize_exits, train_joint, train_ramps_on_pooled)
+from e3.models.zoo import resolve_model
+from e3.models.zoo.encoder import EncoderEE
+from e3.models.zoo.minilm import build_minilm_ee, minilm_config
+from e3.models.zoo.resnet import ResNetEE
 from e3.paths import artifacts_dir
 
 __all__ = ["RECIPES", "STOCK_OF", "train", "missing_checkpoints", "TrainReport"]
@@ -49,7 +60,6 @@ class TrainReport:
 
 
 def _text_data(quick: bool):
-    from e3.models.data.text import Tokenizer, corpus_sha256, rotten_tomatoes
     data = rotten_tomatoes()
     tok = Tokenizer()
     limits = {"train": 384, "dev": 256, "test": 256} if quick else {}
@@ -63,9 +73,6 @@ def _text_data(quick: bool):
 
 def _stage1(quick: bool, progress: bool):
     """The fine-tuned backbone + head, trained once and cached as checkpoint ``bert-stage1``."""
-    from e3.models.zoo.minilm import build_minilm_ee, minilm_config
-    from e3.models.zoo.encoder import EncoderEE
-    from e3.models.training import finetune_head
     data, sha = _text_data(quick)
     try:
         meta = load_meta("bert-stage1")
@@ -88,7 +95,6 @@ def _stage1(quick: bool, progress: bool):
 
 
 def _pooled_cache(model, data, sha, quick, progress):
-    from e3.models.training import encoder_pooled_features
     path = artifacts_dir() / "cache" / f"bert-stage1-pooled{'-quick' if quick else ''}.npz"
     if path.exists():
         cached = np.load(path)
@@ -97,7 +103,6 @@ def _pooled_cache(model, data, sha, quick, progress):
                     for split in data}
     feats = {split: encoder_pooled_features(model, ids, mask, progress=progress, desc=f"cache pooled states ({split})")
              for split, (ids, mask, _) in data.items()}
-    from e3.core.files import atomic_path
     with atomic_path(path) as tmp:
         np.savez(tmp, sha=f"{sha}-{RECIPE_VERSION}",
                  **{f"{s}_{k}": v for s, f in feats.items() for k, v in f.items()})
@@ -105,7 +110,6 @@ def _pooled_cache(model, data, sha, quick, progress):
 
 
 def _ramp_logits(model, feats: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-    import torch
     with torch.no_grad():
         return {k: (model.head if k == model.card.num_blocks else model.ramps[str(k)]).from_pooled(
             torch.as_tensor(feats[k])).numpy() for k in model.card.exit_blocks}
@@ -116,10 +120,6 @@ def _per_ramp_accuracy(logits, labels):
 
 
 def _train_bert(name: str, quick: bool, progress: bool) -> dict:
-    from e3.models.training import choose_patience, choose_tau, simulate_exits, summarize_exits, train_ramps_on_pooled
-    from e3.core.exits import make_exit_rule
-    from e3.models.zoo.encoder import EncoderEE
-    from e3.models.zoo.minilm import minilm_config
     stage1, data, sha, stage1_meta = _stage1(quick, progress)
     L = stage1.card.num_blocks
     base = {"quick": quick, "data_sha256": sha, "stage1": stage1_meta, "max_seq_len": stage1.config.max_seq_len}
@@ -155,11 +155,6 @@ def _train_bert(name: str, quick: bool, progress: bool) -> dict:
 def _train_resnet(name: str, quick: bool, progress: bool, retune_only: bool = False) -> dict:
     """BranchyNet recipe: branches and backbone trained jointly (sum of the exits' losses,
     weight 1 each); the stock model is the same backbone with its head only, trained alone."""
-    import torch
-    from e3.models.data.images import fashion_mnist, fashion_sha256
-    from e3.models.training import choose_tau, simulate_exits, summarize_exits, train_joint
-    from e3.models.zoo.resnet import ResNetEE
-    from e3.core.exits import make_exit_rule
     data = fashion_mnist()
     n = {"train": 1024, "dev": 512, "test": 512} if quick else {}
     split = {k: (v.images[:n.get(k, len(v.images))], v.labels[:n.get(k, len(v.labels))]) for k, v in data.items()}
@@ -172,7 +167,6 @@ def _train_resnet(name: str, quick: bool, progress: bool, retune_only: bool = Fa
         settings = load_meta(name).get("settings", settings)
     else:
         train_joint(model, *split["train"], progress=progress, **settings)
-    from e3.models.training import all_exit_logits
     L = model.card.num_blocks
     dev = all_exit_logits(model, (split["dev"][0],), batch_size=256)
     test = all_exit_logits(model, (split["test"][0],), batch_size=256)
@@ -182,7 +176,6 @@ def _train_resnet(name: str, quick: bool, progress: bool, retune_only: bool = Fa
     else:
         reference = None
         try:  # the stock model's dev accuracy is the reference (its head is trained alone)
-            from e3.models.zoo import resolve_model
             stock_model = resolve_model("resnet-stock")
             stock_dev = all_exit_logits(stock_model, (split["dev"][0],), batch_size=256)
             reference = float((stock_dev[L].argmax(1) == split["dev"][1]).mean())
@@ -206,7 +199,6 @@ STOCK_OF = {"bert-ee": "bert-stock", "pabee": "bert-stock", "resnet-ee": "resnet
 
 def missing_checkpoints(name: str) -> list[str]:
     """What must be trained before ``name`` can be exported (its stock counterpart, then itself)."""
-    from e3.models.checkpoints import checkpoint_dir
     if name not in RECIPES:
         return []
     needed = [STOCK_OF[name], name] if name in STOCK_OF else [name]

@@ -79,7 +79,7 @@ def use_data_inputs(model, inputs: tuple[np.ndarray, ...]) -> None:
     """Make ``model.example_inputs(n, seed)`` draw its ``n`` rows from ``inputs`` (seeded, with replacement
     when the data holds fewer), so that whatever times or checks the model on example inputs (the profiler)
     runs it on the user's data."""
-    import torch
+    import torch   # deferred: loading a data file needs no torch; only the profiler's example inputs do
     count = len(inputs[0])
 
     def example_inputs(n: int, seed: int = 0):

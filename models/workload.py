@@ -29,13 +29,20 @@ for any model, and also writes ``data.npz``: every input of the file in its orde
 from __future__ import annotations
 
 import json
+from itertools import combinations
 from pathlib import Path
 
 import numpy as np
 
+from e3.core.cost import ramps_key
 from e3.core.exits import make_exit_rule
+from e3.core.files import atomic_path, write_json_atomic
+from e3.core.names import served_name
 from e3.core.profile import BatchProfile
-from e3.models.training import simulate_exits
+from e3.models.evaluate import test_split_logits
+from e3.models.training import all_exit_logits, simulate_exits
+from e3.models.user_data import load_data
+from e3.models.zoo import resolve_model
 
 __all__ = ["MIXES", "build_workloads", "load_workload", "batch_profile_of", "reach_by_ramps", "data_batch_profile"]
 
@@ -48,8 +55,6 @@ def reach_by_ramps(logits: dict[int, np.ndarray], rule, num_blocks: int,
     """The share of inputs entering every block with each subset of ``ramps`` enabled, the rule replayed on
     the recorded ``logits`` (block -> [N, C], every ramp and the head), keyed by
     :func:`e3.core.cost.ramps_key`; {} when there are more than :data:`MAX_RAMP_SETS` subsets."""
-    from itertools import combinations
-    from e3.core.cost import ramps_key
     ramps = tuple(sorted(ramps))
     if 2 ** len(ramps) > MAX_RAMP_SETS:
         return {}
@@ -65,10 +70,6 @@ def data_batch_profile(name: str, data, *, batch_size: int = 8, limit: int | Non
                        progress: bool = True) -> BatchProfile:
     """The batch profile of model ``name`` on the inputs of ``data`` (a ``.npz``, :mod:`e3.models.user_data`)
     under its own exit rule, with the reach of every set of ramps (:func:`reach_by_ramps`)."""
-    from e3.core.names import served_name
-    from e3.models.training import all_exit_logits
-    from e3.models.user_data import load_data
-    from e3.models.zoo import resolve_model
     model = resolve_model(name)
     card = model.card
     inputs, _ = load_data(data, card, limit=limit)
@@ -89,7 +90,6 @@ def build_workloads(name: str, out_dir: Path, count: int = 1000, *, rate_rps: fl
                     progress: bool = True, data: str | Path | None = None) -> list[Path]:
     """Write the three mixes and the switching stream for model ``name`` (its zoo test split, or the inputs
     of ``data``); returns the .npz paths."""
-    from e3.models.evaluate import test_split_logits
     model, inputs, labels, logits = test_split_logits(name, progress, desc="bin test inputs of", data=data)
     card = model.card
     L = card.num_blocks
@@ -143,14 +143,12 @@ def batch_profile_of(exit_ramps: np.ndarray, num_blocks: int, model: str, *, bat
 
 
 def _write(stem: Path, idx, inputs, names, exit_ramp, labels, hard, replay, meta) -> Path:
-    from e3.core.names import served_name
     logits, rule, card = replay
     exact = reach_by_ramps({k: v[idx] for k, v in logits.items()}, rule, card.num_blocks, card.ramp_blocks)
     batch_profile_of(exit_ramp[idx], meta["num_blocks"], served_name(meta["model"]),
                      source=f"{stem.name} of {meta['model']} (e3 workload)", exact=exact,
                      exit_rule=card.exit_rule).save(stem.with_suffix(".batch-profile.json"))
     arrays = {n: x[idx] for n, x in zip(names, inputs)}
-    from e3.core.files import atomic_path, write_json_atomic
     with atomic_path(stem.with_suffix(".npz")) as tmp:
         np.savez_compressed(tmp, **arrays, exit_ramp=exit_ramp[idx], label=labels[idx], hard=hard[idx])
     write_json_atomic(stem.with_suffix(".json"), {**meta, "count": int(len(idx)), "exit_ramp": exit_ramp[idx].tolist()},

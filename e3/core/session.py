@@ -18,7 +18,7 @@ __all__ = ["make_session"]
 def make_session(path: str | bytes, intra_op_threads: int = 1) -> ort.InferenceSession:
     """``path``: an ONNX file, or a serialised model (a graph composed in memory). CPU provider, ``intra_op_threads`` intra-op threads (default 1: instance counts mean cores),
     one inter-op thread, sequential execution."""
-    import onnxruntime as ort
+    import onnxruntime as ort   # deferred: importing the floor stays light (see the module docstring)
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_threads
     options.inter_op_num_threads = 1

@@ -13,6 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from e3.core.exits import rule_config
+from e3.core.names import ramp_output, ramps_in_range, state_output
+
 __all__ = ["TensorSpec", "ModelCard", "NUMPY_DTYPES", "dtype_from_config", "config_dtype", "answer_specs",
            "cast_exact"]
 
@@ -135,7 +138,6 @@ class ModelCard:
             raise ValueError(f"model {self.name}: ramp blocks {bad} outside 1..{self.num_blocks - 1}")
         object.__setattr__(self, "ramp_blocks", tuple(sorted(set(self.ramp_blocks))))
         if not isinstance(self.exit_rule, dict):   # an ExitRule object: the card carries its dict form
-            from e3.core.exits import rule_config
             object.__setattr__(self, "exit_rule", rule_config(self.exit_rule))
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "state", tuple(self.state))
@@ -150,13 +152,11 @@ class ModelCard:
     def split_ramps(self, first: int, last: int, enabled: tuple[int, ...] | set[int]) -> tuple[int, ...]:
         """Ramps a split over blocks first..last computes: the enabled ones inside it, and the
         final head (block L) when the split holds it; ascending."""
-        from e3.core.names import ramps_in_range
         inner = ramps_in_range(enabled, first, last, num_blocks=self.num_blocks)
         return (*inner, *((self.num_blocks,) if last == self.num_blocks else ()))
 
     def split_outputs(self, first: int, last: int, enabled: tuple[int, ...] | set[int]) -> list[str]:
         """Output names of that split: the state it hands on (unless it holds block L), then its ramps."""
-        from e3.core.names import ramp_output, state_output
         state = [state_output(t.name) for t in self.state] if last < self.num_blocks else []
         return state + [ramp_output(k) for k in self.split_ramps(first, last, enabled)]
 

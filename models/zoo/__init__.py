@@ -9,10 +9,21 @@ with every ramp removed (its final head only).
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+from safetensors.torch import load_model
+
 from e3.models.api import EarlyExitModel
+from e3.models.checkpoints import load_meta, load_state
+from e3.models.data.text import MAX_SEQ_LEN
+from e3.models.zoo.encoder import EncoderConfig, EncoderEE
+from e3.models.zoo.minilm import minilm_config
+from e3.models.zoo.resnet import ResNetEE
+from e3.models.zoo.tiny import build_tiny_ee
 
 __all__ = ["ZooEntry", "ZOO", "resolve_model", "resolve_stock", "resolve_architecture", "load_shipped_model",
            "UnknownModelError"]
@@ -33,14 +44,10 @@ class ZooEntry:
 
 
 def _tiny() -> EarlyExitModel:
-    from e3.models.zoo.tiny import build_tiny_ee
     return build_tiny_ee()
 
 
 def _encoder(name: str, meta: dict, ramps: tuple[int, ...]) -> EarlyExitModel:
-    from e3.models.zoo.encoder import EncoderEE
-    from e3.models.zoo.minilm import minilm_config
-    from e3.models.data.text import MAX_SEQ_LEN
     return EncoderEE(name, minilm_config(max_seq_len=meta.get("max_seq_len", MAX_SEQ_LEN), ramps=ramps),
                      exit_rule=meta.get("exit_rule") or {"kind": "entropy", "tau_nats": 0.0}, preprocess="minilm")
 
@@ -53,8 +60,6 @@ BERT_BASE_REACH = {"80-20": [1.0, 1.0] + [0.2] * 10, "50-50": [1.0, 1.0] + [0.5]
 
 
 def _bert_base() -> EarlyExitModel:
-    import torch
-    from e3.models.zoo.encoder import EncoderConfig, EncoderEE
     torch.manual_seed(0)
     config = EncoderConfig(**BERT_BASE, ramp_blocks=tuple(range(1, 12)))
     return EncoderEE("bert-base-ee", config, exit_rule={"kind": "forced", "reach": BERT_BASE_REACH["80-20"]},
@@ -62,14 +67,12 @@ def _bert_base() -> EarlyExitModel:
 
 
 def _resnet(name: str, meta: dict, ramps: tuple[int, ...]) -> EarlyExitModel:
-    from e3.models.zoo.resnet import ResNetEE
     return ResNetEE(name, meta.get("exit_rule") or {"kind": "entropy", "tau_nats": 0.0}, ramps=ramps)
 
 
 def _trained(architecture, name: str, ramps: bool = True) -> Callable[[], EarlyExitModel]:
     """A builder that loads checkpoint ``name`` into ``architecture`` (ramps after blocks 1-5, or none)."""
     def build() -> EarlyExitModel:
-        from e3.models.checkpoints import load_meta, load_state
         model = architecture(name, load_meta(name), (1, 2, 3, 4, 5) if ramps else ())
         model.load_state_dict(load_state(name))
         return model
@@ -149,10 +152,6 @@ def load_shipped_model(name: str, weights: str, *, modules: str | None = None) -
     must match: a missing or unexpected one raises (a model that changed since its export is not served).
     The exporter loads what it shipped with this very function, so a model that would not load fails the
     export, not the serve."""
-    import os
-    import sys
-
-    from safetensors.torch import load_model
     if modules and os.path.isdir(modules) and modules not in sys.path:
         sys.path.insert(0, modules)
     model = resolve_architecture(name)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import zipfile
 
 import torch
+from safetensors.torch import load as load_safetensors
 
 from e3.models.data.text import MAX_SEQ_LEN, minilm_zip
 from e3.models.zoo.encoder import EncoderConfig, EncoderEE
@@ -52,7 +53,6 @@ def _hf_to_ours(name: str) -> str | None:
 
 def load_minilm_backbone(model: EncoderEE) -> EncoderEE:
     """Copy the pretrained MiniLM weights into ``model``'s embeddings and layers (in place)."""
-    from safetensors.torch import load as load_safetensors
     with zipfile.ZipFile(minilm_zip()) as z:
         weights = load_safetensors(z.read("model.safetensors"))
     own = model.state_dict()
