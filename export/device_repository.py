@@ -16,7 +16,7 @@ from pathlib import Path
 from e3.core.files import write_atomic
 from e3.core.names import ANSWERING, DEVICE_SYSTEMS, ranges_from_cuts, served_name, split_name
 from e3.core.plan import DEVICE, Plan, SplitPlan
-from e3.core.spec import ModelCard, answer_specs
+from e3.core.spec import ModelCard, TensorSpec, answer_specs
 from e3.export.triton_config import DynamicBatching, ModelDescription, render_config
 
 __all__ = ["DeviceModel", "device_model_name", "device_plan", "write_device_model", "write_device_config", "write_hop_models", "ROUTER_MAX_BATCH", "SYSTEMS"]
@@ -143,7 +143,6 @@ def write_hop_models(repo: Path, card: ModelCard, *, gpu: bool, precision: str) 
     """The two models that price a split boundary (:mod:`e3.serving.device.hops`): ``<m>_hop_echo`` and
     ``<m>_hop_prices``, whose state has the shape of the model's cut state (its first state tensor). Device
     tensors in and out (``FORCE_CPU_ONLY_INPUT_TENSORS`` off). Returns (echo, prices)."""
-    from e3.core.spec import TensorSpec
     m = served_name(card.name)
     state = card.state[0]
     echo, prices = f"{m}_hop_echo", f"{m}_hop_prices"

@@ -12,8 +12,11 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import torch
 
+from e3.core.spec import NUMPY_DTYPES
 from e3.models.api import EarlyExitModel, SplitModule
 
 __all__ = ["ParityError", "StateLayoutError", "export_onnx", "check_parity", "split_inputs", "part_io",
@@ -36,7 +39,6 @@ def part_io(path: Path) -> dict[str, list[str]]:
     """What an exported part reads and writes: ``{"reads": input names, "writes": output names}`` of the ONNX
     file at ``path`` (torch.onnx drops an input the graph never reads, so ``reads`` may be fewer than the
     tensors the part is given: serving passes each part exactly these)."""
-    import onnx
     graph = onnx.load(str(path), load_external_data=False).graph
     return {"reads": [i.name for i in graph.input], "writes": [o.name for o in graph.output]}
 
@@ -46,7 +48,6 @@ def check_state_layout(model: EarlyExitModel, *, n: int = 2, seed: int = 0) -> N
     """The stem and every block below L return exactly the state ``model.card.state`` names, each with the
     shape (``card.state_after``) and dtype the card gives; :class:`StateLayoutError` naming the tensor a part
     drops or mangles. A part may overwrite a state without reading it, or pass one on untouched."""
-    from e3.core.spec import NUMPY_DTYPES
     card = model.card
     names = [t.name for t in card.state]
     state = model.stem(*model.example_inputs(n, seed=seed))
@@ -104,7 +105,6 @@ def export_onnx(split: SplitModule, path: Path, output_names: list[str] | None =
 def check_parity(split: SplitModule, path: Path, output_names: list[str],
                  *, batch_sizes: tuple[int, ...] = (1, 64), seed: int = 1) -> float:
     """Compare ONNX Runtime with PyTorch; returns the worst relative error seen."""
-    import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1

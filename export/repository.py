@@ -36,6 +36,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from safetensors.torch import save_model
 from tqdm import tqdm
 
 from e3.core.files import write_atomic
@@ -44,11 +45,14 @@ from e3.core.names import (INPUT_BOUNDS, SHIPPED_MODELS_DIR, WEIGHTS_FILE, block
                            ranges_from_cuts, router_name, served_name, split_name, state_output, stock_name)
 from e3.core.plan import Plan, SplitPlan, default_plan
 from e3.core.spec import ModelCard, TensorSpec, answer_specs
+from e3.export import tensorrt
 from e3.models.api import EarlyExitModel, SplitModule
 from e3.export.onnx_export import StateLayoutError, check_state_layout, export_onnx, part_io
-from e3.export.rules import RuleError, check_rule_parity, check_shipped, resolve_rule, ship_rule
-from e3.export.triton_config import DynamicBatching, ModelDescription, render_config
+from e3.export.rules import RuleError, check_rule_parity, check_shipped, resolve_rule, ship_module, ship_rule
+from e3.export.triton_config import DynamicBatching, EnsembleStep, ModelDescription, render_config
+from e3.models.data.text import minilm_tokenizer_json
 from e3.models.zoo import load_shipped_model, resolve_model, resolve_stock
+from e3.serving.tokenizer import TOKENIZER_FILE
 
 __all__ = ["ExportError", "ExportSettings", "export_repository", "answer_specs",
            "all_ranges"]
@@ -108,7 +112,6 @@ def _check_settings(settings: ExportSettings) -> None:
         if settings.target != "ngc":
             raise ExportError("--format tensorrt needs --target ngc: the embedded server has no TensorRT backend "
                               "(its splits run ONNX Runtime in the Python backend); use --format onnx there")
-        from e3.export import tensorrt
         try:
             tensorrt.import_tensorrt()  # fail before anything is written
         except tensorrt.TensorRTError as err:
@@ -312,9 +315,6 @@ def _ship_model(model: EarlyExitModel, name: str, version_dir: Path) -> dict[str
     them. ``name``: how the model was named to ``e3 export`` (a zoo name or ``package.module:factory``; a card's
     own name may differ). Checked here: the architecture built as the server will build it loads the weights
     exactly."""
-    from safetensors.torch import save_model
-
-    from e3.export.rules import ship_module
     if ":" in name:
         try:
             ship_module(name.partition(":")[0], version_dir, SHIPPED_MODELS_DIR)
@@ -336,14 +336,11 @@ def _write_preprocess(card: ModelCard, name: str, out: Path, settings: ExportSet
         outputs=card.inputs, instances=1, dynamic_batching=DynamicBatching((), 0),
         parameters={"model_card": json.dumps(card.to_dict())}), f"{SERVING}.preprocess", settings)
     if card.preprocess == "minilm":
-        from e3.models.data.text import minilm_tokenizer_json
-        from e3.serving.tokenizer import TOKENIZER_FILE
         write_atomic(out / "1" / TOKENIZER_FILE, minilm_tokenizer_json())
 
 
 def _write_ensemble(card: ModelCard, m: str, out: Path, settings: ExportSettings) -> None:
     """``<m>``: TEXT -> <m>_preprocess -> <m>_router -> label, exit_ramp, probs."""
-    from e3.export.triton_config import EnsembleStep
     inner = {t.name: f"_{t.name}" for t in card.inputs}
     answers = {t.name: t.name for t in answer_specs(card)}
     (out / "1").mkdir(parents=True, exist_ok=True)
@@ -368,7 +365,6 @@ def _write_onnx_model(module: SplitModule, out: Path, desc: ModelDescription, se
     io = part_io(out / "1" / "model.onnx")
     desc = ModelDescription(**{**desc.__dict__, "inputs": tuple(t for t in desc.inputs if t.name in io["reads"])})
     if settings.format == "tensorrt":
-        from e3.export import tensorrt
         preferred = desc.dynamic_batching.preferred_batch_sizes if desc.dynamic_batching else ()
         engine = tensorrt.EngineSettings(opt_batch=min(preferred or (desc.max_batch_size,)),
                                          max_batch=desc.max_batch_size, fp16=settings.fp16)

@@ -37,6 +37,9 @@ from pathlib import Path
 import numpy as np
 
 from e3.core.exits import BUILTIN_RULES, SHIPPED_RULES_DIR, ExitRule, make_exit_rule, rule_config
+from e3.models.reference import reference_answers
+from e3.serving.compact import CompactRunner
+from e3.serving.fused_split import can_fuse
 
 __all__ = ["RuleError", "resolve_rule", "ship_rule", "ship_module", "check_shipped", "check_rule_parity", "RuleParity"]
 
@@ -176,9 +179,6 @@ def check_rule_parity(model, rule: ExitRule, folder: Path, *, enabled_ramps: tup
     """Run ``count`` example inputs through the block files in ``folder`` (every form
     :class:`~e3.serving.compact.CompactRunner` has for ``rule``) and through the PyTorch reference at batch 1;
     :class:`RuleError` naming the first input that differs (label, exit ramp or probabilities)."""
-    from e3.models.reference import reference_answers
-    from e3.serving.compact import CompactRunner
-    from e3.serving.fused_split import can_fuse
     card = model.card
     arrays = model.example_arrays(count, seed=seed)
     inputs = tuple(arrays[t.name] for t in card.inputs)

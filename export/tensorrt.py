@@ -81,7 +81,7 @@ def optimisation_profile(inputs: Sequence[TensorSpec], settings: EngineSettings)
 def import_tensorrt() -> ModuleType:
     """The ``tensorrt`` module, or a :class:`TensorRTError` saying how to get it."""
     try:
-        import tensorrt
+        import tensorrt   # deferred: an optional dependency (the `gpu` extra), imported only to build an engine
     except ImportError as err:
         raise TensorRTError(
             "TensorRT is not installed (it is the optional `gpu` extra: pip install '.[gpu]' on a machine with an "
