@@ -77,7 +77,7 @@ class RemoteSplit:
     def _client(self):
         client = getattr(self._local, "client", None)
         if client is None:
-            import tritonclient.grpc as grpc
+            import tritonclient.grpc as grpc   # deferred: only a split on another server needs the client (220 ms)
             client = self._local.client = grpc.InferenceServerClient(self.server,
                                                                      channel_args=channel_args(self.server))
             with self._lock:
@@ -90,6 +90,7 @@ class RemoteSplit:
         Raises :class:`BlsTimeout` when the deadline passed (in the split's queue or on the way),
         :class:`BlsError` for any other failure; both name the split and its server.
         """
+        # deferred: only a split on another server needs the client (220 ms at load)
         import tritonclient.grpc as grpc
         from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 

@@ -11,6 +11,7 @@ padded with 0.
 from __future__ import annotations
 
 import numpy as np
+from tokenizers import Tokenizer as HFTokenizer
 
 __all__ = ["Tokenizer", "TOKENIZER_FILE", "TextError", "decode_texts"]
 
@@ -49,7 +50,6 @@ class Tokenizer:
     """
 
     def __init__(self, tokenizer_json: str, max_seq_len: int):
-        from tokenizers import Tokenizer as HFTokenizer
         self._tok = HFTokenizer.from_str(tokenizer_json)
         self.max_seq_len = max_seq_len
         self._tok.enable_truncation(max_length=max_seq_len)

@@ -12,7 +12,9 @@ here once (:func:`bls_error`), so callers never match error text.
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -57,8 +59,6 @@ def model_parameters(args: dict) -> tuple[dict, dict[str, str]]:
     Python stack in the server's log instead of a bare "Stub process ... is not healthy"; with
     ``E3_STACKS_EVERY_S`` set in the server's environment (a diagnostic run), every thread's stack every that
     many seconds as well."""
-    import faulthandler
-    import os
     try:
         faulthandler.enable()
         if os.environ.get("E3_STACKS_EVERY_S"):

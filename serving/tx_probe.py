@@ -23,6 +23,7 @@ import json
 import time
 
 import numpy as np
+import triton_python_backend_utils as pb_utils
 
 from e3.core.names import state_output
 from e3.serving.triton_io import (answer_responses, bls, error_response, gather, io_specs, model_parameters,
@@ -64,8 +65,6 @@ class TritonPythonModel:
         return [self._time_hops(r) for r in requests]
 
     def _time_hops(self, request):
-        import triton_python_backend_utils as pb_utils
-
         try:
             arrays = {t.name: pb_utils.get_input_tensor_by_name(request, t.name).as_numpy() for t in self.state}
             repeats = int(pb_utils.get_input_tensor_by_name(request, REPEATS).as_numpy().reshape(-1)[0])

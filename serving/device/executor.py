@@ -32,6 +32,7 @@ from typing import Sequence
 import torch
 
 from e3.models.api import EarlyExitModel, SplitModule
+from e3.models.zoo import resolve_architecture, resolve_model
 
 __all__ = ["DeviceSettings", "SplitExecutor", "EagerExecutor", "CudaGraphExecutor", "make_executor", "buckets_for",
            "bucket_for", "prepare_model", "build_model"]
@@ -84,7 +85,6 @@ def bucket_for(buckets: Sequence[int], n: int) -> int:
 def build_model(name: str, *, seed: int, trained: bool) -> EarlyExitModel:
     """The model a config names: its checkpoint (``trained``), or its architecture with weights drawn from
     ``seed``, so that every process of a comparison holds the same weights."""
-    from e3.models.zoo import resolve_architecture, resolve_model
     torch.manual_seed(seed)
     return resolve_model(name) if trained else resolve_architecture(name)
 

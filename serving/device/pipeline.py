@@ -44,7 +44,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from e3.core.exits import ExitRule
+from e3.core.exits import EntropyRule, ExitRule
 from e3.core.names import ranges_from_cuts
 from e3.models.api import EarlyExitModel
 from e3.serving.device.dispatch import QueueView, choose
@@ -416,7 +416,6 @@ class StockRunner:
 def head_answer(logits: np.ndarray, card) -> Answer:
     """The front door's answers of rows that ran the head alone ([n, C] logits): the stock model's, and the
     admission stage's, by the reference's own code (a :class:`BatchRoute` that observes only the head)."""
-    from e3.core.exits import EntropyRule
     n, L = len(logits), card.num_blocks
     route = BatchRoute(n, card.num_classes, L, EntropyRule(0.0), {})   # the rule is never consulted at the head
     route.observe({L: np.asarray(logits, np.float32)})

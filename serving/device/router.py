@@ -24,10 +24,18 @@ import json
 import os
 import sys
 
+import triton_python_backend_utils as pb_utils
+
 from e3.core.exits import SHIPPED_RULES_DIR, make_exit_rule
 from e3.core.names import SHIPPED_MODELS_DIR
 from e3.core.plan import Plan
-from e3.serving.triton_io import model_parameters
+from e3.core.rows import request_slices
+from e3.core.spec import ModelCard
+from e3.serving.device.continuous import ContinuousEngine
+from e3.serving.router_metrics import RouterMetrics
+from e3.serving.scheduler import MAX_QUEUE_INPUTS, queue_limit
+from e3.serving.triton_io import (ResponseSender, admit_continuously, checked_response, error_response, gather,
+                                  model_parameters)
 
 __all__ = ["TritonPythonModel", "DeviceRouter", "ANSWERING"]
 
@@ -42,7 +50,7 @@ class TritonPythonModel:
         if Plan.from_json(params["plan"]).on_device:
             self.impl = DeviceRouter()
         else:
-            from e3.serving.router import TritonPythonModel as CpuRouter
+            from e3.serving.router import TritonPythonModel as CpuRouter   # deferred: a device plan loads no onnx
             self.impl = CpuRouter()
         self.impl.initialize(args)
 
@@ -57,16 +65,12 @@ class DeviceRouter:
     """E3's device form as a Triton Python model (module docstring)."""
 
     def initialize(self, args):
+        # deferred: torch and the device modules load only for a plan of the device form (a CPU plan's router
+        # imports no torch)
         import torch
-
-        from e3.core.spec import ModelCard
-        from e3.serving.device.continuous import ContinuousEngine
         from e3.models.zoo import load_shipped_model
         from e3.serving.device.executor import DeviceSettings, build_model, prepare_model
         from e3.serving.device.pipeline import DevicePipeline
-        from e3.serving.router_metrics import RouterMetrics
-        from e3.serving.scheduler import MAX_QUEUE_INPUTS, queue_limit
-        from e3.serving.triton_io import ResponseSender
 
         _, params = model_parameters(args)
         self.plan = plan = Plan.from_json(params["plan"])
@@ -112,7 +116,6 @@ class DeviceRouter:
             on_drop=self.metrics.dropped)
         if self.engine is not None:
             self.engine.bind(self.pipeline)
-        import triton_python_backend_utils as pb_utils
         pb_utils.Logger.log_info(
             f"{plan.model} device router: {len(plan.splits)} splits "
             f"{', '.join(f'{s.first_block}-{s.last_block}' for s in plan.splits)} at batches "
@@ -121,7 +124,6 @@ class DeviceRouter:
         sys.setswitchinterval(0.0005)   # the engine thread and execute share the interpreter lock (router.py)
 
     def execute(self, requests):
-        from e3.serving.triton_io import gather
         got = gather(requests, self.card.inputs)
         if self.engine is not None:
             return self._admit(requests, got)
@@ -129,14 +131,11 @@ class DeviceRouter:
 
     def _admit(self, requests, got):
         """Continuous: take every sender here, admit the valid requests, answer the others now, return None."""
-        from e3.serving.triton_io import admit_continuously
         admit_continuously(self.engine, self.outbox, requests, got, on_refused=self.metrics.rejected)
         return None
 
     def _execute_inline(self, got):
         """Inline (the labelled fallback): admit this execute's requests and run them out in Triton's thread."""
-        from e3.core.rows import request_slices
-        from e3.serving.triton_io import checked_response, error_response
         for i, rows in zip(got.valid, request_slices(got.sizes)):
             self.pipeline.admit(i, {k: v[rows] for k, v in got.arrays.items()})
         try:

@@ -32,6 +32,8 @@ import torch
 from torch import nn
 
 from e3.models.api import EarlyExitModel, SplitModule
+from e3.models.zoo import BERT_BASE
+from e3.models.zoo.encoder import EncoderConfig, EncoderEE
 from e3.serving.device import executor
 
 __all__ = ["ExecutorTimings", "SplitTimes", "timed", "time_blocks", "time_split", "LayerComparison", "torch_layer_twin",
@@ -221,8 +223,6 @@ def compare_with_torch_layer(config=None, *, batch: int = 32, settings: executor
     one bucket of ``batch`` rows. ``settings`` default: CUDA, FP16, CUDA graphs. Inputs: the model's example
     token ids with random lengths (padding masked in both unless ``padding=False``, which drops the twin's mask:
     PyTorch's flash path, the fastest it has). Returns both medians and their ratio."""
-    from e3.models.zoo import BERT_BASE
-    from e3.models.zoo.encoder import EncoderConfig, EncoderEE
     config = config or EncoderConfig(**BERT_BASE, ramp_blocks=())
     settings = settings or executor.DeviceSettings(device="cuda", precision="fp16", graphs=True, max_batch=batch)
     settings = dataclasses.replace(settings, max_batch=batch, buckets=(batch,))

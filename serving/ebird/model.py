@@ -39,9 +39,13 @@ import os
 import sys
 import threading
 
+import triton_python_backend_utils as pb_utils
+
+from e3.core.session import make_session
 from e3.core.spec import TensorSpec
 from e3.serving.device.continuous import ANSWERING, ContinuousEngine
 from e3.serving.ebird.engine import AdmissionEngine
+from e3.serving.ebird.host_ops import HostOps
 from e3.serving.ebird.policy import make_policy
 from e3.serving.scheduler import MAX_QUEUE_INPUTS, queue_limit
 from e3.serving.triton_io import (ResponseSender, admit_continuously, bls, checked_response, error_response, gather,
@@ -121,8 +125,8 @@ class TritonPythonModel:
 
 def _torch_side(args, params, policy, slots):
     """The model's head path in PyTorch on the instance's device: (ops, inputs, outputs of a result, poll_s)."""
+    # deferred: torch and the device modules load only for a model run in PyTorch (an ONNX-fronted stage has none)
     import torch
-
     from e3.serving.device.executor import DeviceSettings, build_model, prepare_model
     from e3.serving.device.pipeline import head_answer
     from e3.serving.ebird.torch_ops import LOGITS, TorchOps
@@ -142,8 +146,6 @@ def _torch_side(args, params, policy, slots):
 
 def _onnx_side(args, config, params, policy, slots, wake):
     """The fronted model's ONNX file on the CPU: (ops, inputs, outputs of a result, poll_s)."""
-    from e3.core.session import make_session
-    from e3.serving.ebird.host_ops import HostOps
     inputs: tuple[TensorSpec, ...] = io_specs(config, "input")
     outputs = [t.name for t in io_specs(config, "output")]
     workers_model = params.get("workers_model", "")
@@ -163,7 +165,6 @@ def _onnx_side(args, config, params, policy, slots, wake):
 def _bls_runner(workers_model: str, outputs: list[str]):
     """``run(feed)`` on a free instance of ``workers_model`` (BLS), loading that model on the first batch if it is
     not loaded yet (explicit model control, as ``e3 serve`` runs; list it beside the stage to load it up front)."""
-    import triton_python_backend_utils as pb_utils
     loaded, lock = [False], threading.Lock()
 
     def run(feed):

@@ -47,7 +47,9 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
+from e3.core.session import make_session
 from e3.serving.ebird.policy import (PROFILED_TOTALS, best_worker_sets, engine_for, max_batch_for_qos,
                                      max_inflight_for_qos, naive_engine, worker_sets)
 
@@ -82,7 +84,6 @@ def offline_phase(timer_for: Callable[[list[list[int]]], SetTimer], rule: Offlin
     """The profile and what the rule makes of it (module docstring). ``timer_for(slots)`` builds a set timer
     whose worker ``i`` can run every batch size in ``slots[i]`` (a device builds one executor per size);
     ``qos_ms``: the compute budget, when the caller fixes the target (else the rule's factor)."""
-    from tqdm import tqdm
     batches = list(rule.batches)
 
     def measure(run: SetTimer, sets: list) -> dict[tuple[int, ...], tuple[float, float]]:
@@ -129,8 +130,8 @@ def policies(offline: Mapping) -> dict[str, dict]:
 
 def torch_timer(model, settings) -> Callable[[list[list[int]]], SetTimer]:
     """Set timers over the stage's PyTorch executors of ``model`` on ``settings``' device (module docstring)."""
+    # deferred: torch only for a device's timers (the CPU stage's offline phase times ONNX Runtime, no torch)
     import torch
-
     from e3.serving.device.executor import make_executor
     L = model.card.num_blocks
     float_dtype = torch.float16 if settings.precision == "fp16" else torch.float32
@@ -181,7 +182,6 @@ def onnx_timer(onnx_file: str | Path, example: Mapping[str, np.ndarray], *, intr
     ``"cpu"`` (each run's thread CPU time: its compute when the session has one intra-op thread, ONNX Runtime
     then computing on the calling thread; it does not see two workers slowing each other through shared caches
     or memory bandwidth, nor more workers than cores)."""
-    from e3.core.session import make_session
     if clock not in ("wall", "cpu"):
         raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
     if clock == "cpu" and intra_op_threads != 1:
