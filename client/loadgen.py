@@ -155,7 +155,7 @@ def percentile_interval_ms(latencies_ms, q: float, level: float = 0.9, *, resamp
     """A bootstrap confidence interval (percentile method, ``scipy.stats.bootstrap``) of the ``q``-th
     percentile of latencies: how far one run's tail figure may move between runs of the same system. A
     p99 of 100 requests is close to their maximum, so its interval is wide. (nan, nan) for fewer than 2."""
-    from scipy.stats import bootstrap
+    from scipy.stats import bootstrap   # deferred: scipy.stats takes seconds to load, only for intervals
     x = np.asarray(latencies_ms, dtype=float)
     if len(x) < 2:
         return float("nan"), float("nan")

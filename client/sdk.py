@@ -9,7 +9,10 @@ them into the same :class:`Answers` with ``exit_ramp = -1`` (no ramps).
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from dataclasses import dataclass
+from multiprocessing import shared_memory
 
 import numpy as np
 
@@ -42,10 +45,10 @@ class E3Client(ClosingClient):
 
     def __init__(self, url: str, protocol: str = "http", timeout_s: float = 60.0, shm: bool = False):
         if protocol == "http":
-            import tritonclient.http as api
+            import tritonclient.http as api   # deferred: each protocol loads its own client (http: gevent, 400 ms)
             self._client = api.InferenceServerClient(url, connection_timeout=timeout_s, network_timeout=timeout_s)
         elif protocol == "grpc":
-            import tritonclient.grpc as api
+            import tritonclient.grpc as api   # deferred: each protocol loads its own client (grpc: 350 ms)
             self._client = api.InferenceServerClient(url)
         else:
             raise ValueError(f"unknown protocol {protocol!r}; use 'http' or 'grpc'")
@@ -66,10 +69,6 @@ class E3Client(ClosingClient):
 
         The region is a POSIX shared-memory object made with the standard library (the client wheel's
         own helper needs ``pkg_resources``, which current setuptools no longer ships)."""
-        import os
-        import uuid
-        from multiprocessing import shared_memory
-
         text = [k for k, a in inputs.items() if a.dtype == np.object_ or a.dtype.kind in "SU"]
         if text:
             raise ClientError(f"input(s) {', '.join(text)} are text: send text in the request body (shm=False); "
@@ -107,7 +106,7 @@ class E3Client(ClosingClient):
             block.unlink()
 
     def model_config(self, model: str) -> dict:
-        from tritonclient.utils import InferenceServerException
+        from tritonclient.utils import InferenceServerException   # deferred: tritonclient loads with the client
         try:
             if self.protocol == "http":
                 return self._client.get_model_config(model)
@@ -117,7 +116,7 @@ class E3Client(ClosingClient):
 
     def infer(self, model: str, inputs: dict[str, np.ndarray]) -> Answers:
         """Send one request carrying ``inputs`` (name -> batch-first array)."""
-        from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+        from tritonclient.utils import InferenceServerException, np_to_triton_dtype   # deferred: as in model_config
         if model not in self._outputs:
             config = self.model_config(model)
             self._outputs[model] = [o["name"] for o in config.get("output", [])]
@@ -167,5 +166,5 @@ def typed_inputs(inputs: dict[str, np.ndarray], datatypes: dict[str, str]) -> di
 
 
 def _to_json(message) -> str:
-    from google.protobuf import json_format
+    from google.protobuf import json_format   # deferred: protobuf only for the gRPC protocol
     return json_format.MessageToJson(message, preserving_proto_field_name=True)

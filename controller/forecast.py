@@ -213,7 +213,7 @@ class ArimaForecaster(Forecaster):
 
     def _fit_forecast(self, y: np.ndarray) -> float:
         """One statsmodels ARIMA fit on ``y`` and its one-step forecast (may raise or be NaN)."""
-        from statsmodels.tsa.arima.model import ARIMA
+        from statsmodels.tsa.arima.model import ARIMA   # deferred: statsmodels takes seconds to load
 
         trend = "c" if self.order[1] == 0 else "n"
         # cov_type="none": parameter standard errors are not used, and their numerical Hessian is most of a fit

@@ -64,7 +64,7 @@ class PoolScaler(ABC):
 def scale_request(pool: Pool, namespace: str, replicas: int) -> Any:
     """The merge patch that sets the pool's Deployment to ``replicas`` pods: a ``V1Scale`` with its
     name, namespace and ``spec.replicas`` only."""
-    from kubernetes import client
+    from kubernetes import client   # deferred: kubernetes (1.4 s) only where pools are scaled
     if replicas < 0:
         raise ControlError(f"pool {pool.name!r}: replicas must be >= 0, got {replicas}")
     return client.V1Scale(api_version="autoscaling/v1", kind="Scale",
@@ -79,7 +79,7 @@ class KubernetesScaler(PoolScaler):
     def __init__(self, pools: Pools, apps: Any = None):
         self.namespace = pools.namespace
         if apps is None:
-            from kubernetes import client, config
+            from kubernetes import client, config   # deferred: kubernetes (1.4 s) only where pools are scaled
             try:
                 config.load_incluster_config()
             except config.ConfigException:
@@ -88,6 +88,7 @@ class KubernetesScaler(PoolScaler):
         self.apps = apps
 
     def _call(self, what: str, fn, *args, **kwargs):
+        # deferred: kubernetes (1.4 s) only where pools are scaled
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
         try:

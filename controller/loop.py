@@ -56,6 +56,7 @@ from e3.controller.decisions import backoff_delay_s, decide, devices_used, layou
 from e3.controller.forecast import Forecaster, drifted
 from e3.controller.health import SplitStats, exclude_stragglers, find_stragglers
 from e3.controller.history import PlanHistory
+from e3.controller.planner import PlanOptions, best_plan
 from e3.controller.report import format_reach
 from e3.controller.settings import ControlSettings
 from e3.controller.signals import drop_rate_rps, observed_rate_rps, planned_rate_rps
@@ -132,7 +133,6 @@ class ProfilePlanner(Planner):
         self.forms, self.exit_wrapper = tuple(forms), exit_wrapper   # as best_plan's
 
     def plan(self, forecast: BatchProfile, devices: Mapping[str, int]) -> Plan:
-        from e3.controller.planner import PlanOptions, best_plan
         result = best_plan(self.latency, forecast, devices, PlanOptions(slo_ms=self.slo_ms, rate_rps=self.rate_rps,
                                                                         slack=self.slack, alpha=self.alpha,
                                                                         forms=self.forms,

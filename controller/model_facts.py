@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from e3.core.exits import make_exit_rule
 from e3.core.plan import Plan
 from e3.core.profile import LatencyProfile
 
@@ -81,7 +82,6 @@ def planning_facts(latency: LatencyProfile, batch, *, card=None, tau_nats: float
     planner picks among the ramps the profiles support. Decision: a batch-profile rule whose module does not
     import here (a user's rule) is taken as relying on every earlier ramp, the side on which the exit-wrapper
     never disables a ramp it cannot re-price."""
-    from e3.core.exits import make_exit_rule
     if card is not None:
         rule = dict(card.exit_rule)
         ramps = tuple(int(k) for k in card.ramp_blocks)

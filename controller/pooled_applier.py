@@ -30,13 +30,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from e3.controller.applier import ControlError, PlanRefused, ServerControl, ServerView
+from e3.controller.decisions import devices_used
 from e3.controller.health import SplitStats
+from e3.controller.planner.placement import NoRoom, place
 from e3.controller.triton_applier import TritonApplier
 from e3.core.plan import Plan, SplitPlan
+from e3.deploy.pools import PoolError, Pools, replicas_needed
 
 if TYPE_CHECKING:
     from e3.controller.k8s_scaler import PoolScaler
-    from e3.deploy.pools import Pools
 
 __all__ = ["PooledApplier", "PlacingPlanner", "ROUTER_SERVER", "POD_READY_TIMEOUT_S", "located", "dns_pods"]
 
@@ -98,7 +100,6 @@ class PooledApplier(ServerView, ServerControl):
         ``pods_host`` (never the router's pool: it runs one pod), else the server's own."""
         if not server or self.pools is None:
             return [self._at(server)]
-        from e3.deploy.pools import PoolError
         try:
             pool = self.pools.of_server(server)
         except PoolError as err:
@@ -202,7 +203,6 @@ class PooledApplier(ServerView, ServerControl):
 
     def _pods_needed(self, plan: Plan) -> dict[str, int]:
         """Pool name -> pods the plan needs there (a plan the pools cannot hold is a ControlError)."""
-        from e3.deploy.pools import PoolError, replicas_needed
         try:
             return replicas_needed(plan, self.pools)
         except PoolError as err:
@@ -257,8 +257,6 @@ class PlacingPlanner:
         self.latency = getattr(planner, "latency", None)
 
     def plan(self, forecast, devices):
-        from e3.controller.decisions import devices_used
-        from e3.controller.planner.placement import NoRoom, place
         devices = dict(devices)
         while True:
             candidate = self.planner.plan(forecast, devices)

@@ -143,7 +143,7 @@ def status_lines(view: ServerView, model: str, state_dir: str | Path | None = No
 def controller_status_lines(status: Mapping, url: str) -> list[str]:
     """What ``e3 status --url`` prints for a controller's ``/status`` answer (``ControllerMetrics.status``):
     its health, the plan it wants in force, the pods per pool, and its last window as ``e3 control`` printed it."""
-    from e3.controller.loop import StepReport
+    from e3.controller.loop import StepReport   # deferred: an import cycle (the loop imports this module)
     yes = {True: "yes", False: "no"}
     last = status.get("last_window_unix_s")
     lines = [f"controller at {url}: ready {yes[bool(status['ready'])]}, healthy {yes[bool(status['healthy'])]}; "

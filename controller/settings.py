@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e3.core.names import router_name
+from e3.paths import artifacts_dir
 
 __all__ = ["ControlSettings", "files_dir", "history_path", "state_path"]
 
@@ -81,7 +82,6 @@ def files_dir(state_dir: str | Path | None = None) -> Path:
     """Folder of the controller's files: ``state_dir``, else artifacts/controller."""
     if state_dir is not None:
         return Path(state_dir)
-    from e3.paths import artifacts_dir
     return artifacts_dir() / "controller"
 
 

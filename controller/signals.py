@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from e3.core.plan import Plan
+from e3.core.plan import COMPACT, Plan
 from e3.deploy.pools import PoolError, Pools, replicas_needed
 
 __all__ = ["observed_rate_rps", "drop_rate_rps", "planned_rate_rps", "desired_replicas"]
@@ -53,7 +53,6 @@ def desired_replicas(plan: Plan | None, pools: Pools) -> dict[str, int]:
     try:
         return replicas_needed(plan, pools)
     except PoolError:   # more than a pool holds: publish its ceiling
-        from e3.core.plan import COMPACT
         out = {}
         for p in pools.pools:
             instances = sum(s.instances for s in plan.splits

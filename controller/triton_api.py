@@ -42,12 +42,12 @@ class TritonControl(ClosingClient):
     :func:`api_key_headers`)."""
 
     def __init__(self, url: str, timeout_s: float = 300.0, headers: dict[str, str] | None = None):
-        import tritonclient.http as http
+        import tritonclient.http as http   # deferred: it loads gevent (400 ms); `e3 serve` reads api_key_headers alone
         self._client = http.InferenceServerClient(url, connection_timeout=timeout_s, network_timeout=timeout_s)
         self._headers = headers if headers is not None else api_key_headers()
 
     def _call(self, what: str, fn, *args, **kwargs):
-        from tritonclient.utils import InferenceServerException
+        from tritonclient.utils import InferenceServerException   # deferred with tritonclient.http (above)
         if self._headers:
             kwargs["headers"] = self._headers
         try:

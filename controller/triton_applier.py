@@ -35,6 +35,8 @@ import numpy as np
 
 from e3.controller.applier import ControlError, ServerControl, ServerView
 from e3.controller.health import SplitStats, failed_requests
+from e3.controller.telemetry import fetch_metrics_text
+from e3.controller.triton_api import TritonControl
 from e3.core.names import parse_split_name
 from e3.core.plan import Plan, PlanError, SplitPlan
 from e3.core.spec import NUMPY_DTYPES, dtype_from_config
@@ -55,7 +57,7 @@ def with_split_settings(config: dict, split: SplitPlan, gpus: int = 0) -> dict:
     GPU (:func:`~e3.export.triton_config.gpu_instance_groups`): Triton would put a group's ``count`` on every
     GPU of the pod otherwise. A config already ``KIND_GPU`` (a TensorRT plan) is spread the same way, over
     GPU 0 when ``gpus`` is 0."""
-    from e3.export.triton_config import gpu_instance_groups
+    from e3.export.triton_config import gpu_instance_groups   # deferred: it loads tritonclient's gRPC protos (350 ms)
     out = copy.deepcopy(config)
     on_gpu = gpus > 0 or any(g.get("kind") == "KIND_GPU" for g in out.get("instance_group", []) or [])
     if on_gpu:
@@ -119,7 +121,6 @@ class TritonApplier(ServerView, ServerControl):
         across threads, and the control loop usually runs in its own thread."""
         control = getattr(self._local, "control", None)
         if control is None:
-            from e3.controller.triton_api import TritonControl
             control = self._local.control = TritonControl(self.url)
         return control
 
@@ -174,10 +175,10 @@ class TritonApplier(ServerView, ServerControl):
     def failed_requests(self) -> dict[str, float]:
         if self.metrics_url is None:
             return {}
-        from e3.controller.telemetry import fetch_metrics_text
         return failed_requests(fetch_metrics_text(self.metrics_url))
 
     def probe(self, name: str) -> str | None:
+        # deferred: tritonclient.http loads gevent (400 ms), only to probe a model
         import tritonclient.http as http
         from tritonclient.utils import InferenceServerException
         arrays = probe_inputs(self.control.model_config(name))
@@ -199,6 +200,7 @@ class TritonApplier(ServerView, ServerControl):
 
     # -- ServerControl -------------------------------------------------------------------------------
     def export(self, splits: list[SplitPlan], plan_in_force: Plan | None) -> None:
+        # deferred: the exporter loads torch, only when a plan needs a split the repository lacks
         from e3.export.repository import ExportError, ExportSettings, export_repository
         if self.repo is None or self.zoo_model is None:
             raise ControlError(f"split models {[s.model for s in splits]} are not in the repository and no "
