@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Mapping
 
 from e3.core.files import write_atomic
 from e3.core.manifest import read_manifest, write_manifest
+from e3.deploy.server import http_request
 
 __all__ = ["config_text", "write_config", "record_plan", "plan_gaps", "plan_splits", "PlanWatch"]
 
@@ -33,6 +34,7 @@ TRANSIENT_PARAMETERS = ("e3_reload",)   # marks of one load, never part of the d
 
 def config_text(config: Mapping) -> str:
     """A Triton model config as JSON (the repository API's form) -> ``config.pbtxt`` text."""
+    # deferred: tritonclient's gRPC protos (350 ms) load only where a config is written
     from google.protobuf import json_format, text_format
     from tritonclient.grpc import model_config_pb2 as mc
     clean = dict(config)
@@ -110,8 +112,6 @@ class PlanWatch:
     @classmethod
     def over_http(cls, address: str, period_s: float = 2.0) -> "PlanWatch":
         """A watch of the Triton at ``address`` (``host:port`` or ``unix:/path``, its HTTP API)."""
-        from e3.deploy.server import http_request
-
         def states() -> dict[str, str]:
             index = json.loads(http_request(address, "POST", "/v2/repository/index", b"{}",
                                             {"Content-Type": "application/json"}, timeout_s=10))

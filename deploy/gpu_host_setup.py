@@ -6,10 +6,13 @@ anything of the project can be imported, so the runners find it by putting ``dep
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
+import site
 import sys
+import tarfile
 import tempfile
 import traceback
 import zipfile
@@ -59,7 +62,6 @@ def unpack_host(wheels: Path, work: Path) -> tuple[Path, list[str]]:
     whls = sorted(wheels.glob("nvidia_pytriton-*.whl"))
     if not (server / "pytriton").is_dir():
         if tars:
-            import tarfile
             with tarfile.open(tars[-1]) as t:
                 t.extractall(server)
         elif whls:
@@ -96,8 +98,6 @@ def model_process_path(folders: list[str]) -> None:
     with "No module named 'e3'" while the variable named the package's folder), yet it reads this
     interpreter's site-packages (it imports torch from there), whose ``.pth`` files run before the stub
     imports numpy. So the project's namespace and numpy<2 reach the model processes this way."""
-    import atexit
-    import site
     if not folders:
         return
     pth = Path(site.getsitepackages()[0]) / PTH_NAME

@@ -10,6 +10,7 @@ its module docstring); the user's API key, where set, is checked by the guards o
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -31,7 +32,6 @@ KEEP_SERVING_ARGS = ("--exit-on-error=false", "--strict-readiness=false")
 def models_not_loaded(server: TritonServer, wanted: Sequence[str] | None = None) -> list[tuple[str, str]]:
     """(name, Triton's reason) of every model of ``wanted`` (default: every model the server was asked to
     load) that is not READY, from the repository index."""
-    import json
     text = server.call("POST", "/v2/repository/index", b"{}", {"Content-Type": "application/json"}, timeout_s=30)
     index = {m["name"]: m for m in json.loads(text)}
     names = list(wanted) if wanted is not None else _asked(server)
@@ -40,7 +40,6 @@ def models_not_loaded(server: TritonServer, wanted: Sequence[str] | None = None)
 
 
 def _asked(server: TritonServer) -> list[str]:
-    from e3.deploy.server import models_to_serve
     return list(server.models) if server.models is not None else models_to_serve(server.repo)
 
 

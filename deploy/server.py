@@ -28,6 +28,7 @@ port (read-only; the guard's ``/metrics`` is the public page).
 
 from __future__ import annotations
 
+import ctypes
 import http.client
 import importlib.util
 import io
@@ -187,7 +188,6 @@ def _die_with_parent() -> None:
     signal to the launching thread, so start servers from a thread that outlives them.
     """
     try:
-        import ctypes
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         PR_SET_PDEATHSIG = 1
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -134,6 +134,7 @@ def restore_set(snapshot: Snapshot, repo: str | Path | None) -> dict[str, dict |
         config = out[name]
         try:
             if config is None:
+                # deferred: tritonclient's gRPC protos (350 ms) load only where a config file is read
                 from google.protobuf import json_format, text_format
                 from tritonclient.grpc import model_config_pb2 as mc
                 text = (Path(repo) / name / "config.pbtxt").read_text()
