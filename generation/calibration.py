@@ -42,7 +42,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
+from e3.generation.engine import GenerationEngine, GenRequest, OrtRunner, kvfill_name
 from e3.generation.policy import MIN_GAIN, NEVER, Costs, SplitCost, calm_s_per_token
 
 __all__ = ["profile_costs", "collect_records", "calibrate", "predict", "validate_by_decoding", "calibrate_model",
@@ -72,7 +74,6 @@ def profile_costs(spec, run, *, rows: int = 16, past: int = 96, repeats: int = 7
     and ``rows`` rows), each exit's kv-fill model at 1 and ``rows`` rows. Medians of ``repeats`` timed calls.
     Served, every call also crosses a BLS hop: the router refits these from its own calls
     (:class:`e3.generation.policy.CostMeter`)."""
-    from e3.generation.engine import kvfill_name
     kvh, d, L = spec.kv_heads, spec.head_dim, spec.num_layers
     rng = np.random.default_rng(0)
 
@@ -116,11 +117,9 @@ def collect_records(model, spec, run, prompts: list[list[int]], *, new_tokens: i
     exit (see the module docstring). Returns {"scores": {measure: [S_i x E] per sequence}, "correct": [S_i x
     E] bool per sequence, "tokens": full tokens per sequence}; S_i = tokens - 1 decoded positions of
     sequence i (the first token comes from prefill, never exits), E exits in split order."""
+    # deferred: torch only to collect records (the replay and the cost profile load none)
     import torch
-    from tqdm import tqdm
-
     from e3.generation.decoder import softmax_margin
-    from e3.generation.engine import GenerationEngine, GenRequest
     from e3.generation.training import collect_states
     engine = GenerationEngine(spec, run)
     for i, p in enumerate(prompts):
@@ -274,7 +273,6 @@ def validate_by_decoding(doc: dict, records: dict, costs: Costs, decode, *, batc
     per prompt, exit layers per prompt)``; per target of ``doc`` the fastest choice whose decoded agreement
     holds at 95% confidence, else a fallback. Returns ``doc`` with its targets replaced (the replay's own
     choice kept as ``replayed``)."""
-    from tqdm import tqdm
     replay = calibrate(records, costs, replay_targets, batch=batch)
     seen, choices = set(), []
     for t in replay["targets"]:
@@ -322,7 +320,6 @@ def validate_by_decoding(doc: dict, records: dict, costs: Costs, decode, *, batc
 def _decoder(spec, run, prompts: list[list[int]], new_tokens: int):
     """``decode(measure, thresholds)`` for :func:`validate_by_decoding`: the engine over ``run`` (CALM exits with
     the KV copy, as served); exit layers as indices (0.. per exit, E for the final head)."""
-    from e3.generation.engine import GenerationEngine, GenRequest
     index = {b: j for j, (_, b) in enumerate(spec.ranges)}
 
     def decode(measure: str, thresholds: list[float]):
@@ -341,11 +338,10 @@ def calibrate_model(model, spec, files: dict, prompts: list[list[int]], *, new_t
                     cache: Path | None = None, progress: bool = True) -> tuple[dict, dict]:
     """(costs, calibration) for an exported model: profile the splits, collect records on ``prompts``,
     calibrate every target in :data:`TARGETS`. Cached in ``cache`` (JSON) when given."""
-    from e3.generation.engine import OrtRunner
     if cache is not None and cache.exists():
         saved = json.loads(cache.read_text())
         return saved["costs"], saved["calibration"]
-    import torch
+    import torch   # deferred: a cached calibration loads no torch
     run = OrtRunner(files)
     started = time.perf_counter()
     costs = profile_costs(spec, run, hidden_size=model.config.hidden_size)

@@ -85,6 +85,7 @@ def generate(url: str, model: str, prompt: list[int] | str, max_new_tokens: int 
     CALM's quality target (calibrated models) or ``tau``: a raw threshold on ``measure`` (softmax,
     saturation, classifier); ``draft_tokens``: the most a speculative round drafts; ``on_slower``: fallback
     (default), refuse or serve, for CALM exits predicted slower than plain decoding."""
+    # deferred: each protocol loads its own client (http: gevent, 400 ms; grpc: 350 ms)
     from tritonclient import http
     from tritonclient.utils import InferenceServerException
     client = client or http.InferenceServerClient(url)
@@ -123,7 +124,7 @@ def generate_stream(url: str, model: str, prompt: list[int] | str, max_new_token
                  draft_tokens=draft_tokens, on_slower=on_slower)
 
     def chunks(stream: GenerationStream):
-        from tritonclient import grpc
+        from tritonclient import grpc   # deferred: each protocol loads its own client (see generate)
         got: queue.Queue = queue.Queue()
         client = grpc.InferenceServerClient(url)
         client.start_stream(callback=lambda result, error: got.put((result, error)))

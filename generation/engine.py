@@ -55,6 +55,7 @@ from typing import Callable
 import numpy as np
 
 from e3.core.names import split_name
+from e3.core.session import make_session
 from e3.generation.policy import (MIN_GAIN, NEVER, CostMeter, Costs, SpeculationPolicy, predict_raw,
                                   resolve_entry, speedup)
 from e3.generation.spec import MEASURES, MODES, EngineSpec, Finished, GenRequest, kvfill_name   # re-exported
@@ -526,8 +527,7 @@ class OrtRunner:
     one session each with ``intra_op_threads`` threads."""
 
     def __init__(self, files: dict[str, str], intra_op_threads: int = 1):
-        import onnxruntime as ort
-        from e3.core.session import make_session
+        import onnxruntime as ort   # deferred: the served routers run their splits over BLS, without ONNX Runtime
         ort.set_default_logger_severity(3)   # empty heads (K = 0) warn about the argmax's shape; unused
         self.sessions = {name: make_session(path, intra_op_threads) for name, path in files.items()}
 

@@ -38,6 +38,7 @@ import threading
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from tokenizers import Tokenizer
 
 from e3.generation.engine import EngineSpec, GenerationEngine, GenRequest
 from e3.serving.triton_io import bls, error_response, model_parameters, tensor_response
@@ -114,7 +115,6 @@ class TritonPythonModel(InboxFrontDoor):
         self.streaming = params.get("decoupled", "0") == "1"
         self.tokenizer = None
         if params.get("tokenizer"):
-            from tokenizers import Tokenizer
             self.tokenizer = Tokenizer.from_file(os.path.join(args["model_repository"], params["tokenizer"]))
         self.engine = GenerationEngine(self.spec, bls_runner(self.spec.kv_in_splits))
         self.inbox: queue.Queue = queue.Queue()

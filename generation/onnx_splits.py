@@ -49,6 +49,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from e3.core.session import make_session
 from e3.generation.decoder import Decoder, attention_mask, softmax_margin
 
 __all__ = ["DecodeSplit", "KvFill", "split_ranges", "export_split", "export_kvfill", "OPSET"]
@@ -146,7 +147,6 @@ def _export(module: nn.Module, example: tuple, path: Path, dynamic: dict[str, di
 
 
 def _check(module: nn.Module, path: Path, examples: list[tuple]) -> float:
-    from e3.core.session import make_session
     session = make_session(str(path), 1)
     wanted = {i.name for i in session.get_inputs()}
     worst = 0.0

@@ -26,7 +26,7 @@ fallen back, one round in ``probe_every`` plain steps is still speculated so a c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = ["SplitCost", "Costs", "call_key", "plain_step_s", "calm_s_per_token", "speculation_round_s",
            "expected_tokens", "choose_draft", "SpeculationPolicy", "resolve_target", "resolve_entry", "CostMeter", "predict_raw", "speedup",
@@ -283,6 +283,5 @@ class CostMeter:
         return SplitCost(max(0.0, my - per * mx), per)
 
     def costs(self) -> Costs:
-        from dataclasses import replace
         served = {call_key(*k): c for k in self.samples if (c := self.fit(*k)) is not None}
         return replace(self.prior, served={**self.prior.served, **served})

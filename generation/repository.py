@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import shutil
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -33,9 +34,12 @@ from tqdm import tqdm
 from e3.core.names import served_name
 from e3.core.spec import TensorSpec
 from e3.export.triton_config import ModelDescription, render_config
+from e3.generation.calibration import calibrate_model
 from e3.generation.engine import EngineSpec, kvfill_name, split_name
-from e3.generation.models import load_generation_model
+from e3.generation.helios import Candidate, HeliosSettings, check_candidates
+from e3.generation.models import heads_path, load_generation_model
 from e3.generation.onnx_splits import export_kvfill, export_split, split_ranges
+from e3.generation.training import calibration_prompts
 
 # A generation front door's request and answer tensors (every router of generated text takes these, plus its
 # own control input; HELIOS's door answers which model served too)
@@ -170,16 +174,12 @@ def export_generation_repository(model: str, repo: Path, max_active: int = 16, *
 
 def _calibrated(gm, spec: EngineSpec, repo: Path, prompts: int, progress: bool) -> EngineSpec:
     """``spec`` with measured costs and the calibration of CALM's exits (cached per trained heads)."""
-    from e3.generation.calibration import calibrate_model
-    from e3.generation.models import heads_path
-    from e3.generation.training import calibration_prompts
     heads = heads_path(gm.name)
     stamp = f"{heads.stat().st_mtime_ns}-{prompts}" if heads.exists() else "untrained"
     cache = heads.with_name(f"{heads.stem.removesuffix('_heads')}_calibration_{stamp}.json")
     if gm.tokenizer is not None:
         ids = [gm.tokenizer.encode(p).ids for p in calibration_prompts(prompts)]
     else:   # a test model without a tokenizer: seeded random prompts
-        import random
         r, vocab = random.Random(300), gm.decoder.config.vocab_size
         ids = [[r.randrange(vocab) for _ in range(r.randint(2, 12))] for _ in range(prompts)]
         cache = None if gm.name.startswith("tiny") else cache
@@ -205,9 +205,6 @@ HELIOS = "helios_generate"
 
 def helios_candidate(model: str) -> dict:
     """The sizes HELIOS's memory budget and cost model count for ``model`` (float32 weights as served)."""
-    from dataclasses import asdict
-
-    from e3.generation.helios import Candidate
     gm = load_generation_model(model, progress=False)
     d, c = gm.decoder, gm.decoder.config
     layer = sum(p.numel() for p in d.layers[0].parameters())
@@ -230,7 +227,6 @@ def export_helios_repository(models: list[str], repo: Path, *, memory_mb: float,
     ``helios_only_<m>`` per candidate: the same router serving that candidate whole under the same budget, no
     controller (the baselines of ``e3 bench helios``). Returns the front doors' names; load only those (the
     router loads the split models it needs)."""
-    from e3.generation.helios import Candidate, HeliosSettings, check_candidates
     if len(models) < 1:
         raise ValueError("HELIOS needs at least one candidate model")
     cands = [helios_candidate(model) for model in models]     # checked before anything is written

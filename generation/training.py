@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from e3.generation.decoder import Decoder, attention_mask
+from e3.models.data.text import rotten_tomatoes
 
 __all__ = ["TrainSettings", "train_exit_heads", "train_exit_heads_on_ids", "collect_states", "top1_agreement",
            "greedy_continuations", "training_questions", "general_prompts",
@@ -73,7 +74,6 @@ def chat_prompt(user: str) -> str:
 
 
 def _snippets(split: str):
-    from e3.models.data.text import rotten_tomatoes
     return rotten_tomatoes()[split].texts
 
 

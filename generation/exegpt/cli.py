@@ -9,6 +9,14 @@ import math
 import sys
 from pathlib import Path
 
+from e3.generation.exegpt.profiler import ProfileSettings, cached_profile
+from e3.generation.exegpt.report import default_bounds_ms, format_schedule_table, format_search_table, plan_rows
+from e3.generation.exegpt.search import grid_search, rra_space
+from e3.generation.exegpt.simulator import Workload, simulate_rra
+from e3.generation.exegpt.validate import measure_rra, validate_rra
+from e3.generation.exegpt.workload import LayerProfile, LengthDistribution
+from e3.paths import artifacts_dir, default_repository
+
 __all__ = ["add_arguments", "run", "main"]
 
 
@@ -52,7 +60,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _output_lengths(text: str):
-    from e3.generation.exegpt.workload import LengthDistribution
     path = Path(text)
     if path.suffix == ".json" or path.exists():
         try:
@@ -72,16 +79,12 @@ def _output_lengths(text: str):
 
 
 def _profile(args):
-    from e3.generation.exegpt.workload import LayerProfile
-    from e3.paths import artifacts_dir
     if args.profile:
         try:
             doc = json.loads(Path(args.profile).read_text())
             return LayerProfile.from_dict(doc.get("profile", doc))
         except (OSError, ValueError) as e:
             raise SystemExit(f"plan-generate: error: --profile {args.profile}: {e}")
-    from e3.generation.exegpt.profiler import ProfileSettings, cached_profile
-    from e3.paths import default_repository
     m = args.model.replace("-", "_")
     repos = [Path(args.repo)] if args.repo else [artifacts_dir() / "generation" / "repo", default_repository()]
     repo = next((r for r in repos if (r / f"{m}_generation.json").exists()), repos[0])
@@ -105,9 +108,6 @@ VALIDATE_CONFIGS = ((2, 4), (4, 8), (8, 4), (4, 16), (8, 16))   # (B_E, N_D)
 
 
 def _validate(args, workload) -> list[dict]:
-    from e3.generation.exegpt.simulator import Workload
-    from e3.generation.exegpt.validate import validate_rra
-    from e3.paths import artifacts_dir, default_repository
     if args.validate_phases < 6:
         raise SystemExit("plan-generate: error: --validate-phases must be >= 6 (4 are warm-up)")
     m = args.model.replace("-", "_")
@@ -139,9 +139,6 @@ def _validate(args, workload) -> list[dict]:
 def _against_static(repo: Path, args, one) -> dict:
     """Under one latency bound, RRA's chosen schedule against the best static batch (no admission until the
     batch has finished; it is RRA with N_D = the longest output), both run by the engine."""
-    from e3.generation.exegpt.search import grid_search, rra_space
-    from e3.generation.exegpt.simulator import simulate_rra
-    from e3.generation.exegpt.validate import measure_rra
     s_max = one.output_lengths.lengths[-1]
     batches = tuple(range(1, 17))
     static_space = rra_space(batches, (s_max,))
@@ -165,10 +162,6 @@ def _against_static(repo: Path, args, one) -> dict:
 
 
 def run(args) -> int:
-    from e3.generation.exegpt.report import (default_bounds_ms, format_schedule_table, format_search_table,
-                                             plan_rows)
-    from e3.generation.exegpt.simulator import Workload
-    from e3.generation.exegpt.workload import LengthDistribution
     if args.workers < 1 or args.prompt_tokens < 1:
         raise SystemExit("plan-generate: error: --workers and --prompt-tokens must be >= 1")
     batch_sizes = _range(args.batch_sizes, "--batch-sizes")

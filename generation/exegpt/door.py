@@ -18,8 +18,8 @@ from pathlib import Path
 
 from e3.core.spec import TensorSpec
 from e3.export.triton_config import ModelDescription
-from e3.generation.engine import EngineSpec, split_name
-from e3.generation.repository import DOOR_INPUTS, DOOR_OUTPUTS, SPLIT_OUTPUTS
+from e3.generation.engine import EngineSpec, kvfill_name, split_name
+from e3.generation.repository import DOOR_INPUTS, DOOR_OUTPUTS, SPLIT_OUTPUTS, _write
 from e3.generation.exegpt.scheduler import ReplanPolicy, RraSchedule, WaaSchedule
 from e3.generation.exegpt.workload import LayerProfile, LengthDistribution
 
@@ -43,7 +43,6 @@ def encoder_name(model: str) -> str:
 def door_models(repo: Path, model: str) -> list[str]:
     """The Triton models the door needs loaded: the kv splits, the kv-fill models, WAA's encode-worker splits
     and the door itself."""
-    from e3.generation.engine import kvfill_name
     spec = EngineSpec.from_dict(json.loads((repo / f"{model.replace('-', '_')}_generation.json").read_text()))
     m = spec.model
     L = spec.num_layers
@@ -53,7 +52,6 @@ def door_models(repo: Path, model: str) -> list[str]:
 
 def _export_encoder(repo: Path, model: str, spec: EngineSpec) -> None:
     """``<m>_enc_split_<a>-<b>``: the stateless splits again, as Triton models of their own (WAA's encode worker)."""
-    from e3.generation.repository import _write
     m = model.replace("-", "_")
     for a, b in spec.ranges:
         name = split_name(encoder_name(model), a, b)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from e3.generation.client import _inputs
 from e3.generation.exegpt.workload import LengthDistribution
 
 __all__ = ["control", "Run", "drive", "percentile", "concurrency_for"]
@@ -22,6 +23,7 @@ __all__ = ["control", "Run", "drive", "percentile", "concurrency_for"]
 
 def control(url: str, door: str, doc: dict | None = None) -> dict:
     """Send a control document (``{}``: status) to ``door`` at ``url`` (host:port); its status JSON."""
+    # deferred: each protocol loads its own client (http: gevent, 400 ms; grpc: 350 ms)
     from tritonclient import http
     from tritonclient.utils import InferenceServerException
     t = http.InferInput("control", [1], "BYTES")
@@ -75,9 +77,7 @@ def drive(grpc_url: str, door: str, lengths: LengthDistribution, *, prompt_token
     to finish are not measured. With ``measure_s``, no request is sent once ``measure_s`` seconds have passed
     since the warm-up ended, and only what finished by then is measured (the rest drains unmeasured).
     RuntimeError if the run has not finished within ``timeout_s``."""
-    from tritonclient import grpc
-
-    from e3.generation.client import _inputs
+    from tritonclient import grpc   # deferred: each protocol loads its own client (see control)
     rng = random.Random(seed)
     jobs = [([rng.randrange(3, vocab) for _ in range(prompt_tokens)], rng.choices(lengths.lengths, lengths.probs)[0])
             for _ in range(requests)]

@@ -23,7 +23,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
+from e3.core.session import make_session
 from e3.generation.exegpt.workload import LayerProfile
 
 __all__ = ["ProfileSettings", "profile_split", "cached_profile"]
@@ -75,11 +77,7 @@ def profile_split(onnx_path: str | Path, split_layers: int, num_layers: int,
     """Measure one split (``split_layers`` layers of a ``num_layers``-layer decoder) and return the per-layer
     profile; with ``final_head`` (the split holds layer L) also the final head's cost per decode batch, as the
     same step with and without reading the head. Takes seconds for SmolLM2 (a tqdm bar shows the points)."""
-    from tqdm import tqdm
-
-    import onnxruntime as ort
-
-    from e3.core.session import make_session
+    import onnxruntime as ort   # deferred: only a measurement loads ONNX Runtime (a cached profile does not)
     ort.set_default_logger_severity(3)   # the unread head (K = 0) warns about its empty output's shape
     session = make_session(str(onnx_path), settings.intra_op_threads)
     rng = np.random.default_rng(0)

@@ -41,6 +41,7 @@ from collections import deque
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from tokenizers import Tokenizer
 
 from e3.generation.engine import EngineSpec, GenerationEngine, GenRequest
 from e3.generation.exegpt.scheduler import ExegptScheduler, ReplanPolicy, schedule_from_json
@@ -72,7 +73,6 @@ class TritonPythonModel(InboxFrontDoor):
         self.sched = scheduler_from_doc(json.loads(params["exegpt"]))
         self.tokenizer = None
         if params.get("tokenizer"):
-            from tokenizers import Tokenizer
             self.tokenizer = Tokenizer.from_file(os.path.join(args["model_repository"], params["tokenizer"]))
         self.engine = GenerationEngine(self.spec, bls_runner(self.spec.kv_in_splits))
         # WAA's encode worker (idle under RRA); its engine calls the stateless <m>_enc_split_* models

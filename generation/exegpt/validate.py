@@ -23,6 +23,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
+from e3.generation.engine import EngineSpec, GenerationEngine, GenRequest, OrtRunner
 from e3.generation.exegpt.simulator import Prediction, Workload, simulate_rra
 
 __all__ = ["Measured", "measure_rra", "validate_rra"]
@@ -40,8 +43,7 @@ class Measured:
 def measure_rra(repo: Path, model: str, workload: Workload, *, batch_size: int, decode_iters: int,
                 phases: int, warmup_phases: int = 3, seed: int = 0) -> Measured:
     """Run RRA with the engine over ``repo``'s exported splits for ``phases`` phases (see module doc)."""
-    from e3.generation.engine import EngineSpec, GenerationEngine, GenRequest, OrtRunner
-    from e3.generation.repository import onnx_files
+    from e3.generation.repository import onnx_files   # deferred: the exporter (torch) only for a measurement
     m = model.replace("-", "_")
     spec = EngineSpec.from_dict({**json.loads((repo / f"{m}_generation.json").read_text()),
                                  "eos_id": None, "max_active": 1 << 30, "kv_in_splits": False,
@@ -86,7 +88,6 @@ def measure_rra(repo: Path, model: str, workload: Workload, *, batch_size: int, 
 def validate_rra(repo: Path, model: str, workload: Workload, *, configs: list[tuple[int, int]], phases: int,
                  progress: bool = True) -> list[tuple[Prediction, Measured]]:
     """Predicted against measured for every ``(batch_size, decode_iters)`` of ``configs`` (workers must be 1)."""
-    from tqdm import tqdm
     if workload.workers != 1:
         raise ValueError("the engine runs the model on one core: validate with workers=1")
     rows = []
