@@ -13,10 +13,12 @@ p99 per run and the ratios guard / direct. The guard, Triton and perf_analyzer s
 (printed, with the load average after each run): what the guard costs in CPU is taken from Triton. Both
 sides are warmed before the first run (the calibration on Triton's port, 2,000 requests through the guard),
 odd rounds run the direct side first, and the process tunes its garbage collector as ``e3 serve`` does
-(:func:`e3.deploy.guard.tune_gc`).
+(:func:`e3.deploy.guard.tune_gc`). Each run also prints where the CPU went, per request: tritonserver with its
+Python stubs (its process group), perf_analyzer, and this process (the guards: nothing else in it works
+during a run), from ``/proc`` and ``getrusage``.
 
 Usage: ``.venv/bin/python benchmarks/front_door.py [--concurrency 64] [--seconds 30] [--rounds 1]
-[--protocols http,grpc]``.
+[--protocols http,grpc] [--stream-lanes 0]``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +57,31 @@ def perf(url: str, concurrency: int, requests: int, headers: dict[str, str], pro
             "requests": int(count.group(1)) if count else requests}
 
 
+_HZ = os.sysconf("SC_CLK_TCK")
+
+
+def _group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) of the live processes in process group ``pgid`` (tritonserver and its stubs)."""
+    total = 0.0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            total += (int(fields[11]) + int(fields[12])) / _HZ
+    return total
+
+
+def _cpu_now(pgid: int) -> tuple[float, float, float]:
+    """(tritonserver's group, perf_analyzer runs so far, this process) in CPU seconds."""
+    kids, me = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
+    return _group_cpu_s(pgid), kids.ru_utime + kids.ru_stime, me.ru_utime + me.ru_stime
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", default=None, help="tiny-ee repository (default: exported into artifacts/)")
@@ -61,6 +89,8 @@ def main() -> int:
     parser.add_argument("--protocols", default="http,grpc", help="comma-separated: http, grpc")
     parser.add_argument("--seconds", type=float, default=30.0, help="approximate length of each run")
     parser.add_argument("--rounds", type=int, default=1, help="guard/direct pairs, alternating")
+    parser.add_argument("--stream-lanes", type=int, default=0,
+                        help="the gRPC guard's shared streams to Triton (grpc_mux; 0, the default: a unary call each)")
     args = parser.parse_args()
     from e3.paths import artifacts_dir
     repo = Path(args.repo) if args.repo else Path(artifacts_dir()) / "bench" / "front-door-tiny-ee"
@@ -69,7 +99,8 @@ def main() -> int:
         export_repository("tiny-ee", "2", repo, settings=ExportSettings(slo_ms=10_000.0), progress=False)
     protocols = args.protocols.split(",")
     with TritonServer.on_free_ports(repo, MODELS, exit_timeout_s=3) as server, \
-            Guard(server.http_url, port=0) as guard, GrpcGuard(server.grpc_url, port=0) as grpc_guard:
+            Guard(server.http_url, port=0) as guard, \
+            GrpcGuard(server.grpc_url, port=0, stream_lanes=args.stream_lanes) as grpc_guard:
         tune_gc()   # as `e3 serve` does once its guard is up
         urls = {"http": (guard.url, server.http_url), "grpc": (grpc_guard.url, server.grpc_url)}
         calib = perf(server.http_url, args.concurrency, 2000, {})
@@ -90,14 +121,18 @@ def main() -> int:
             for protocol in protocols:
                 sides = [("guard", urls[protocol][0]), ("direct", urls[protocol][1])]
                 for side, url in sides if r % 2 == 0 else sides[::-1]:   # odd rounds: direct first
+                    before = _cpu_now(server.process.pid)
                     res = perf(url, args.concurrency, n, {}, protocol)
-                    res.update(side=side, round=r, protocol=protocol)
+                    used = [(b - a) * 1e6 / n for a, b in zip(before, _cpu_now(server.process.pid))]
+                    res.update(side=side, round=r, protocol=protocol, cpu_us=used)
                     rows.append(res)
                     if not res["ok"]:
                         print(f"{protocol} {side}: perf_analyzer failed (exit {res['rc']}):\n{res['out']}")
                     else:
                         print(f"round {r} {protocol:<4} {side:<6} {res['rps']:8.1f} req/s  p99 {res['p99_ms']:7.1f} ms"
-                              f"  ({res['requests']} requests, 0 failed; load average {os.getloadavg()[0]:.1f})")
+                              f"  ({res['requests']} requests, 0 failed; load average {os.getloadavg()[0]:.1f}); "
+                              f"CPU per request: tritonserver {used[0]:.0f} us, perf_analyzer {used[1]:.0f} us, "
+                              f"guard {used[2]:.0f} us")
         ok = all(x["ok"] for x in rows)
         if ok:
             for r in range(args.rounds):
@@ -108,7 +143,9 @@ def main() -> int:
                           f"req/s: {g['rps'] / d['rps']:.2f}x (bound >= 0.9); p99 {g['p99_ms']:.1f} vs "
                           f"{d['p99_ms']:.1f} ms: {g['p99_ms'] / d['p99_ms']:.2f}x")
             print(f"HTTP guard answers by status over the whole run: {dict(guard.responses)}; gRPC guard: "
-                  f"{dict(grpc_guard.codes)} (anything but 200/OK would be a failure the guard produced)")
+                  f"{dict(grpc_guard.codes)} (anything but 200/OK would be a failure the guard produced); "
+                  f"gRPC calls carried on the guard's shared streams: "
+                  f"{grpc_guard._mux.sent if grpc_guard._mux else 0}")
         return 0 if ok else 1
 
 if __name__ == "__main__":

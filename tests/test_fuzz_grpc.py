@@ -270,3 +270,62 @@ def test_abort_ends_calls_in_flight_to_a_model_with_unavailable():
             call.result(timeout=10)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "lost its Python stub" in err.value.details()
         assert guard.codes["UNAVAILABLE"] == 1
+
+
+def _with_id(data: bytes, request_id: str) -> bytes:
+    req = _pb().ModelInferRequest.FromString(data)
+    req.id = request_id
+    return req.SerializeToString()
+
+
+def test_a_refused_message_inside_a_stream_is_answered_on_the_stream_and_the_stream_goes_on(guarded):
+    """A bad message in ModelStreamInfer gets an error response naming the problem and its id (as Triton answers
+    the messages it refuses itself); the messages after it are forwarded and answered on the same stream."""
+    server, guard, channel = guarded
+    pb = _pb()
+    crash = pb.ModelInferRequest(model_name="tiny_ee_split_1-2", id="bad")
+    crash.inputs.add(name="input_ids", datatype="INT64", shape=[10**12, 16])
+    sent = [_with_id(valid_message("tiny_ee_router", 2), "first"), crash.SerializeToString(),
+            b"\xff\xff not a message", _with_id(valid_message("tiny_ee_router", 1), "last")]
+    before = sum(guard.bad.counts.values())
+    answers = [pb.ModelStreamInferResponse.FromString(a)
+               for a in channel.stream_stream(f"/{SERVICE}/ModelStreamInfer")(iter(sent), timeout=60)]
+    assert len(answers) == 4
+    by_id = {a.infer_response.id: a for a in answers}
+    assert not by_id["first"].error_message and by_id["first"].infer_response.outputs
+    assert not by_id["last"].error_message and by_id["last"].infer_response.outputs
+    assert "past the 2147483648 allowed" in by_id["bad"].error_message
+    assert "not a ModelInferRequest" in by_id[""].error_message
+    assert sum(guard.bad.counts.values()) == before + 2   # counted on /metrics as bad requests
+    assert server.alive()
+
+
+def test_unary_calls_on_the_shared_streams_answer_as_triton_does(guarded):
+    """ModelInfer calls carried on the guard's shared streams (``stream_lanes``, grpc_mux): the client's id comes
+    back, the outputs are Triton's own for the same message sent straight to its private socket, and an error
+    Triton raises keeps Triton's status code and message (the guard asks such a call again on its own call)."""
+    server, _, _ = guarded
+    pb = _pb()
+    with GrpcGuard(server.grpc_url, port=0, stream_lanes=2) as guard, grpc.insecure_channel(guard.url) as channel, \
+            grpc.insecure_channel(server.grpc_url) as direct:
+        unary = channel.unary_unary(f"/{SERVICE}/ModelInfer")
+        message = _with_id(valid_message("tiny_ee_router", 3), "client-7")
+        want = pb.ModelInferResponse.FromString(direct.unary_unary(f"/{SERVICE}/ModelInfer")(message, timeout=60))
+        unary(message, timeout=60)   # a unary call answered: the model's calls may go on a stream now
+        sent = guard._mux.sent
+        for _ in range(20):
+            got = pb.ModelInferResponse.FromString(unary(message, timeout=60))
+            assert got.id == "client-7"
+            assert list(got.raw_output_contents) == list(want.raw_output_contents)
+            assert [(o.name, list(o.shape)) for o in got.outputs] == [(o.name, list(o.shape)) for o in want.outputs]
+        assert guard._mux.sent == sent + 20
+        wrong = pb.ModelInferRequest.FromString(message)
+        wrong.inputs[0].name = "no_such_input"
+        with pytest.raises(grpc.RpcError) as triton_says:
+            direct.unary_unary(f"/{SERVICE}/ModelInfer")(wrong.SerializeToString(), timeout=60)
+        with pytest.raises(grpc.RpcError) as guard_says:
+            unary(wrong.SerializeToString(), timeout=60)
+        assert guard._mux.sent == sent + 21   # asked on the stream first, then on its own call
+        assert guard_says.value.code() == triton_says.value.code() != grpc.StatusCode.OK
+        assert guard_says.value.details() == triton_says.value.details()
+        assert guard.codes["OK"] == 21
