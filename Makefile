@@ -42,14 +42,16 @@ $(STAMP): $(SETUP_INPUTS)
 demo: setup
 	$(BIN)/e3 demo
 
-# pytest exits 5 when it collects no test: say so loudly instead of failing CI.
-define run_pytest
-	@$(BIN)/python -m pytest $(1) $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "WARNING: pytest collected NO tests (exit 5): nothing was checked"; exit 0; fi; exit $$rc
-endef
-
+# Two parts: the tests in TEST_WORKERS processes (pytest-xdist, a test file per worker at a time: a file's server
+# fixture stays in one process), then the `serial` ones alone (they measure time, batch fill or order under load).
+# Both parts always run; the target fails if either did. Example: make test PYTEST_ARGS="-k scheduler".
+TEST_WORKERS ?= 2
 test: setup
-	$(call run_pytest,)
+	@$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS); a=$$?; \
+	echo "== the serial tests, alone"; \
+	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS); b=$$?; \
+	for rc in $$a $$b; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done; \
+	if [ $$a -eq 5 ] && [ $$b -eq 5 ]; then echo "WARNING: pytest collected NO tests (exit 5): nothing was checked"; fi
 
 # The long versions of the reliability tests (5,000 fuzzed bodies, a crash loop, destructive controls, a soak of 1,000,000
 # requests); `make test` runs the short ones. Options (benchmarks/reliability.py --help) go in RELIABILITY_ARGS,

@@ -60,6 +60,11 @@ ITEMS = [
     (18, "the continuous device router: 100,000 requests from 64 clients",
      ["tests/test_device_continuous.py::test_continuous_router_answers_every_request_from_64_clients_as_the_reference"],
      [r"[\d,]+ requests from 64 clients in .*"]),
+    (19, "E²bird's stage: 20,000 requests from 32 clients, each policy",
+     ["tests/test_admission_e2e.py::test_requests_from_32_clients_answered_continuously_and_equal_to_the_model"],
+     [r"admission: [\d,]+ requests from 32 clients.*"]),
+    (20, "the zoo served split: 1,000 inputs a model from 16 clients",
+     ["tests/test_zoo_e2e.py::test_inputs_from_sixteen_clients_equal_the_reference"], [r"zoo: [\d,]+ inputs .*"]),
 ]
 
 

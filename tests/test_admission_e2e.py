@@ -6,6 +6,7 @@ rounding), bad requests get their own error, and the stage keeps serving."""
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -107,8 +108,12 @@ def test_the_offline_phase_profiles_a_served_model_from_its_config_and_picks_the
         profile_served_model(tmp_path, "no_such_model", 100.0, max_workers=1)
 
 
+# Issue 37's bar is 20,000 requests per policy: `make reliability` (item 19) sends them; `make test` 4,000.
+REQUESTS = 20_000 if os.environ.get("E3_RELIABILITY") else 4_000
+
+
 @pytest.mark.parametrize("kind", sorted(POLICIES))
-def test_twenty_thousand_requests_from_32_clients_answered_continuously_and_equal_to_the_model(admission_server, kind):
+def test_requests_from_32_clients_answered_continuously_and_equal_to_the_model(admission_server, kind):
     """Issue 37's bar for the continuous form on the CPU: every request of 1..4 inputs from 32 concurrent gRPC
     clients answered (0 failed), each row's logits those of the model's own ONNX session for that row."""
     import threading
@@ -117,7 +122,7 @@ def test_twenty_thousand_requests_from_32_clients_answered_continuously_and_equa
 
     from e3.models.zoo import resolve_architecture
     server, repo, names = admission_server
-    requests_total, clients = 20_000, 32
+    requests_total, clients = REQUESTS, 32
     arrays = resolve_architecture("tiny-ee").example_arrays(256, seed=7)
     reference = make_session(str(repo / "tiny_ee_stock" / "1" / "model.onnx")).run(["logits"], arrays)[0]
     failures, mismatched, done = [], [], [0]
@@ -154,3 +159,5 @@ def test_twenty_thousand_requests_from_32_clients_answered_continuously_and_equa
     assert not failures, f"{len(failures)} of {requests_total} requests failed, e.g. {failures[:3]}"
     assert not mismatched, f"{len(mismatched)} answers differ from the model's, e.g. (first row, rows) {mismatched[:3]}"
     assert done[0] == requests_total
+    print(f"admission: {requests_total:,} requests from {clients} clients through {names[kind]}: 0 failed, "
+          "every answer the model's")

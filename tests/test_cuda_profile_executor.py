@@ -58,6 +58,7 @@ def test_the_cuda_profile_runs_the_serving_executor_for_every_block_and_the_stoc
     assert all(v >= 0.2 for v in p.tx_ms[d]) and p.check_ms[d][0] > 0 and p.router_ms[d][0] > 0
 
 
+@pytest.mark.serial
 def test_the_profile_holds_what_the_executor_took(monkeypatch):
     """A block whose executor is slowed by 20 ms per call shows 20 ms more in the profile, in its own row only:
     the figures are the executor's calls, not another harness's."""

@@ -39,6 +39,7 @@ def door(tmp_path_factory):
         yield server, name, lengths
 
 
+@pytest.mark.serial
 def test_the_chosen_schedule_meets_the_bound_and_beats_the_best_static_batch(door):
     from e3.generation.exegpt.drive import control
     from e3.generation.exegpt.scheduler import RraSchedule, best_static, predict

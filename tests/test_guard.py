@@ -232,6 +232,7 @@ def test_refusals_are_counted_and_their_log_lines_rate_limited(caplog):
     assert 'e3_guard_bad_requests_total{protocol="http",reason="400"} 1000' in bad.metrics("http")
 
 
+@pytest.mark.serial
 def test_a_deep_bracket_body_costs_a_fraction_of_a_second():
     body = b'{"inputs":[' + b",".join([b"[]"] * 1_000_000) + b"]}"
     began = time.perf_counter()

@@ -82,6 +82,7 @@ def _diff(after: dict[int, int], before: dict[int, int]) -> dict[int, int]:
     return {b: n - before.get(b, 0) for b, n in after.items() if n - before.get(b, 0) > 0}
 
 
+@pytest.mark.serial
 def test_a_forced_constant_plan_runs_the_plans_batch_at_every_split(sched_server, tiny_model):
     # Two constant splits, batch 8: under a saturating load (32 clients x 4 inputs), survivors of many
     # requests are merged so that split 3-4, which sees only the inputs that did not exit, still runs 8.
@@ -101,6 +102,7 @@ def test_a_forced_constant_plan_runs_the_plans_batch_at_every_split(sched_server
         assert at_plan >= 0.9, f"{s.model}: {at_plan:.0%} of executions at the plan's batch of 8 ({sizes})"
 
 
+@pytest.mark.serial
 def test_easy_inputs_are_answered_before_hard_ones_under_the_same_load(sched_server, tiny_model):
     # E3 Fig. 17: single-input requests; those that exit in split 1-2 do not wait for split 3-4.
     card = tiny_model.card
