@@ -193,7 +193,7 @@ def _check_values(values, datatype: str, what: str) -> None:
     kind, low, high, _ = DATATYPES[datatype]
     if kind not in ("float", "int") or not len(values):
         return
-    import numpy as np
+    import numpy as np   # deferred: numpy loads with the first typed field checked, not with the guard
     a = np.asarray(values, dtype=np.float64 if kind == "float" else np.int64 if datatype != "UINT64"
                    else np.uint64)
     if kind == "float":

@@ -116,7 +116,7 @@ class Mux:
     """``lanes`` shared streams to ``path`` on ``channel`` (a ``grpc.aio`` channel); use from its event loop."""
 
     def __init__(self, channel: grpc.aio.Channel, path: str, lanes: int = 2, trust_s: float = 2.0):
-        from tritonclient.grpc import service_pb2
+        from tritonclient.grpc import service_pb2   # deferred: protos load only with shared streams on
         self.pb = service_pb2
         self.channel, self.path, self.n, self.trust_s = channel, path, lanes, trust_s
         self._lanes: list[_Lane | None] = [None] * lanes

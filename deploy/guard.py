@@ -120,7 +120,7 @@ def inflate(body: bytes, encoding: str, limit: int) -> bytes:
     size = 0
     try:
         if encoding == "br":
-            import brotli
+            import brotli   # deferred: loaded by the first br body only
             d = brotli.Decompressor()
             for at in range(0, len(body), _INFLATE_CHUNK):
                 piece = d.process(body[at:at + _INFLATE_CHUNK], output_buffer_limit=_INFLATE_STEP)
@@ -246,7 +246,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     shared cores): with asyncio's loop the guard served 0.67x the throughput of Triton's own port at 2.6x its
     p99; with uvloop 0.83x at 1.38x (docs/reliability.md)."""
     try:
-        import uvloop
+        import uvloop   # optional: asyncio's loop where it is not installed
     except ImportError:
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()

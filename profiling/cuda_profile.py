@@ -53,15 +53,24 @@ cpu``): the same path with eager executors in FP32 on the CPU, a check of the co
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
+import torch
+from tqdm import tqdm
 
+from e3.core.names import served_name
 from e3.core.profile import LatencyProfile, ProfileError
+from e3.core.spec import NUMPY_DTYPES
+from e3.models.zoo import resolve_architecture, resolve_model
+from e3.profiling.profiler import (_check_inputs, _first_ramp, _route, assemble_profile, cut_state,
+                                   default_batch_sizes, measure_router, summarize)
 from e3.profiling.modelled_profile import TX_FIXED_MS
 from e3.serving.device.executor import DeviceSettings
 from e3.serving.device.timing import time_blocks
@@ -118,8 +127,6 @@ BlockTimer = Callable[["EarlyExitModel", "CudaSettings", tuple[int, ...], object
 def bls_from_run(path, model_name: str) -> tuple[tuple[int, float], ...]:
     """The BLS hop prices a GPU side-by-side run measured for ``model_name`` (its ``side_by_side.json`` or
     folder: ``hops`` rows, :mod:`e3.serving.device.hops`), as (batch, ms) pairs; a clear error when it has none."""
-    import json
-    from pathlib import Path
     p = Path(path)
     p = p / "side_by_side.json" if p.is_dir() else p
     doc = json.loads(p.read_text())
@@ -154,7 +161,6 @@ def device_label(gpu_name: str, precision: str = "fp16", graphs: bool = True) ->
 
 def cuda_available() -> bool:
     try:
-        import torch
         return bool(torch.cuda.is_available())
     except ImportError:     # pragma: no cover - torch is a dependency
         return False
@@ -162,7 +168,6 @@ def cuda_available() -> bool:
 
 def _sync(device: str) -> None:
     if device != "cpu":
-        import torch
         torch.cuda.synchronize()
 
 
@@ -189,8 +194,6 @@ def compile_call(module, inputs: Sequence, settings: CudaSettings) -> Callable[[
     graph (replayed; the inputs stay the graph's static inputs) or eager. Only the GPU admission analogue
     (``benchmarks/admission_gpu.py``) runs this; the profile times the serving executor instead (module
     docstring)."""
-    import torch
-
     def run():
         with torch.no_grad(), torch.autocast(settings.torch_device, dtype=torch.float16,
                                              enabled=settings.precision == "fp16", cache_enabled=False):
@@ -217,9 +220,6 @@ def compile_call(module, inputs: Sequence, settings: CudaSettings) -> Callable[[
 def _state_dtype(triton_dtype: str, settings: CudaSettings):
     """A state tensor's dtype as the executor holds it: floats in half precision under FP16 (its
     ``model.half()``), everything else as the model card declares it."""
-    import torch
-
-    from e3.core.spec import NUMPY_DTYPES
     if triton_dtype.startswith("FP") and settings.precision == "fp16":
         return torch.float16
     return getattr(torch, np.dtype(NUMPY_DTYPES[triton_dtype]).name)
@@ -229,9 +229,6 @@ def measure_hops_cuda(model: "EarlyExitModel", batches: Sequence[int], settings:
     """Timings (ms) of a cut's copies (the heaviest cut's state, device -> host -> device, at the
     executor's precision) and of the model inputs' copy host -> device, at each batch size; the fixed
     part is not in them."""
-    import torch
-
-    from e3.profiling.profiler import cut_state
     card = model.card
     dev = settings.torch_device
     tx, tx_in = [], []
@@ -250,9 +247,6 @@ def measure_check_cuda(model: "EarlyExitModel", batches: Sequence[int], settings
     """Timings (ms) of one exit check of a compact split on the GPU: the ramp's logits to the host, the
     exit rule (``BatchRoute.observe``), the survivors' indices to the device and a gather of their rows
     of the heaviest cut's state."""
-    import torch
-
-    from e3.profiling.profiler import _check_inputs, _first_ramp, _route, cut_state
     card = model.card
     dev = settings.torch_device
     rng = np.random.default_rng(settings.seed)
@@ -281,13 +275,6 @@ def profile_model_cuda(model_name: str, settings: CudaSettings = CudaSettings(),
     ``time_blocks(model, settings, batches, bar)`` times the blocks and the stock graph with the serving
     executor (:func:`profile_cuda` passes the one that does); the rest (hops, the exit check,
     the router) is measured here. Latencies in ms per call of B rows, B in ``settings.batch_sizes``."""
-    import torch
-    from tqdm import tqdm
-
-    from e3.core.names import served_name
-    from e3.profiling.profiler import assemble_profile, default_batch_sizes, measure_router, summarize
-    from e3.models.zoo import resolve_architecture, resolve_model
-
     if settings.torch_device != "cpu" and not cuda_available():
         raise ProfileError("--cuda needs an NVIDIA GPU that PyTorch can use (torch.cuda.is_available() is False "
                            "here); profile the CPU without --cuda, or model GPUs with --modelled")
@@ -344,7 +331,6 @@ def profile_cuda(model_name: str, settings, *, untrained: bool = False, progress
     ``make_executor`` at each batch size as a bucket) and written by :func:`profile_model_cuda` (hops, exit
     check, router, the file). ``settings``: a :class:`CudaSettings`. ``e3 profile --cuda`` and
     ``benchmarks/gpu_host.py`` both call it, so every GPU profile times the code that serves."""
-
     def executor_timer(model, s, batches, bar):
         device = DeviceSettings(device=s.torch_device, precision=s.precision, graphs=s.graphs,
                                 max_batch=max(batches), buckets=tuple(batches))

@@ -5,6 +5,7 @@ generator. The probes are Python models of :mod:`e3.serving.tx_probe` in a repos
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 import time
@@ -13,11 +14,15 @@ from typing import Sequence
 
 import numpy as np
 
+from e3.client.loadgen import closed_loop_records
 from e3.core.files import write_atomic
 from e3.core.names import state_output
 from e3.core.spec import ModelCard, TensorSpec
-from e3.profiling.profiler import cut_state
+from e3.deploy.server import TritonServer
+from e3.export.repository import answer_specs
+from e3.export.triton_config import ModelDescription, render_config
 from e3.paths import artifacts_dir
+from e3.profiling.profiler import cut_state
 
 __all__ = ["probe_server", "measure_tx", "measure_request", "TX_ECHO", "TX_CALLER", "TX_FRONT", "REQUEST_CLIENTS"]
 
@@ -28,10 +33,6 @@ REQUEST_CLIENTS = 16            # the load generator's clients while request_ms 
 def _tx_repository(repo: Path, card: ModelCard, max_batch: int, warmup: int) -> None:
     """The probes' repository: the hop's caller and echo (the heaviest cut's tensors) and the front door
     without compute (the model's inputs, the answer tensors)."""
-    import json
-    from e3.export.repository import answer_specs
-    from e3.export.triton_config import ModelDescription, render_config
-
     module = "e3.serving.tx_probe"
     state = cut_state(card)
     outputs = tuple(TensorSpec(state_output(t.name), t.dtype, t.shape) for t in state)
@@ -55,8 +56,6 @@ def _tx_repository(repo: Path, card: ModelCard, max_batch: int, warmup: int) -> 
 @contextlib.contextmanager
 def probe_server(card: ModelCard, max_batch: int, warmup: int = 3, *, tritonserver: str | None = None):
     """A real tritonserver serving the probes (:func:`measure_tx`, :func:`measure_request`) for ``card``."""
-    from e3.deploy.server import TritonServer
-
     with tempfile.TemporaryDirectory(prefix="e3-tx-") as tmp:
         repo = Path(tmp)
         _tx_repository(repo, card, max_batch, warmup)
@@ -70,7 +69,7 @@ def measure_tx(card: ModelCard, batch_sizes: Sequence[int], repeats: int, *, war
                bar=None, tritonserver: str | None = None, server=None) -> list[np.ndarray]:
     """Timings (ms) of one BLS hop carrying the heaviest cut's tensors (:func:`cut_state`) at each
     batch size, on a real tritonserver (``server``: a running :func:`probe_server`, else one of its own)."""
-    import tritonclient.http as httpclient
+    import tritonclient.http as httpclient   # deferred: its gevent (~0.4 s) loads only when a hop is measured
 
     if server is None:
         with probe_server(card, max(batch_sizes), warmup, tritonserver=tritonserver) as server:
@@ -105,8 +104,6 @@ def measure_request(card: ModelCard, batch_sizes: Sequence[int], requests: int =
     (the clients) plus tritonserver's own process's, over the run, per request. The probe's stub is left
     out (its handling of a request is what Tx prices). Returns (host CPU, of which the load generator's)
     per batch size."""
-    from e3.client.loadgen import closed_loop_records
-
     if server is None:
         with probe_server(card, max(batch_sizes), tritonserver=tritonserver) as server:
             return measure_request(card, batch_sizes, requests, bar=bar, server=server)
