@@ -35,6 +35,8 @@ from e3.deploy.grpc_guard import GrpcGuard
 from e3.deploy.guard import Guard, tune_gc
 from e3.deploy.server import TritonServer
 from e3.deploy.tools import perf_analyzer_binary, tool_env
+from e3.export.repository import ExportSettings, export_repository
+from e3.paths import artifacts_dir
 
 MODELS = ["tiny_ee_split_1-2", "tiny_ee_split_3-4", "tiny_ee_router"]
 
@@ -92,10 +94,8 @@ def main() -> int:
     parser.add_argument("--stream-lanes", type=int, default=0,
                         help="the gRPC guard's shared streams to Triton (grpc_mux; 0, the default: a unary call each)")
     args = parser.parse_args()
-    from e3.paths import artifacts_dir
     repo = Path(args.repo) if args.repo else Path(artifacts_dir()) / "bench" / "front-door-tiny-ee"
     if not (repo / "tiny_ee_router").is_dir():
-        from e3.export.repository import ExportSettings, export_repository
         export_repository("tiny-ee", "2", repo, settings=ExportSettings(slo_ms=10_000.0), progress=False)
     protocols = args.protocols.split(",")
     with TritonServer.on_free_ports(repo, MODELS, exit_timeout_s=3) as server, \

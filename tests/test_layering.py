@@ -214,3 +214,11 @@ def test_every_package_lists_what_it_holds_or_nothing():
             if said and said != names:
                 stale.append(f"{init.relative_to(ROOT)} lists {sorted(said)} but not {sorted(names - said)}")
     assert not stale, "\n".join(stale)
+
+
+def test_no_module_is_over_600_lines():
+    """A module that grows past 600 lines holds more than one job: split it by what it does."""
+    dirs = package_dirs()
+    long = {str(p.relative_to(ROOT)): n for p in sources(dirs) if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, f"modules over 600 lines: {long}"
+
