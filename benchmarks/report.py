@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 from pathlib import Path
 from typing import Mapping, Sequence
 
-__all__ = ["BEGIN", "END", "markers", "goodput_table", "validation_table", "within_both", "replace_section",
+from e3.benchmarks.perf_check import format_check
+from e3.core.files import write_atomic
+from e3.paths import project_root
+
+__all__ = ["BEGIN", "END", "markers", "goodput_table", "validation_table", "validation_report", "GROUP_TITLES", "bench_section",
+           "within_both", "replace_section",
            "replace_between", "write_section", "commit", "load_run"]
 
 
@@ -23,6 +30,10 @@ BEGIN, END = markers()
 
 def _fmt(x: float, spec: str = ".1f") -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def goodput_table(rows: Sequence[Mapping], ideal: Mapping[str, float]) -> str:
@@ -49,12 +60,19 @@ def validation_table(rows: Sequence[Mapping], goodput_tol: float, p99_tol: float
     """The simulator's validation: predicted vs measured goodput and p99 with the error of each (rows as
     ``simulator_validation.json`` holds them), misses in bold; where the rows have them, the measured p99's
     own 90% bootstrap interval (how far one run's tail figure moves: a simulated p99 inside it is as close
-    as the measurement can tell), the p50s (no bar: whether a p99 miss is the centre or the tail) and the
-    host's share."""
+    as the measurement can tell), the p50s (no bar: whether a p99 miss is the centre or the tail), the
+    host's share and, where recorded, a baseline's mean time per execution in Triton's statistics (whether a
+    miss is the compute or the queueing around it) and the cores other processes used during the run (work
+    the simulator does not model: another engineer's on a shared machine)."""
     extra = all("predicted_p50_ms" in r and "measured_p50_ms" in r for r in rows)
+    execution = extra and any(_finite(r.get("measured_execution_ms")) for r in rows)
+    foreign = extra and any(_finite(r.get("foreign_cores")) for r in rows)
     out = ["| setting | goodput simulated | measured | error | p99 simulated (ms) | measured | error |"
-           + (" measured p99, 90% interval | p50 simulated / measured (ms) | host share |" if extra else ""),
-           "| --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- |" if extra else "")]
+           + (" measured p99, 90% interval | p50 simulated / measured (ms) | host share |" if extra else "")
+           + (" execution simulated / measured (ms) |" if execution else "")
+           + (" others' cores |" if foreign else ""),
+           "| --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- |" if extra else "")
+           + (" --- |" if execution else "") + (" --- |" if foreign else "")]
     for r in rows:
         g = r["predicted_goodput"] / r["measured_goodput"] - 1 if r["measured_goodput"] else float("nan")
         p = r["predicted_p99_ms"] / r["measured_p99_ms"] - 1 if r["measured_p99_ms"] else float("nan")
@@ -67,6 +85,11 @@ def validation_table(rows: Sequence[Mapping], goodput_tol: float, p99_tol: float
             inside = {True: " (simulated inside)", False: "", None: ""}[r.get("p99_inside_interval")]
             line += ((f" {ci[0]:.0f}-{ci[1]:.0f}{inside} |" if ci else " - |")
                      + f" {r['predicted_p50_ms']:.1f} / {r['measured_p50_ms']:.1f} | {r.get('host_share', 0.0):.0%} |")
+        if execution:
+            line += (f" {_fmt(r.get('predicted_execution_ms'))} / {_fmt(r.get('measured_execution_ms'))} |"
+                     if _finite(r.get("measured_execution_ms")) else " - |")
+        if foreign:
+            line += f" {r['foreign_cores']:.2f} |" if _finite(r.get("foreign_cores")) else " - |"
         out.append(line)
     return "\n".join(out)
 
@@ -74,6 +97,70 @@ def validation_table(rows: Sequence[Mapping], goodput_tol: float, p99_tol: float
 def within_both(rows: Sequence[Mapping], goodput_tol: float, p99_tol: float) -> int:
     """How many validation rows have both their goodput and their p99 within the bar."""
     return sum(abs(r["goodput_error"]) <= goodput_tol and abs(r["p99_error"]) <= p99_tol for r in rows)
+
+
+GROUP_TITLES = {
+    "chosen": "the table's cells (each baseline in its chosen configuration)",
+    "forced": "the forced configurations beside them (`--baselines`: each baseline in every one given)",
+    "calibration": "every configuration the calibration explored (its short runs: wide intervals)",
+}
+
+
+def validation_report(rows: Sequence[Mapping], goodput_tol: float, p99_tol: float) -> str:
+    """The validation tables, one per group of settings (:data:`GROUP_TITLES`, rows without a group are
+    ``chosen``), each under a line naming the group and how many of its settings are within both bars."""
+    out = []
+    for group, title in GROUP_TITLES.items():
+        mine = [r for r in rows if r.get("group", "chosen") == group]
+        if not mine:
+            continue
+        out += [f"**{title}**: {within_both(mine, goodput_tol, p99_tol)} of {len(mine)} settings within both bars "
+                f"(goodput {goodput_tol:.0%}, p99 {p99_tol:.0%}).", "", validation_table(mine, goodput_tol, p99_tol), ""]
+    return "\n".join(out).rstrip()
+
+
+def bench_section(command: str, doc: Mapping, validation: Sequence[Mapping], *, goodput_tol: float, p99_tol: float,
+                  perf: Mapping | None = None, check=None, json_name: str = "bench_side_by_side.json",
+                  validation_name: str = "simulator_validation.json") -> str:
+    """`e3 bench`'s section of docs/RESULTS.md: the goodput table of the side-by-side ``doc``, the simulator's
+    validation (``validation``: its rows as dicts, every group) and, where run, the perf_analyzer check
+    (``perf``: its document, ``check``: its :class:`e3.benchmarks.perf_check.PerfCheck`)."""
+    G, P = goodput_tol, p99_tol
+    s = doc.get("settings", {})
+    forced = s.get("forced_baselines")
+    chosen = [r for r in validation if r.get("group", "chosen") == "chosen"]
+    inside = sum(bool(r.get("p99_inside_interval")) for r in validation)
+    lines = [
+        f"## Goodput against batch size, and the simulator against real runs (`{command}`)", "",
+        f"{doc['model']}, every system on {doc.get('cores', 2)} cores (instances x threads; "
+        + ("each baseline measured in every forced configuration, " + ", ".join(forced) + ", its best in the "
+           "goodput table" if forced else "each baseline in its best configuration within them, chosen by a "
+           "calibration run of every one")
+        + f"), {s.get('concurrency', 16)} closed-loop clients, {s.get('inputs_per_run')} inputs per run, "
+        f"{s.get('repeats')} run(s) per cell (median); commit {doc.get('commit', 'unknown')}. In a closed loop "
+        f"without an SLO every request is answered, so goodput is the answered inputs per second. The JSON: "
+        f"`artifacts/results/{json_name}`.", "",
+        goodput_table(doc["rows"], doc["ideal_speedup"]), "",
+        "The discrete-event simulator (`simulator/`, SimPy, the real scheduler in simulated time) run with the "
+        "same latency profile, plans, baseline configurations, inputs and load as each measured run "
+        f"(`e3 bench simulator`; `artifacts/results/{validation_name}`). What it takes from `e3 profile` "
+        "(`docs/profiling.md`): the blocks, hops, checks and router work (naive EE's blocks as one composed graph, "
+        "at the stock graph's share of its blocks); the thread model (the stock graph on 1 and 2 intra-op threads, "
+        "every graph's blocks at the rows they run); the host CPU per request of the load generator "
+        "and tritonserver's front door, shared with the instances' cores (the *host share* column), the load "
+        "generator's part one request at a time (one GIL); each batch's time drawn with the jitter measured "
+        f"beside one neighbour per core. Bar: goodput within {G:.0%}, p99 within {P:.0%} (misses in bold); "
+        f"{within_both(chosen, G, P)} of {len(chosen)} of the table's settings within both, "
+        f"{within_both(validation, G, P)} of {len(validation)} in all; the simulated p99 inside the measured "
+        f"p99's own 90% bootstrap interval in {inside} of {len(validation)} (a p99 of 16-800 requests is close "
+        "to their maximum: it moves that much between runs of the same system).", "",
+        validation_report(validation, G, P)]
+    if perf is not None and check is not None:
+        lines += ["", f"perf_analyzer against the load generator on E3's front door ({perf['mix']} mix, the same "
+                  "inputs, alternating runs, medians; `e3 bench perf`, `artifacts/results/perf_check.json`): "
+                  + ("within" if check.agrees else "**outside**") + f" the {check.tolerance:.0%} bar.", "",
+                  format_check([check]), "", f"The perf_analyzer command (served on localhost:8000): `{check.command}`"]
+    return "\n".join(lines)
 
 
 def replace_section(document: str, section: str, name: str = "e3 bench") -> str:
@@ -101,8 +188,6 @@ def replace_between(document: str, begin: str, end: str, *, section: str, name: 
 def write_section(path, begin: str, end: str, *, section: str) -> None:
     """Replace (or append) the section between ``begin`` and ``end`` in the file ``path``, atomically; the rest
     of the file is kept."""
-    from pathlib import Path
-    from e3.core.files import write_atomic
     path = Path(path)
     write_atomic(path, replace_between(path.read_text() if path.exists() else "", begin, end, section=section))
 
@@ -111,9 +196,6 @@ def commit() -> str:
     """The project's short commit hash, recorded in every results file: ``E3_COMMIT`` where set (a copy of the tree
     without ``.git``, as a lent GPU host gets: the caller names the commit it carried), else git's, else
     ``unknown``."""
-    import os
-    import subprocess
-    from e3.paths import project_root
     if os.environ.get("E3_COMMIT"):
         return os.environ["E3_COMMIT"]
     try:

@@ -24,18 +24,30 @@ the table live in :mod:`e3.benchmarks.side_by_side_report`.
 
 from __future__ import annotations
 
+# Deferred imports: each step loads its own room when it runs (training and workloads: torch; the server, the
+# planner, perf_analyzer), so that validating a saved run or rendering its section needs none of them.
 import copy
+import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from e3.benchmarks.report import commit
+import numpy as np
+
+from e3.benchmarks.perf_check import PerfCheck
+from e3.benchmarks.report import bench_section, commit, replace_section, validation_report, within_both
+from e3.benchmarks.side_by_side_report import (BaselineConfig, Row, baseline_configs, format_rows, ideal_speedup,
+                                               mix_label, results_document, write_results)
+from e3.benchmarks.sim_validation import GOODPUT_TOLERANCE, P99_TOLERANCE, validate_side_by_side
 from e3.client.loadgen import LoadResult, closed_loop
-from e3.benchmarks.side_by_side_report import (BaselineConfig, Row, baseline_configs, format_rows, ideal_speedup, mix_label,
-                                    results_document, write_results)
+from e3.core.files import write_atomic, write_json_atomic
 from e3.core.names import ee_name, router_name, served_name, stock_name
 from e3.core.plan import Plan
+from e3.core.profile import LatencyProfile
 from e3.paths import artifacts_dir
+from e3.profiling.host_profile import ForeignLoad
+from e3.profiling.profiler import default_profile_path
 
 __all__ = ["BenchSettings", "run_side_by_side", "default_results_path", "machine_plan", "run_simulator_validation",
            "run_evaluation", "PerfSettings", "run_perf_check"]
@@ -59,13 +71,16 @@ class BenchSettings:
     rate_rps: float = 2000.0     # the planner's offered rate (a saturating closed loop)
     out: Path | None = None      # default artifacts/results/side_by_side.json
     repo: Path | None = None     # default artifacts/bench-repo
+    baselines: tuple[BaselineConfig, ...] | None = None   # forced: every baseline measured in each of these
+    #                                  configurations, full runs, no calibration; None: calibrate, measure the best
 
 
 def default_results_path() -> Path:
     return artifacts_dir() / "results" / "side_by_side.json"
 
 
-def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, after=None) -> dict:
+def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, after=None,
+                     command: str = "e3 bench side-by-side") -> dict:
     """Run the benchmark; returns the results document (also written to ``settings.out``). ``after(url,
     plans, workloads)``: called on the same server once the side-by-side is measured (`e3 bench`'s
     perf_analyzer check), its return value kept as the document's ``after``."""
@@ -88,6 +103,9 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
     repo = settings.repo or artifacts_dir() / "bench-repo"
     server = _serve(name, plans, repo, settings, echo)
     rows: list[Row] = []
+    alternatives: list[Row] = []    # forced configurations other than each cell's best (settings.baselines)
+    calibration: list[Row] = []     # every calibration run (short): the configurations the choice explored
+    executed: list[dict] = []       # every measured run's executions (Triton's batch statistics)
     baseline_choice: dict[str, dict[int, BaselineConfig]] = {}
     # docs/design.md §5: the ideal at the planned batch (the plan's input batch per instance of split 1)
     ideal = {mix_label(mix): ideal_speedup(latency, wl["batch_profile"].reach, plans[mix].splits[0].batch_size)
@@ -95,30 +113,23 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
     with server:
         from e3.controller.triton_api import TritonControl
         with TritonControl(server.http_url) as control:
-            for batch in settings.batches:
-                calib = workloads[settings.mixes[len(settings.mixes) // 2]]
-                for base in (stock_name(m), ee_name(m)):
-                    best = _best_config(control, server.http_url, base, calib, batch, settings, echo)
+            calib_mix = settings.mixes[len(settings.mixes) // 2]
+            for batch in settings.batches if settings.baselines is None else ():
+                for system, base in (("stock", stock_name(m)), ("ee", ee_name(m))):
+                    def record(config, result, batch=batch, system=system):
+                        calibration.append(_row(mix_label(calib_mix), batch, system, [result], config.describe(),
+                                                float("nan")))
+                    best = _best_config(control, server.http_url, base, workloads[calib_mix], batch, settings, echo,
+                                        record=record)
                     baseline_choice.setdefault(base, {})[batch] = best
-            systems = (("e3", router_name(m)), ("stock", stock_name(m)), ("ee", ee_name(m)))
             for mix, wl in workloads.items():
                 _switch(control, plans[mix])
                 for batch in settings.batches:
-                    for system, served in systems[1:]:
-                        _configure(control, served, baseline_choice[served][batch])
-                    runs: dict[str, list[LoadResult]] = {system: [] for system, _ in systems}
-                    for r in range(settings.repeats):   # interleaved, the order rotating: drift hits all alike
-                        for system, served in systems[r % 3:] + systems[:r % 3]:
-                            result = _measure(server.http_url, served, wl, batch, settings.inputs_per_run, settings)
-                            runs[system].append(result)
-                            echo(f"[run {r + 1}/{settings.repeats}] {mix_label(mix)} batch {batch} {system:5s} "
-                                 f"{result.throughput_ips:7.1f} inputs/s  p50 {result.percentile_ms(50):.1f} ms  "
-                                 f"errors {result.errors}")
-                    for system, served in systems:
-                        config = _e3_config(plans[mix]) if system == "e3" else baseline_choice[served][batch].describe()
-                        predicted = plans[mix].predicted.get("throughput_rps", float("nan")) if system == "e3" \
-                            else float("nan")
-                        rows.append(_row(mix_label(mix), batch, system, runs[system], config, predicted))
+                    chosen, others = _measure_cell(control, server.http_url, m, plans[mix], mix, wl, batch, settings,
+                                                   baseline_choice, echo, executed,
+                                                   ForeignLoad(server.process.pid if server.process else None))
+                    rows.extend(chosen)
+                    alternatives.extend(others)
         extra = after(server.http_url, plans, workloads) if after is not None else None
     table = format_rows(rows, settings.cores, ideal)
     echo("")
@@ -128,7 +139,13 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
                            baseline_configs={k: {str(b): c.describe() for b, c in v.items()}
                                              for k, v in baseline_choice.items()},
                            settings={"concurrency": settings.concurrency, "inputs_per_run": settings.inputs_per_run,
-                                     "batches": list(settings.batches), "repeats": settings.repeats})
+                                     "batches": list(settings.batches), "repeats": settings.repeats,
+                                     "calibration_inputs": settings.calibration_inputs, "command": command,
+                                     "forced_baselines": None if settings.baselines is None
+                                     else [c.describe() for c in settings.baselines]},
+                           alternatives=results_document(name, settings.cores, ideal, rows=alternatives)["rows"],
+                           calibration=results_document(name, settings.cores, ideal, rows=calibration)["rows"],
+                           executed=executed)
     out = write_results(settings.out or default_results_path(), doc)
     echo(f"\nwrote {out}")
     if extra is not None:
@@ -168,17 +185,26 @@ def load_workloads(name: str, mixes, echo) -> dict:
 
 def _latency_profile(name: str, echo):
     """The measured CPU profile (``e3 profile``), measured now when missing or made before the router's
-    own costs, the stock graph and the host's CPU per request were part of it (the simulator reads them)."""
-    from e3.core.profile import LatencyProfile
-    from e3.profiling.profiler import ProfileSettings, default_profile_path, profile_model
+    own costs, the stock graph, the host's CPU per request and the cost of instances side by side were part
+    of it (the simulator reads them), at every batch size up to the model's max batch.
+
+    Decision: up to the max batch. A batcher with a queue delay sends what has waited, up to the max batch
+    (64 rows for bert-ee), and a curve read past its last point is extrapolated from its last two: measured
+    (`e3 bench --quick`, stock on 1 instance x 2 threads, delay 2 ms), executions of 64 rows took 469-620
+    ms where the profile's points at 16 and 32 extrapolated 355."""
+    from e3.models.zoo import resolve_model
+    from e3.profiling.profiler import ProfileSettings, default_batch_sizes, profile_model
     path = default_profile_path(name, ["cpu"])
+    largest = resolve_model(name).card.max_batch_size
     if path.exists():
         profile = LatencyProfile.load(path)
-        if profile.router_ms and profile.stock_ms and profile.request_ms:
+        if profile.router_ms and profile.stock_ms and profile.request_ms and profile.corun_ms \
+                and profile.batch_sizes[-1] >= largest:
             return profile
-        echo(f"[setup] {path} was made by an older e3 (no stock graph or request CPU): measuring it again")
+        echo(f"[setup] {path} was made by an older e3 (no stock graph, request CPU or co-run curve, or not up "
+             f"to the max batch {largest}): measuring it again")
     echo(f"[setup] measuring the latency profile of {name} on this machine (e3 profile) -> {path}")
-    profile = profile_model(name, ProfileSettings(batch_sizes=(1, 2, 4, 8, 16, 32), repeats=10))
+    profile = profile_model(name, ProfileSettings(batch_sizes=tuple(default_batch_sizes(largest)), repeats=10))
     profile.save(path)
     return profile
 
@@ -225,11 +251,89 @@ def _configure(control, model: str, choice: BaselineConfig) -> None:
     control.load(model, config)
 
 
-def _best_config(control, url: str, model: str, wl: dict, batch: int, settings: BenchSettings, echo) -> BaselineConfig:
+def _batch_stats(stats: dict) -> dict[int, tuple[int, int]]:
+    """Triton's statistics of one model -> {batch size: (executions, compute_infer ns)}."""
+    out: dict[int, tuple[int, int]] = {}
+    for model in stats.get("model_stats", []):
+        for b in model.get("batch_stats", []):
+            c = b.get("compute_infer", {})
+            n, ns = out.get(int(b["batch_size"]), (0, 0))
+            out[int(b["batch_size"])] = (n + int(c.get("count", 0)), ns + int(c.get("ns", 0)))
+    return out
+
+
+def _stats_delta(before: dict, after: dict) -> dict[str, list[float]]:
+    """The executions of one run: {batch size: [executions, mean compute ms]} (a reload resets Triton's counts:
+    then ``after`` alone)."""
+    out = {}
+    for bs, (n, ns) in sorted(after.items()):
+        n0, ns0 = before.get(bs, (0, 0))
+        if n0 > n:
+            n0 = ns0 = 0
+        if n > n0:
+            out[str(bs)] = [n - n0, round((ns - ns0) / (n - n0) / 1e6, 3)]
+    return out
+
+
+def _measure_cell(control, url: str, m: str, plan: Plan, mix, wl: dict, batch: int, settings: BenchSettings,
+                  baseline_choice: dict, echo, executed: list, meter: ForeignLoad) -> tuple[list[Row], list[Row]]:
+    """One (mix, batch) cell: E3 and every baseline in its calibrated configuration, or, with
+    ``settings.baselines``, in each forced configuration, ``repeats`` runs each, interleaved with the order
+    rotating (drift hits all alike). Returns (the rows of the table: E3 and each baseline's best, the other
+    forced configurations' rows); a forced cell records each baseline's best in ``baseline_choice``; every
+    run's executions as Triton counted them (batch sizes, mean compute time), with the cores other processes
+    used meanwhile (``meter``) and the load average at its end, go to ``executed``."""
+    entries = [("e3", router_name(m), None)]
+    for system, served in (("stock", stock_name(m)), ("ee", ee_name(m))):
+        configs = [baseline_choice[served][batch]] if settings.baselines is None else list(settings.baselines)
+        entries += [(system, served, c) for c in configs]
+    if settings.baselines is None:
+        for _, served, config in entries[1:]:
+            _configure(control, served, config)
+    runs: dict[int, list[LoadResult]] = {i: [] for i in range(len(entries))}
+    for r in range(settings.repeats):
+        shift = r % len(entries)
+        for i in list(range(shift, len(entries))) + list(range(shift)):
+            system, served, config = entries[i]
+            if settings.baselines is not None and config is not None:
+                _configure(control, served, config)
+            before = _batch_stats(control.statistics(served))
+            meter.start()
+            result = _measure(url, served, wl, batch, settings.inputs_per_run, settings)
+            foreign = meter.stop()
+            runs[i].append(result)
+            executed.append({"mix": mix_label(mix), "batch": batch, "system": system, "run": r,
+                             "config": _e3_config(plan) if config is None else config.describe(),
+                             "batches": _stats_delta(before, _batch_stats(control.statistics(served))),
+                             "foreign_cores": round(foreign, 3), "load_average": round(os.getloadavg()[0], 2)})
+            echo(f"[run {r + 1}/{settings.repeats}] {mix_label(mix)} batch {batch} {system:5s} "
+                 + (f"({config.describe()}) " if settings.baselines is not None and config is not None else "")
+                 + f"{result.throughput_ips:7.1f} inputs/s  p50 {result.percentile_ms(50):.1f} ms  "
+                   f"errors {result.errors}")
+    cells = [(system, served, config, _row(mix_label(mix), batch, system, runs[i],
+                                           _e3_config(plan) if config is None else config.describe(),
+                                           plan.predicted.get("throughput_rps", float("nan")) if config is None
+                                           else float("nan")))
+             for i, (system, served, config) in enumerate(entries)]
+    chosen, others = [cells[0][3]], []
+    for system in ("stock", "ee"):
+        mine = sorted((c for c in cells if c[0] == system), key=lambda c: (c[3].errors > 0, -c[3].inputs_per_s))
+        chosen.append(mine[0][3])
+        others += [c[3] for c in mine[1:]]
+        baseline_choice.setdefault(mine[0][1], {})[batch] = mine[0][2]
+    return chosen, others
+
+
+def _best_config(control, url: str, model: str, wl: dict, batch: int, settings: BenchSettings, echo,
+                 record=None) -> BaselineConfig:
+    """The configuration of ``model`` (within ``settings.cores``) with the most inputs/s in a short run each;
+    ``record(config, result)``: called with every run (the calibration's settings are validated too)."""
     best, best_ips = None, -1.0
     for choice in baseline_configs(settings.cores):
         _configure(control, model, choice)
         result = _measure(url, model, wl, batch, settings.calibration_inputs, settings)
+        if record is not None:
+            record(choice, result)
         echo(f"[calibrate] {model} batch {batch}: {choice.describe()}: {result.throughput_ips:.1f} inputs/s")
         if result.errors == 0 and result.throughput_ips > best_ips:
             best, best_ips = choice, result.throughput_ips
@@ -259,17 +363,14 @@ def _e3_config(plan: Plan) -> str:
 
 
 
-def run_simulator_validation(measured: Path | None = None, out: Path | None = None, echo=print) -> dict:
-    """`e3 bench simulator`: every cell of a side-by-side run (``measured``, default its results file)
-    simulated with the same latency profile, plans, baseline configurations, inputs and load; writes
-    ``artifacts/results/simulator_validation.json`` (``out``) and prints the table."""
-    import json
-    import numpy as np
-    from e3.core.files import write_json_atomic
-    from e3.core.profile import LatencyProfile
-    from e3.profiling.profiler import default_profile_path
-    from e3.benchmarks.report import validation_table, within_both
-    from e3.benchmarks.sim_validation import GOODPUT_TOLERANCE, P99_TOLERANCE, validate_side_by_side
+def run_simulator_validation(measured: Path | None = None, out: Path | None = None, echo=print, *,
+                             docs: bool = False, results_md: Path | None = None) -> dict:
+    """`e3 bench simulator`: every run of a side-by-side (``measured``, default its results file: the table's
+    cells, the forced configurations and the calibration's runs) simulated with the same latency profile,
+    plans, baseline configurations, inputs and load; writes ``artifacts/results/simulator_validation.json``
+    (``out``) and prints the tables. ``docs``: also (re)write the run's section of docs/RESULTS.md
+    (``results_md``) with this validation, as `e3 bench` does after measuring (the measured figures are the
+    run's; the simulated ones this commit's)."""
     measured = measured or default_results_path()
     if not measured.exists():
         raise ValueError(f"{measured} does not exist: run `e3 bench side-by-side` first (the real runs to "
@@ -283,9 +384,10 @@ def run_simulator_validation(measured: Path | None = None, out: Path | None = No
     for label in {r["mix"] for r in doc["rows"]}:
         easy, hard = label.split(":")
         exit_ramps[label] = np.load(folder / f"mix-{easy}-{hard}.npz")["exit_ramp"]
-    rows = validate_side_by_side(doc, latency, exit_ramps)
+    rows = validate_side_by_side(doc, latency, exit_ramps,
+                                 progress=lambda setting: echo(f"[simulate] {setting}"))
     table = [r.to_dict() for r in rows]
-    echo(validation_table(table, GOODPUT_TOLERANCE, P99_TOLERANCE))
+    echo(validation_report(table, GOODPUT_TOLERANCE, P99_TOLERANCE))
     echo(f"misses in bold (goodput {GOODPUT_TOLERANCE:.0%}, p99 {P99_TOLERANCE:.0%}); "
          f"{within_both(table, GOODPUT_TOLERANCE, P99_TOLERANCE)} of {len(rows)} settings within both")
     result = {"model": doc["model"], "measured": str(measured), "measured_commit": doc.get("commit"),
@@ -293,7 +395,30 @@ def run_simulator_validation(measured: Path | None = None, out: Path | None = No
     out = out or artifacts_dir() / "results" / "simulator_validation.json"
     write_json_atomic(out, result, indent=1)
     echo(f"\nwrote {out}")
+    if docs:
+        write_bench_section(doc, result, validation_name=out.name, json_name=measured.name, results_md=results_md,
+                            echo=echo)
     return result
+
+
+def write_bench_section(doc: dict, validation: dict, *, json_name: str, validation_name: str,
+                        results_md: Path | None = None, echo=print) -> None:
+    """Write the side-by-side ``doc``'s section of docs/RESULTS.md with its ``validation`` (and, for a run
+    that chose its baselines, the perf_analyzer check made on its server, ``artifacts/results/perf_check.json``);
+    a run of forced baselines has a section of its own."""
+    forced = bool(doc.get("settings", {}).get("forced_baselines"))
+    perf = check = None
+    perf_path = artifacts_dir() / "results" / "perf_check.json"
+    if not forced and perf_path.exists():
+        perf = json.loads(perf_path.read_text())
+        check = PerfCheck(**{f: perf["check"][f] for f in PerfCheck.__dataclass_fields__ if f in perf["check"]})
+    command = doc.get("settings", {}).get("command") or "e3 bench"
+    section = bench_section(command, doc, validation["rows"], goodput_tol=GOODPUT_TOLERANCE, p99_tol=P99_TOLERANCE,
+                            perf=perf, check=check, json_name=json_name, validation_name=validation_name)
+    path = results_md or Path(__file__).resolve().parent.parent / "docs" / "RESULTS.md"
+    text = path.read_text() if path.exists() else "# Measured results\n"
+    write_atomic(path, replace_section(text, section, name="e3 bench --baselines" if forced else "e3 bench"))
+    echo(f"wrote the generated section of {path}")
 
 
 @dataclass(frozen=True)
@@ -399,21 +524,23 @@ def run_perf_check(settings: PerfSettings = PerfSettings(), echo=print) -> dict:
     return _perf_document(plan, settings, check, echo)
 
 
-def run_evaluation(quick: bool = False, model: str = "bert-ee", results_md: Path | None = None, *, echo=print) -> dict:
+def run_evaluation(quick: bool = False, model: str = "bert-ee", results_md: Path | None = None, *,
+                   baselines: tuple[BaselineConfig, ...] | None = None, echo=print) -> dict:
     """`e3 bench`: goodput against inputs per request for E3, stock and naive EE on one server at equal
     cores (the side-by-side, its JSON in ``artifacts/results/bench_side_by_side.json``), the simulator
-    validated against those runs (``artifacts/results/simulator_validation.json``), both written as
-    tables into ``docs/RESULTS.md`` (its generated section; the rest of the file is left alone).
-    ``quick``: the 80:20 mix, 1 run per cell, fewer inputs (minutes instead of most of an hour)."""
-    from e3.benchmarks.report import goodput_table, replace_section, validation_table, within_both
-    from e3.benchmarks.sim_validation import GOODPUT_TOLERANCE, P99_TOLERANCE
-    out = artifacts_dir() / "results" / "bench_side_by_side.json"
+    validated against those runs and every calibration run (``artifacts/results/simulator_validation.json``),
+    both written as tables into ``docs/RESULTS.md`` (its generated section; the rest of the file is left alone).
+    ``quick``: the 80:20 mix, 1 run per cell, fewer inputs (minutes instead of most of an hour).
+    ``baselines``: every baseline measured in each of these configurations instead of calibrated (full runs,
+    every one validated); its own files (``..._forced.json``) and its own section of docs/RESULTS.md, and no
+    perf_analyzer check."""
+    tag = "" if baselines is None else "_forced"
+    out = artifacts_dir() / "results" / f"bench_side_by_side{tag}.json"
     if quick:
         settings = BenchSettings(model=model, mixes=((80, 20),), batches=(1, 4, 8, 16), repeats=1,
-                                 inputs_per_run=800, calibration_inputs=200, out=out)
+                                 inputs_per_run=800, calibration_inputs=200, out=out, baselines=baselines)
     else:
-        settings = BenchSettings(model=model, batches=(1, 2, 4, 8, 16), out=out)
-    from e3.benchmarks.perf_check import format_check
+        settings = BenchSettings(model=model, batches=(1, 2, 4, 8, 16), out=out, baselines=baselines)
     perf_settings = PerfSettings(model=model, mix=settings.mixes[0], concurrency=settings.concurrency,
                                  inputs=settings.inputs_per_run, repeats=2 if quick else 3, cores=settings.cores)
 
@@ -423,49 +550,13 @@ def run_evaluation(quick: bool = False, model: str = "bert-ee", results_md: Path
         plan = plans[perf_settings.mix]
         return plan, _perf_measure(url, plan, workloads[perf_settings.mix], data, perf_settings, echo)
 
-    doc = run_side_by_side(settings, echo, after=perf_check)
-    perf_plan, check = doc.pop("after")
-    perf = _perf_document(perf_plan, perf_settings, check, echo)
-    validation = run_simulator_validation(out, echo=echo)
-    within = within_both(validation["rows"], GOODPUT_TOLERANCE, P99_TOLERANCE)
-    inside = sum(bool(r.get("p99_inside_interval")) for r in validation["rows"])
-    command = "e3 bench --quick" if quick else "e3 bench"
-    section = "\n".join([
-        f"## Goodput against batch size, and the simulator against real runs (`{command}`)",
-        "",
-        f"{model}, every system on {settings.cores} cores (instances x 1 thread; each baseline in its best "
-        f"configuration within them), {settings.concurrency} closed-loop clients, {settings.inputs_per_run} inputs "
-        f"per run, {settings.repeats} run(s) per cell (median); commit {doc.get('commit', 'unknown')}. In a closed "
-        "loop without an SLO every request is answered, so goodput is the answered inputs per second. The JSON: "
-        "`artifacts/results/bench_side_by_side.json`.",
-        "",
-        goodput_table(doc["rows"], doc["ideal_speedup"]),
-        "",
-        "The discrete-event simulator (`simulator/`, SimPy, the real scheduler in simulated time) run with the "
-        "same latency profile, plans, baseline configurations, inputs and load as each cell above "
-        f"(`e3 bench simulator`; `artifacts/results/simulator_validation.json`). What it takes from `e3 profile` "
-        "(`docs/profiling.md`): the blocks, hops, checks and router work; the stock graph on 1 and 2 threads; "
-        "the host CPU per request of the load generator and tritonserver's front door, shared with the "
-        "instances' cores (the *host share* column), the load generator's part one request at a time (one "
-        "GIL); each batch's time drawn with the jitter measured beside one neighbour per core. Bar: goodput "
-        f"within {GOODPUT_TOLERANCE:.0%}, p99 within {P99_TOLERANCE:.0%} (misses in bold); {within} of "
-        f"{len(validation['rows'])} settings within both; the simulated p99 inside the measured p99's own 90% "
-        f"bootstrap interval in {inside} of {len(validation['rows'])} (a p99 of 50-800 requests is close to "
-        "their maximum: it moves that much between runs of the same system).",
-        "",
-        validation_table(validation["rows"], GOODPUT_TOLERANCE, P99_TOLERANCE),
-        "",
-        f"perf_analyzer against the load generator on E3's front door ({perf['mix']} mix, the same inputs, "
-        f"alternating runs, medians; `e3 bench perf`, `artifacts/results/perf_check.json`): "
-        + ("within" if check.agrees else "**outside**") + f" the {check.tolerance:.0%} bar.",
-        "",
-        format_check([check]),
-        "",
-        f"The perf_analyzer command (served on localhost:8000): `{check.command}`",
-    ])
-    path = results_md or Path(__file__).resolve().parent.parent / "docs" / "RESULTS.md"
-    text = path.read_text() if path.exists() else "# Measured results\n"
-    from e3.core.files import write_atomic
-    write_atomic(path, replace_section(text, section))
-    echo(f"wrote the generated section of {path}")
+    command = ("e3 bench --quick" if quick else "e3 bench") + (
+        "" if baselines is None else " --baselines " + ",".join(f"{c.instances}x{c.threads}" for c in baselines))
+    doc = run_side_by_side(settings, echo, after=perf_check if baselines is None else None, command=command)
+    perf = None
+    if baselines is None:
+        perf_plan, check = doc.pop("after")
+        perf = _perf_document(perf_plan, perf_settings, check, echo)
+    validation = run_simulator_validation(out, artifacts_dir() / "results" / f"simulator_validation{tag}.json",
+                                          echo=echo, docs=True, results_md=results_md)
     return {"side_by_side": doc, "validation": validation, "perf_check": perf}

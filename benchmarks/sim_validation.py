@@ -19,7 +19,7 @@ from e3.simulator.des import Baseline, CallCosts, simulate_baseline, simulate_pl
 from e3.simulator.load import Arrivals, with_host_share
 
 __all__ = ["ValidationRow", "validate_side_by_side", "parse_baseline_config",
-           "GOODPUT_TOLERANCE", "P99_TOLERANCE"]
+           "GOODPUT_TOLERANCE", "P99_TOLERANCE", "GROUPS"]
 
 GOODPUT_TOLERANCE = 0.08   # the bar: Vidur publishes < 9% against real runs
 P99_TOLERANCE = 0.15
@@ -36,6 +36,11 @@ class ValidationRow:
     measured_p50_ms: float = float("nan")
     host_share: float = 0.0      # of the cores' time the simulated front door and clients took (request_ms)
     measured_p99_interval_ms: tuple[float, float] | None = None   # 90% bootstrap interval of the measured p99
+    group: str = "chosen"        # "chosen" (the table's cells), "forced" (a forced configuration other than the
+    #                              cell's best) or "calibration" (a short calibration run)
+    predicted_execution_ms: float = float("nan")   # a baseline's mean time per execution, simulated
+    measured_execution_ms: float = float("nan")    # ... and as Triton's statistics counted it (compute_infer)
+    foreign_cores: float = float("nan")            # cores other processes used during the measured run(s)
 
     @property
     def p99_inside_interval(self) -> bool | None:
@@ -69,11 +74,41 @@ def parse_baseline_config(system: str, config: str) -> Baseline:
     return Baseline(system, int(m[1]), int(m[2]), int(m[3]))
 
 
+def _executed(doc: Mapping, row: Mapping) -> list[Mapping]:
+    """The side-by-side's records (``executed``) of ``row``'s runs; none for calibration runs and older
+    documents."""
+    key = (row["mix"], row["batch"], row["system"], row["config"])
+    return [e for e in doc.get("executed") or () if (e["mix"], e["batch"], e["system"], e["config"]) == key]
+
+
+def measured_execution_ms(doc: Mapping, row: Mapping) -> float:
+    """The mean time (ms) of one execution of ``row``'s model over its runs, from Triton's statistics as the
+    side-by-side recorded them; nan where not recorded."""
+    count = total = 0.0
+    for e in _executed(doc, row):
+        for n, mean_ms in e["batches"].values():
+            count, total = count + n, total + n * mean_ms
+    return total / count if count else float("nan")
+
+
+def foreign_cores(doc: Mapping, row: Mapping) -> float:
+    """The cores other processes used during ``row``'s runs (their mean), as the side-by-side recorded them;
+    nan where not recorded."""
+    values = [e["foreign_cores"] for e in _executed(doc, row) if e.get("foreign_cores") is not None]
+    return float(np.mean(values)) if values else float("nan")
+
+
+GROUPS = {"rows": "chosen", "alternatives": "forced", "calibration": "calibration"}   # doc field -> group
+
+
 def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Mapping[str, np.ndarray], *,
-                          progress: Callable[[str], None] | None = None, seeds: int = 5) -> list[ValidationRow]:
+                          progress: Callable[[str], None] | None = None, seeds: int = 5,
+                          groups: tuple[str, ...] = tuple(GROUPS)) -> list[ValidationRow]:
     """Simulate every measured cell of ``doc`` (a side-by-side results document, with its plans and
     settings); ``exit_ramps``: mix label -> [pool] reference exit block of the mix's inputs, in the order
-    the load sent them.
+    the load sent them. ``groups``: which of the document's lists of runs (:data:`GROUPS`): the table's
+    cells, the forced configurations beside them (``e3 bench --baselines``) and the calibration's short
+    runs (every configuration the bench's choice explored), each simulated with its own inputs per run.
 
     Each cell is simulated with ``seeds`` seeds (the clients' think times, the service-time jitter) and the
     run of median goodput reported, its p99 the median p99: a run of 800 inputs at one input per request
@@ -81,10 +116,11 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
     93-128 ms for E3 at batch 1), as the real run's own does from run to run (89-164 ms)."""
     settings = doc.get("settings", {})
     clients = int(settings.get("concurrency", 16))
-    inputs = int(settings.get("inputs_per_run", 1600))
     cores = int(doc.get("cores", 2))
+    runs = [(GROUPS[field], r) for field in groups for r in doc.get(field) or ()]
     rows = []
-    for r in doc["rows"]:
+    for group, r in runs:
+        inputs = int(settings.get("calibration_inputs" if group == "calibration" else "inputs_per_run", 1600))
         # warmup=0: the real loop's warm-up requests end before its clients start together (a barrier), and
         # every later request is measured from that common start to the last answer; replay the same start
         # and drain, not a window in steady state (a run of 800 inputs is mostly transient at batch 16)
@@ -105,10 +141,15 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
         outcomes.sort(key=lambda o: o[0].goodput_ips)
         result, host = outcomes[len(outcomes) // 2]
         p99 = float(np.median([o[0].p99_ms for o in outcomes]))
+        held = [ms for o in outcomes for ms in o[0].batch_ms.get(0, ())]
         row = ValidationRow(f"{r['mix']} batch {r['batch']} {r['system']} ({r['config']})", result.goodput_ips,
                             r["inputs_per_s"], p99, r["p99_ms"], result.p50_ms,
                             float(r.get("p50_ms", float("nan"))), round(host.share, 4),
-                            tuple(r["p99_interval_ms"]) if r.get("p99_interval_ms") else None)
+                            tuple(r["p99_interval_ms"]) if r.get("p99_interval_ms") else None, group,
+                            float(np.mean(held)) if held and r["system"] != "e3" else float("nan"),
+                            measured_execution_ms(doc, r) if r["system"] != "e3" and group != "calibration"
+                            else float("nan"),
+                            foreign_cores(doc, r) if group != "calibration" else float("nan"))
         rows.append(row)
         if progress:
             progress(row.setting)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+# Deferred imports: every verb loads its own benchmark's room when it runs (the CLI starts without them).
+
 import sys
 from pathlib import Path
+
+from e3.benchmarks.side_by_side_report import BaselineConfig
 
 
 def _refusing(command: str, run) -> int:
@@ -21,9 +25,28 @@ def _names(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
     return default if text is None else tuple(m.strip() for m in text.split(",") if m.strip())
 
 
+def parse_forced_baselines(text: str | None, cores: int = 2):
+    """``--baselines 1x2,2x1`` -> those configurations (instances x threads, no queue delay), each using all
+    ``cores``; None -> None (calibrate)."""
+    if text is None:
+        return None
+    out = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        inst, _, thr = part.partition("x")
+        if not (inst.isdigit() and thr.isdigit()) or int(inst) < 1 or int(thr) < 1:
+            raise ValueError(f"--baselines takes INSTANCESxTHREADS, comma-separated, e.g. 1x2,2x1; got {part!r}")
+        if int(inst) * int(thr) != cores:
+            raise ValueError(f"--baselines {part}: instances x threads must use the {cores} cores every system gets")
+        out.append(BaselineConfig(int(inst), int(thr), 0))
+    if not out:
+        raise ValueError("--baselines names no configuration, e.g. 1x2,2x1")
+    return tuple(out)
+
+
 def _bench_all(args) -> int:
     from e3.benchmarks.side_by_side import run_evaluation
-    return _refusing("e3 bench", lambda: run_evaluation(quick=args.quick, model=args.model))
+    return _refusing("e3 bench", lambda: run_evaluation(quick=args.quick, model=args.model,
+                                                        baselines=parse_forced_baselines(args.baselines)))
 
 
 def _bench_side_by_side(args) -> int:
@@ -46,7 +69,7 @@ def _bench_side_by_side(args) -> int:
 def _bench_simulator(args) -> int:
     from e3.benchmarks.side_by_side import run_simulator_validation
     return _refusing("e3 bench simulator", lambda: run_simulator_validation(
-        Path(args.measured) if args.measured else None, Path(args.out) if args.out else None))
+        Path(args.measured) if args.measured else None, Path(args.out) if args.out else None, docs=args.docs))
 
 
 def _bench_perf(args) -> int:
@@ -216,6 +239,10 @@ def add_bench(sub, repo_help: str) -> None:
     b.add_argument("--quick", action="store_true", help="without a BENCHMARK: the 80:20 mix, one run per cell, "
                                                         "fewer inputs (minutes)")
     b.add_argument("--model", default="bert-ee", help="without a BENCHMARK: the zoo model (default bert-ee)")
+    b.add_argument("--baselines", default=None, metavar="IxT,...",
+                   help="without a BENCHMARK: measure every baseline in each of these configurations (instances x "
+                        "threads, no queue delay, e.g. 1x2,2x1) instead of calibrating, and validate the simulator "
+                        "on all of them; its own JSON files and section of docs/RESULTS.md, no perf_analyzer check")
     b.set_defaults(func=_bench_all)
     bsub = b.add_subparsers(dest="bench", required=False, metavar="BENCHMARK",
                             help="one benchmark; none: goodput against batch for E3, stock and naive EE and the "
@@ -228,12 +255,15 @@ def add_bench(sub, repo_help: str) -> None:
     _closed_loop_flags(sbs, "closed-loop clients (default 16)", "inputs per measured run (default 1600)",
                        "measured runs per system and cell, interleaved; the median is reported (default 3)")
     sbs.add_argument("--out", default=None, help="results JSON (default artifacts/results/side_by_side.json)")
-    sim = _verb(bsub, "simulator", _bench_simulator, "the discrete-event simulator against real runs: every cell of a "
-                                            "side-by-side run simulated with the same profile, plans, configs and "
-                                            "load; writes artifacts/results/simulator_validation.json")
+    sim = _verb(bsub, "simulator", _bench_simulator, "the discrete-event simulator against real runs: every run of a "
+                                            "side-by-side (its cells, forced configurations and calibration runs) "
+                                            "simulated with the same profile, plans, configs and load; writes "
+                                            "artifacts/results/simulator_validation.json")
     sim.add_argument("--measured", default=None,
                      help="side-by-side results to validate against (default artifacts/results/side_by_side.json)")
     sim.add_argument("--out", default=None, help="validation JSON (default artifacts/results/simulator_validation.json)")
+    sim.add_argument("--docs", action="store_true", help="also rewrite the measured run's section of docs/RESULTS.md "
+                                                         "with this validation (as `e3 bench` does after measuring)")
     prf = _verb(bsub, "perf", _bench_perf, "perf_analyzer against the load generator on E3's front door (<m>_router), "
                                        "same concurrency, inputs per request and inputs, alternating runs: agree "
                                        "within 10%%; writes artifacts/results/perf_check.json and perf_analyzer's "

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
@@ -65,6 +66,7 @@ import numpy as np
 
 from e3.core.profile import DeviceConfig, LatencyProfile, ProfileError, interp_linear
 from e3.core.spec import ModelCard, NUMPY_DTYPES
+from e3.paths import project_root
 
 if TYPE_CHECKING:
     from e3.models.api import EarlyExitModel
@@ -123,9 +125,6 @@ def parse_prices(items: Iterable[str]) -> dict[str, float]:
 def default_data_file() -> Path:
     """``docs/data/public/gpu_latency_public.csv`` in the repository (its sources in the README beside it;
     $E3_GPU_DATA overrides)."""
-    import os
-
-    from e3.paths import project_root
     return Path(os.environ.get("E3_GPU_DATA", project_root() / "docs" / "data" / "public" / "gpu_latency_public.csv"))
 
 
@@ -185,9 +184,9 @@ def load_reference_curves(path: str | Path | None = None) -> dict[str, Curve]:
 def block_flops(model: "EarlyExitModel") -> tuple[list[float], list[float]]:
     """FLOPs per input of every block alone (block 1 with the stem, L with the head) and of its ramp
     (0 where none), counted at batch 1 by ``torch.utils.flop_counter`` (matmuls, convolutions)."""
+    # deferred: torch (FLOP counts of the model) and the measuring modules load only when a profile is modelled
     import torch
     from torch.utils.flop_counter import FlopCounterMode
-
     from e3.models.api import SplitModule
     from e3.export.onnx_export import split_inputs
 
@@ -211,6 +210,7 @@ def _bytes(specs) -> int:
 
 
 def _state_bytes(card: ModelCard) -> int:
+    # deferred: torch (FLOP counts of the model) and the measuring modules load only when a profile is modelled
     from e3.profiling.profiler import cut_state
     return _bytes(cut_state(card))
 
@@ -281,10 +281,10 @@ def model_modelled_profile(model_name: str, gpus: Sequence[str], batch_sizes: Se
                            ) -> LatencyProfile:
     """:func:`modelled_profile` for a zoo model (or ``package.module:factory``), with ``tx_in_ms`` from its
     inputs' bytes and ``router_ms`` measured on this host (:func:`e3.profiling.profiler.measure_router`)."""
+    # deferred: torch (FLOP counts of the model) and the measuring modules load only when a profile is modelled
     from e3.core.names import served_name
     from e3.profiling.profiler import default_batch_sizes
     from e3.models.zoo import resolve_model
-
     from e3.profiling.profiler import measure_router, summarize
 
     model = resolve_model(model_name)

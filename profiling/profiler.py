@@ -41,12 +41,17 @@ What is measured (device configuration ``cpu``: one core, one instance, one thre
   batch 32 on the walk-through's model, 0.49 ms inside the served router).
 * **stock graph** (``stock_ms``, ``stock_2t_ms``) -- the whole model without
   ramps (blocks 1..L, the graph ``<m>_stock`` serves) on 1 and on 2 intra-op
-  threads, timed like a block (the 2-thread curve only where the host has 2
-  CPUs). The simulator prices the stock baseline with it, and a 2-thread
-  instance with the measured gain of the second thread. ``jitter_cv``: the
-  coefficient of variation of its time while one copy per core runs it at
-  once (as that many instances do); the simulator draws each batch's time
-  with it.
+  threads (the 2-thread curve only where the host has 2 CPUs), the two taking
+  turns in runs of 5 consecutive calls (a served instance calls its session
+  back to back), each batch size timed again while other processes use the
+  cores (:func:`e3.profiling.host_profile.quietest`). The pair is the
+  simulator's thread model: a 2-thread instance of any graph gains the second
+  thread's measured gain at the rows each block runs. ``jitter_cv`` and
+  ``corun_ms``: the stock graph's spread and time while one copy per core runs
+  it at once (as that many instances do); the simulator draws each batch's
+  time with the one and prices instances side by side with the other. The
+  ratios (the second thread's gain, a neighbour's cost) are taken between the
+  least disturbed calls (:func:`assemble_profile`).
 * **request** (``request_ms``) -- host CPU per request that no instance's time
   holds: the real load generator (16 clients, B inputs per request) against a
   Python model that answers the front door's tensors at once
@@ -67,6 +72,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,7 +83,8 @@ import numpy as np
 from e3.core.names import served_name
 from e3.core.profile import OPTIONAL_CURVES, DeviceConfig, LatencyProfile, ProfileError
 from e3.profiling.host_profile import (_check_inputs, _first_ramp, _route, cut_state, measure_check,  # noqa: F401
-                                    measure_router, router_batch, stock_runner)
+                                       measure_router, quietest, router_batch, stock_runner,
+                                       MAX_FOREIGN_CORES)
 from e3.paths import artifacts_dir
 
 if TYPE_CHECKING:
@@ -156,7 +163,8 @@ def assemble_profile(model: str, batch_sizes: Sequence[int], without_ramp: Seque
                      stock_2t: Sequence[Sequence[float]] | None = None,
                      request: Sequence[float] | None = None,
                      client: Sequence[float] | None = None,
-                     jitter: Sequence[float] | None = None) -> LatencyProfile:
+                     jitter: Sequence[float] | None = None,
+                     corun: Sequence[Sequence[float]] | None = None) -> LatencyProfile:
     """A one-device :class:`LatencyProfile` from raw timings (ms).
 
     without_ramp[k-1][i]: repeats of block k alone at batch_sizes[i];
@@ -166,8 +174,19 @@ def assemble_profile(model: str, batch_sizes: Sequence[int], without_ramp: Seque
     batch; stock[i] / stock_2t[i]: repeats of the stock graph on 1 / 2 threads;
     request[i] / client[i]: host CPU ms per request, and the load generator's part
     of it, jitter[i]: the CV of a batch's time beside its neighbours (one figure per
-    batch size each). None: not
-    measured, the profile has no such curve. Medians throughout.
+    batch size each); corun[i]: repeats of the stock graph on 1 thread beside one copy per core. None: not
+    measured, the profile has no such curve. Medians throughout, but for the two ratios the simulator takes
+    from the stock graph: ``stock_2t_ms`` is the 1-thread median over the gain of the second thread and
+    ``corun_ms`` the 1-thread median times the cost of a neighbour per core, each ratio taken between the
+    25th percentiles of its two sets of repeats (:func:`_least_disturbed`).
+
+    Decision: another process's work only adds time, and far more to 2 threads than to 1 (each operator
+    waits for both threads; see :func:`e3.profiling.host_profile.quietest`). Measured on this shared 2-core
+    machine (bert-ee, batches 1-32): with 0.6-1.5 cores taken by others while the pair was timed, the
+    medians gave 2 threads 0.47-1.55x the speed of one; with none taken (a profile minutes later),
+    1.39x at batch 1 to 1.89x at 32. A ratio of medians is the others' load, not the thread model; the
+    least disturbed calls of each set keep the ratio where a quiet machine cannot be had. The level stays
+    the median's, as the blocks' is.
     """
     L = len(without_ramp)
     if len(with_ramp) != L:
@@ -187,12 +206,22 @@ def assemble_profile(model: str, batch_sizes: Sequence[int], without_ramp: Seque
         check_ms={} if check is None else {device: [summarize(s).median_ms for s in check]},
         router_ms={} if router is None else {device: [summarize(s).median_ms for s in router]},
         stock_ms={} if stock is None else {device: [summarize(s).median_ms for s in stock]},
-        stock_2t_ms={} if stock_2t is None else {device: [summarize(s).median_ms for s in stock_2t]},
+        stock_2t_ms={} if stock_2t is None or stock is None else
+        {device: [summarize(one).median_ms / (_least_disturbed(one) / _least_disturbed(two))
+                  for one, two in zip(stock, stock_2t)]},
         request_ms={} if request is None else {device: [float(v) for v in request]},
         client_ms={} if client is None else {device: [float(v) for v in client]},
-        jitter_cv={} if jitter is None else {device: [float(v) for v in jitter]})
+        jitter_cv={} if jitter is None else {device: [float(v) for v in jitter]},
+        corun_ms={} if corun is None or stock is None else
+        {device: [summarize(one).median_ms * _least_disturbed(together) / _least_disturbed(one)
+                  for one, together in zip(stock, corun)]})
     profile.validate()
     return profile
+
+
+def _least_disturbed(samples_ms: Sequence[float]) -> float:
+    """The 25th percentile of timed repeats (ms): the calls another process's work disturbed least."""
+    return float(np.percentile(np.asarray(samples_ms, dtype=float), 25))
 
 
 def merge_profiles(profiles: Sequence[LatencyProfile]) -> LatencyProfile:
@@ -264,7 +293,8 @@ def format_table(profile: LatencyProfile, device: str | None = None) -> str:
         for name, curves in (("Tx in (inputs)", profile.tx_in_ms), ("check (per ramp)", profile.check_ms),
                              ("router (per batch)", profile.router_ms), ("stock graph", profile.stock_ms),
                              ("stock, 2 threads", profile.stock_2t_ms), ("request (host CPU)", profile.request_ms),
-                             ("  of it the client", profile.client_ms), ("jitter (CV, 2 at once)", profile.jitter_cv)):
+                             ("  of it the client", profile.client_ms), ("jitter (CV, 2 at once)", profile.jitter_cv),
+                             ("stock, 2 at once", profile.corun_ms)):
             if dev in curves:
                 rows.append([name] + [f"{v:.3f}" for v in curves[dev]])
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
@@ -295,24 +325,6 @@ def _time_calls(run, repeats: int, warmup: int) -> np.ndarray:
     return times
 
 
-def _alternate(sessions: dict, feeds: dict, settings: ProfileSettings) -> dict:
-    """``warmup`` untimed calls of every session, then ``repeats`` timed calls of each (ms), alternating
-    the sessions one call each in the order of ``sessions``, so that noise on the shared cores hits them alike.
-    ``feeds``: one dict of tensors for every session, or ``{key: dict}`` per session (a key of ``sessions``
-    present in ``feeds``). Each session is given only the inputs its graph reads (torch.onnx drops a state a
-    block never reads)."""
-    per = all(key in feeds and isinstance(feeds[key], dict) for key in sessions)
-    own = {key: {i.name: (feeds[key] if per else feeds)[i.name] for i in s.get_inputs()}
-           for key, s in sessions.items()}
-    for key, s in sessions.items():
-        _time_calls(lambda s=s, f=own[key]: s.run(None, f), 0, settings.warmup)
-    samples = {key: np.empty(settings.repeats) for key in sessions}
-    for r in range(settings.repeats):
-        for key, s in sessions.items():
-            samples[key][r] = _time_calls(lambda s=s, f=own[key]: s.run(None, f), 1, 0)[0]
-    return samples
-
-
 def block_order(num_blocks: int, ramp_blocks) -> list[tuple[int, str]]:
     """The order of one timing round of :func:`measure_blocks`: every block without its ramp, 1..L, then
     every block with its ramp (those in ``ramp_blocks``, below L). Between two calls of a block the other
@@ -327,12 +339,13 @@ def measure_blocks(model: "EarlyExitModel", batch_sizes: Sequence[int], settings
                    *, workdir: Path, bar=None) -> tuple[list[list[np.ndarray]], list[list[np.ndarray] | None]]:
     """Timings (ms) of every block without and with its ramp: ([k-1][i] repeats, same or None).
 
-    All blocks are timed in one round per repeat, in :func:`block_order` (block 1..L, then 1..L-1 with
-    ramps), never one block over and over: a block timed alone finds its weights in the CPU's caches from
+    All blocks are timed in one round per repeat and batch size, in :func:`block_order` (block 1..L, then
+    1..L-1 with ramps), every batch size in every round, never one block over and over: a block timed alone finds its weights in the CPU's caches from
     its previous call, which a served batch does not (the other blocks ran in between). Measured on the
     walk-through's model (8 MB of weights per block, 32 MB L3 shared by 2 cores): 0.12 ms a block alone
     at batch 1, 0.42-0.51 ms in sequence, the whole stock graph 2.2 ms (the sequence's sum); at batch 64
     the two agree (compute-bound)."""
+    # deferred: torch (the model, its export) and ONNX Runtime load only when a profile is measured
     from e3.models.api import SplitModule
     from e3.export.onnx_export import export_onnx, split_inputs
     from e3.core.session import make_session
@@ -347,21 +360,30 @@ def measure_blocks(model: "EarlyExitModel", batch_sizes: Sequence[int], settings
         path = workdir / f"block_{k}_{tag}.onnx"
         export_onnx(module, path, max_batch_size=card.max_batch_size, seed=settings.seed)
         sessions[k, tag] = make_session(str(path), intra_op_threads=1)
-    rows: dict = {key: [] for key in sessions}
+    feeds = {}   # batch -> session key -> the inputs its graph reads
     for batch in batch_sizes:
-        feeds = {}
+        feeds[batch] = {}
         for k in range(1, L + 1):
             base = modules[k, "without"]
             names = [t.name for t in base.input_specs]
             block_feed = {n: t.numpy() for n, t in zip(names, split_inputs(base, batch, settings.seed))}
-            feeds[k, "without"] = block_feed
-            if (k, "with") in sessions:
-                feeds[k, "with"] = block_feed
-        samples = _alternate(sessions, feeds, settings)
-        for key in sessions:
-            rows[key].append(samples[key])
-        if bar is not None:
-            bar.update(L)
+            for tag in ("without", "with"):
+                if (k, tag) in sessions:
+                    feeds[batch][k, tag] = {i.name: block_feed[i.name] for i in sessions[k, tag].get_inputs()}
+        for key, session in sessions.items():
+            _time_calls(lambda s=session, f=feeds[batch][key]: s.run(None, f), 0, settings.warmup)
+    # Every round passes every batch size (one call of every block at each): a disturbance of a few seconds
+    # spreads over the batch sizes instead of lifting one of them. Measured (bert-ee, 10 repeats, batch
+    # size after batch size): blocks at batch 4 came out 15.9 ms per input against 12.6 at 2 and 13.3 at 8,
+    # while the stock graph beside them gave 11.9 at 4; naive EE's blocks after its ramps run 1-4 rows.
+    samples = {key: np.empty((len(batch_sizes), settings.repeats)) for key in sessions}
+    for r in range(settings.repeats):
+        for i, batch in enumerate(batch_sizes):
+            for key, session in sessions.items():
+                samples[key][i, r] = _time_calls(lambda s=session, f=feeds[batch][key]: s.run(None, f), 1, 0)[0]
+    if bar is not None:
+        bar.update(L * len(batch_sizes))
+    rows = {key: list(v) for key, v in samples.items()}
     without = [rows[k, "without"] for k in range(1, L + 1)]
     with_ = [rows.get((k, "with")) for k in range(1, L + 1)]
     for k in range(1, L + 1):
@@ -369,10 +391,29 @@ def measure_blocks(model: "EarlyExitModel", batch_sizes: Sequence[int], settings
     return without, with_
 
 
+def _in_runs(sessions: dict, feeds: dict, settings: ProfileSettings, run: int = 5) -> dict:
+    """``warmup`` untimed calls of every session, then ``repeats`` timed calls of each (ms), in runs of ``run``
+    consecutive calls of one session, the sessions taking turns run by run: a served instance calls its own
+    session back to back, and drift still hits every session alike."""
+    own = {key: {i.name: feeds[i.name] for i in s.get_inputs()} for key, s in sessions.items()}
+    for key, s in sessions.items():
+        _time_calls(lambda s=s, f=own[key]: s.run(None, f), 0, settings.warmup)
+    samples: dict = {key: [] for key in sessions}
+    while any(len(v) < settings.repeats for v in samples.values()):
+        for key, s in sessions.items():
+            n = min(run, settings.repeats - len(samples[key]))
+            if n > 0:
+                samples[key].extend(_time_calls(lambda s=s, f=own[key]: s.run(None, f), n, 0))
+    return {key: np.asarray(v) for key, v in samples.items()}
+
+
 def measure_stock(model: "EarlyExitModel", batch_sizes: Sequence[int], settings: ProfileSettings, *, workdir: Path,
-                  threads: Sequence[int] = (1, 2), bar=None) -> dict[int, list[np.ndarray]]:
+                  threads: Sequence[int] = (1, 2), bar=None) -> tuple[dict[int, list[np.ndarray]], list[float]]:
     """Timings (ms) of the stock graph (blocks 1..L, no ramp) at each batch size, per intra-op thread count:
-    {threads: [i] repeats}. The thread counts alternate call by call, as the block variants do."""
+    ({threads: [i] repeats}, [i] the cores other processes used meanwhile). The thread counts take turns in
+    runs of consecutive calls (:func:`_in_runs`), each batch size measured again while the machine is not
+    quiet (:func:`e3.profiling.host_profile.quietest`): the pair is the simulator's thread model."""
+    # deferred: torch (the model, its export) and ONNX Runtime load only when a profile is measured
     from e3.models.api import SplitModule
     from e3.export.onnx_export import export_onnx, split_inputs
     from e3.core.session import make_session
@@ -384,24 +425,28 @@ def measure_stock(model: "EarlyExitModel", batch_sizes: Sequence[int], settings:
     sessions = {t: make_session(str(path), intra_op_threads=t) for t in threads}
     names = [t.name for t in module.input_specs]
     out: dict[int, list[np.ndarray]] = {t: [] for t in threads}
+    foreign = []
     for batch in batch_sizes:
         feeds = {n: t.numpy() for n, t in zip(names, split_inputs(module, batch, settings.seed))}
-        samples = _alternate(sessions, feeds, settings)
+        samples, others = quietest(lambda: _in_runs(sessions, feeds, settings))
         for t in threads:
             out[t].append(samples[t])
+        foreign.append(others)
         if bar is not None:
             bar.update(1)
-    return out
+    return out, foreign
 
 
 def measure_jitter(model: "EarlyExitModel", batch_sizes: Sequence[int], settings: ProfileSettings, *, workdir: Path,
-                   copies: int = 2, bar=None) -> list[float]:
-    """The coefficient of variation (std / mean) of the stock graph's time at each batch size while
-    ``copies`` sessions of 1 thread run it at once, one per core, as that many Triton instances do: how much
-    one batch's time varies beside its neighbours (``jitter_cv``; the simulator draws each batch's time
-    with it). Each copy times ``2 x repeats`` calls; ONNX Runtime releases the GIL while it runs."""
-    import threading
-
+                   copies: int = 2, bar=None) -> tuple[list[float], list[np.ndarray]]:
+    """The stock graph at each batch size while ``copies`` sessions of 1 thread run it at once, one per core, as
+    that many Triton instances do: (the coefficient of variation (std / mean) of one call's time, how much one
+    batch's time varies beside its neighbours (``jitter_cv``; the simulator draws each batch's time with it);
+    every call's time, ms (``corun_ms``: the graph beside its neighbours, whose median over ``stock_ms`` is
+    what sharing the caches and the memory with them costs)). Each copy times ``2 x repeats`` calls; ONNX
+    Runtime releases the GIL while it runs; each batch size is measured again while the machine is not
+    quiet (:func:`e3.profiling.host_profile.quietest`)."""
+    # deferred: torch (the model, its export) and ONNX Runtime load only when a profile is measured
     from e3.models.api import SplitModule
     from e3.export.onnx_export import export_onnx, split_inputs
     from e3.core.session import make_session
@@ -413,27 +458,38 @@ def measure_jitter(model: "EarlyExitModel", batch_sizes: Sequence[int], settings
         export_onnx(module, path, max_batch_size=card.max_batch_size, seed=settings.seed)
     sessions = [make_session(str(path), intra_op_threads=1) for _ in range(copies)]
     names = [t.name for t in module.input_specs]
-    out = []
+    cvs, times = [], []
     for batch in batch_sizes:
         feeds = {n: t.numpy() for n, t in zip(names, split_inputs(module, batch, settings.seed))}
-        samples: list[np.ndarray] = [np.empty(0)] * copies
-        start = threading.Barrier(copies)
 
-        def run(i: int) -> None:
-            _time_calls(lambda: sessions[i].run(None, feeds), 0, settings.warmup)
-            start.wait()
-            samples[i] = _time_calls(lambda: sessions[i].run(None, feeds), 2 * settings.repeats, 0)
+        def together() -> np.ndarray:
+            samples: list[np.ndarray] = [np.empty(0)] * copies
+            start = threading.Barrier(copies)
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(copies)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        x = np.concatenate(samples)
-        out.append(float(np.std(x) / np.mean(x)))
+            def run(i: int) -> None:
+                _time_calls(lambda: sessions[i].run(None, feeds), 0, settings.warmup)
+                start.wait()
+                samples[i] = _time_calls(lambda: sessions[i].run(None, feeds), 2 * settings.repeats, 0)
+
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(copies)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            return np.concatenate(samples)
+
+        x, _ = quietest(together)
+        cvs.append(float(np.std(x) / np.mean(x)))
+        times.append(x)
         if bar is not None:
             bar.update(1)
-    return out
+    return cvs, times
+
+
+def _cores_text(foreign: Sequence[float]) -> str:
+    """'0.02-0.31' cores (the range over batch sizes), or 'an unknown share' without the machine's counters."""
+    known = [f for f in foreign if np.isfinite(f)]
+    return f"{min(known):.2f}-{max(known):.2f}" if known else "an unknown share"
 
 
 def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings(), progress: bool = True,
@@ -441,14 +497,15 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
     """Measure ``model_name`` on this machine (see the module docstring); returns the profile. ``data``: a
     ``.npz`` of the model's inputs (:mod:`e3.models.user_data`): the blocks are timed on states computed from
     its rows instead of the model's random example inputs."""
+    # deferred: torch (the model, its export) and ONNX Runtime load only when a profile is measured
     import onnxruntime as ort
     from tqdm import tqdm
-
     from e3.models.zoo import resolve_model
 
     model = resolve_model(model_name)
     card = model.card
     if data is not None:
+        # deferred: the model's data loader (torch)
         from e3.models.user_data import load_data, use_data_inputs
         use_data_inputs(model, load_data(data, card)[0])
     batches = list(settings.batch_sizes or default_batch_sizes(card.max_batch_size))
@@ -461,10 +518,15 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
     with tqdm(total=total, desc=f"profile {served_name(model_name)}", unit="step", disable=not progress) as bar, \
             tempfile.TemporaryDirectory(prefix="e3-profile-") as tmp:
         without, with_ = measure_blocks(model, batches, settings, workdir=Path(tmp), bar=bar)
-        stock = measure_stock(model, batches, settings, workdir=Path(tmp), threads=threads, bar=bar)
-        jitter = measure_jitter(model, batches, settings, workdir=Path(tmp), copies=len(threads), bar=bar) if len(threads) > 1 else None
+        stock, foreign = measure_stock(model, batches, settings, workdir=Path(tmp), threads=threads, bar=bar)
+        if any(f > MAX_FOREIGN_CORES for f in foreign):
+            log.warning("other processes used %s of the cores while the stock graph was timed on 1 and 2 threads: "
+                        "the 2-thread curve is slowed by them (measure on a quieter machine)", _cores_text(foreign))
+        jitter, corun = measure_jitter(model, batches, settings, workdir=Path(tmp), copies=len(threads), bar=bar) \
+            if len(threads) > 1 else (None, None)
         request = None
         if settings.tx:
+            # deferred: torch (the model, its export) and ONNX Runtime load only when a profile is measured
             from e3.profiling.server_profile import REQUEST_CLIENTS, measure_request, measure_tx, probe_server
             with probe_server(card, max(batches), settings.warmup, tritonserver=tritonserver) as server:
                 tx = measure_tx(card, batches, tx_repeats, warmup=settings.warmup, bar=bar, server=server)
@@ -485,7 +547,8 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
               f"Tx: {'one BLS hop between two Python-backend models on tritonserver, timed in the caller, ' + str(tx_repeats) + ' repeats' if settings.tx else 'not measured (0)'}; "
               f"check and router: in-process, the serving code (BatchRoute.observe, compaction; the scheduler's "
               f"admission, stacking, answers, one input per request), the stock graph at batch 1 run before each call, "
-              f"{router_repeats} repeats; stock graph on {' and '.join(map(str, threads))} thread(s); "
+              f"{router_repeats} repeats; stock graph on {' and '.join(map(str, threads))} thread(s) in runs of 5 "
+              f"calls, other processes using {_cores_text(foreign)} of the cores meanwhile; "
               + (f"request: host CPU per request, {REQUEST_CLIENTS} load-generator clients against a front door "
                  "without compute (clients + tritonserver's process); " if request else "")
               + f"{os.cpu_count()} CPUs on the host"
@@ -493,4 +556,4 @@ def profile_model(model_name: str, settings: ProfileSettings = ProfileSettings()
     return assemble_profile(served_name(model_name), batches, without, with_ramp=with_, tx=tx, device=settings.device, price=settings.price,
                             source=source, check=check, router=router, stock=stock[1],
                             stock_2t=stock.get(2), request=None if request is None else [r[0] for r in request],
-                            client=None if request is None else [r[1] for r in request], jitter=jitter)
+                            client=None if request is None else [r[1] for r in request], jitter=jitter, corun=corun)

@@ -26,10 +26,27 @@ goodput under an SLO, drops) plus the batch each split ran.
   measured whole-graph curve when given, else every block at B without ramps;
   EE: shrinking at every ramp, with the exit check). A router instance
   answering inline pays the same ``Tx(1)`` per further request it takes.
-* **Threads**: the profile is measured on 1 intra-op thread; an instance with
-  2 threads runs as much faster as the stock graph measured on 2 threads does
-  at that batch (``stock_2t_ms``: 1.7x at batch 1 to 1.9x at batch 32 for
-  bert-ee on this host); where that is not profiled, ``t x parallel_efficiency`` (assumed).
+* **Threads** (the thread model, :func:`e3.core.cost.thread_gain`): the profile measures the stock graph
+  on 1 and 2 intra-op threads, quietly (each batch size measured again while other processes use the
+  cores: a 2-thread graph is the first casualty of someone else's work, see
+  :func:`e3.profiling.host_profile.quietest`). A 2-thread stock instance runs the measured 2-thread graph;
+  every other graph (naive EE's blocks, E3's) runs each block ``stock_ms / stock_2t_ms`` faster *at the
+  rows that block runs* (a block after a ramp runs fewer rows, where the second thread gains less); the
+  exit checks (numpy) run on one thread. Where the profile has no 2-thread curve, ``t x
+  parallel_efficiency`` (assumed).
+* **Naive EE as one graph** (``CallCosts.ee_one_graph``): ``<m>_ee`` runs its blocks, exit tests and
+  compaction as one composed ONNX Runtime call (``serving/compact.py``), so each of its blocks is priced at
+  :meth:`~e3.core.profile.LatencyProfile.one_graph` of its own session call at the rows it runs (the stock
+  graph over the sum of its blocks, measured in the same profile: 0.75-0.91 on bert-ee). Measured
+  (`e3 bench --quick --baselines 1x2,2x1`, quiet machine): priced as separate blocks, an execution of 8
+  rows took 57.1 ms simulated against 44.1 served; as one graph 44.7. E3's compact split stays priced as
+  its blocks: the router's stubs were measured spending the blocks' sum per input (a decision of its own,
+  :meth:`_Router.service_ms`).
+* **Instances side by side** (``CallCosts.beside``, off): the profile measures the stock graph with one
+  copy per core running at once (``corun_ms``); its ratio to the graph alone was 0.96-1.20 over batch
+  sizes and as noisy between profiles. Applied, it moved the served executions of 2 instances x 1 thread
+  further off (stock at 16 rows: 230.9 ms simulated against 205.4 served; without it 194.2), so the
+  simulator leaves it out and the curve stays in the profile for a quieter machine to settle.
 * **Jitter** (``jitter_cv``): each batch's time is drawn lognormal around
   its profiled mean with the coefficient of variation the profile measured
   for a batch running beside one neighbour per core (a deterministic time
@@ -92,7 +109,7 @@ import simpy
 
 from e3.core.plan import COMPACT, CONSTANT, Plan
 from e3.core.profile import LatencyProfile
-from e3.core.cost import batch_ms
+from e3.core.cost import ASSUMED_THREAD_EFFICIENCY, batch_ms, thread_gain
 from e3.serving.device.dispatch import choose
 from e3.serving.batcher import batch_cut
 from e3.serving.scheduler import Scheduler
@@ -137,6 +154,10 @@ class CallCosts:
     service_seed: int = 0
     slots_per_instance: int | None = None   # a constant split's batches in flight per instance (the router's
     #                                     slots); None: one per pipeline stage (copy in, compute, copy out, host)
+    ee_one_graph: bool = True           # naive EE's blocks priced as one composed graph (LatencyProfile.one_graph)
+    beside: bool = False                # a batch that starts while another instance computes takes the profile's
+    #                                     co-run factor longer (LatencyProfile.beside); measured, not adopted:
+    #                                     see the module docstring
 
     def __post_init__(self) -> None:
         if self.input_curve not in ("tx", "tx_in"):
@@ -170,6 +191,14 @@ class CallCosts:
     def input_hop(self, latency: LatencyProfile, device: str, rows: float) -> float:
         """ms of a call carrying ``rows`` inputs' model inputs."""
         return float(latency.tx_in(device, rows) if self.input_curve == "tx_in" else latency.tx(device, rows))
+
+    def neighbours(self, latency: LatencyProfile, device: str, rows: int, others: int) -> float:
+        """How many times longer a batch of ``rows`` rows takes with ``others`` instances computing beside it:
+        the profile's co-run factor where any do (and :attr:`beside`), else 1."""
+        if not self.beside or others < 1:
+            return 1.0
+        factor = latency.beside(device, rows)
+        return 1.0 if factor is None else factor
 
     def per_request(self, latency: LatencyProfile, device: str) -> float:
         """ms each further request in one execute adds."""
@@ -242,9 +271,11 @@ class _Router:
     """One router instance: its own scheduler and split workers, in simulated time."""
 
     def __init__(self, env: simpy.Environment, latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray,
-                 device: str, num_classes: int, batches: dict[int, list[int]], costs: CallCosts = CallCosts()):
+                 device: str, num_classes: int, batches: dict[int, list[int]], costs: CallCosts = CallCosts(),
+                 computing: list[int] | None = None):
         self.env, self.latency, self.plan, self.device, self.C = env, latency, plan, device, num_classes
         self.costs = costs
+        self.computing = [0] if computing is None else computing   # batches computing now, every router's
         splits = plan.splits
         # the router's own construction; with stages beside the compute (a copy in or out, the router's host
         # work), a constant split has one batch in flight per stage per instance
@@ -369,8 +400,11 @@ class _Router:
             pool_rows = feed["x"].astype(int)
             ms, leaves = self.service_ms(d.split, pool_rows)
             self.batches[d.split].append(len(pool_rows))
-            yield self.env.timeout(ms * self.costs.jitter(self.rng, self.latency, self.split_device(d.split),
-                                                          len(pool_rows)) / 1e3)
+            dev = self.split_device(d.split)
+            ms *= self.costs.neighbours(self.latency, dev, len(pool_rows), self.computing[0])
+            self.computing[0] += 1
+            yield self.env.timeout(ms * self.costs.jitter(self.rng, self.latency, dev, len(pool_rows)) / 1e3)
+            self.computing[0] -= 1
         n = len(pool_rows)
         copy_ms = self.out_copy_ms(d.split, n)
         if copy_ms > 0:
@@ -415,7 +449,8 @@ def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, *,
         clock.start()
         env.run(until=clock.all_done)
         return clock.result(slo_ms, batches)
-    routers = [_Router(env, latency, plan, exit_ramp, device, num_classes, batches, costs)
+    computing = [0]     # batches computing now, over every router instance (CallCosts.beside)
+    routers = [_Router(env, latency, plan, exit_ramp, device, num_classes, batches, costs, computing)
                for _ in range(plan.router_instances)]
     if len(routers) == 1:
         router = routers[0]
@@ -456,7 +491,8 @@ def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, *,
 
 
 def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.ndarray, *, arrivals: Arrivals,
-                      device: str = "cpu", slo_ms: float | None = None, parallel_efficiency: float = 0.85,
+                      device: str = "cpu", slo_ms: float | None = None,
+                      parallel_efficiency: float = ASSUMED_THREAD_EFFICIENCY,
                       costs: CallCosts = CallCosts()) -> SimResult:
     """``<m>_stock`` or ``<m>_ee`` behind Triton's dynamic batcher (see the module docstring).
     The stock model runs the profile's ``stock_ms`` curve (the one graph it is served as) where measured,
@@ -472,22 +508,23 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
     exits = next_enabled_exit(exit_ramp, ramps, L)
     triton = _TritonQueue(env)
     batches: dict[int, list[int]] = {0: []}
+    held: dict[int, list[float]] = {0: []}     # every execution's time (ms), beside ``batches``
+    computing = [0]                            # instances computing now (CallCosts.beside)
     rng = np.random.default_rng(costs.service_seed)
-
-    def speed(n: int) -> float:
-        """How many times faster than one thread the instance's ``base.threads`` threads run a batch of n."""
-        measured = latency.thread_speedup(device, n, base.threads)
-        return measured if measured is not None else base.threads * parallel_efficiency if base.threads > 1 else 1.0
 
     def service_ms(pool_rows: np.ndarray, requests: int) -> float:
         n = len(pool_rows)
         ms = costs.input_hop(latency, device, n) + (requests - 1) * costs.per_request(latency, device)
         if base.kind == "stock":
-            whole = latency.stock(device, n)
+            whole = latency.stock(device, n, base.threads)     # the one graph, measured on 1 and 2 threads
             if whole is not None:
-                return ms + whole / speed(n)
-            return ms + batch_ms(latency, device, 1, last=L, exit_block=exits[pool_rows], ramps=(), form=CONSTANT) / speed(n)
-        return ms + batch_ms(latency, device, 1, last=L, exit_block=exits[pool_rows], ramps=ramps, form=COMPACT) / speed(n)
+                return ms + whole
+            if latency.stock(device, n) is not None:   # 1 thread measured only: the thread model's gain
+                return ms + latency.stock(device, n) / thread_gain(latency, device, n, base.threads, parallel_efficiency)
+            return ms + batch_ms(latency, device, 1, last=L, exit_block=exits[pool_rows], ramps=(), form=CONSTANT,
+                                 threads=base.threads, efficiency=parallel_efficiency)
+        return ms + batch_ms(latency, device, 1, last=L, exit_block=exits[pool_rows], ramps=ramps, form=COMPACT,
+                             threads=base.threads, efficiency=parallel_efficiency, one_graph=costs.ee_one_graph)
 
     def instance(device_free: simpy.Resource) -> Iterator:
         while True:
@@ -496,9 +533,13 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
                 continue
             pool_rows = np.concatenate([r for _, r, _ in take])
             batches[0].append(len(pool_rows))
-            ms = service_ms(pool_rows, len(take)) * costs.jitter(rng, latency, device, len(pool_rows))
+            ms = (service_ms(pool_rows, len(take)) * costs.jitter(rng, latency, device, len(pool_rows))
+                  * costs.neighbours(latency, device, len(pool_rows), computing[0]))
+            held[0].append(ms)
             if not costs.overlap_hop:
+                computing[0] += 1
                 yield env.timeout(ms / 1e3)
+                computing[0] -= 1
                 for _, _, done in take:
                     done.succeed(True)
                 continue
@@ -520,6 +561,8 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
     clock = Clock(env, arrivals, len(exit_ramp), triton.send)
     clock.start()
     env.run(until=clock.all_done)
-    return clock.result(slo_ms, batches)
+    result = clock.result(slo_ms, batches)
+    result.batch_ms = held
+    return result
 
 

@@ -50,6 +50,8 @@ class SimResult:
     batches: dict[int, list[int]] = field(default_factory=dict)   # split index -> rows of every batch run
     duration_s: float = 0.0
     drop_waited_ms: list[float] = field(default_factory=list)   # each dropped request: send to its drop error
+    batch_ms: dict[int, list[float]] = field(default_factory=dict)   # split index -> time of every batch in
+    #                                     ``batches`` (ms, as an execution of it holds its instance); baselines
 
 
 class Clock:

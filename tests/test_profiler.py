@@ -59,8 +59,10 @@ def test_assemble_profile_takes_medians_clamps_ramps_and_keeps_spread():
     LatencyProfile.from_dict(json.loads(json.dumps(p.to_dict())))
     p = assemble_profile("m", [1, 2], without, with_ramp=with_ramp, tx=tx, stock=[[9.0, 10.0, 11.0], [18.0, 20.0]],
                          stock_2t=[[5.0, 6.0], [11.0]], request=[0.7, 0.8], client=[0.5, 0.6])
-    assert p.stock_ms == {"cpu": [10.0, 19.0]} and p.stock_2t_ms == {"cpu": [5.5, 11.0]}
-    assert p.thread_speedup("cpu", 2, 2) == pytest.approx(19.0 / 11.0) and p.thread_speedup("cpu", 2, 1) == 1.0
+    # the level is the median's, the second thread's gain the ratio of the least disturbed calls (25th pct)
+    assert p.stock_ms == {"cpu": [10.0, 19.0]}
+    assert p.stock_2t_ms["cpu"] == pytest.approx([10.0 / (9.5 / 5.25), 19.0 / (18.5 / 11.0)])
+    assert p.thread_speedup("cpu", 2, 2) == pytest.approx(18.5 / 11.0) and p.thread_speedup("cpu", 2, 1) == 1.0
     assert p.thread_speedup("cpu", 2, 4) is None and p.stock("cpu", 1.5) == pytest.approx(14.5)
     back = LatencyProfile.from_dict(json.loads(json.dumps(p.to_dict())))
     assert (back.request_ms, back.client_ms) == ({"cpu": [0.7, 0.8]}, {"cpu": [0.5, 0.6]})

@@ -65,7 +65,7 @@ import numpy as np
 from e3.core.plan import COMPACT, CONSTANT, DEVICE, FORMS
 from e3.core.profile import LatencyProfile
 
-__all__ = ["StageCost", "PlanCost", "fill_ms", "effective_reach", "ramps_key", "split_block_ms", "stage_table", "form_table",
+__all__ = ["StageCost", "PlanCost", "fill_ms", "thread_gain", "ASSUMED_THREAD_EFFICIENCY", "effective_reach", "ramps_key", "split_block_ms", "stage_table", "form_table",
            "device_table", "stage_cost", "summarise", "plan_cost", "FORM_TIE_REL", "SPLIT_FORMS"]
 
 SPLIT_FORMS = (CONSTANT, COMPACT)   # the forms chosen split by split (form_table); DEVICE is a whole plan's
@@ -170,24 +170,46 @@ def split_block_ms(latency: LatencyProfile, device: str, batch_in: np.ndarray, *
     return latency.blocks_at(device, np.broadcast_to(per, (L, L, m.size)), with_ramp=_ramp_mask(latency, ramps))
 
 
+ASSUMED_THREAD_EFFICIENCY = 0.85   # gain per intra-op thread where a profile has no 2-thread curve (assumed)
+
+
+def thread_gain(latency: LatencyProfile, device: str, rows: float, threads: int,
+                efficiency: float = ASSUMED_THREAD_EFFICIENCY) -> float:
+    """How many times faster ``threads`` intra-op threads run a block of ``rows`` rows than 1: the profile's
+    measured thread model (:meth:`LatencyProfile.thread_speedup`), else ``threads x efficiency`` (assumed;
+    a profile without the 2-thread curve says so by lacking it)."""
+    if threads <= 1:
+        return 1.0
+    measured = latency.thread_speedup(device, rows, threads)
+    return measured if measured is not None else threads * efficiency
+
+
 def batch_ms(latency: LatencyProfile, device: str, first: int, *, last: int, exit_block: np.ndarray,
-             ramps: Iterable[int], form: str) -> float:
+             ramps: Iterable[int], form: str, threads: int = 1,
+             efficiency: float = ASSUMED_THREAD_EFFICIENCY, one_graph: bool = False) -> float:
     """Compute time (ms) of one batch of rows through blocks ``first..last`` in ``form``, priced as a stage is
     (module docstring) but at the rows this batch really holds: ``exit_block[r]`` is the block where row r
     leaves (later than ``last``: it goes on). Constant: every block at the entering batch; device: the same and
     one exit check (the run's sync, rule and gather); compact: block k at the rows that reach it, plus an exit
     check at every enabled ramp (``ramps``), ending when no row is left.
+    ``threads``: the instance's intra-op threads; every block (with its ramp) runs :func:`thread_gain` times
+    faster at the rows it runs, the exit checks (numpy, one thread) do not (``efficiency``: per thread where the
+    profile has no 2-thread curve). ``one_graph`` (compact): the blocks run as one composed graph, each at
+    :meth:`LatencyProfile.one_graph` of its time as a call of its own at the rows it runs.
     The router's work and the hop are the caller's. The simulator prices every batch it runs here."""
     enabled = {int(k) for k in ramps if first <= k <= last and k < latency.num_blocks}
     n = len(exit_block)
     if form in (CONSTANT, DEVICE):   # device: its one sync, rule and gather per run too (:func:`device_table`)
         return (sum(latency.block(k, device, n, with_ramp=k in enabled) for k in range(first, last + 1))
+                / thread_gain(latency, device, n, threads, efficiency)
                 + (float(latency.check(device, n)) if form == DEVICE else 0.0))
     if form != COMPACT:
         raise ValueError(f"form {form!r} is not one of {', '.join(FORMS)}")
     ms = 0.0
     for k in range(first, last + 1):
-        ms += latency.block(k, device, n, with_ramp=k in enabled)
+        ratio = (latency.one_graph(device, n) or 1.0) if one_graph else 1.0
+        ms += (latency.block(k, device, n, with_ramp=k in enabled) * ratio
+               / thread_gain(latency, device, n, threads, efficiency))
         if k in enabled:
             ms += latency.check(device, n)
             n = int(np.sum(exit_block > k))

@@ -33,6 +33,10 @@ files: they read as described, and the file version stays 1):
 * ``jitter_cv`` -- the coefficient of variation of the stock graph's time
   while one copy per core runs it at once (as that many instances do): the
   simulator draws each batch's time with it (lognormal, mean kept); absent: 0.
+* ``corun_ms`` -- the stock graph's time on 1 thread while one copy per core
+  runs it at once (the median; the same runs as ``jitter_cv``); over
+  ``stock_ms`` it is what instances running side by side cost each other
+  (:meth:`LatencyProfile.beside`); absent: nothing.
 
 :class:`BatchProfile` is E3's batch profile: for an input batch of ``B0``,
 the expected share of inputs that enter each block (block 1: all of them),
@@ -61,8 +65,8 @@ __all__ = ["PROFILE_VERSION", "OPTIONAL_CURVES", "ProfileError", "DeviceConfig",
 PROFILE_VERSION = 1
 # optional per-device curves over batch_sizes (see above)
 OPTIONAL_CURVES = ("tx_in_ms", "check_ms", "router_ms", "stock_ms", "stock_2t_ms", "request_ms", "client_ms",
-                   "jitter_cv")
-_TIME_CURVES = ("tx_in_ms", "check_ms", "router_ms", "stock_ms", "stock_2t_ms")   # what compute time scales
+                   "jitter_cv", "corun_ms")
+_TIME_CURVES = ("tx_in_ms", "check_ms", "router_ms", "stock_ms", "stock_2t_ms", "corun_ms")   # what compute time scales
 
 
 class ProfileError(ValueError):
@@ -134,6 +138,8 @@ class LatencyProfile(_JsonFile):
                                                 # of request_ms (ms per request)
     jitter_cv: dict[str, list[float]] = field(default_factory=dict)    # optional: device -> [batch index] CV
                                                 # of a batch's time beside one neighbour per core (no unit)
+    corun_ms: dict[str, list[float]] = field(default_factory=dict)     # optional: the stock graph on 1 thread
+                                                # beside one copy of it per core (ms)
     version: int = PROFILE_VERSION
     KIND = "latency profile"
 
@@ -195,20 +201,48 @@ class LatencyProfile(_JsonFile):
         """Latency (ms) of the router's own work on one batch of ``batch`` rows of a split (0 if not profiled)."""
         return self._curve(self.router_ms.get(device), batch)
 
-    def stock(self, device: str, batch: float) -> float | None:
-        """Latency (ms) of the stock model as one graph on 1 thread at ``batch``; None if not profiled."""
-        ys = self.stock_ms.get(device)
+    def stock(self, device: str, batch: float, threads: int = 1) -> float | None:
+        """Latency (ms) of the stock model as one graph on ``threads`` intra-op threads (1 or 2: the curves
+        measured) at ``batch``; None if not profiled."""
+        ys = {1: self.stock_ms, 2: self.stock_2t_ms}.get(threads, {}).get(device)
         return None if ys is None else float(interp_linear(self.batch_sizes, ys, batch))
 
     def thread_speedup(self, device: str, batch: float, threads: int) -> float | None:
-        """How many times faster the stock graph runs on ``threads`` intra-op threads than on 1 at ``batch``
-        (measured for 2 threads: ``stock_ms / stock_2t_ms``); None where not profiled."""
+        """The thread model: how many times faster a graph runs on ``threads`` intra-op threads than on 1 at
+        ``batch`` rows, measured on the stock graph (``stock_ms / stock_2t_ms`` at that batch, 2 threads);
+        None where not profiled.
+
+        Decision: one curve for every graph the simulator prices (the stock graph, naive EE's and E3's
+        blocks, at the rows each block runs), not one per graph. The stock graph is the model's blocks end to
+        end, so at a given batch its operators are those of every block (the stem and the head are a few
+        percent of it), and ONNX Runtime splits each operator between the threads by its rows and columns:
+        the gain at ``batch`` rows is the operators' gain at that batch. What changes between graphs is the
+        rows each block runs (naive EE's blocks run fewer rows after every ramp, where a second thread
+        gains less), which :func:`e3.core.cost.batch_ms` follows block by block."""
         if threads == 1:
             return 1.0
-        one, two = self.stock_ms.get(device), self.stock_2t_ms.get(device)
-        if threads != 2 or one is None or two is None:
+        one, two = self.stock(device, batch), self.stock(device, batch, 2)
+        if threads != 2 or one is None or two is None or two <= 0:
             return None
-        return float(interp_linear(self.batch_sizes, one, batch) / interp_linear(self.batch_sizes, two, batch))
+        return one / two
+
+    def one_graph(self, device: str, batch: float) -> float | None:
+        """How much of its blocks' time, each timed as its own session call, a graph of every block takes
+        as one call at ``batch`` rows: ``stock_ms`` over the sum of the blocks (no ramps); None where not
+        profiled."""
+        whole = self.stock(device, batch)
+        if whole is None:
+            return None
+        parts = sum(self.block(k, device, batch, with_ramp=False) for k in range(1, self.num_blocks + 1))
+        return whole / parts if parts > 0 else None
+
+    def beside(self, device: str, batch: float) -> float | None:
+        """How many times longer a graph takes at ``batch`` rows while one instance per core runs beside it
+        than alone: ``corun_ms / stock_ms`` (the cores' shared caches and memory); None where not profiled."""
+        alone, together = self.stock(device, batch), self.stock_ms and self.corun_ms.get(device)
+        if alone is None or not together or alone <= 0:
+            return None
+        return float(interp_linear(self.batch_sizes, together, batch)) / alone
 
     def request(self, device: str, batch: float | np.ndarray) -> float | np.ndarray:
         """Host CPU (ms) of one request of ``batch`` inputs outside every instance (0 if not profiled)."""
