@@ -7,8 +7,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from e3.benchmarks.side_by_side_report import BaselineConfig
-
 
 def _refusing(command: str, run) -> int:
     """Run ``run()``: a ValueError is the user's input, printed as ``<command>: error: ...`` (exit 2)."""
@@ -30,6 +28,7 @@ def parse_forced_baselines(text: str | None, cores: int = 2):
     ``cores``; None -> None (calibrate)."""
     if text is None:
         return None
+    from e3.benchmarks.side_by_side_report import BaselineConfig   # numpy stays out of `e3 --help`
     out = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
         inst, _, thr = part.partition("x")

@@ -222,3 +222,51 @@ def test_no_module_is_over_600_lines():
     long = {str(p.relative_to(ROOT)): n for p in sources(dirs) if (n := len(p.read_text().splitlines())) > 600}
     assert not long, f"modules over 600 lines: {long}"
 
+
+
+def _import_lines(text: str) -> tuple[list[str], list[tuple[int, int]]]:
+    """The file's lines and the (first, last) line of every import inside a function."""
+    import ast
+    spans = []
+    for fn in ast.walk(ast.parse(text)):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            spans += [(n.lineno, n.end_lineno) for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    return text.splitlines(), sorted(set(spans))
+
+
+def unexplained_deferred_imports(path: Path) -> list[str]:
+    """Imports inside functions that say no reason. One is explained by a comment on its own lines, by a comment
+    line heading the group of imports it stands in, or, for the whole module, by a top-level comment line
+    starting ``# Deferred imports:`` (a CLI module whose verbs each load their room)."""
+    lines, spans = _import_lines(path.read_text())
+    if any(line.startswith("# Deferred imports:") for line in lines):
+        return []
+    out = []
+    for first, last in spans:
+        if any("#" in lines[i] for i in range(first - 1, last)):
+            continue
+        i = first - 2   # walk up over the imports of the same group
+        while i >= 0 and lines[i].strip() and not lines[i].strip().startswith("#") and \
+                re.match(r"\s*(import |from |\)|\w.*,$)", lines[i]):
+            i -= 1
+        if i >= 0 and lines[i].strip().startswith("#"):
+            continue
+        out.append(f"{path.relative_to(ROOT)}:{first}: {lines[first - 1].strip()}")
+    return out
+
+
+def test_imports_sit_at_the_module_top_unless_a_comment_says_why():
+    """Imports at the top show the module's arrows to a reader; one deferred into a function (torch kept out of
+    Triton's processes, a slow client loaded by the verb that needs it) says why in a comment."""
+    bad = [o for p in sources(package_dirs()) for o in unexplained_deferred_imports(p)]
+    assert not bad, f"{len(bad)} import(s) inside functions with no reason given:\n" + "\n".join(bad)
+
+
+def test_the_import_check_reads_group_comments_and_module_notes(tmp_path, monkeypatch):
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    f = tmp_path / "m.py"
+    f.write_text("def a():\n    import json\n\n\ndef b():\n    # deferred: heavy\n    import torch\n    from x import (y,\n"
+                 "                   z)\n\n\ndef c():\n    import numpy as np  # deferred: light start\n")
+    assert unexplained_deferred_imports(f) == ["m.py:2: import json"]
+    f.write_text("# Deferred imports: every verb loads its own room\ndef a():\n    import json\n")
+    assert unexplained_deferred_imports(f) == []
