@@ -59,7 +59,7 @@ from e3.core import telemetry
 from e3.core.telemetry import metric_samples
 from polling import wait_until
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]   # "refused at once" is a latency: measured alone
 RELIABILITY = bool(os.environ.get("E3_RELIABILITY"))
 MODEL = "tiny_ee_ee"
 FRONT = "reliability_front"     # test-only ensemble over MODEL
