@@ -266,19 +266,6 @@ def _copy_model(repo: Path, stock: str, name: str) -> str:
     return name
 
 
-def _server_cpu_s(server) -> float:
-    """CPU seconds (user + system) used so far by tritonserver and its Python-backend stubs."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in server.group_pids():
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:     # a stub that just exited
-            continue
-        total += int(fields[11]) + int(fields[12])    # utime, stime (clock ticks)
-    return total / tick
-
-
 def _closed_loops(server, systems: dict[str, str], pool, max_bs: int, settings, echo) -> dict[str, dict]:
     """Per system, the median over ``settings.closed_rounds`` closed-loop runs (2 x MaxBS clients, the systems
     in turn) of its inputs/s and of the server's CPU milliseconds per input (tritonserver and every stub;
@@ -290,10 +277,10 @@ def _closed_loops(server, systems: dict[str, str], pool, max_bs: int, settings, 
     requests = settings.closed_requests_per_bs * max_bs
     for r in range(settings.closed_rounds):
         for label in labels[r % len(labels):] + labels[:r % len(labels)]:
-            before = _server_cpu_s(server)
+            before = server.cpu_s()
             got = closed_loop(server.http_url, systems[label], pool, concurrency=2 * max_bs, batch=1,
                               requests=requests, warmup=1, shm=settings.shm)
-            runs[label].append((got.throughput_ips, (_server_cpu_s(server) - before) * 1e3 / requests))
+            runs[label].append((got.throughput_ips, (server.cpu_s() - before) * 1e3 / requests))
             echo(f"[closed loop] round {r + 1} {label:<20} {got.throughput_ips:7.1f} inputs/s, "
                  f"server CPU {runs[label][-1][1]:.2f} ms per input")
     return {label: {"inputs_per_s": float(np.median([x for x, _ in v])),

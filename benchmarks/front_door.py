@@ -33,7 +33,7 @@ from pathlib import Path
 
 from e3.deploy.grpc_guard import GrpcGuard
 from e3.deploy.guard import Guard, tune_gc
-from e3.deploy.server import TritonServer
+from e3.deploy.server import TritonServer, group_cpu_s
 from e3.deploy.tools import perf_analyzer_binary, tool_env
 from e3.export.repository import ExportSettings, export_repository
 from e3.paths import artifacts_dir
@@ -59,29 +59,10 @@ def perf(url: str, concurrency: int, requests: int, headers: dict[str, str], pro
             "requests": int(count.group(1)) if count else requests}
 
 
-_HZ = os.sysconf("SC_CLK_TCK")
-
-
-def _group_cpu_s(pgid: int) -> float:
-    """CPU seconds (user + system) of the live processes in process group ``pgid`` (tritonserver and its stubs)."""
-    total = 0.0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            total += (int(fields[11]) + int(fields[12])) / _HZ
-    return total
-
-
 def _cpu_now(pgid: int) -> tuple[float, float, float]:
     """(tritonserver's group, perf_analyzer runs so far, this process) in CPU seconds."""
     kids, me = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
-    return _group_cpu_s(pgid), kids.ru_utime + kids.ru_stime, me.ru_utime + me.ru_stime
+    return sum(group_cpu_s(pgid).values()), kids.ru_utime + kids.ru_stime, me.ru_utime + me.ru_stime
 
 
 def main() -> int:

@@ -6,7 +6,6 @@ each operating point, on general prompts and review prompts, beside the full mod
 from __future__ import annotations
 
 import logging
-import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -91,29 +90,6 @@ def predicted_ratio(costs, lengths: list[int], full_lengths: list[int], exit_sha
     return (decoded / calm) / (full_decoded / plain) if calm and plain and full_decoded else 1.0
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) used so far by process ``pid`` and its live descendants (Triton and its
-    Python-backend stubs): the work a run costs, whatever else the shared machine runs meanwhile."""
-    parent, ticks = {}, {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parent[int(d)] = int(fields[1])
-        ticks[int(d)] = int(fields[11]) + int(fields[12])
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        p = frontier.pop()
-        kids = [c for c, pp in parent.items() if pp == p and c not in tree]
-        tree.update(kids)
-        frontier += kids
-    return sum(ticks.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
-
-
 def run_frontier(settings: FrontierSettings = FrontierSettings(), echo=print) -> dict:
     """Served tokens/s against per-token agreement, decoded agreement and ROUGE-L for each operating point
     (raw thresholds per measure at the exit shares the calibration's replay gives, served with their exits
@@ -148,7 +124,7 @@ def run_frontier(settings: FrontierSettings = FrontierSettings(), echo=print) ->
     log_file = artifacts_dir() / "logs" / "bench-generate-frontier.log"
     served = [n for n in model_names(s.model, spec) if "_kv_split" in n or "_kvfill_" in n] + [door, stream_door]
     with TritonServer.on_free_ports(repo, served, log_file=log_file, exit_timeout_s=5) as server:
-        url, pid = server.http_url, server.process.pid
+        url = server.http_url
         _serve(url, door, sets["review"][:2], 4, mode="full")   # warm-up
         echo(f"plain calls ({budget}; {s.rounds} interleaved rounds)")
         # each plain call right after the full model through the same router (streamed: the streaming one)
@@ -183,11 +159,11 @@ def run_frontier(settings: FrontierSettings = FrontierSettings(), echo=print) ->
             measured: dict[str, list] = {n: [] for n, _ in points}
             for rnd in range(s.point_rounds):
                 for n, kw in points[1:]:   # the machine is shared: each point against the full run just before
-                    c0 = _cpu_s(pid)
+                    c0 = server.cpu_s()
                     before = _serve(url, door, prompts, s.new_tokens, mode="full")
-                    c1 = _cpu_s(pid)
+                    c1 = server.cpu_s()
                     out, wall = _serve(url, door, prompts, s.new_tokens, **kw)
-                    c2 = _cpu_s(pid)
+                    c2 = server.cpu_s()
                     # tokens per server CPU-second, over the full run's: the ratio with the machine's noise removed
                     cpu_ratio = (sum(len(o.tokens) for o in out) / max(1e-9, c2 - c1)) / (
                         sum(len(o.tokens) for o in before[0]) / max(1e-9, c1 - c0))

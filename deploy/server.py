@@ -53,7 +53,7 @@ from e3.core.manifest import models_to_serve as manifest_models
 from e3.paths import artifacts_dir
 
 __all__ = ["ServerError", "TritonServer", "find_tritonserver", "free_port", "port_taken", "models_to_serve",
-           "ENV_BINARY", "DEFAULT_METRICS_PORT", "metrics_url_for", "http_request"]
+           "ENV_BINARY", "DEFAULT_METRICS_PORT", "metrics_url_for", "http_request", "group_cpu_s"]
 
 log = logging.getLogger(__name__)
 ENV_BINARY = "E3_TRITONSERVER"
@@ -218,6 +218,24 @@ def models_to_serve(repo: Path) -> list[str]:
         return manifest_models(repo)
     except ManifestError as err:
         raise ServerError(str(err)) from None
+
+
+def group_cpu_s(pgid: int) -> dict[int, float]:
+    """CPU seconds (user + system) each live process of process group ``pgid`` has used, by pid (Linux
+    ``/proc``): a tritonserver started here (its own session: pgid = its pid) and its Python stubs. The one
+    reader of it: the profiler's foreign-load count, the benches' CPU splits."""
+    tick, out = os.sysconf("SC_CLK_TCK"), {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()   # after "pid (comm) ": state ppid pgrp ...
+        except (OSError, ValueError):
+            continue
+        if int(fields[2]) == pgid:
+            out[int(proc.name)] = (int(fields[11]) + int(fields[12])) / tick   # utime, stime
+    return out
 
 
 def _group_rss(pgid: int) -> list[tuple[int, int]]:
@@ -505,6 +523,10 @@ class TritonServer:
     def group_pids(self) -> list[int]:
         """tritonserver and its Python-backend stubs (its process group)."""
         return [pid for pid, _ in _group_rss(self.process.pid)] if self.alive() else []
+
+    def cpu_s(self) -> float:
+        """CPU seconds tritonserver and its live Python-backend stubs have used so far (:func:`group_cpu_s`)."""
+        return sum(group_cpu_s(self.process.pid).values()) if self.process else 0.0
 
     def rss_bytes(self) -> int:
         """Resident memory of tritonserver and its Python-backend stubs (its process group), in bytes."""

@@ -23,7 +23,7 @@ class DeviceRunner:
     :mod:`e3.generation.kv_store`); a call with ``past_kv`` is stateless (profiling)."""
 
     def __init__(self, model, spec, device: str):
-        self.torch, self.device = torch, device   # kept on the instance: _write and _feed reach it there
+        self.device = device
         model = copy.deepcopy(model).to(device).eval()   # the caller's model stays where it is
         L = spec.full_layers or spec.num_layers
         self.modules = {}
@@ -34,10 +34,9 @@ class DeviceRunner:
         self.cache: dict[str, dict[int, object]] = {name: {} for name in self.modules}
 
     def _t(self, a):
-        return self.torch.as_tensor(np.ascontiguousarray(a), device=self.device)
+        return torch.as_tensor(np.ascontiguousarray(a), device=self.device)
 
     def __call__(self, name: str, inputs: dict) -> dict:
-        torch = self.torch
         module, store = self.modules[name], self.cache[name]
         with torch.no_grad():
             if "release_ids" in inputs:
@@ -65,7 +64,7 @@ class DeviceRunner:
         end = at + kv.shape[3]
         cur = store.get(sid)
         if cur is None or cur.shape[3] < end:
-            grown = self.torch.zeros((*kv.shape[:3], max(16, 2 * end), kv.shape[4]), device=self.device)
+            grown = torch.zeros((*kv.shape[:3], max(16, 2 * end), kv.shape[4]), device=self.device)
             if cur is not None:
                 grown[:, :, :, :cur.shape[3]] = cur
             store[sid] = cur = grown
@@ -81,7 +80,7 @@ class DeviceRunner:
         c = module.model.config
         n = module.last - module.first + 1
         width = max(past) if past else 0
-        kv = self.torch.zeros((len(ids), n, 2, c.num_kv_heads, width, c.head_dim), device=self.device)
+        kv = torch.zeros((len(ids), n, 2, c.num_kv_heads, width, c.head_dim), device=self.device)
         for i, (sid, t) in enumerate(zip(ids, past)):
             if t:
                 kv[i, :, :, :, :t] = store[int(sid)][:, :, :, :t]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 import numpy as np
 
 from e3.core.spec import ModelCard, TensorSpec
+from e3.deploy.server import group_cpu_s
 
 if TYPE_CHECKING:
     from e3.models.api import EarlyExitModel
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 __all__ = ["cut_state", "measure_check", "measure_router", "router_batch", "stock_runner", "machine_busy_s",
-           "quietest", "MAX_FOREIGN_CORES", "group_cpu_s", "ForeignLoad"]
+           "quietest", "MAX_FOREIGN_CORES", "ForeignLoad"]
 
 # Cores other processes may use while a thread-count pair is timed before it is measured again (see quietest)
 MAX_FOREIGN_CORES = 0.2
@@ -232,22 +233,6 @@ def quietest(measure: Callable[[], T], *, tries: int = 3, max_foreign: float = M
         if attempt + 1 < tries:
             time.sleep(wait_s)
     return best, best_foreign
-
-
-def group_cpu_s(pgid: int) -> dict[int, float]:
-    """CPU seconds (user + system) each live process of process group ``pgid`` has used (``/proc``): a
-    tritonserver started by :mod:`e3.deploy.server` and its Python stubs, by pid."""
-    tick, out = os.sysconf("SC_CLK_TCK"), {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            out[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
-    return out
 
 
 class ForeignLoad:

@@ -64,3 +64,29 @@ def test_metrics_url_for_the_same_host():
     assert metrics_url_for("http://triton.local:9000/", 9002) == "http://triton.local:9002/metrics"
     assert metrics_url_for("[::1]:8000") == "http://[::1]:8002/metrics"
     assert metrics_url_for("localhost") == "http://localhost:8002/metrics"
+
+
+def test_group_cpu_s_counts_each_process_of_the_group_and_no_other():
+    """The one /proc reader of a group's CPU: this process's own figure is its CPU time (to a clock tick), and a
+    busy child in a session of its own is counted in its group, not in ours."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from e3.deploy.server import group_cpu_s
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                             "while time.process_time() - t < 0.3: pass\ntime.sleep(30)"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while group_cpu_s(busy.pid).get(busy.pid, 0.0) < 0.25 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        theirs = group_cpu_s(busy.pid)
+        ours = group_cpu_s(os.getpgid(0))
+        tick = 1 / os.sysconf("SC_CLK_TCK")
+        assert set(theirs) == {busy.pid} and 0.25 <= theirs[busy.pid] < 5.0
+        assert busy.pid not in ours and os.getpid() in ours
+        assert abs(ours[os.getpid()] - time.process_time()) < 0.5 + 2 * tick
+    finally:
+        busy.kill()
+        busy.wait()
