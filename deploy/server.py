@@ -220,35 +220,37 @@ def models_to_serve(repo: Path) -> list[str]:
         raise ServerError(str(err)) from None
 
 
-def group_cpu_s(pgid: int) -> dict[int, float]:
-    """CPU seconds (user + system) each live process of process group ``pgid`` has used, by pid (Linux
-    ``/proc``): a tritonserver started here (its own session: pgid = its pid) and its Python stubs. The one
-    reader of it: the profiler's foreign-load count, the benches' CPU splits."""
-    tick, out = os.sysconf("SC_CLK_TCK"), {}
+def _group_stats(pgid: int):
+    """(``/proc/<pid>`` folder, its ``stat`` fields after "pid (comm) ": state ppid pgrp ...) of every process in
+    process group ``pgid`` (Linux /proc); a process that ends while being read is left out."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             stat = (proc / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()   # after "pid (comm) ": state ppid pgrp ...
+            fields = stat[stat.rindex(")") + 2:].split()
         except (OSError, ValueError):
             continue
         if int(fields[2]) == pgid:
-            out[int(proc.name)] = (int(fields[11]) + int(fields[12])) / tick   # utime, stime
-    return out
+            yield proc, fields
+
+
+def group_cpu_s(pgid: int) -> dict[int, float]:
+    """CPU seconds (user + system) each process of process group ``pgid`` has used, by pid: a tritonserver
+    started here (its own session: pgid = its pid) and its Python stubs. The one reader of it: the profiler's
+    foreign-load count, the benches' CPU splits."""
+    tick = os.sysconf("SC_CLK_TCK")
+    return {int(proc.name): (int(f[11]) + int(f[12])) / tick for proc, f in _group_stats(pgid)}   # utime, stime
 
 
 def _group_rss(pgid: int) -> list[tuple[int, int]]:
-    """(pid, RSS bytes) of every process in process group ``pgid`` (Linux /proc)."""
+    """(pid, RSS bytes) of every live process in process group ``pgid``; a zombie (killed, not yet reaped)
+    holds nothing and is left out."""
     found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
+    for proc, fields in _group_stats(pgid):
+        if fields[0] == "Z":
             continue
         try:
-            stat = (proc / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()   # after "pid (comm) ": state ppid pgrp ...
-            if int(fields[2]) != pgid or fields[0] == "Z":   # a zombie (killed, not yet reaped) holds nothing
-                continue
             rss_pages = int((proc / "statm").read_text().split()[1])
         except (OSError, ValueError, IndexError):
             continue
