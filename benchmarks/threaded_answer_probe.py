@@ -18,7 +18,13 @@ embedded server is 24.10) supports a non-decoupled model answering later when th
   pattern before, the last request staying bound while the thread waits for the next batch);
 * **torch** or **numpy**: the torch variants import PyTorch in the stub and compute each batch's labels with
   it, on KIND_GPU on the instance's device (``cuda:<model_instance_device_id>``, a matmul, then ``.cpu()``);
-  the numpy ones never import torch.
+  the numpy ones never import torch;
+* **engine** (``engine-torch``, ``engine-sends-torch``, :data:`ENGINE_OF`): the device router's shape. An engine
+  thread runs a device step and its sync every millisecond, busy or not (as the pipeline keeps the GPU fed),
+  computes each batch's labels, and either hands the answers to a second thread that sends them (``split``:
+  the router until the H100 run of 2026-11-27, whose stubs died in ``send`` under load) or sends them itself
+  between its steps (``sends``: the router since). The other variants never run the device while a send is in
+  progress.
 
 Every model answers from one thread beside a second thread that polls every 50 us (as the stage's engine
 did), enables ``faulthandler`` (a crash leaves every thread's stack in the log) and prints one ``PROBE`` line
@@ -82,7 +88,13 @@ VARIANTS = {
     "execute-torch": ("execute", True),
     "thread-numpy": ("thread", False),
     "thread-torch": ("thread", True),
+    "engine-torch": ("execute", True),
+    "engine-sends-torch": ("execute", True),
 }
+# the engine variants: an engine thread keeps the device busy (a step and its sync every millisecond, as the
+# device router's pipeline) while answers leave through a second thread ("split", the device router's shape until
+# the H100 run of 2026-11-27) or through the engine thread itself, between its steps ("sends")
+ENGINE_OF = {"engine-torch": "split", "engine-sends-torch": "sends"}
 FATAL_PATTERNS = ("Segmentation fault", "Fatal Python error", "terminate called")
 JSON_NAME = "threaded_answer_probe.json"
 LOG_NAME = "threaded_answer_probe.log"
@@ -102,6 +114,7 @@ import triton_python_backend_utils as pb_utils
 
 SENDER = "{sender}"   # where each request's response sender is taken: "execute" or "thread"
 USE_TORCH = {torch}
+ENGINE = "{engine}"   # "": one answering thread; "split": an engine thread and a sending thread; "sends": the engine sends
 
 
 class TritonPythonModel:
@@ -126,7 +139,12 @@ class TritonPythonModel:
             args["model_name"], os.getpid(), sys.version.split()[0], torch_info.replace(" ", ","),
             args["model_instance_kind"], args["model_instance_device_id"], SENDER), file=sys.stderr, flush=True)
         self.outbox = queue.Queue()
-        self.answering = threading.Thread(target=self.answer, name="probe-answer", daemon=True)
+        self.sends = queue.Queue()
+        self.sending = threading.Thread(target=self.send_loop, name="probe-send", daemon=True)
+        if ENGINE == "split":
+            self.sending.start()
+        self.answering = threading.Thread(target=self.engine if ENGINE else self.answer, name="probe-answer",
+                                          daemon=True)
         self.polling = threading.Thread(target=self.poll, name="probe-poll", daemon=True)
         self.answering.start()
         self.polling.start()
@@ -153,6 +171,43 @@ class TritonPythonModel:
             if SENDER == "execute":   # nothing keeps a sender past its answer (serving.triton_io.ResponseSender)
                 batch = handle = sender = x = None
 
+    def engine(self):
+        """A device step and its sync every millisecond, busy or not; each batch's answers sent here ("sends")
+        or handed to the sending thread ("split")."""
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        busy = self.torch.ones((256, 256) if self.device.type == "cuda" else (32, 32), device=self.device)
+        while True:
+            try:
+                batch = self.outbox.get(timeout=0.001)
+            except queue.Empty:
+                batch = ()
+            if batch is None:
+                self.sends.put(None)
+                return
+            (busy @ busy).sum().item()
+            if not batch:
+                continue
+            labels = self.labels(np.concatenate([x for _, x in batch]))
+            start = 0
+            for sender, x in batch:
+                part = labels[start:start + len(x)]
+                start += len(x)
+                if ENGINE == "sends":
+                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("label", part)]), flags=final)
+                else:
+                    self.sends.put((sender, part))
+            batch = sender = x = None
+
+    def send_loop(self):
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        while True:
+            item = self.sends.get()
+            if item is None:
+                return
+            sender, part = item
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("label", part)]), flags=final)
+            item = sender = None
+
     def poll(self):
         a = np.ones((64, 16), np.float32)
         while not self.stopping.is_set():
@@ -171,6 +226,8 @@ class TritonPythonModel:
     def finalize(self):   # as the router's: send what is queued, stop the threads
         self.outbox.put(None)
         self.answering.join(timeout=5)
+        if ENGINE == "split":
+            self.sending.join(timeout=5)
         self.stopping.set()
         self.polling.join(timeout=5)
 '''
@@ -191,7 +248,8 @@ def write_probe_model(repo: Path, kind: str, variant: str = "execute-numpy") -> 
     sender, torch = VARIANTS[variant]
     d = Path(repo) / name
     (d / "1").mkdir(parents=True, exist_ok=True)
-    (d / "1" / "model.py").write_text(MODEL_PY.format(sender=sender, torch=torch, width=WIDTH))
+    (d / "1" / "model.py").write_text(MODEL_PY.format(sender=sender, torch=torch, width=WIDTH,
+                                                            engine=ENGINE_OF.get(variant, "")))
     gpus = " gpus: [0]" if kind == "gpu" else ""
     (d / "config.pbtxt").write_text(
         f'name: "{name}"\nbackend: "python"\nmax_batch_size: 1024\n'

@@ -149,14 +149,16 @@ def write_hop_models(repo: Path, card: ModelCard, *, gpu: bool, precision: str) 
     common = dict(kind="python", max_batch_size=0, instances=1, instance_kind="KIND_GPU" if gpu else "KIND_CPU",
                   gpus=(0,) if gpu else (), dynamic_batching=None)
     dims = (-1, *state.shape)
+    # the state crosses the hop in the precision the splits run at: an FP32 cut state is FP16 in an FP16 run
+    dtype = "FP16" if precision == "fp16" and state.dtype == "FP32" else state.dtype
     descs = [
-        ModelDescription(name=echo, inputs=(TensorSpec("state", state.dtype, dims),),
-                         outputs=(TensorSpec("state_out", state.dtype, dims),),
+        ModelDescription(name=echo, inputs=(TensorSpec("state", dtype, dims),),
+                         outputs=(TensorSpec("state_out", dtype, dims),),
                          parameters={"role": "echo", "FORCE_CPU_ONLY_INPUT_TENSORS": "no"}, **common),
         ModelDescription(name=prices, inputs=(TensorSpec("batch", "INT32", (1,)), TensorSpec("repeats", "INT32", (1,))),
                          outputs=(TensorSpec("times_ms", "FP32", (3, -1)),),
                          parameters={"role": "prices", "echo": echo, "state_shape": json.dumps(list(state.shape)),
-                                     "state_dtype": "float16" if precision == "fp16" else "float32",
+                                     "state_dtype": {"FP16": "float16", "FP32": "float32"}.get(dtype, dtype.lower()),
                                      "FORCE_CPU_ONLY_INPUT_TENSORS": "no"}, **common)]
     for desc in descs:
         _write_model(repo, desc.name, render_config(desc), HOPS_MODULE)

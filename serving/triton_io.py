@@ -18,6 +18,7 @@ import os
 import queue
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -240,41 +241,68 @@ class ResponseSender:
       cannot come back by accident.
 
     ``put(sender, what)``: ``what`` is an outputs dict, an error message or a ready response.
+
+    ``thread=False``: no thread of its own; the owner's thread sends what is queued when it calls :meth:`drain`,
+    and ``wake`` (if set) is called after every ``put`` so that owner knows to. The device router sends this way,
+    from its engine thread between two steps: on an H100 (2026-11-27) its stubs died with a segmentation fault
+    inside ``send`` under load while the engine thread was running the GPU, and the threaded-answer probe's
+    ``engine-torch`` / ``engine-sends-torch`` variants (``benchmarks/threaded_answer_probe.py``) test that shape
+    against one where the thread that runs the device is the one that sends.
     """
 
-    def __init__(self, who: str):
+    def __init__(self, who: str, *, thread: bool = True):
         self.who = who
+        self.wake: Callable[[], None] | None = None
         self._outbox: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="e3-responses", daemon=True)
-        self._thread.start()
+        self._thread = threading.Thread(target=self._loop, name="e3-responses", daemon=True) if thread else None
+        if self._thread is not None:
+            self._thread.start()
 
     def put(self, sender, what) -> None:
         if not hasattr(sender, "send"):
             raise TypeError(f"{self.who}: answer through the response sender taken inside execute "
                             f"(serving.triton_io.sender_of(request)), not through a {type(sender).__name__}")
         self._outbox.put((sender, what))
+        if self.wake is not None:
+            self.wake()
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Send what is queued, then stop the thread."""
+        """Send what is queued, then stop the thread (without one: send what is queued, here)."""
+        if self._thread is None:
+            self.drain()
+            return
         self._outbox.put(None)
         self._thread.join(timeout=timeout_s)
 
+    def drain(self) -> int:
+        """Send, in this thread, everything queued now; returns how many (``thread=False``'s owner calls it)."""
+        sent = 0
+        while True:
+            try:
+                item = self._outbox.get_nowait()
+            except queue.Empty:
+                return sent
+            if item is not None:
+                self._send(*item)
+                sent += 1
+
     def _loop(self) -> None:
-        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         while True:
             item = self._outbox.get()
             if item is None:
                 return
-            sender, what = item
-            if isinstance(what, dict):
-                response = checked_response(what)
-            elif isinstance(what, str):
-                response = error_response(what)
-            else:
-                response = what
-            try:
-                sender.send(response, flags=final)
-            except Exception as err:  # noqa: BLE001 - e.g. the client went away; the others go on
-                pb_utils.Logger.log_warn(f"{self.who}: could not send a response: {err}")
+            self._send(*item)
             # nothing keeps a sender past its answer (a blocked get() would hold the last one till the next)
-            item = sender = what = response = None
+            item = None
+
+    def _send(self, sender, what) -> None:
+        if isinstance(what, dict):
+            response = checked_response(what)
+        elif isinstance(what, str):
+            response = error_response(what)
+        else:
+            response = what
+        try:
+            sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as err:  # noqa: BLE001 - e.g. the client went away; the others go on
+            pb_utils.Logger.log_warn(f"{self.who}: could not send a response: {err}")

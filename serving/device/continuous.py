@@ -24,6 +24,10 @@ is answered the moment its last row is decided. Answers leave through one sendin
   between a step and the pause is not lost.
 * **Failure**: an exception out of a step answers every request held with an explicit error and the engine
   goes on with the next arrivals (no accepted request goes unanswered).
+* **Sending from the engine thread** (``drain``): where given, the engine calls it after every step, in its
+  own thread, and the caller's ``send`` only queues (:class:`~e3.serving.triton_io.ResponseSender` with
+  ``thread=False``, its ``wake`` set to :meth:`wake` so that a refusal queued by ``execute`` is sent at once).
+  The device router sends so: its stubs died inside ``send`` on an H100 while a second thread ran the GPU.
 * **Unload** (:meth:`close`): the thread stops, every request still held is answered with an error, then
   the sending thread drains.
 
@@ -62,10 +66,11 @@ class ContinuousEngine:
     model's :class:`~e3.serving.triton_io.ResponseSender`'s ``put``)."""
 
     def __init__(self, send: Callable[[Any, Any], None], *, max_queue_inputs: int | None = None,
-                 name: str = "e3-device-engine", poll_s: float = 0.0):
+                 name: str = "e3-device-engine", poll_s: float = 0.0, drain: Callable[[], Any] | None = None):
         if poll_s < 0:
             raise ValueError(f"poll_s must be >= 0 (seconds between polling steps), got {poll_s}")
         self.send = send
+        self.drain = drain
         self.poll_s = poll_s
         self.max_queue_inputs = max_queue_inputs
         self.held_inputs = 0            # inputs admitted and not yet answered or dropped
@@ -150,7 +155,9 @@ class ContinuousEngine:
             except Exception as err:  # noqa: BLE001 - every held request gets an error, the engine goes on
                 log.exception("the device engine failed a step")
                 self.pipeline.fail_all(f"the router failed: {err}")
-                continue
+                busy = True
+            if self.drain is not None:
+                self.drain()
             pause = self.poll_s if busy else IDLE_WAIT_S
             if pause > 0:
                 with self._lock:
@@ -167,3 +174,5 @@ class ContinuousEngine:
         if self.pipeline is not None:
             self.pipeline.fail_all(message)
             self.pipeline = None
+        if self.drain is not None:
+            self.drain()

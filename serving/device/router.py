@@ -102,8 +102,12 @@ class DeviceRouter:
         self.metrics = RouterMetrics(plan.model, plan.plan_id)
         self.engine = self.outbox = None
         if self.answering == "continuous":
-            self.outbox = ResponseSender(f"{plan.model} device router")
-            self.engine = ContinuousEngine(self.outbox.put, max_queue_inputs=queue_limit(params.get(MAX_QUEUE_INPUTS)))
+            # the engine thread sends, between its steps: no send runs while another thread drives the device
+            # (serving.device.continuous, "Sending from the engine thread")
+            self.outbox = ResponseSender(f"{plan.model} device router", thread=False)
+            self.engine = ContinuousEngine(self.outbox.put, max_queue_inputs=queue_limit(params.get(MAX_QUEUE_INPUTS)),
+                                           drain=self.outbox.drain)
+            self.outbox.wake = self.engine.wake
             answer, fail = self.engine.answered, self.engine.failed
         else:
             self.answers: dict[int, object] = {}
