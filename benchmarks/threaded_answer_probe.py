@@ -23,8 +23,9 @@ embedded server is 24.10) supports a non-decoupled model answering later when th
   thread runs a device step and its sync every millisecond, busy or not (as the pipeline keeps the GPU fed),
   computes each batch's labels, and either hands the answers to a second thread that sends them (``split``:
   the router until the H100 run of 2026-11-27, whose stubs died in ``send`` under load) or sends them itself
-  between its steps (``sends``: the router since). The other variants never run the device while a send is in
-  progress.
+  between its steps (``sends``). The other variants never run the device while a send is in progress.
+  ``unrequested-torch`` is ``engine-sends-torch`` whose responses also carry an output (``probs``) the client
+  did not ask for, as the device router's did (all three outputs, where the side-by-side's load asks for one).
 
 Every model answers from one thread beside a second thread that polls every 50 us (as the stage's engine
 did), enables ``faulthandler`` (a crash leaves every thread's stack in the log) and prints one ``PROBE`` line
@@ -90,11 +91,15 @@ VARIANTS = {
     "thread-torch": ("thread", True),
     "engine-torch": ("execute", True),
     "engine-sends-torch": ("execute", True),
+    "unrequested-torch": ("execute", True),
 }
 # the engine variants: an engine thread keeps the device busy (a step and its sync every millisecond, as the
 # device router's pipeline) while answers leave through a second thread ("split", the device router's shape until
 # the H100 run of 2026-11-27) or through the engine thread itself, between its steps ("sends")
-ENGINE_OF = {"engine-torch": "split", "engine-sends-torch": "sends"}
+ENGINE_OF = {"engine-torch": "split", "engine-sends-torch": "sends", "unrequested-torch": "sends"}
+# variants whose responses also carry an output the client did not ask for (the load asks for ``label`` only;
+# the device router's responses carried all three outputs while the side-by-side's load asked for one)
+UNREQUESTED = ("unrequested-torch",)
 FATAL_PATTERNS = ("Segmentation fault", "Fatal Python error", "terminate called")
 JSON_NAME = "threaded_answer_probe.json"
 LOG_NAME = "threaded_answer_probe.log"
@@ -115,6 +120,7 @@ import triton_python_backend_utils as pb_utils
 SENDER = "{sender}"   # where each request's response sender is taken: "execute" or "thread"
 USE_TORCH = {torch}
 ENGINE = "{engine}"   # "": one answering thread; "split": an engine thread and a sending thread; "sends": the engine sends
+EXTRA = {extra}   # every response also carries "probs", which no client asks for
 
 
 class TritonPythonModel:
@@ -193,7 +199,10 @@ class TritonPythonModel:
                 part = labels[start:start + len(x)]
                 start += len(x)
                 if ENGINE == "sends":
-                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("label", part)]), flags=final)
+                    outputs = [pb_utils.Tensor("label", part)]
+                    if EXTRA:
+                        outputs.append(pb_utils.Tensor("probs", np.ones((len(part), 2), np.float32)))
+                    sender.send(pb_utils.InferenceResponse(outputs), flags=final)
                 else:
                     self.sends.put((sender, part))
             batch = sender = x = None
@@ -249,12 +258,14 @@ def write_probe_model(repo: Path, kind: str, variant: str = "execute-numpy") -> 
     d = Path(repo) / name
     (d / "1").mkdir(parents=True, exist_ok=True)
     (d / "1" / "model.py").write_text(MODEL_PY.format(sender=sender, torch=torch, width=WIDTH,
-                                                            engine=ENGINE_OF.get(variant, "")))
+                                                            engine=ENGINE_OF.get(variant, ""),
+                                                            extra=variant in UNREQUESTED))
     gpus = " gpus: [0]" if kind == "gpu" else ""
     (d / "config.pbtxt").write_text(
         f'name: "{name}"\nbackend: "python"\nmax_batch_size: 1024\n'
         f'input [ {{ name: "x" data_type: TYPE_FP32 dims: [ {WIDTH} ] }} ]\n'
-        'output [ { name: "label" data_type: TYPE_INT64 dims: [ 1 ] } ]\n'
+        'output [ { name: "label" data_type: TYPE_INT64 dims: [ 1 ] }'
+        + (', { name: "probs" data_type: TYPE_FP32 dims: [ 2 ] }' if variant in UNREQUESTED else '') + ' ]\n'
         f'instance_group [ {{ count: 1 kind: KIND_{kind.upper()}{gpus} }} ]\n'
         'dynamic_batching { max_queue_delay_microseconds: 0 }\n')
     return name

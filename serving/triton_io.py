@@ -29,7 +29,7 @@ from e3.core.spec import TensorSpec, dtype_from_config
 from e3.serving.input_policy import InputError, check_request
 from e3.serving.output_policy import nonfinite_output
 
-__all__ = ["ResponseSender", "sender_of", "InputError", "BlsError", "BlsTimeout", "Gathered", "model_parameters", "io_specs", "gather",
+__all__ = ["ResponseSender", "Reply", "sender_of", "InputError", "BlsError", "BlsTimeout", "Gathered", "model_parameters", "io_specs", "gather",
            "error_response", "tensor_response", "checked_response", "answer_responses", "split_responses", "bls",
            "bls_error", "EXPIRED_IN_QUEUE", "INPUT_BOUNDS", "INTERNAL_ID"]
 
@@ -198,10 +198,33 @@ def bls_error(model: str, message: str) -> BlsError:
     return BlsError(text)
 
 
-def sender_of(request):
-    """The request's response sender, taken inside ``execute`` (:class:`ResponseSender`'s docstring):
-    what a model that answers after ``execute`` keeps instead of the request."""
-    return request.get_response_sender()
+class Reply:
+    """A request's response sender, taken inside ``execute``, with the outputs its client asked for: what a model
+    that answers after ``execute`` keeps instead of the request (:class:`ResponseSender`'s docstring).
+
+    Only the requested outputs are sent. On an H100 (2026-11-27) the device router's stubs died inside ``send``
+    at the first requests of a load that asked for one output of three, after answering every request that asked
+    for all of them; ``benchmarks/threaded_answer_probe.py``'s ``unrequested-torch`` variant probes that. A
+    response built in ``execute`` and returned is pruned by the backend with the interpreter lock held; one sent
+    later is not ours to prune, so nothing unrequested is put in it."""
+
+    __slots__ = ("sender", "wanted")
+
+    def __init__(self, sender, wanted=()):
+        self.sender = sender
+        self.wanted = frozenset(wanted)   # empty: every output (Triton fills a request that names none)
+
+    def send(self, response, flags=0):
+        return self.sender.send(response, flags=flags)
+
+    def requested(self, outputs: dict) -> dict:
+        """``outputs`` less what the client did not ask for."""
+        return {k: v for k, v in outputs.items() if k in self.wanted} if self.wanted else outputs
+
+
+def sender_of(request) -> Reply:
+    """The request's response sender and the outputs it asked for, taken inside ``execute`` (:class:`Reply`)."""
+    return Reply(request.get_response_sender(), request.requested_output_names())
 
 
 def admit_continuously(engine, outbox: "ResponseSender", requests: list, got: Gathered, *, on_refused=None) -> None:
@@ -297,7 +320,7 @@ class ResponseSender:
 
     def _send(self, sender, what) -> None:
         if isinstance(what, dict):
-            response = checked_response(what)
+            response = checked_response(sender.requested(what) if isinstance(sender, Reply) else what)
         elif isinstance(what, str):
             response = error_response(what)
         else:
