@@ -60,7 +60,7 @@ from e3.deploy.routes import KEYED
 from e3.deploy.request_check import (DATATYPES, MODEL_NAME, RESERVED_PARAMETERS, RequestError, _check_bytes_elements,
                                      check_file_override, check_parameter, element_count)
 
-__all__ = ["GrpcGuard", "SERVICE", "METHODS", "DEFAULT_MAX_MESSAGE_BYTES", "check_infer_message"]
+__all__ = ["GrpcGuard", "SERVICE", "METHODS", "DEFAULT_MAX_MESSAGE_BYTES", "OUTPUT_PARAMETERS", "check_infer_message"]
 
 log = logging.getLogger(__name__)
 SERVICE = "inference.GRPCInferenceService"
@@ -84,6 +84,7 @@ _CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_cont
              "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
              "FP64": "fp64_contents", "BYTES": "bytes_contents"}
 _CONTENT_FIELDS = tuple(sorted(set(_CONTENTS.values())))
+OUTPUT_PARAMETERS = {"classification": "uint"}   # output parameters Triton reads over gRPC, and as what
 
 
 def _pb():
@@ -118,9 +119,10 @@ def _check_infer(data: bytes):
         req = pb.ModelInferRequest.FromString(data)
     except Exception:   # noqa: BLE001 - protobuf's DecodeError, whichever implementation
         raise RequestError("the message is not a ModelInferRequest") from None
-    if not MODEL_NAME.match(req.model_name):
+    if not MODEL_NAME.fullmatch(req.model_name):   # fullmatch: the pattern's '$' also matches before a final '\n'
         raise RequestError(f"model name {req.model_name[:60]!r} is not allowed (letters, digits, '_', '-', '.')")
-    if req.model_version and not (req.model_version.isdigit() and len(req.model_version) <= 18):
+    if req.model_version and not (req.model_version.isascii() and req.model_version.isdigit()
+                                  and len(req.model_version) <= 18):
         raise RequestError(f"model version {req.model_version[:20]!r} is not a decimal number")
     for key, p in req.parameters.items():
         value = _param_value(p)
@@ -183,7 +185,7 @@ def _check_infer(data: bytes):
         if not o.name:
             raise RequestError(f"output {j} needs a name")
         for key, p in o.parameters.items():
-            check_parameter(key, _param_value(p), {"classification": "uint"}, f"output {o.name[:40]!r}")
+            check_parameter(key, _param_value(p), OUTPUT_PARAMETERS, f"output {o.name[:40]!r}")
     req.DiscardUnknownFields()
     return req
 
@@ -201,7 +203,7 @@ def _check_values(values, datatype: str, what: str) -> None:
     else:
         bad = (a < low) | (a > high) if datatype in ("INT8", "INT16", "UINT8", "UINT16") else None
     if bad is not None and bad.any():
-        raise RequestError(f"{what}: {a[bad][0]!r} in contents is not a valid {datatype} value")
+        raise RequestError(f"{what}: {a[bad][0].item()!r} in contents is not a valid {datatype} value")
 
 
 def _check_load(data: bytes) -> tuple[bytes, str]:
@@ -210,7 +212,7 @@ def _check_load(data: bytes) -> tuple[bytes, str]:
         req = pb.RepositoryModelLoadRequest.FromString(data)
     except Exception:   # noqa: BLE001
         raise RequestError("the message is not a RepositoryModelLoadRequest") from None
-    if not MODEL_NAME.match(req.model_name):
+    if not MODEL_NAME.fullmatch(req.model_name):
         raise RequestError(f"model name {req.model_name[:60]!r} is not allowed (letters, digits, '_', '-', '.'; "
                            "no path)")
     for key in req.parameters:
@@ -228,7 +230,7 @@ def _check_named(message: str) -> Callable[[bytes], tuple[bytes, str]]:
         except Exception:   # noqa: BLE001
             raise RequestError(f"the message is not a {message}") from None
         name = getattr(req, "model_name", None) if "model_name" in cls.DESCRIPTOR.fields_by_name else req.name
-        if name and not MODEL_NAME.match(name):
+        if name and not MODEL_NAME.fullmatch(name):
             raise RequestError(f"model name {name[:60]!r} is not allowed (letters, digits, '_', '-', '.')")
         req.DiscardUnknownFields()
         return req.SerializeToString(), name or ""
@@ -282,7 +284,8 @@ class GrpcGuard(LoopThread):
 
     @property
     def url(self) -> str:
-        return f"{self.host}:{self.port}"
+        """``host:port``, or the ``unix:/path`` it was given as ``host`` (behind the C++ front)."""
+        return self.host if self.host.startswith("unix:") else f"{self.host}:{self.port}"
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     thread_name = "e3-grpc-guard"   # grpc.aio wants asyncio's own loop: LoopThread's default
@@ -327,6 +330,11 @@ class GrpcGuard(LoopThread):
     def abort(self, model: str) -> int:
         """End every call in flight to ``model`` with UNAVAILABLE now (from any thread); how many there were."""
         return super().abort(model)
+
+    @property
+    def bad_counts(self) -> Counter:
+        """Refused calls by reason (as :class:`e3.deploy.grpc_front_process.GrpcFront`'s)."""
+        return self.bad.counts
 
     def metrics_text(self) -> str:
         """The gRPC guard's counters in Prometheus' text format (served on the HTTP guard's ``/metrics``)."""

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from e3.deploy.grpc_front_process import grpc_port
 from e3.deploy.grpc_guard import SERVICE, GrpcGuard, check_infer_message
 from e3.deploy.request_check import DATATYPES, RequestError
 from helpers import serving
@@ -140,7 +141,7 @@ def messages(draw) -> tuple[str, bytes]:
 @pytest.fixture(scope="module")
 def guarded(tiny_repo):
     with serving(tiny_repo, MODELS, name="fuzz-grpc", private=True) as server, \
-            GrpcGuard(server.grpc_url, port=0) as guard:
+            grpc_port(server.grpc_url, port=0) as guard:   # the C++ front where built (make setup), else the guard
         channel = grpc.insecure_channel(guard.url, options=[("grpc.max_send_message_length", -1)])
         yield server, guard, channel
         channel.close()
@@ -261,7 +262,7 @@ def test_abort_ends_calls_in_flight_to_a_model_with_unavailable():
 
     threading.Thread(target=silent_upstream, daemon=True).start()
     assert started.wait(30)
-    with GrpcGuard(f"127.0.0.1:{port}", port=0) as guard, grpc.insecure_channel(guard.url) as channel:
+    with grpc_port(f"127.0.0.1:{port}", port=0) as guard, grpc.insecure_channel(guard.url) as channel:
         call = channel.unary_unary(f"/{SERVICE}/ModelInfer").future(valid_message("tiny_ee_router", 1), timeout=60)
         deadline = time.monotonic() + 10
         while guard.abort("tiny_ee_router") == 0 and time.monotonic() < deadline:
@@ -287,7 +288,7 @@ def test_a_refused_message_inside_a_stream_is_answered_on_the_stream_and_the_str
     crash.inputs.add(name="input_ids", datatype="INT64", shape=[10**12, 16])
     sent = [_with_id(valid_message("tiny_ee_router", 2), "first"), crash.SerializeToString(),
             b"\xff\xff not a message", _with_id(valid_message("tiny_ee_router", 1), "last")]
-    before = sum(guard.bad.counts.values())
+    before = sum(guard.bad_counts.values())
     answers = [pb.ModelStreamInferResponse.FromString(a)
                for a in channel.stream_stream(f"/{SERVICE}/ModelStreamInfer")(iter(sent), timeout=60)]
     assert len(answers) == 4
@@ -296,7 +297,7 @@ def test_a_refused_message_inside_a_stream_is_answered_on_the_stream_and_the_str
     assert not by_id["last"].error_message and by_id["last"].infer_response.outputs
     assert "past the 2147483648 allowed" in by_id["bad"].error_message
     assert "not a ModelInferRequest" in by_id[""].error_message
-    assert sum(guard.bad.counts.values()) == before + 2   # counted on /metrics as bad requests
+    assert sum(guard.bad_counts.values()) == before + 2   # counted on /metrics as bad requests
     assert server.alive()
 
 
