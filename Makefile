@@ -4,7 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.e3-setup-stamp
-SETUP_INPUTS := requirements.txt requirements-nodeps.txt requirements.lock pyproject.toml deploy/install_system_deps.sh
+SETUP_INPUTS := requirements.txt requirements-nodeps.txt requirements.lock pyproject.toml deploy/install_system_deps.sh \
+	deploy/grpc_front/build.sh $(wildcard deploy/grpc_front/*.cc deploy/grpc_front/*.h)
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export E3_DEPS_DIR := $(CURDIR)/.deps
 
@@ -36,6 +37,7 @@ $(STAMP): $(SETUP_INPUTS)
 	$(call pip,--no-deps -r requirements-nodeps.txt)
 	$(call pip,--no-deps --no-build-isolation -e .)
 	@bash deploy/install_system_deps.sh
+	@PYTHON=$(BIN)/python bash deploy/grpc_front/build.sh
 	@touch $(STAMP)
 	@echo "setup: done (.venv ready)"
 

@@ -31,6 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from e3.deploy.grpc_front_process import GrpcFront, front_binary
 from e3.deploy.grpc_guard import GrpcGuard
 from e3.deploy.guard import Guard, tune_gc
 from e3.deploy.server import TritonServer, group_cpu_s
@@ -59,10 +60,12 @@ def perf(url: str, concurrency: int, requests: int, headers: dict[str, str], pro
             "requests": int(count.group(1)) if count else requests}
 
 
-def _cpu_now(pgid: int) -> tuple[float, float, float]:
-    """(tritonserver's group, perf_analyzer runs so far, this process) in CPU seconds."""
+def _cpu_now(pgid: int, front_pid: int | None) -> tuple[float, float, float]:
+    """(tritonserver's group, perf_analyzer runs so far, the guards: this process and the C++ gRPC front) in CPU
+    seconds."""
     kids, me = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
-    return sum(group_cpu_s(pgid).values()), kids.ru_utime + kids.ru_stime, me.ru_utime + me.ru_stime
+    front = sum(group_cpu_s(front_pid).values()) if front_pid else 0.0   # its own session: pgid = pid
+    return sum(group_cpu_s(pgid).values()), kids.ru_utime + kids.ru_stime, me.ru_utime + me.ru_stime + front
 
 
 def main() -> int:
@@ -73,7 +76,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="approximate length of each run")
     parser.add_argument("--rounds", type=int, default=1, help="guard/direct pairs, alternating")
     parser.add_argument("--stream-lanes", type=int, default=0,
-                        help="the gRPC guard's shared streams to Triton (grpc_mux; 0, the default: a unary call each)")
+                        help="the Python gRPC guard's shared streams to Triton (grpc_mux; 0, the default: a unary "
+                             "call each); only with --grpc-port guard")
+    parser.add_argument("--grpc-port", choices=["front", "guard"], default="front" if front_binary() else "guard",
+                        help="what serves gRPC: the C++ front with the Python guard behind it (as `e3 serve` runs "
+                             "it; the default where deploy/grpc_front is built) or the Python guard alone")
     args = parser.parse_args()
     repo = Path(args.repo) if args.repo else Path(artifacts_dir()) / "bench" / "front-door-tiny-ee"
     if not (repo / "tiny_ee_router").is_dir():
@@ -81,7 +88,9 @@ def main() -> int:
     protocols = args.protocols.split(",")
     with TritonServer.on_free_ports(repo, MODELS, exit_timeout_s=3) as server, \
             Guard(server.http_url, port=0) as guard, \
-            GrpcGuard(server.grpc_url, port=0, stream_lanes=args.stream_lanes) as grpc_guard:
+            (GrpcFront(server.grpc_url, port=0) if args.grpc_port == "front" else
+             GrpcGuard(server.grpc_url, port=0, stream_lanes=args.stream_lanes)) as grpc_guard:
+        front_pid = grpc_guard.process.pid if args.grpc_port == "front" else None
         tune_gc()   # as `e3 serve` does once its guard is up
         urls = {"http": (guard.url, server.http_url), "grpc": (grpc_guard.url, server.grpc_url)}
         calib = perf(server.http_url, args.concurrency, 2000, {})
@@ -102,9 +111,9 @@ def main() -> int:
             for protocol in protocols:
                 sides = [("guard", urls[protocol][0]), ("direct", urls[protocol][1])]
                 for side, url in sides if r % 2 == 0 else sides[::-1]:   # odd rounds: direct first
-                    before = _cpu_now(server.process.pid)
+                    before = _cpu_now(server.process.pid, front_pid)
                     res = perf(url, args.concurrency, n, {}, protocol)
-                    used = [(b - a) * 1e6 / n for a, b in zip(before, _cpu_now(server.process.pid))]
+                    used = [(b - a) * 1e6 / n for a, b in zip(before, _cpu_now(server.process.pid, front_pid))]
                     res.update(side=side, round=r, protocol=protocol, cpu_us=used)
                     rows.append(res)
                     if not res["ok"]:
@@ -123,10 +132,10 @@ def main() -> int:
                     print(f"round {r} {protocol}: guard {g['rps']:.1f} req/s, Triton's own port {d['rps']:.1f} "
                           f"req/s: {g['rps'] / d['rps']:.2f}x (bound >= 0.9); p99 {g['p99_ms']:.1f} vs "
                           f"{d['p99_ms']:.1f} ms: {g['p99_ms'] / d['p99_ms']:.2f}x")
-            print(f"HTTP guard answers by status over the whole run: {dict(guard.responses)}; gRPC guard: "
-                  f"{dict(grpc_guard.codes)} (anything but 200/OK would be a failure the guard produced); "
-                  f"gRPC calls carried on the guard's shared streams: "
-                  f"{grpc_guard._mux.sent if grpc_guard._mux else 0}")
+            mux = getattr(grpc_guard, "_mux", None)
+            print(f"HTTP guard answers by status over the whole run: {dict(guard.responses)}; gRPC "
+                  f"{args.grpc_port}: {dict(grpc_guard.codes)} (anything but 200/OK would be a failure the guard "
+                  f"produced); gRPC calls carried on the guard's shared streams: {mux.sent if mux else 0}")
         return 0 if ok else 1
 
 if __name__ == "__main__":

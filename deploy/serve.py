@@ -2,7 +2,8 @@
 
 The supervisor (:mod:`e3.deploy.supervisor`) restarts the server whenever it dies (for as long as this runs)
 and reloads a model whose stub died; the guards (:mod:`e3.deploy.guard`, :mod:`e3.deploy.grpc_guard`) are
-the public HTTP and gRPC ports in front of it. Guarded, Triton's own HTTP and gRPC endpoints are Unix sockets
+the public HTTP and gRPC ports in front of it; gRPC's is the C++ front with the gRPC guard behind it
+(:mod:`e3.deploy.grpc_front_process`; the guard alone where the front is not built). Guarded, Triton's own HTTP and gRPC endpoints are Unix sockets
 in a private folder (:class:`~e3.deploy.server.TritonServer`'s ``private``: no secret on a command line, see
 its module docstring); the user's API key, where set, is checked by the guards only and never given to Triton.
 ``restart=False`` only watches the server until it exits.
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from e3.deploy.durable import PlanWatch
-from e3.deploy.grpc_guard import GrpcGuard
+from e3.deploy.grpc_front_process import grpc_port as public_grpc
 from e3.deploy.guard import Guard, tune_gc
 from e3.deploy.server import ServerError, TritonServer, models_to_serve, port_taken
 from e3.deploy.supervisor import Supervisor
@@ -85,8 +86,8 @@ def serve_until_stopped(repo: str | Path, models: Sequence[str] | None, stop: th
     code = 0
     try:
         if guarded:
-            grpc_guard = GrpcGuard(server.grpc_url, host=host, port=grpc_port, api_key=server.api_key,
-                                   unhealthy=supervisor.down, on_control=supervisor.control).start()
+            grpc_guard = public_grpc(server.grpc_url, host=host, port=grpc_port, api_key=server.api_key,
+                                     unhealthy=supervisor.down, on_control=supervisor.control).start()
             guard = Guard(server.http_url, host=host, port=http_port, unhealthy=supervisor.down,
                           metrics=lambda: supervisor.metrics_text() + grpc_guard.metrics_text(),
                           api_key=server.api_key, on_control=supervisor.control).start()
@@ -127,7 +128,7 @@ def guard_until_stopped(triton_http: str, triton_grpc: str, stop: threading.Even
                           "E3_API_KEY_FILE (or E3_API_KEY) so that model control needs the key")
     api_key = next(iter(headers.items())) if headers else None
     watch = PlanWatch.over_http(triton_http).start()
-    grpc_guard = GrpcGuard(triton_grpc, host=host, port=grpc_port, api_key=api_key, unhealthy=watch.down).start()
+    grpc_guard = public_grpc(triton_grpc, host=host, port=grpc_port, api_key=api_key, unhealthy=watch.down).start()
     try:
         guard = Guard(triton_http, host=host, port=http_port, api_key=api_key, unhealthy=watch.down,
                       metrics=grpc_guard.metrics_text).start()

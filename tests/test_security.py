@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from e3.deploy.grpc_guard import GrpcGuard
+from e3.deploy.grpc_front_process import grpc_port
 from e3.deploy.guard import Guard
 from helpers import http_call, serving
 
@@ -32,7 +32,7 @@ def locked(tiny_repo):
     """A server with the key, behind the guard (as `e3 serve` runs it off loopback)."""
     with serving(tiny_repo, [SPLIT], name="security", api_key=KEY, private=True) as server, \
             Guard(server.http_url, port=0, api_key=KEY) as guard, \
-            GrpcGuard(server.grpc_url, port=0, api_key=KEY) as grpc_guard:
+            grpc_port(server.grpc_url, port=0, api_key=KEY) as grpc_guard:   # the C++ front where built
         server.guard, server.grpc_guard = guard, grpc_guard
         yield server
 
