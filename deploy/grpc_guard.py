@@ -124,7 +124,7 @@ def _check_infer(data: bytes):
     if req.model_version and not (req.model_version.isascii() and req.model_version.isdigit()
                                   and len(req.model_version) <= 18):
         raise RequestError(f"model version {req.model_version[:20]!r} is not a decimal number")
-    for key, p in req.parameters.items():
+    for key, p in sorted(req.parameters.items()):   # in key order: the C++ front reports the same one first
         value = _param_value(p)
         if isinstance(value, float) and not math.isfinite(value):
             raise RequestError(f"parameter {key[:40]!r} is not a finite number")
@@ -144,7 +144,7 @@ def _check_infer(data: bytes):
         if t.datatype not in DATATYPES:
             raise RequestError(f"{what}: datatype {t.datatype[:20]!r} is not one of {', '.join(DATATYPES)}")
         count = element_count(list(t.shape), what)
-        for key, p in t.parameters.items():
+        for key, p in sorted(t.parameters.items()):
             value = _param_value(p)
             if key.startswith("shared_memory_") and key != "shared_memory_region" and not (
                     isinstance(value, int) and not isinstance(value, bool) and value >= 0):
@@ -184,7 +184,7 @@ def _check_infer(data: bytes):
     for j, o in enumerate(req.outputs):
         if not o.name:
             raise RequestError(f"output {j} needs a name")
-        for key, p in o.parameters.items():
+        for key, p in sorted(o.parameters.items()):
             check_parameter(key, _param_value(p), OUTPUT_PARAMETERS, f"output {o.name[:40]!r}")
     req.DiscardUnknownFields()
     return req

@@ -163,6 +163,14 @@ bool CheckValues(const inference::InferTensorContents& c, const Datatype& dt, co
   return true;   // wider integers fill their field's own type; BOOL and BYTES have no range
 }
 
+// A parameter map in key order (protobuf's maps iterate in no set order): the first problem reported is the one
+// the Python guard, which sorts too, reports.
+std::map<std::string, const InferParameter*> Sorted(const google::protobuf::Map<std::string, InferParameter>& m) {
+  std::map<std::string, const InferParameter*> out;
+  for (const auto& kv : m) out.emplace(kv.first, &kv.second);
+  return out;
+}
+
 bool Fail(std::string* error, std::string message) {
   *error = std::move(message);
   return false;
@@ -185,8 +193,8 @@ bool CheckInfer(const Limits& L, inference::ModelInferRequest* req, std::string*
     for (char ch : version) digits = digits && ch >= '0' && ch <= '9';
     if (!digits) return Fail(error, "model version " + PyRepr(PyPrefix(version, 20)) + " is not a decimal number");
   }
-  for (const auto& [key, p] : req->parameters()) {
-    Value v = ValueOf(p);
+  for (const auto& [key, p] : Sorted(req->parameters())) {
+    Value v = ValueOf(*p);
     if (v.kind == Value::kDouble && !std::isfinite(v.d))
       return Fail(error, "parameter " + PyRepr(PyPrefix(key, 40)) + " is not a finite number");
     if (!CheckParameter(key, v, L.reserved, "the request", error)) return false;
@@ -230,8 +238,8 @@ bool CheckInfer(const Limits& L, inference::ModelInferRequest* req, std::string*
                            "the " + Int(L.max_elements) + " allowed");
       count *= d;
     }
-    for (const auto& [key, p] : t.parameters()) {
-      if (key.rfind("shared_memory_", 0) == 0 && key != "shared_memory_region" && !Uint(ValueOf(p)))
+    for (const auto& [key, p] : Sorted(t.parameters())) {
+      if (key.rfind("shared_memory_", 0) == 0 && key != "shared_memory_region" && !Uint(ValueOf(*p)))
         return Fail(error, what + ": " + key + " must be a non-negative integer");
     }
     auto typed = TypedFields(t.contents());
@@ -272,8 +280,8 @@ bool CheckInfer(const Limits& L, inference::ModelInferRequest* req, std::string*
   for (int j = 0; j < req->outputs_size(); ++j) {
     const auto& o = req->outputs(j);
     if (o.name().empty()) return Fail(error, "output " + Int(j) + " needs a name");
-    for (const auto& [key, p] : o.parameters())
-      if (!CheckParameter(key, ValueOf(p), L.output_rules, "output " + PyRepr(PyPrefix(o.name(), 40)), error))
+    for (const auto& [key, p] : Sorted(o.parameters()))
+      if (!CheckParameter(key, ValueOf(*p), L.output_rules, "output " + PyRepr(PyPrefix(o.name(), 40)), error))
         return false;
   }
   req->DiscardUnknownFields();
@@ -318,6 +326,7 @@ bool Printable(uint32_t cp) {
   if ((cp >= 0x200B && cp <= 0x200F) || (cp >= 0x2028 && cp <= 0x202E) || (cp >= 0x2060 && cp <= 0x206F)) return false;
   if (cp == 0xFEFF || (cp >= 0xFFF9 && cp <= 0xFFFB) || cp == 0xFFFE || cp == 0xFFFF) return false;
   if ((cp >= 0xE000 && cp <= 0xF8FF) || cp >= 0xF0000 || (cp >= 0xE0000 && cp <= 0xE007F)) return false;
+  if (cp >= 0x323B0 && cp <= 0xDFFFF) return false;   // planes 3 (past CJK extension H) to 13: unassigned
   return true;
 }
 }  // namespace
