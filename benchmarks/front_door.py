@@ -60,12 +60,12 @@ def perf(url: str, concurrency: int, requests: int, headers: dict[str, str], pro
             "requests": int(count.group(1)) if count else requests}
 
 
-def _cpu_now(pgid: int, front_pid: int | None) -> tuple[float, float, float]:
-    """(tritonserver's group, perf_analyzer runs so far, the guards: this process and the C++ gRPC front) in CPU
-    seconds."""
+def _cpu_now(pgid: int, front_pid: int | None) -> tuple[float, float, float, float]:
+    """(tritonserver's group, perf_analyzer runs so far, this process (the Python guards), the C++ gRPC front) in
+    CPU seconds."""
     kids, me = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
     front = sum(group_cpu_s(front_pid).values()) if front_pid else 0.0   # its own session: pgid = pid
-    return sum(group_cpu_s(pgid).values()), kids.ru_utime + kids.ru_stime, me.ru_utime + me.ru_stime + front
+    return sum(group_cpu_s(pgid).values()), kids.ru_utime + kids.ru_stime, me.ru_utime + me.ru_stime, front
 
 
 def main() -> int:
@@ -122,7 +122,7 @@ def main() -> int:
                         print(f"round {r} {protocol:<4} {side:<6} {res['rps']:8.1f} req/s  p99 {res['p99_ms']:7.1f} ms"
                               f"  ({res['requests']} requests, 0 failed; load average {os.getloadavg()[0]:.1f}); "
                               f"CPU per request: tritonserver {used[0]:.0f} us, perf_analyzer {used[1]:.0f} us, "
-                              f"guard {used[2]:.0f} us")
+                              f"guards {used[2] + used[3]:.0f} us (the C++ gRPC front {used[3]:.0f} us)")
         ok = all(x["ok"] for x in rows)
         if ok:
             for r in range(args.rounds):

@@ -1,6 +1,6 @@
 # The project's own image for the Helm chart (deploy/helm/e3): the `e3` command, which runs the
 # controller (`e3 control --pools ... --kubernetes`) and every Triton pod's guard container
-# (`e3 serve --guard-only`). With modelRepository.source=export the init container that writes Triton's model
+# (`e3 serve --guard-only`, with the C++ gRPC front e3-grpc-front built below). With modelRepository.source=export the init container that writes Triton's model
 # repository (`e3 export ... --target ngc`) needs PyTorch: it runs e3-export.Dockerfile's image, built on this one.
 # Triton itself runs in the NGC-based image of deploy/ngc/Dockerfile.
 #
@@ -38,6 +38,17 @@ COPY cli cli
 # A regular (not editable) install: the image holds the package, not a link to its build folder.
 RUN python3 -m pip install --no-cache-dir --no-deps --no-build-isolation . && e3 --help > /dev/null \
  && python3 -c "import e3.cli.control, e3.cli.serve, e3.controller.k8s_scaler, e3.deploy.grpc_guard, kubernetes"
+
+# The C++ gRPC front (deploy/grpc_front/: the guard container's public gRPC port), built with Debian's gRPC and
+# protobuf (the PYTHON_IMAGE must be Debian 12 based, as python:3.11-slim is) and Triton's protos from the
+# tritonclient installed above; the compiler and the headers are removed again, their runtime libraries kept.
+RUN apt-get update && apt-get install -y --no-install-recommends g++ pkg-config libgrpc++-dev libprotobuf-dev \
+      protobuf-compiler \
+ && PYTHON=python3 bash deploy/grpc_front/build.sh /tmp/grpc_front \
+ && install -m 0755 /tmp/grpc_front/e3-grpc-front /usr/local/bin/e3-grpc-front \
+ && apt-mark manual libgrpc++1.51 libprotobuf32 \
+ && apt-get purge -y --auto-remove g++ pkg-config libgrpc++-dev libprotobuf-dev protobuf-compiler \
+ && rm -rf /var/lib/apt/lists/* /tmp/grpc_front && e3-grpc-front --help > /dev/null
 
 # E3_ARTIFACTS: where `e3` reads checkpoints and writes its files (a volume in the chart; the root
 # filesystem stays read-only).
