@@ -10,7 +10,8 @@ forecast_error.py.
 
 GPUs: gpu_host.py (the standing GPU run, everything a lent GPU runs in one go), gpu_side_by_side.py with
 gpu_in_process.py, gpu_sweep.py, gpu_load.py and gpu_side_by_side_report.py (E3 against the baselines through
-Triton on one GPU), threaded_answer_probe.py (does answering from a thread survive load there), gpu_sim.py and
+Triton on one GPU), threaded_answer_probe.py with threaded_answer_model.py (does answering from a thread survive load there, and
+its models), gpu_sim.py and
 gpu_clusters.py (`e3 bench gpu`: clusters by simulation).
 
 E²bird: admission.py with admission_report.py (the CPU stage), admission_gpu.py (the analogues in one process on

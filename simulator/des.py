@@ -15,12 +15,14 @@ goodput under an SLO, drops) plus the batch each split ran.
   the router's workers for its blocks with the batch shrinking at every
   enabled ramp, plus ``check(B)`` per ramp and ``router(B)`` (also where the
   router composes it into one graph: see :meth:`_Router.service_ms`).
-* **stock** and **naive EE** run through a model of Triton's dynamic batcher:
-  a free instance takes whole queued requests while their rows stay within
-  the ``preferred`` batch (a larger request alone), at once when the delay is
-  0, else when ``preferred`` rows wait or the oldest has waited the delay, and
-  then up to ``max_batch`` rows (Triton's rule, and what this Triton's
-  statistics show, see :meth:`_TritonQueue.take`). One execute costs one Python-model call (``Tx(B)``, the
+* **stock** and **naive EE** run through Triton's dynamic batcher as the embedded
+  server runs it (:class:`e3.serving.batcher.TritonBatcher`): requests move into
+  payloads cut at the ``preferred`` batch (a larger request alone), at once when
+  the delay is 0, else at a preferred batch or when the oldest has waited the
+  delay (then up to ``max_batch`` rows); a payload handed over keeps growing
+  until an instance takes it, and one taken merges the waiting payloads older
+  than the delay (until 2026-11-27 a free instance took queued requests
+  directly: its batches of 1 and 7-8 inputs, where Triton ran 1 to 15: docs/RESULTS.md, "The simulator's misses"). One execute costs one Python-model call (``Tx(B)``, the
   same measured hop) plus ``Tx(1)`` for every further request in it (each is
   a request/response exchange of its own), plus the blocks (stock: its
   measured whole-graph curve when given, else every block at B without ramps;
@@ -111,7 +113,7 @@ from e3.core.plan import COMPACT, CONSTANT, Plan
 from e3.core.profile import LatencyProfile
 from e3.core.cost import ASSUMED_THREAD_EFFICIENCY, batch_ms, thread_gain
 from e3.serving.device.dispatch import choose
-from e3.serving.batcher import batch_cut
+from e3.serving.batcher import TritonBatcher
 from e3.serving.scheduler import Scheduler
 from e3.simulator.device import Dispatch, DeviceRouter
 from e3.simulator.load import Arrivals, Clock, SimResult
@@ -223,48 +225,49 @@ class _SimRoute:
 
 
 class _TritonQueue:
-    """Triton's dynamic-batcher queue in simulated time: requests wait here for a free instance."""
+    """Triton's dynamic batcher in simulated time (:class:`e3.serving.batcher.TritonBatcher`, the rule and why):
+    requests queue here, the batcher's thread moves them into payloads, a free instance takes the oldest."""
 
-    def __init__(self, env: simpy.Environment):
+    def __init__(self, env: simpy.Environment, *, instances: int, preferred: Sequence[int], max_batch: int,
+                 delay_s: float):
         self.env = env
-        self.items: list[tuple[float, np.ndarray, simpy.Event]] = []   # (arrival, pool rows, answered)
-        self._arrived = env.event()
+        self.batcher = TritonBatcher(instances=instances, preferred=preferred, max_batch=max_batch, delay_s=delay_s)
+        self._wake = env.event()      # the batcher thread's condition variable
+        self._handed = env.event()    # a payload was handed to the instances
+        env.process(self._thread())
 
     def send(self, pool_rows: np.ndarray) -> simpy.Event:
         """Queue a request; the event fires with True (answered) or False (dropped)."""
         done = self.env.event()
-        self.items.append((self.env.now, pool_rows, done))
-        event, self._arrived = self._arrived, self.env.event()
-        event.succeed()
+        if self.batcher.enqueue(self.env.now, len(pool_rows), (self.env.now, pool_rows, done)):
+            self._kick()
         return done
 
-    def take(self, delay_s: float, enough_rows: int, max_batch: int) -> Iterator:
-        """For a free instance (``yield from``): wait for requests; with a delay, until ``enough_rows``
-        (the preferred batch) wait or the oldest has waited it. Then take queued requests in order, at least
-        one: while their rows stay within the preferred batch (``enough_rows``; ``max_batch`` when it is 0),
-        or, once the oldest has waited a delay (> 0) out, while they stay within ``max_batch``. Returns them
-        ([] when another instance took them meanwhile).
+    def _kick(self) -> None:
+        if not self._wake.triggered:
+            self._wake.succeed()
 
-        Triton's batcher (``GetDynamicBatch``) cuts a batch at the largest preferred size the queued
-        requests reach (or at the largest that fits below the next request) unless the queue delay is
-        exceeded; with a zero delay it is never exceeded; once exceeded, it sends everything pending up to
-        the max batch. Measured on this Triton (Python backend, preferred 8, max batch 64, 2 instances, 16
-        closed-loop clients; the models' ``batch_stats``): with no delay, requests of 4 inputs ran as 115
-        batches of 8 and 2 of 4, requests of 8 as 132 batches of 8, requests of 16 as 82 batches of 16,
-        though 64 inputs were outstanding; E3's router (preferred 32, delay 2 ms, both instances busy while
-        requests wait) took batches of 40-64 rows from requests of 4 and 8. An earlier rule here (take all
-        up to the max batch) held for the delayed case only and made a zero-delay instance hold 32-64 rows
-        while the other cycled small batches: a bimodal latency the real server does not show."""
-        while not self.items:
-            yield self._arrived
-        if delay_s > 0:
-            deadline = self.items[0][0] + delay_s
-            while sum(len(r) for _, r, _ in self.items) < enough_rows and self.env.now < deadline:
-                yield self._arrived | self.env.timeout(deadline - self.env.now)
-        exceeded = delay_s > 0 and bool(self.items) and self.env.now - self.items[0][0] >= delay_s
-        n = batch_cut([len(rows) for _, rows, _ in self.items], enough_rows, max_batch, exceeded=exceeded)
-        take, self.items = self.items[:n], self.items[n:]
-        return take
+    def _thread(self) -> Iterator:
+        while True:
+            wait = self.batcher.form(self.env.now)
+            if self.batcher.ready and not self._handed.triggered:
+                self._handed.succeed()
+            if wait == 0:
+                continue
+            if self._wake.triggered:
+                self._wake = self.env.event()
+            yield self._wake if wait is None else self._wake | self.env.timeout(wait)
+
+    def take(self) -> Iterator:
+        """For a free instance (``yield from``): the oldest payload's requests, (arrival, pool rows, answered)."""
+        while True:
+            payload = self.batcher.take(self.env.now)
+            if payload is not None:
+                self._kick()   # the payload's callback: the batcher starts the next one
+                return payload.handles
+            if self._handed.triggered:
+                self._handed = self.env.event()
+            yield self._handed
 
 
 class _Router:
@@ -460,12 +463,12 @@ def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, *,
             router.pump()
             return done
     else:
-        triton = _TritonQueue(env)
-        delay_s = plan.router_queue_delay_us / 1e6
+        triton = _TritonQueue(env, instances=len(routers), preferred=(plan.splits[0].batch_size,),
+                              max_batch=max_batch, delay_s=plan.router_queue_delay_us / 1e6)
 
         def instance(router: _Router) -> Iterator:
             while True:
-                take = yield from triton.take(delay_s, plan.splits[0].batch_size, max_batch)
+                take = yield from triton.take()
                 if not take:
                     continue
                 # Triton hands the instance its requests; each costs one request/response exchange
@@ -506,7 +509,8 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
     L = latency.num_blocks
     ramps = set(latency.ramp_blocks() if base.enabled_ramps is None else base.enabled_ramps)
     exits = next_enabled_exit(exit_ramp, ramps, L)
-    triton = _TritonQueue(env)
+    triton = _TritonQueue(env, instances=base.instances, preferred=(base.preferred,), max_batch=base.max_batch,
+                          delay_s=base.delay_us / 1e6)
     batches: dict[int, list[int]] = {0: []}
     held: dict[int, list[float]] = {0: []}     # every execution's time (ms), beside ``batches``
     computing = [0]                            # instances computing now (CallCosts.beside)
@@ -528,7 +532,7 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
 
     def instance(device_free: simpy.Resource) -> Iterator:
         while True:
-            take = yield from triton.take(base.delay_us / 1e6, base.preferred, base.max_batch)
+            take = yield from triton.take()
             if not take:
                 continue
             pool_rows = np.concatenate([r for _, r, _ in take])

@@ -10,10 +10,9 @@ import pytest
 
 from e3.core import cost
 from e3.core.plan import COMPACT, default_plan
-import simpy
 
-from e3.simulator.des import (Arrivals, Baseline, CallCosts, _TritonQueue, next_enabled_exit, simulate_baseline,
-                              simulate_plan)
+from e3.serving.batcher import TritonBatcher
+from e3.simulator.des import Arrivals, Baseline, CallCosts, next_enabled_exit, simulate_baseline, simulate_plan
 from e3.simulator.load import with_host_share
 from e3.benchmarks.report import validation_table, within_both
 from e3.benchmarks.sim_validation import GOODPUT_TOLERANCE, P99_TOLERANCE, ValidationRow, parse_baseline_config
@@ -106,63 +105,78 @@ def test_the_validation_table_marks_settings_outside_the_bar():
         parse_baseline_config("ee", "two instances")
 
 
-def _queue_with(rows_per_request):
-    env = simpy.Environment()
-    q = _TritonQueue(env)
-    for n in rows_per_request:
-        q.send(np.arange(n))
-    return env, q
+def _batcher(rows_per_request, *, delay_s=0.0, preferred=(8,), max_batch=64, instances=2, now=0.0):
+    b = TritonBatcher(instances=instances, preferred=preferred, max_batch=max_batch, delay_s=delay_s)
+    for i, n in enumerate(rows_per_request):
+        b.enqueue(now, n, i)
+    return b
 
 
-def _take(env, q, delay_s, preferred, max_batch):
-    out = {}
-
-    def proc():
-        out["take"] = yield from q.take(delay_s, preferred, max_batch)
-    env.process(proc())
-    env.run()
-    return [len(r) for _, r, _ in out["take"]], env.now
+def _first_batch(b, now=0.0):
+    """Turn the batcher until it hands over a payload; an instance takes it (its requests' rows)."""
+    while b.form(now) == 0 and not b.ready:
+        pass
+    taken = b.take(now)
+    return None if taken is None else taken.rows
 
 
-def test_the_batcher_takes_queued_requests_up_to_the_preferred_batch():
-    # as this Triton's batch_stats show (preferred 8, max batch 64, 64 inputs outstanding): requests of 4
-    # ran as batches of 8, requests of 8 as batches of 8, requests of 16 one at a time
-    env, q = _queue_with([4] * 16)
-    assert _take(env, q, 0.0, 8, 64) == ([4, 4], 0)
-    env, q = _queue_with([8] * 10)
-    assert _take(env, q, 0.0, 8, 64) == ([8], 0)
-    env, q = _queue_with([16] * 4)
-    assert _take(env, q, 0.0, 8, 64)[0] == [16]               # a larger request runs alone
-    env, q = _queue_with([1] * 5)
-    assert _take(env, q, 0.0, 8, 64) == ([1] * 5, 0)          # no delay: all that wait, at once
-    env, q = _queue_with([1] * 12)
-    assert _take(env, q, 0.0, 8, 64)[0] == [1] * 8
-    env, q = _queue_with([30, 30, 30])
-    assert _take(env, q, 0.0, 0, 64)[0] == [30, 30]           # no preferred size: up to the max batch
+def test_the_batcher_cuts_at_the_preferred_batch_for_a_free_instance():
+    # as this Triton's batch_stats show (preferred 8, max batch 64, no delay): requests of 4 ran as batches of
+    # 8, requests of 8 as batches of 8, requests of 16 one at a time
+    assert _first_batch(_batcher([4] * 16)) == 8
+    assert _first_batch(_batcher([8] * 10)) == 8
+    assert _first_batch(_batcher([16] * 4)) == 16                 # a larger request runs alone
+    assert _first_batch(_batcher([1] * 5)) == 5                   # no delay: all that wait, at once
+    assert _first_batch(_batcher([1] * 12)) == 8
+    assert _first_batch(_batcher([30, 30, 30], preferred=())) == 60   # no preferred size: up to the max batch
+
+
+def test_with_a_delay_the_batcher_waits_for_a_preferred_batch_or_the_delay():
+    b = _batcher([1] * 3, delay_s=0.002)
+    assert b.form(0.0) == pytest.approx(0.002) and not b.ready     # the oldest has 2 ms to go
+    assert not b.enqueue(0.001, 1, "late")                         # under the next preferred size: no wake-up
+    assert _first_batch(b, now=0.002) == 4                         # the delay out: all that wait
+    assert _first_batch(_batcher([1] * 8, delay_s=0.002)) == 8     # a preferred batch goes at once
 
 
 def test_once_the_delay_is_exceeded_the_batcher_takes_up_to_the_max_batch():
     # Triton sends everything pending once the oldest request waited the delay out (E3's router, preferred
     # 32, delay 2 ms, both instances busy: batches of 40-64 rows measured)
-    env, q = _queue_with([4] * 20)
-    out = {}
-
-    def late():
-        yield env.timeout(0.005)                               # a free instance only after 5 ms
-        out["take"] = yield from q.take(0.002, 32, 64)
-    env.process(late())
-    env.run()
-    assert [len(r) for _, r, _ in out["take"]] == [4] * 16     # 64 rows, not 32
-    env, q = _queue_with([4] * 20)
-    assert _take(env, q, 0.002, 32, 64) == ([4] * 8, 0)        # in time: cut at the preferred batch
+    assert _first_batch(_batcher([4] * 20, delay_s=0.002, preferred=(32,)), now=0.005) == 64
+    assert _first_batch(_batcher([4] * 20, delay_s=0.002, preferred=(32,))) == 32   # in time: the preferred
 
 
-def test_with_a_delay_the_batcher_waits_for_a_preferred_batch_or_the_delay():
-    env, q = _queue_with([1] * 3)
-    taken, now = _take(env, q, 0.002, 8, 64)
-    assert taken == [1] * 3 and now == pytest.approx(0.002)   # the oldest waited the delay
-    env, q = _queue_with([1] * 8)
-    assert _take(env, q, 0.002, 8, 64) == ([1] * 8, 0)        # a preferred batch waits: no delay
+def test_a_payload_grows_while_no_instance_has_taken_it_and_waiting_ones_merge():
+    # Triton's payloads (prefetching: no queue policy): handed over at once, still growing until an instance
+    # takes them; measured with a 2 ms delay and requests of 1: batches of 1 to 15 inputs
+    b = _batcher([1] * 3, delay_s=0.002)
+    assert b.form(0.002) == 0 and b.ready and b.payload.rows == 3
+    b.enqueue(0.003, 2, "more")
+    assert b.form(0.003) == 0 and b.payload.rows == 5 and len(b.ready) == 1   # joined the waiting payload
+    b.enqueue(0.0031, 4, "over")                                   # past the preferred 8: saturates it
+    while b.form(0.0031) == 0 and b.queue:
+        pass
+    assert b.ready[0].rows == 9 and b.saturated
+    # at a preferred size with a delay a payload is not saturated yet: the next request joins it and saturates
+    # it (Triton's batches of 9 behind a preferred 8); a payload started more than the delay before an instance
+    # takes the one ahead of it is merged into that one, within the max batch
+    m = TritonBatcher(instances=1, preferred=(8,), max_batch=64, delay_s=0.002)
+    for i in range(9):
+        m.enqueue(0.0, 1, i)
+    while m.form(0.0) == 0 and m.queue:
+        pass
+    assert [p.rows for p in m.ready] == [9]
+    for i in range(7):
+        m.enqueue(0.001, 1, i)
+    assert m.form(0.001) == pytest.approx(0.002) and m.form(0.0031) == 0
+    assert [p.rows for p in m.ready] == [9, 7]
+    assert m.take(0.0101).rows == 16 and not m.ready
+    # no delay: never merged, and at most 2 x instances payloads wait for an instance
+    n = _batcher([8] * 10, instances=1)
+    while n.form(0.0) == 0:
+        pass
+    assert [p.rows for p in n.ready] == [8, 8] and len(n.queue) == 8
+    assert n.take(1.0).rows == 8
 
 
 def test_the_stock_baseline_runs_the_profiles_one_graph_and_the_measured_second_thread():

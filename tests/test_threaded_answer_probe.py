@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from e3.benchmarks import threaded_answer_model as probe_models
 from e3.benchmarks import threaded_answer_probe as probe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,7 +112,7 @@ def test_a_model_that_crashes_at_unload_fails_the_probe_and_is_named(tmp_path, m
     crash = probe.MODEL_PY.replace("    def finalize(self):", "    def finalize(self):\n"
                                    "        if SENDER == \"thread\":\n            faulthandler._sigsegv()")
     assert crash != probe.MODEL_PY
-    monkeypatch.setattr(probe, "MODEL_PY", crash)
+    monkeypatch.setattr(probe_models, "MODEL_PY", crash)   # the template write_probe_model fills in
     rc = probe.main([str(tmp_path / "probe"), "--variants", "execute-numpy,thread-numpy", "--rates", "200",
                      "--seconds", "0.5", "--no-shutdown-loaded"])
     assert rc == 1
