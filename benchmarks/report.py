@@ -63,16 +63,18 @@ def validation_table(rows: Sequence[Mapping], goodput_tol: float, p99_tol: float
     as the measurement can tell), the p50s (no bar: whether a p99 miss is the centre or the tail), the
     host's share and, where recorded, a baseline's mean time per execution in Triton's statistics (whether a
     miss is the compute or the queueing around it) and the cores other processes used during the run (work
-    the simulator does not model: another engineer's on a shared machine)."""
+    the simulator does not model: another engineer's on a shared machine) and, where measured, the machine's
+    time at the run against its profile (the speed reference: the simulator ran the row at that speed)."""
     extra = all("predicted_p50_ms" in r and "measured_p50_ms" in r for r in rows)
     execution = extra and any(_finite(r.get("measured_execution_ms")) for r in rows)
     foreign = extra and any(_finite(r.get("foreign_cores")) for r in rows)
+    speed = any(r.get("speed_factor", 1.0) != 1.0 for r in rows)
     out = ["| setting | goodput simulated | measured | error | p99 simulated (ms) | measured | error |"
            + (" measured p99, 90% interval | p50 simulated / measured (ms) | host share |" if extra else "")
            + (" execution simulated / measured (ms) |" if execution else "")
-           + (" others' cores |" if foreign else ""),
+           + (" others' cores |" if foreign else "") + (" machine's time vs profile |" if speed else ""),
            "| --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- |" if extra else "")
-           + (" --- |" if execution else "") + (" --- |" if foreign else "")]
+           + (" --- |" if execution else "") + (" --- |" if foreign else "") + (" --- |" if speed else "")]
     for r in rows:
         g = r["predicted_goodput"] / r["measured_goodput"] - 1 if r["measured_goodput"] else float("nan")
         p = r["predicted_p99_ms"] / r["measured_p99_ms"] - 1 if r["measured_p99_ms"] else float("nan")
@@ -90,6 +92,8 @@ def validation_table(rows: Sequence[Mapping], goodput_tol: float, p99_tol: float
                      if _finite(r.get("measured_execution_ms")) else " - |")
         if foreign:
             line += f" {r['foreign_cores']:.2f} |" if _finite(r.get("foreign_cores")) else " - |"
+        if speed:
+            line += f" {r['speed_factor']:.2f}x |" if r.get("speed_factor", 1.0) != 1.0 else " - |"
         out.append(line)
     return "\n".join(out)
 

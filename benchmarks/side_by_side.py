@@ -46,7 +46,7 @@ from e3.core.names import ee_name, router_name, served_name, stock_name
 from e3.core.plan import Plan
 from e3.core.profile import LatencyProfile
 from e3.paths import artifacts_dir
-from e3.profiling.host_profile import ForeignLoad
+from e3.profiling.host_profile import ForeignLoad, speed_gauge
 from e3.profiling.profiler import default_profile_path
 
 __all__ = ["BenchSettings", "run_side_by_side", "default_results_path", "machine_plan", "run_simulator_validation",
@@ -79,6 +79,9 @@ def default_results_path() -> Path:
     return artifacts_dir() / "results" / "side_by_side.json"
 
 
+SPEED_BATCH = 8   # the speed reference: the stock graph at this many rows, 1 thread (profiled at every batch)
+
+
 def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, after=None,
                      command: str = "e3 bench side-by-side") -> dict:
     """Run the benchmark; returns the results document (also written to ``settings.out``). ``after(url,
@@ -106,6 +109,10 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
     alternatives: list[Row] = []    # forced configurations other than each cell's best (settings.baselines)
     calibration: list[Row] = []     # every calibration run (short): the configurations the choice explored
     executed: list[dict] = []       # every measured run's executions (Triton's batch statistics)
+    # the machine's speed before every measured run, against the profile's stock graph (the simulator runs each
+    # cell at its measured speed: sim_validation.speed_factor)
+    (artifacts_dir() / "bench" / m).mkdir(parents=True, exist_ok=True)
+    gauge = speed_gauge(model, workdir=artifacts_dir() / "bench" / m, batch=SPEED_BATCH)
     baseline_choice: dict[str, dict[int, BaselineConfig]] = {}
     # docs/design.md §5: the ideal at the planned batch (the plan's input batch per instance of split 1)
     ideal = {mix_label(mix): ideal_speedup(latency, wl["batch_profile"].reach, plans[mix].splits[0].batch_size)
@@ -127,7 +134,8 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
                 for batch in settings.batches:
                     chosen, others = _measure_cell(control, server.http_url, m, plans[mix], mix, wl, batch, settings,
                                                    baseline_choice, echo, executed,
-                                                   ForeignLoad(server.process.pid if server.process else None))
+                                                   ForeignLoad(server.process.pid if server.process else None),
+                                                   gauge)
                     rows.extend(chosen)
                     alternatives.extend(others)
         extra = after(server.http_url, plans, workloads) if after is not None else None
@@ -146,6 +154,7 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
                            alternatives=results_document(name, settings.cores, ideal, rows=alternatives)["rows"],
                            calibration=results_document(name, settings.cores, ideal, rows=calibration)["rows"],
                            executed=executed)
+    doc["speed_reference"] = {"batch": SPEED_BATCH, "threads": 1, "profile_ms": latency.stock("cpu", SPEED_BATCH)}
     out = write_results(settings.out or default_results_path(), doc)
     echo(f"\nwrote {out}")
     if extra is not None:
@@ -276,13 +285,15 @@ def _stats_delta(before: dict, after: dict) -> dict[str, list[float]]:
 
 
 def _measure_cell(control, url: str, m: str, plan: Plan, mix, wl: dict, batch: int, settings: BenchSettings,
-                  baseline_choice: dict, echo, executed: list, meter: ForeignLoad) -> tuple[list[Row], list[Row]]:
+                  baseline_choice: dict, echo, executed: list, meter: ForeignLoad,
+                  gauge=None) -> tuple[list[Row], list[Row]]:
     """One (mix, batch) cell: E3 and every baseline in its calibrated configuration, or, with
     ``settings.baselines``, in each forced configuration, ``repeats`` runs each, interleaved with the order
     rotating (drift hits all alike). Returns (the rows of the table: E3 and each baseline's best, the other
     forced configurations' rows); a forced cell records each baseline's best in ``baseline_choice``; every
     run's executions as Triton counted them (batch sizes, mean compute time), with the cores other processes
-    used meanwhile (``meter``) and the load average at its end, go to ``executed``."""
+    used meanwhile (``meter``), the load average at its end and the machine's speed just before it (``gauge``:
+    the stock graph's ms at the speed reference's batch), go to ``executed``."""
     entries = [("e3", router_name(m), None)]
     for system, served in (("stock", stock_name(m)), ("ee", ee_name(m))):
         configs = [baseline_choice[served][batch]] if settings.baselines is None else list(settings.baselines)
@@ -297,6 +308,7 @@ def _measure_cell(control, url: str, m: str, plan: Plan, mix, wl: dict, batch: i
             system, served, config = entries[i]
             if settings.baselines is not None and config is not None:
                 _configure(control, served, config)
+            speed = gauge() if gauge is not None else None
             before = _batch_stats(control.statistics(served))
             meter.start()
             result = _measure(url, served, wl, batch, settings.inputs_per_run, settings)
@@ -305,7 +317,8 @@ def _measure_cell(control, url: str, m: str, plan: Plan, mix, wl: dict, batch: i
             executed.append({"mix": mix_label(mix), "batch": batch, "system": system, "run": r,
                              "config": _e3_config(plan) if config is None else config.describe(),
                              "batches": _stats_delta(before, _batch_stats(control.statistics(served))),
-                             "foreign_cores": round(foreign, 3), "load_average": round(os.getloadavg()[0], 2)})
+                             "foreign_cores": round(foreign, 3), "load_average": round(os.getloadavg()[0], 2),
+                             **({} if speed is None else {"speed_ms": round(speed, 3)})})
             echo(f"[run {r + 1}/{settings.repeats}] {mix_label(mix)} batch {batch} {system:5s} "
                  + (f"({config.describe()}) " if settings.baselines is not None and config is not None else "")
                  + f"{result.throughput_ips:7.1f} inputs/s  p50 {result.percentile_ms(50):.1f} ms  "

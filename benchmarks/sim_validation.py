@@ -18,7 +18,7 @@ from e3.core.profile import LatencyProfile
 from e3.simulator.des import Baseline, CallCosts, simulate_baseline, simulate_plan
 from e3.simulator.load import Arrivals, with_host_share
 
-__all__ = ["ValidationRow", "validate_side_by_side", "parse_baseline_config",
+__all__ = ["ValidationRow", "validate_side_by_side", "speed_factor", "parse_baseline_config",
            "GOODPUT_TOLERANCE", "P99_TOLERANCE", "GROUPS"]
 
 GOODPUT_TOLERANCE = 0.08   # the bar: Vidur publishes < 9% against real runs
@@ -41,6 +41,7 @@ class ValidationRow:
     predicted_execution_ms: float = float("nan")   # a baseline's mean time per execution, simulated
     measured_execution_ms: float = float("nan")    # ... and as Triton's statistics counted it (compute_infer)
     foreign_cores: float = float("nan")            # cores other processes used during the measured run(s)
+    speed_factor: float = 1.0                      # the machine's measured slowdown at the run (speed_factor())
 
     @property
     def p99_inside_interval(self) -> bool | None:
@@ -98,6 +99,21 @@ def foreign_cores(doc: Mapping, row: Mapping) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
+def speed_factor(doc: Mapping, row: Mapping) -> float:
+    """How many times slower the machine ran during ``row``'s runs than when its profile was measured: the
+    speed reference timed before each run (``speed_ms``, ``e3 bench``'s gauge) over the same graph's time in
+    the profile (``doc["speed_reference"]``); 1.0 where not recorded (calibration runs, older documents).
+
+    Why measured and not fitted: on this 2-core machine the same configuration served 118 and 140 inputs/s
+    in two quiet runs of the same bench, and two quiet profiles 12 minutes apart differed by -11% and +16%
+    (docs/RESULTS.md, "The simulator's misses"); a profile taken once cannot price both runs."""
+    ref = (doc.get("speed_reference") or {}).get("profile_ms")
+    speeds = [e["speed_ms"] for e in _executed(doc, row) if e.get("speed_ms")]
+    if not ref or not speeds:
+        return 1.0
+    return float(np.mean(speeds)) / float(ref)
+
+
 GROUPS = {"rows": "chosen", "alternatives": "forced", "calibration": "calibration"}   # doc field -> group
 
 
@@ -127,6 +143,8 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
         arrivals = Arrivals(batch=r["batch"], requests=max(clients, inputs // r["batch"]), clients=clients,
                             client_cpu_ms=float(latency.client("cpu", r["batch"])), warmup=0)
         exit_ramp = exit_ramps[r["mix"]]
+        speed = speed_factor(doc, r) if group != "calibration" else 1.0
+        profile = latency.at_speed(speed) if speed != 1.0 else latency
         outcomes = []
         for seed in range(max(1, seeds)):
             a = replace(arrivals, seed=seed)
@@ -137,7 +155,7 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
             else:
                 base = parse_baseline_config(r["system"], r["config"])
                 run = lambda lat, base=base, ex=exit_ramp, a=a, c=costs: simulate_baseline(lat, base, ex, arrivals=a, costs=c)  # noqa: E731
-            outcomes.append(with_host_share(run, latency, batch=r["batch"], cores=cores))
+            outcomes.append(with_host_share(run, profile, batch=r["batch"], cores=cores))
         outcomes.sort(key=lambda o: o[0].goodput_ips)
         result, host = outcomes[len(outcomes) // 2]
         p99 = float(np.median([o[0].p99_ms for o in outcomes]))
@@ -149,7 +167,7 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
                             float(np.mean(held)) if held and r["system"] != "e3" else float("nan"),
                             measured_execution_ms(doc, r) if r["system"] != "e3" and group != "calibration"
                             else float("nan"),
-                            foreign_cores(doc, r) if group != "calibration" else float("nan"))
+                            foreign_cores(doc, r) if group != "calibration" else float("nan"), round(speed, 4))
         rows.append(row)
         if progress:
             progress(row.setting)

@@ -224,6 +224,35 @@ def test_a_slowed_profile_stretches_every_compute_curve_and_not_the_hosts():
         lat.slowed(0.5)
 
 
+def test_a_profile_at_the_runs_measured_speed_scales_the_hosts_work_too():
+    lat = synthetic_profile()
+    lat.request_ms = {"cpu": [0.5] * len(lat.batch_sizes)}
+    lat.client_ms = {"cpu": [0.2] * len(lat.batch_sizes)}
+    fast = lat.at_speed(0.8)                        # the machine 20% faster than when it was profiled
+    assert fast.block(2, "cpu", 8) == pytest.approx(0.8 * lat.block(2, "cpu", 8))
+    assert fast.request("cpu", 8) == pytest.approx(0.4) and fast.client("cpu", 8) == pytest.approx(0.16)
+    with pytest.raises(ValueError, match="> 0"):
+        lat.at_speed(0.0)
+
+
+def test_validation_runs_each_measured_cell_at_the_speed_measured_before_it():
+    from e3.benchmarks.sim_validation import speed_factor, validate_side_by_side
+    lat = synthetic_profile()
+    lat.stock_ms = {"cpu": [10.0 * b for b in lat.batch_sizes]}
+    row = {"mix": "80:20", "batch": 4, "system": "stock", "config": "1 inst x 1 thr, delay 0 us",
+           "inputs_per_s": 100.0, "p99_ms": 100.0, "p50_ms": 50.0}
+    doc = {"settings": {"concurrency": 4, "inputs_per_run": 200}, "cores": 2, "rows": [row],
+           "executed": [{**{k: row[k] for k in ("mix", "batch", "system", "config")}, "batches": {},
+                         "speed_ms": 160.0}]}
+    assert speed_factor(doc, row) == 1.0                      # no reference recorded: the profile as it is
+    plain = validate_side_by_side(doc, lat, {"80:20": _exits()}, groups=("rows",), seeds=1)[0]
+    doc["speed_reference"] = {"batch": 8, "threads": 1, "profile_ms": lat.stock("cpu", 8)}   # 80 ms
+    assert speed_factor(doc, row) == pytest.approx(2.0)
+    slow = validate_side_by_side(doc, lat, {"80:20": _exits()}, groups=("rows",), seeds=1)[0]
+    assert slow.speed_factor == pytest.approx(2.0)
+    assert slow.predicted_goodput == pytest.approx(plain.predicted_goodput / 2, rel=0.1)
+
+
 def test_the_p99_interval_holds_the_p99_and_narrows_with_more_requests():
     from e3.client.loadgen import percentile_interval_ms
     rng = np.random.default_rng(1)

@@ -262,6 +262,21 @@ class LatencyProfile(_JsonFile):
         work (:attr:`request_ms`, which stays as it is)."""
         if not factor >= 1.0:
             raise ValueError(f"a slowdown factor must be >= 1, got {factor}")
+        return self._scaled(factor)
+
+    def at_speed(self, factor: float) -> "LatencyProfile":
+        """The profile on the same machine running ``factor`` times slower (below 1: faster) than when it was
+        measured: every time curve scaled, the host's per-request work (:attr:`request_ms`, :attr:`client_ms`)
+        too, since the whole machine drifts. ``factor`` is measured (a reference graph timed at the run against
+        the same graph in the profile: ``e3 bench``'s speed reference), not fitted to a result."""
+        if not factor > 0:
+            raise ValueError(f"a speed factor must be > 0, got {factor}")
+        out = self._scaled(factor)
+        out.request_ms = {d: [v * factor for v in ys] for d, ys in self.request_ms.items()}
+        out.client_ms = {d: [v * factor for v in ys] for d, ys in self.client_ms.items()}
+        return out
+
+    def _scaled(self, factor: float) -> "LatencyProfile":
         out = LatencyProfile.from_dict(self.to_dict())
         scale = lambda table: {d: [[v * factor for v in r] for r in rows] for d, rows in table.items()}  # noqa: E731
         out.block_ms, out.ramp_ms = scale(self.block_ms), scale(self.ramp_ms)
