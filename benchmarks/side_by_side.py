@@ -108,6 +108,7 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
     rows: list[Row] = []
     alternatives: list[Row] = []    # forced configurations other than each cell's best (settings.baselines)
     calibration: list[Row] = []     # every calibration run (short): the configurations the choice explored
+    calibration_speed: list[dict] = []   # ... and the machine's speed around each (the gauge below)
     executed: list[dict] = []       # every measured run's executions (Triton's batch statistics)
     # the machine's speed before every measured run, against the profile's stock graph (the simulator runs each
     # cell at its measured speed: sim_validation.speed_factor)
@@ -123,11 +124,13 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
             calib_mix = settings.mixes[len(settings.mixes) // 2]
             for batch in settings.batches if settings.baselines is None else ():
                 for system, base in (("stock", stock_name(m)), ("ee", ee_name(m))):
-                    def record(config, result, batch=batch, system=system):
+                    def record(config, result, speed, batch=batch, system=system):
                         calibration.append(_row(mix_label(calib_mix), batch, system, [result], config.describe(),
                                                 float("nan")))
+                        calibration_speed.append({"mix": mix_label(calib_mix), "batch": batch, "system": system,
+                                                  "config": config.describe(), "speed_ms": round(speed, 3)})
                     best = _best_config(control, server.http_url, base, workloads[calib_mix], batch, settings, echo,
-                                        record=record)
+                                        record=record, gauge=gauge)
                     baseline_choice.setdefault(base, {})[batch] = best
             for mix, wl in workloads.items():
                 _switch(control, plans[mix])
@@ -155,6 +158,7 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
                            calibration=results_document(name, settings.cores, ideal, rows=calibration)["rows"],
                            executed=executed)
     doc["speed_reference"] = {"batch": SPEED_BATCH, "threads": 1, "profile_ms": latency.stock("cpu", SPEED_BATCH)}
+    doc["calibration_speed"] = calibration_speed
     out = write_results(settings.out or default_results_path(), doc)
     echo(f"\nwrote {out}")
     if extra is not None:
@@ -292,8 +296,9 @@ def _measure_cell(control, url: str, m: str, plan: Plan, mix, wl: dict, batch: i
     rotating (drift hits all alike). Returns (the rows of the table: E3 and each baseline's best, the other
     forced configurations' rows); a forced cell records each baseline's best in ``baseline_choice``; every
     run's executions as Triton counted them (batch sizes, mean compute time), with the cores other processes
-    used meanwhile (``meter``), the load average at its end and the machine's speed just before it (``gauge``:
-    the stock graph's ms at the speed reference's batch), go to ``executed``."""
+    used meanwhile (``meter``), the load average at its end and the machine's speed around it (``gauge``: the
+    stock graph's ms at the speed reference's batch, the lower of a reading before and one after), go to
+    ``executed``."""
     entries = [("e3", router_name(m), None)]
     for system, served in (("stock", stock_name(m)), ("ee", ee_name(m))):
         configs = [baseline_choice[served][batch]] if settings.baselines is None else list(settings.baselines)
@@ -313,6 +318,8 @@ def _measure_cell(control, url: str, m: str, plan: Plan, mix, wl: dict, batch: i
             meter.start()
             result = _measure(url, served, wl, batch, settings.inputs_per_run, settings)
             foreign = meter.stop()
+            if gauge is not None:   # before and after the run: the less disturbed reading
+                speed = min(speed, gauge())
             runs[i].append(result)
             executed.append({"mix": mix_label(mix), "batch": batch, "system": system, "run": r,
                              "config": _e3_config(plan) if config is None else config.describe(),
@@ -338,15 +345,19 @@ def _measure_cell(control, url: str, m: str, plan: Plan, mix, wl: dict, batch: i
 
 
 def _best_config(control, url: str, model: str, wl: dict, batch: int, settings: BenchSettings, echo,
-                 record=None) -> BaselineConfig:
+                 record=None, gauge=None) -> BaselineConfig:
     """The configuration of ``model`` (within ``settings.cores``) with the most inputs/s in a short run each;
-    ``record(config, result)``: called with every run (the calibration's settings are validated too)."""
+    ``record(config, result, speed_ms)``: called with every run and the machine's speed around it (``gauge``,
+    as :func:`_measure_cell` reads it; nan without one): the calibration's settings are validated too."""
     best, best_ips = None, -1.0
     for choice in baseline_configs(settings.cores):
         _configure(control, model, choice)
+        speed = gauge() if gauge is not None else float("nan")
         result = _measure(url, model, wl, batch, settings.calibration_inputs, settings)
+        if gauge is not None:
+            speed = min(speed, gauge())
         if record is not None:
-            record(choice, result)
+            record(choice, result, speed)
         echo(f"[calibrate] {model} batch {batch}: {choice.describe()}: {result.throughput_ips:.1f} inputs/s")
         if result.errors == 0 and result.throughput_ips > best_ips:
             best, best_ips = choice, result.throughput_ips

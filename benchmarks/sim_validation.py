@@ -99,16 +99,23 @@ def foreign_cores(doc: Mapping, row: Mapping) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
-def speed_factor(doc: Mapping, row: Mapping) -> float:
+def speed_factor(doc: Mapping, row: Mapping, group: str = "chosen") -> float:
     """How many times slower the machine ran during ``row``'s runs than when its profile was measured: the
-    speed reference timed before each run (``speed_ms``, ``e3 bench``'s gauge) over the same graph's time in
-    the profile (``doc["speed_reference"]``); 1.0 where not recorded (calibration runs, older documents).
+    speed reference timed around each run (``speed_ms``, ``e3 bench``'s gauge: ``executed`` for the measured
+    runs, ``calibration_speed`` for the calibration's) over the same graph's time in the profile
+    (``doc["speed_reference"]``); 1.0 where not recorded (older documents).
 
     Why measured and not fitted: on this 2-core machine the same configuration served 118 and 140 inputs/s
     in two quiet runs of the same bench, and two quiet profiles 12 minutes apart differed by -11% and +16%
     (docs/RESULTS.md, "The simulator's misses"); a profile taken once cannot price both runs."""
     ref = (doc.get("speed_reference") or {}).get("profile_ms")
-    speeds = [e["speed_ms"] for e in _executed(doc, row) if e.get("speed_ms")]
+    if group == "calibration":
+        key = (row["mix"], row["batch"], row["system"], row["config"])
+        records = [e for e in doc.get("calibration_speed") or ()
+                   if (e["mix"], e["batch"], e["system"], e["config"]) == key]
+    else:
+        records = _executed(doc, row)
+    speeds = [e["speed_ms"] for e in records if e.get("speed_ms") and np.isfinite(e["speed_ms"])]
     if not ref or not speeds:
         return 1.0
     return float(np.mean(speeds)) / float(ref)
@@ -143,7 +150,7 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
         arrivals = Arrivals(batch=r["batch"], requests=max(clients, inputs // r["batch"]), clients=clients,
                             client_cpu_ms=float(latency.client("cpu", r["batch"])), warmup=0)
         exit_ramp = exit_ramps[r["mix"]]
-        speed = speed_factor(doc, r) if group != "calibration" else 1.0
+        speed = speed_factor(doc, r, group)
         profile = latency.at_speed(speed) if speed != 1.0 else latency
         outcomes = []
         for seed in range(max(1, seeds)):

@@ -251,6 +251,9 @@ def test_validation_runs_each_measured_cell_at_the_speed_measured_before_it():
     slow = validate_side_by_side(doc, lat, {"80:20": _exits()}, groups=("rows",), seeds=1)[0]
     assert slow.speed_factor == pytest.approx(2.0)
     assert slow.predicted_goodput == pytest.approx(plain.predicted_goodput / 2, rel=0.1)
+    # a calibration run reads its own record, not the measured run's of the same configuration
+    doc["calibration_speed"] = [{**{k: row[k] for k in ("mix", "batch", "system", "config")}, "speed_ms": 40.0}]
+    assert speed_factor(doc, row, "calibration") == pytest.approx(0.5)
 
 
 def test_the_p99_interval_holds_the_p99_and_narrows_with_more_requests():
