@@ -42,14 +42,19 @@ from e3.paths import artifacts_dir
 MODELS = ["tiny_ee_split_1-2", "tiny_ee_split_3-4", "tiny_ee_router"]
 
 
-def perf(url: str, concurrency: int, requests: int, headers: dict[str, str], protocol: str = "http") -> dict:
-    """One perf_analyzer run of ``requests`` requests; throughput (req/s), p99 (ms), and its exit status."""
+def perf(url: str, concurrency: int, requests: int, headers: dict[str, str], protocol: str = "http",
+         timeout_s: float = 600.0) -> dict:
+    """One perf_analyzer run of ``requests`` requests; throughput (req/s), p99 (ms), and its exit status (a run
+    past ``timeout_s`` fails: some call was never answered)."""
     cmd = [perf_analyzer_binary(), "-m", "tiny_ee_router", "-u", url, "-i", protocol, "--async",
            "--concurrency-range", str(concurrency), "--request-count", str(requests), "--input-data", "zero",
            "--percentile", "99", "-b", "1", "--shape", "input_ids:16", "--shape", "attention_mask:16"]
     for k, v in headers.items():
         cmd += ["-H", f"{k}:{v}"]
-    p = subprocess.run(cmd, env=tool_env(), capture_output=True, text=True)
+    try:
+        p = subprocess.run(cmd, env=tool_env(), capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as err:
+        return {"ok": False, "rc": "timeout", "out": f"no end after {timeout_s:.0f} s: {str(err.stdout)[-1500:]}"}
     out = p.stdout + p.stderr
     tput = re.search(r"Throughput: ([\d.]+) infer/sec", out)
     p99 = re.search(r"p99 latency: (\d+) usec", out)
@@ -98,9 +103,10 @@ def main() -> int:
             print(calib["out"], file=sys.stderr)
             return 1
         for protocol in protocols:   # the guards' upstream connections opened, as Triton's are
-            warm = perf(urls[protocol][0], args.concurrency, 2000, {}, protocol)
+            warm = perf(urls[protocol][0], args.concurrency, 2000, {}, protocol, timeout_s=120)
             if not warm["ok"]:
-                print(warm["out"], file=sys.stderr)
+                print(warm["out"], f"\nHTTP guard: {dict(guard.responses)}, gRPC: {dict(grpc_guard.codes)}",
+                      file=sys.stderr)
                 return 1
         n = max(1000, int(calib["rps"] * args.seconds))
         print(f"cores: {os.cpu_count()} shared by tritonserver (router + 2 splits, 1 thread each), the guards "
