@@ -253,26 +253,36 @@ def in_process(model, rule, enabled: tuple[int, ...], *, device_settings, pools:
                              max(3, reps // 4), sync)
         naive_ips = n_batches * B / naive_total * 1e3
         n_req = max(4, n_batches * B // INPUTS_PER_REQUEST)
-        pipe = DevicePipeline(model, cuts=plan.cuts, batch_sizes=[B] * (len(plan.cuts) + 1), enabled_ramps=enabled,
-                              rule=rule, settings=full, slo_ms=1e6, answer=lambda h, o: None, fail=lambda h, m: None)
 
-        def e3_once():
-            n = len(next(iter(pool.values())))
-            for r in range(n_req):
-                rows = [(r * INPUTS_PER_REQUEST + j) % n for j in range(INPUTS_PER_REQUEST)]
-                pipe.admit(r, {k: v[rows] for k, v in pool.items()})
-            pipe.run_until_idle()
-        e3_ms = _timed(e3_once, max(3, reps // 4), sync)
-        e3_ips = n_req * INPUTS_PER_REQUEST / e3_ms * 1e3
+        def e3_ips_at(cuts: tuple[int, ...]) -> float:
+            pipe = DevicePipeline(model, cuts=cuts, batch_sizes=[B] * (len(cuts) + 1), enabled_ramps=enabled,
+                                  rule=rule, settings=full, slo_ms=1e6, answer=lambda h, o: None,
+                                  fail=lambda h, m: None)
+
+            def e3_once():
+                n = len(next(iter(pool.values())))
+                for r in range(n_req):
+                    rows = [(r * INPUTS_PER_REQUEST + j) % n for j in range(INPUTS_PER_REQUEST)]
+                    pipe.admit(r, {k: v[rows] for k, v in pool.items()})
+                pipe.run_until_idle()
+            return n_req * INPUTS_PER_REQUEST / _timed(e3_once, max(3, reps // 4), sync) * 1e3
+        e3_ips = e3_ips_at(tuple(plan.cuts))
+        # E3 with cuts the planner did not choose, measured beside its choice (on the H100 its choice lost to
+        # naive early exit, docs/gpu.md): a cut after every enabled ramp before the head
+        forced = {}
+        for cuts in {tuple(r for r in sorted(enabled) if r < L)} - {tuple(plan.cuts)}:
+            forced[",".join(map(str, cuts))] = e3_ips_at(cuts)
         ideal = L / sum(reach)
         out["mixes"][mix] = {"reach": reach, "cuts": list(plan.cuts), "predicted_ms_per_b": plan.time_ms,
                              "naive_ips": naive_ips, "naive_sync_ips": B / naive_sync_ms * 1e3, "e3_ips": e3_ips,
-                             "ideal": ideal, "e3_vs_stock": e3_ips / stock_ips, "e3_vs_naive": e3_ips / naive_ips}
+                             "ideal": ideal, "e3_vs_stock": e3_ips / stock_ips, "e3_vs_naive": e3_ips / naive_ips,
+                             "e3_forced_cuts_ips": forced}
         echo(f"  in process B={B} {mix} ({depth} in flight for every system): stock {stock_ips:,.0f}/s "
              f"naive {naive_ips:,.0f}/s E3 {e3_ips:,.0f}/s (cuts {list(plan.cuts)}; "
              f"{out['mixes'][mix]['e3_vs_stock']:.2f}x stock, {out['mixes'][mix]['e3_vs_naive']:.2f}x naive; "
              f"ideal {ideal:.2f}x; one batch at a time: stock {out['stock_sync_ips']:,.0f}/s "
-             f"naive {out['mixes'][mix]['naive_sync_ips']:,.0f}/s)")
+             f"naive {out['mixes'][mix]['naive_sync_ips']:,.0f}/s)"
+             + "".join(f"; E3 cut at [{c}]: {ips:,.0f}/s" for c, ips in forced.items()))
     if device_settings.cuda:
         torch.cuda.empty_cache()
     return out

@@ -131,15 +131,20 @@ def prepare_host(out: Path, *, cpu: bool, wheels: Path | None) -> tuple[Path | N
     return binary, out
 
 
+MODEL_MIN_S = 150.0   # a runner starts no model with less of its time budget left
+
+
 def measure_each(names, results, measure: Callable[[str], None], *, left_s: Callable[[], float],
                  echo=print) -> None:
     """Every runner's model loop: ``measure(name)`` for each model in turn; a model is skipped (and listed under
-    ``skipped``) once fewer than 150 s of the time budget are left, a model that fails is reported with its
-    traceback and listed under ``failed`` while the run goes on with the next, and ``results`` (anything with a
-    ``doc`` dict and ``save()``) is saved after each, so a run cut short keeps what it measured."""
+    ``skipped``) once fewer than :data:`MODEL_MIN_S` seconds of the time budget are left, a model that fails is
+    reported with its traceback and listed under ``failed`` while the run goes on with the next, and ``results``
+    (anything with a ``doc`` dict and ``save()``) is saved after each, so a run cut short keeps what it
+    measured."""
     for name in names:
-        if left_s() < 150:
-            echo(f"== {name}: skipped, the time budget is spent")
+        if left_s() < MODEL_MIN_S:
+            echo(f"== {name}: skipped, {left_s():.0f} s of the time budget left and a model needs {MODEL_MIN_S:.0f} s "
+                 "(a server start alone is a minute): raise --budget-s")
             results.doc.setdefault("skipped", []).append(name)
             continue
         echo(f"== {name}")
