@@ -317,6 +317,7 @@ def child(name: str, out: Path, options: dict) -> int:
         from e3.core.profile import ProfileError
         from e3.profiling.cuda_profile import CudaSettings, bls_from_run, profile_cuda
         from e3.profiling.profiler import format_table
+        failed = 0
         # bert-base-ee first: the side-by-side's model, whose settings the simulator is validated on (issue 42)
         for model, kw in (("bert-base-ee", {}), ("bert-ee", {}), ("resnet-ee", {}),
                           ("bert-ee", {"precision": "fp32", "graphs": False})):
@@ -324,11 +325,16 @@ def child(name: str, out: Path, options: dict) -> int:
                 kw.setdefault("bls_ms", bls_from_run(out.parent / "side-by-side", model))
             except (OSError, ValueError, ProfileError) as err:
                 echo(f"   (no measured hop for {model}: {err}; Tx adds the assumed exchange)")
-            prof = profile_cuda(model, CudaSettings(**kw), progress=False, untrained=True)
+            try:
+                prof = profile_cuda(model, CudaSettings(**kw), progress=False, untrained=True)
+            except Exception:  # noqa: BLE001 - one model's failure costs the step that model, not the others
+                traceback.print_exc()
+                failed += 1
+                continue
             (dev,) = prof.devices
             prof.save(out / f"{model.replace('-', '_')}.{dev}.json")
             echo(format_table(prof))
-        return 0
+        return 1 if failed else 0
     if name == "admission":
         from e3.benchmarks.admission_gpu import GpuAdmissionSettings, run_gpu_admission
         doc = run_gpu_admission(GpuAdmissionSettings(), echo=echo)
