@@ -69,7 +69,7 @@ for src in "$OUT/gen/grpc_service.pb.cc" "$OUT/gen/model_config.pb.cc" "$HERE/ch
   fi
 done
 for p in "${pids[@]}"; do wait "$p" || skip "a compile step failed (see above)"; done
-g++ -o "$BIN.tmp" "$OUT"/obj/*.o "${LOCAL_FLAGS[@]}" $(pkg-config --libs grpc++ protobuf) -lpthread \
+g++ -o "$BIN.tmp" "$OUT"/obj/*.o "${LOCAL_FLAGS[@]}" $(pkg-config --libs grpc++ protobuf absl_synchronization) -lpthread \
   || skip "the link failed (see above)"
 mv "$BIN.tmp" "$BIN"
 echo "grpc front: built $BIN"

@@ -183,8 +183,19 @@ const Datatype* Limits::Find(const std::string& name) const {
   return nullptr;
 }
 
+bool NameAllowed(const Limits& L, const std::string& name) {
+  // libstdc++'s regex costs microseconds a call: the last name this thread accepted is remembered
+  thread_local std::string last_ok;
+  thread_local const Limits* last_limits = nullptr;
+  if (last_limits == &L && name == last_ok && !name.empty()) return true;
+  if (!std::regex_match(name, L.model_name)) return false;
+  last_ok = name;
+  last_limits = &L;
+  return true;
+}
+
 bool CheckInfer(const Limits& L, inference::ModelInferRequest* req, std::string* error) {
-  if (!std::regex_match(req->model_name(), L.model_name))
+  if (!NameAllowed(L, req->model_name()))
     return Fail(error, "model name " + PyRepr(PyPrefix(req->model_name(), 60)) +
                        " is not allowed (letters, digits, '_', '-', '.')");
   const std::string& version = req->model_version();
@@ -215,8 +226,8 @@ bool CheckInfer(const Limits& L, inference::ModelInferRequest* req, std::string*
   int at = 0;
   for (int i = 0; i < req->inputs_size(); ++i) {
     const auto& t = req->inputs(i);
-    std::string what = t.name().empty() ? "input " + Int(i) : "input " + PyRepr(PyPrefix(t.name(), 40));
-    if (t.name().empty()) return Fail(error, what + " needs a name");
+    if (t.name().empty()) return Fail(error, "input " + Int(i) + " needs a name");
+    const std::string what = "input " + PyRepr(PyPrefix(t.name(), 40));
     const Datatype* dt = L.Find(t.datatype());
     if (dt == nullptr) {
       std::string names;

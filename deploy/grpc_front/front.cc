@@ -23,6 +23,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/codegen/proto_utils.h>
+#include <absl/synchronization/mutex.h>
 #include <google/protobuf/stubs/logging.h>
 #include <sys/prctl.h>
 
@@ -100,7 +101,7 @@ void Carry(const Front& f, grpc::GenericCallbackServerContext* from, grpc::Clien
     if (to_triton && f.opt.key_names.count(key)) continue;
     to->AddMetadata(key, std::string(v.data(), v.size()));
   }
-  to->set_deadline(from->raw_deadline());
+  if (from->deadline() != std::chrono::system_clock::time_point::max()) to->set_deadline(from->raw_deadline());
 }
 
 // One unary call: ModelInfer (checked, to Triton) or any other method (as it came, to the Python guard).
@@ -318,6 +319,7 @@ std::shared_ptr<grpc::Channel> Channel(const std::string& target, int64_t max_se
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);   // a call is never sent twice (an inference would run twice)
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
 
@@ -407,6 +409,8 @@ void Quiet(google::protobuf::LogLevel, const char*, int, const std::string&) {} 
 }  // namespace e3front
 
 int main(int argc, char** argv) {
+  // absl's mutex deadlock detection (on in Debian's build) walks a lock graph on every gRPC lock: not needed here
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   google::protobuf::SetLogHandler(&e3front::Quiet);   // the parser logs every invalid UTF-8 string it refuses
   e3front::Options opt;
   std::string error;
