@@ -62,9 +62,9 @@ rm -f "$OUT/triton.desc.new"
 CXXFLAGS=(-std=c++17 -O2 -g0 -Wall -I"$OUT/gen" -I"$HERE" "${LOCAL_FLAGS[@]}" $(pkg-config --cflags grpc++ protobuf))
 echo "grpc front: building $BIN (about a minute on 2 cores)"
 pids=()
-for src in "$OUT/gen/grpc_service.pb.cc" "$OUT/gen/model_config.pb.cc" "$HERE/check.cc" "$HERE/front.cc"; do
+for src in "$OUT/gen/grpc_service.pb.cc" "$OUT/gen/model_config.pb.cc" "$HERE/check.cc" "$HERE/front.cc" "$HERE/infer.cc"; do
   obj="$OUT/obj/$(basename "$src" .cc).o"
-  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ] || [ "$HERE/check.h" -nt "$obj" ] || [ "$HERE/options.h" -nt "$obj" ]; then
+  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ] || [ "$HERE/check.h" -nt "$obj" ] || [ "$HERE/options.h" -nt "$obj" ] || [ "$HERE/front.h" -nt "$obj" ]; then
     g++ "${CXXFLAGS[@]}" -c "$src" -o "$obj" & pids+=($!)
   fi
 done

@@ -40,125 +40,35 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "check.h"
-#include "options.h"
+#include <thread>
+#include <vector>
+
+#include "front.h"
 
 namespace e3front {
 namespace {
 
-using grpc::ByteBuffer;
-using grpc::Status;
-using grpc::StatusCode;
-using inference::ModelInferRequest;
 using inference::ModelStreamInferResponse;
 
-const std::string kService = "/inference.GRPCInferenceService/";
-
-class Unary;
-
-// What every call shares: the options, the two upstream stubs, the calls in flight, the counters.
-struct Front {
-  Options opt;
-  std::unique_ptr<grpc::GenericStub> triton, guard;
-  std::mutex mu;
-  std::unordered_map<std::string, std::unordered_set<Unary*>> inflight;   // model -> ModelInfer calls in flight
-  std::atomic<uint64_t> codes[17] = {};
-  std::atomic<uint64_t> bad{0};
-  std::atomic<int64_t> last_log_s{-1000}, quiet{0};
-
-  void Count(StatusCode code) { codes[static_cast<int>(code) & 15]++; }
-  // A refused message: counted, and logged at most once per 10 s (as the Python guard's BadRequestLog).
-  void Refused(const std::string& message) {
-    bad++;
-    int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
-        std::chrono::steady_clock::now().time_since_epoch()).count();
-    int64_t last = last_log_s.load();
-    if (now - last < 10 || !last_log_s.compare_exchange_strong(last, now)) { quiet++; return; }
-    int64_t more = quiet.exchange(0);
-    std::string tail = more ? " (and " + std::to_string(more) + " more since the last line)" : "";
-    std::fprintf(stderr, "e3-grpc-front: refused a request (INVALID_ARGUMENT): %s%s\n",
-                 message.substr(0, 200).c_str(), tail.c_str());
-  }
-};
-
-bool Parse(ByteBuffer* in, ModelInferRequest* req) {
-  return grpc::GenericDeserialize<grpc::ProtoBufferReader, ModelInferRequest>(in, req).ok();
-}
-
-ByteBuffer Serialise(const google::protobuf::Message& m) {
-  ByteBuffer out;
-  bool own;
-  grpc::GenericSerialize<grpc::ProtoBufferWriter, google::protobuf::Message>(m, &out, &own);
-  return out;
-}
-
-// The client's metadata for the next hop (not gRPC's own; toward Triton, not the key's header either) and its
-// deadline.
-void Carry(const Front& f, grpc::GenericCallbackServerContext* from, grpc::ClientContext* to, bool to_triton) {
-  for (const auto& [k, v] : from->client_metadata()) {
-    std::string key(k.data(), k.size());
-    if (key.empty() || key[0] == ':' || key.rfind("grpc-", 0) == 0 || key == "user-agent") continue;
-    if (to_triton && f.opt.key_names.count(key)) continue;
-    to->AddMetadata(key, std::string(v.data(), v.size()));
-  }
-  if (from->deadline() != std::chrono::system_clock::time_point::max()) to->set_deadline(from->raw_deadline());
-}
-
-// One unary call: ModelInfer (checked, to Triton) or any other method (as it came, to the Python guard).
+// One call of any method but ModelInfer and ModelStreamInfer, forwarded as it came to the Python guard.
 class Unary : public grpc::ServerGenericBidiReactor {
  public:
-  Unary(Front* f, grpc::GenericCallbackServerContext* ctx, bool infer) : f_(f), ctx_(ctx), infer_(infer) {
-    StartRead(&in_);
-  }
+  Unary(Front* f, grpc::GenericCallbackServerContext* ctx) : f_(f), ctx_(ctx) { StartRead(&in_); }
 
   void OnReadDone(bool ok) override {
     if (!ok) return End(Status(StatusCode::INVALID_ARGUMENT, "the call carried no message"));
-    grpc::GenericStub* stub = f_->guard.get();
-    if (infer_) {
-      ModelInferRequest req;
-      std::string error = "the message is not a ModelInferRequest";
-      if (!Parse(&in_, &req) || !CheckInfer(f_->opt.limits, &req, &error)) {
-        std::string message = "malformed ModelInfer request: " + error;
-        f_->Refused(message);
-        return End(Status(StatusCode::INVALID_ARGUMENT, message));
-      }
-      model_ = req.model_name();
-      out_ = Serialise(req);
-      stub = f_->triton.get();
-      std::lock_guard<std::mutex> lock(f_->mu);
-      f_->inflight[model_].insert(this);
-      registered_ = true;
-    } else {
-      out_ = in_;
-    }
-    Carry(*f_, ctx_, &cctx_, infer_);
-    stub->UnaryCall(&cctx_, ctx_->method(), grpc::StubOptions(), &out_, &resp_, [this](Status s) { Answered(s); });
-  }
-
-  void Abort() {   // under f_->mu
-    aborted_ = true;
-    cctx_.TryCancel();
+    Carry(*f_, ctx_, &cctx_, false);
+    f_->guard->UnaryCall(&cctx_, ctx_->method(), grpc::StubOptions(), &in_, &resp_, [this](Status s) {
+      if (!s.ok()) return End(s);
+      f_->Count(StatusCode::OK);
+      StartWriteAndFinish(&resp_, grpc::WriteOptions(), s);
+    });
   }
 
   void OnCancel() override { cctx_.TryCancel(); }
   void OnDone() override { delete this; }
 
  private:
-  void Answered(Status s) {
-    if (registered_) {
-      std::lock_guard<std::mutex> lock(f_->mu);
-      auto it = f_->inflight.find(model_);
-      it->second.erase(this);
-      if (it->second.empty()) f_->inflight.erase(it);
-    }
-    if (aborted_ && !s.ok())
-      s = Status(StatusCode::UNAVAILABLE, "model " + model_ + " lost its Python stub while this call was in flight; "
-                                          "it is being reloaded, retry shortly");
-    if (!s.ok()) return End(s);
-    f_->Count(StatusCode::OK);
-    StartWriteAndFinish(&resp_, grpc::WriteOptions(), s);
-  }
-
   void End(const Status& s) {
     f_->Count(s.error_code());
     Finish(s);
@@ -166,12 +76,8 @@ class Unary : public grpc::ServerGenericBidiReactor {
 
   Front* f_;
   grpc::GenericCallbackServerContext* ctx_;
-  bool infer_;
-  bool registered_ = false;
-  std::atomic<bool> aborted_{false};
-  std::string model_;
   grpc::ClientContext cctx_;
-  ByteBuffer in_, out_, resp_;
+  ByteBuffer in_, resp_;
 };
 
 // ModelStreamInfer: the client's messages checked one by one and forwarded on one stream to Triton; Triton's
@@ -305,7 +211,7 @@ class Service : public grpc::CallbackGenericService {
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
     const std::string& m = ctx->method();
     if (m == kService + "ModelStreamInfer") return new Stream(f_, ctx);
-    return new Unary(f_, ctx, m == kService + "ModelInfer");
+    return new Unary(f_, ctx);   // ModelInfer has a service of its own (InferService)
   }
  private:
   Front* f_;
@@ -341,18 +247,24 @@ int Serve(Options opt) {
   f.triton = std::make_unique<grpc::GenericStub>(Channel(f.opt.triton, f.opt.max_message_bytes + (1 << 20)));
   f.guard = std::make_unique<grpc::GenericStub>(Channel(f.opt.guard, f.opt.max_message_bytes + (1 << 20)));
   Service service(&f);
+  InferService infer;
   grpc::ServerBuilder builder;
+  builder.RegisterService(&infer);
   int port = 0;
   builder.AddListeningPort(f.opt.listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterCallbackGenericService(&service);
   builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(f.opt.max_message_bytes, INT32_MAX)));
   builder.SetMaxSendMessageSize(-1);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);   // a second server on the port is an error, not a share
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> cqs;
+  for (int i = 0; i < f.opt.infer_threads; ++i) cqs.push_back(builder.AddCompletionQueue());
   auto server = builder.BuildAndStart();
   if (!server || port == 0) {
     std::fprintf(stderr, "e3-grpc-front: cannot listen on %s\n", f.opt.listen.c_str());
     return 2;
   }
+  std::vector<std::thread> threads;
+  for (auto& cq : cqs) threads.emplace_back(ServeInfer, &f, &infer, cq.get());
   std::cout << "listening " << port << std::endl;
   std::string line;
   while (std::getline(std::cin, line)) {
@@ -363,7 +275,7 @@ int Serve(Options opt) {
         std::lock_guard<std::mutex> lock(f.mu);
         auto it = f.inflight.find(model);
         if (it != f.inflight.end())
-          for (Unary* call : it->second) { call->Abort(); ++n; }
+          for (Abortable* call : it->second) { call->Abort(); ++n; }
       }
       std::cout << "aborted " << n << std::endl;
     } else if (line == "stats") {
@@ -373,6 +285,8 @@ int Serve(Options opt) {
     }
   }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  for (auto& cq : cqs) cq->Shutdown();
+  for (auto& t : threads) t.join();
   return 0;
 }
 

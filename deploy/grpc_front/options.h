@@ -23,6 +23,8 @@ inline const char* kUsage =
     "  --guard ADDRESS             the Python gRPC guard (unix:/path or host:port)\n"
     "  --key-header NAME           the API key's header: never forwarded to Triton (also as triton-grpc-protocol-NAME)\n"
     "  --max-message-bytes N       largest message accepted (RESOURCE_EXHAUSTED above it)\n"
+    "  --infer-threads N           threads serving ModelInfer, each on a completion queue of its own (default\n"
+    "                              1: on a 2-core machine one thread, no hand-offs between threads, costs least)\n"
     "  --max-elements N            most elements one input's shape may declare\n"
     "  --max-dims N                most dimensions one shape may have\n"
     "  --model-name-pattern RE     a model name must match RE (ECMAScript syntax)\n"
@@ -41,6 +43,7 @@ struct Options {
   std::string listen, triton, guard;
   std::set<std::string> key_names;   // lower-case metadata keys never forwarded to Triton
   int64_t max_message_bytes = 64 << 20;
+  int infer_threads = 1;             // completion queues (one thread each) serving ModelInfer
   Limits limits;
   bool check = false, help = false;
 };
@@ -94,6 +97,7 @@ inline bool ParseOptions(int argc, char** argv, Options* o, std::string* error) 
       o->key_names.insert(k);
       o->key_names.insert("triton-grpc-protocol-" + k);
     } else if (a == "--max-message-bytes") o->max_message_bytes = std::strtoll(v.c_str(), nullptr, 10);
+    else if (a == "--infer-threads") o->infer_threads = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
     else if (a == "--max-elements") o->limits.max_elements = std::strtoll(v.c_str(), nullptr, 10);
     else if (a == "--max-dims") o->limits.max_dims = std::strtoll(v.c_str(), nullptr, 10);
     else if (a == "--model-name-pattern") o->limits.model_name_pattern = v;
@@ -111,6 +115,7 @@ inline bool ParseOptions(int argc, char** argv, Options* o, std::string* error) 
              "--datatype are required";
     return false;
   }
+  if (o->infer_threads < 1 || o->infer_threads > 64) { *error = "--infer-threads must be 1..64"; return false; }
   if (o->limits.max_elements > (int64_t{1} << 62)) { *error = "--max-elements must be at most 2^62"; return false; }
   if (!o->check && (o->listen.empty() || o->triton.empty() || o->guard.empty())) {
     *error = "--listen, --triton and --guard are required (or --check)";
