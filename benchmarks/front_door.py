@@ -1,7 +1,9 @@
 """The guards' overhead against Triton's own HTTP and gRPC ports, side by side, one server.
 
-Starts tiny-ee's router and splits on the embedded tritonserver, the HTTP guard and the gRPC guard in front
-(this process, each on its own event loop thread, as in ``e3 serve``), and drives both sides with Triton's
+Starts tiny-ee's router and splits on the embedded tritonserver, the HTTP guard and the gRPC port in front
+(as in ``e3 serve``: the HTTP guard in this process on its own event loop thread; for gRPC the C++ front,
+``deploy/grpc_front``, a child process, with the Python gRPC guard behind it in this process, or with
+``--grpc-port guard`` the Python guard alone), and drives both sides with Triton's
 ``perf_analyzer`` (the C++ load generator shipped in the client wheel: asynchronous, ``--concurrency-range
 C``, one input per request, binary tensors, ``--input-data zero``), per protocol through the guard, then
 straight to Triton's port, alternating for ``--rounds``. Triton's ports here are loopback TCP ports (not
@@ -14,11 +16,11 @@ p99 per run and the ratios guard / direct. The guard, Triton and perf_analyzer s
 sides are warmed before the first run (the calibration on Triton's port, 2,000 requests through the guard),
 odd rounds run the direct side first, and the process tunes its garbage collector as ``e3 serve`` does
 (:func:`e3.deploy.guard.tune_gc`). Each run also prints where the CPU went, per request: tritonserver with its
-Python stubs (its process group), perf_analyzer, and this process (the guards: nothing else in it works
-during a run), from ``/proc`` and ``getrusage``.
+Python stubs (its process group), perf_analyzer, and the guards: this process (nothing else in it works
+during a run) and the C++ gRPC front, from ``/proc`` and ``getrusage``.
 
 Usage: ``.venv/bin/python benchmarks/front_door.py [--concurrency 64] [--seconds 30] [--rounds 1]
-[--protocols http,grpc] [--stream-lanes 0]``.
+[--protocols http,grpc] [--grpc-port front|guard] [--stream-lanes 0]``.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@
 //   * every other method, as raw bytes, to the Python gRPC guard on its private socket (--guard), which keeps
 //     the API key, the control API, the supervisor's notifications and the readiness faults;
 //   * a message over --max-message-bytes: RESOURCE_EXHAUSTED from gRPC itself, before a handler sees it.
+// ModelInfer runs on gRPC's asynchronous API, one thread per completion queue (infer.cc: the cheapest per call,
+// measured); streams and the guard's methods on the callback API (this file).
 // Messages: the generated classes of Triton's own protos. Decision: protoc --cpp_out over a FileDescriptorSet
 // written at build time from tritonclient's grpc_service_pb2 (build.sh), not DynamicMessage: the parse, the
 // checks and the re-serialisation then run as compiled code, the same code Triton's own gRPC frontend runs on
