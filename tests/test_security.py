@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from e3.deploy.grpc_front_process import grpc_port
+from e3.deploy.grpc_front_process import front_binary, grpc_port
 from e3.deploy.guard import Guard
 from helpers import http_call, serving
 
@@ -158,6 +158,13 @@ def _other_user_connects(path: str) -> str:
         return f.read().decode()
 
 
+def _cmdline(proc) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _vm(pid: int, field: str) -> int:
     for line in open(f"/proc/{pid}/status"):
         if line.startswith(field + ":"):
@@ -239,6 +246,10 @@ def test_e3_serve_keeps_every_secret_off_proc_and_holds_both_doors(tiny_repo, tm
             assert (sockets.stat().st_mode & 0o777) == 0o700
             assert not any(a.startswith((b"--http-restricted-api", b"--grpc-restricted-protocol")) for a in cmdline)
             other = _other_user_connects(str(sockets / f"grpc:{grpc_port}"))
+            if front_binary() is not None:   # e3 serve's gRPC port is the C++ front, its command line key-free
+                fronts = [p for p in Path("/proc").glob("[0-9]*") if _cmdline(p).split(b"\0")[0].endswith(
+                    b"e3-grpc-front") and f"\0127.0.0.1:{grpc_port}\0".encode() in _cmdline(p)]
+                assert fronts and not any(key.encode() in _cmdline(p) for p in fronts), fronts
             if os.geteuid() == 0:
                 assert other == "PermissionError", other
         finally:
