@@ -248,7 +248,7 @@ def test_e3_serve_keeps_every_secret_off_proc_and_holds_both_doors(tiny_repo, tm
             other = _other_user_connects(str(sockets / f"grpc:{grpc_port}"))
             if front_binary() is not None:   # e3 serve's gRPC port is the C++ front, its command line key-free
                 fronts = [p for p in Path("/proc").glob("[0-9]*") if _cmdline(p).split(b"\0")[0].endswith(
-                    b"e3-grpc-front") and f"\0127.0.0.1:{grpc_port}\0".encode() in _cmdline(p)]
+                    b"e3-grpc-front") and b"\x00" + f"127.0.0.1:{grpc_port}".encode() + b"\x00" in _cmdline(p)]
                 assert fronts and not any(key.encode() in _cmdline(p) for p in fronts), fronts
             if os.geteuid() == 0:
                 assert other == "PermissionError", other
