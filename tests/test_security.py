@@ -252,8 +252,10 @@ def test_e3_serve_keeps_every_secret_off_proc_and_holds_both_doors(tiny_repo, tm
                 assert fronts and not any(key.encode() in _cmdline(p) for p in fronts), fronts
             if os.geteuid() == 0:
                 assert other == "PermissionError", other
-        finally:
-            pass
+        except BaseException:   # e3 serve (and its server and front) must not outlive a failed check
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=60)
+            raise
     try:
         assert scan.reads > 1000 and not scan.hits, scan.hits[:3]
         # the bomb: 413, the guard's process stays small
