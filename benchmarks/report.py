@@ -72,7 +72,8 @@ def validation_table(rows: Sequence[Mapping], goodput_tol: float, p99_tol: float
     out = ["| setting | goodput simulated | measured | error | p99 simulated (ms) | measured | error |"
            + (" measured p99, 90% interval | p50 simulated / measured (ms) | host share |" if extra else "")
            + (" execution simulated / measured (ms) |" if execution else "")
-           + (" others' cores |" if foreign else "") + (" machine's time vs profile |" if speed else ""),
+           + (" others' cores |" if foreign else "")
+           + (" machine's time vs profile (measured, not applied) |" if speed else ""),
            "| --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- |" if extra else "")
            + (" --- |" if execution else "") + (" --- |" if foreign else "") + (" --- |" if speed else "")]
     for r in rows:
@@ -154,9 +155,9 @@ def bench_section(command: str, doc: Mapping, validation: Sequence[Mapping], *, 
         "and tritonserver's front door, shared with the instances' cores (the *host share* column), the load "
         "generator's part one request at a time (one GIL); each batch's time drawn with the jitter measured "
         "beside one neighbour per core; Triton's dynamic batcher as its source runs it (payloads, "
-        "`e3.serving.batcher.TritonBatcher`); every run at the machine's speed measured around it (the stock "
+        "`e3.serving.batcher.TritonBatcher`); beside each run, the machine's speed measured around it (the stock "
         "graph at 8 rows timed before and after the run against the profile's: the *machine's time vs profile* "
-        f"column, where recorded). Bar: goodput within {G:.0%}, p99 within {P:.0%} (misses in bold); "
+        f"column, where recorded; not applied, `benchmarks/sim_validation.py` says why). Bar: goodput within {G:.0%}, p99 within {P:.0%} (misses in bold); "
         f"{within_both(chosen, G, P)} of {len(chosen)} of the table's settings within both, "
         f"{within_both(validation, G, P)} of {len(validation)} in all; the simulated p99 inside the measured "
         f"p99's own 90% bootstrap interval in {inside} of {len(validation)} (a p99 of 16-800 requests is close "

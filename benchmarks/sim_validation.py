@@ -126,12 +126,17 @@ GROUPS = {"rows": "chosen", "alternatives": "forced", "calibration": "calibratio
 
 def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Mapping[str, np.ndarray], *,
                           progress: Callable[[str], None] | None = None, seeds: int = 5,
-                          groups: tuple[str, ...] = tuple(GROUPS)) -> list[ValidationRow]:
+                          groups: tuple[str, ...] = tuple(GROUPS), at_speed: bool = False) -> list[ValidationRow]:
     """Simulate every measured cell of ``doc`` (a side-by-side results document, with its plans and
     settings); ``exit_ramps``: mix label -> [pool] reference exit block of the mix's inputs, in the order
     the load sent them. ``groups``: which of the document's lists of runs (:data:`GROUPS`): the table's
     cells, the forced configurations beside them (``e3 bench --baselines``) and the calibration's short
     runs (every configuration the bench's choice explored), each simulated with its own inputs per run.
+    ``at_speed``: run each row on the profile scaled to the machine's speed measured around it
+    (:func:`speed_factor`; the factor is reported either way). Off by default: in one run of 2026-11-27 it
+    took the cells from 0 to 4 of 12 within the bars (the machine a quarter faster than at its profile, every
+    reading alike), in the next from 6 to 4 (readings of 0.73-1.13x within one run, the served rates steadier
+    than that): one reading per cell is not yet a measure the simulator can stand on.
 
     Each cell is simulated with ``seeds`` seeds (the clients' think times, the service-time jitter) and the
     run of median goodput reported, its p99 the median p99: a run of 800 inputs at one input per request
@@ -151,7 +156,7 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
                             client_cpu_ms=float(latency.client("cpu", r["batch"])), warmup=0)
         exit_ramp = exit_ramps[r["mix"]]
         speed = speed_factor(doc, r, group)
-        profile = latency.at_speed(speed) if speed != 1.0 else latency
+        profile = latency.at_speed(speed) if at_speed and speed != 1.0 else latency
         outcomes = []
         for seed in range(max(1, seeds)):
             a = replace(arrivals, seed=seed)

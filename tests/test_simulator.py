@@ -235,7 +235,7 @@ def test_a_profile_at_the_runs_measured_speed_scales_the_hosts_work_too():
         lat.at_speed(0.0)
 
 
-def test_validation_runs_each_measured_cell_at_the_speed_measured_before_it():
+def test_validation_reports_the_measured_speed_and_runs_a_cell_at_it_when_asked():
     from e3.benchmarks.sim_validation import speed_factor, validate_side_by_side
     lat = synthetic_profile()
     lat.stock_ms = {"cpu": [10.0 * b for b in lat.batch_sizes]}
@@ -248,8 +248,10 @@ def test_validation_runs_each_measured_cell_at_the_speed_measured_before_it():
     plain = validate_side_by_side(doc, lat, {"80:20": _exits()}, groups=("rows",), seeds=1)[0]
     doc["speed_reference"] = {"batch": 8, "threads": 1, "profile_ms": lat.stock("cpu", 8)}   # 80 ms
     assert speed_factor(doc, row) == pytest.approx(2.0)
-    slow = validate_side_by_side(doc, lat, {"80:20": _exits()}, groups=("rows",), seeds=1)[0]
-    assert slow.speed_factor == pytest.approx(2.0)
+    reported = validate_side_by_side(doc, lat, {"80:20": _exits()}, groups=("rows",), seeds=1)[0]
+    assert reported.speed_factor == pytest.approx(2.0)          # reported, not applied unless asked
+    assert reported.predicted_goodput == pytest.approx(plain.predicted_goodput)
+    slow = validate_side_by_side(doc, lat, {"80:20": _exits()}, groups=("rows",), seeds=1, at_speed=True)[0]
     assert slow.predicted_goodput == pytest.approx(plain.predicted_goodput / 2, rel=0.1)
     # a calibration run reads its own record, not the measured run's of the same configuration
     doc["calibration_speed"] = [{**{k: row[k] for k in ("mix", "batch", "system", "config")}, "speed_ms": 40.0}]
