@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         # a smoke run on a shared CPU: a looser budget and lower first rate, so that the sweep meets some rates
         # before it misses and every step of the runner runs
         s.start_fraction, s.rate_step, s.offline_repeats, s.qos_factor = 0.15, 1.8, 3, 10.0
-        s.inline_form = True   # make test serves the inline form through Triton too
+        s.inline_form = True   # the CPU smoke run (make reliability, item 21) serves the inline form through Triton too
     if a.models:
         s.models = tuple(a.models.split(","))
     if a.per_request:

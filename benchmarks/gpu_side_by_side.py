@@ -34,7 +34,7 @@ results go to ``OUT_DIR/side_by_side.json`` (written after every point, so a run
 measured); ``e3 bench gpu --measured OUT_DIR`` renders them into docs/RESULTS.md.
 
 ``--cpu``: the same runner on this machine's CPU with tiny-ee, KIND_CPU instances and eager PyTorch, short
-runs: what ``make test`` runs, so the runner cannot rot between GPU runs.
+runs: what ``make reliability`` runs (item 21), so the runner cannot rot between GPU runs.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ MIXES = {"80-20": 0.8, "50-50": 0.5}   # share of easy inputs
 
 @dataclass
 class Settings:
-    """What one run measures (defaults: the headline on a GPU host; :meth:`for_cpu`: what ``make test`` runs)."""
+    """What one run measures (defaults: the headline on a GPU host; :meth:`for_cpu`: what ``make reliability``
+    runs)."""
     out: Path
     cpu: bool = False
     models: tuple[str, ...] = ("bert-base-ee",)
@@ -106,7 +107,7 @@ class Settings:
         return math.inf if self.budget_s is None else self.budget_s - (time.monotonic() - self.started)
 
     def for_cpu(self) -> "Settings":
-        """tiny-ee on this CPU, short runs, two client processes (``make test``'s share stays about a minute)."""
+        """tiny-ee on this CPU, short runs, two client processes (about a minute: ``make reliability``, item 21)."""
         self.models, self.batches, self.concurrency, self.instances = ("tiny-ee",), (8,), (1, 4), (1, 2)
         self.delays_us, self.slos_ms = (0, 500), (20, 50)
         self.warmup_s, self.min_window_s, self.max_window_s, self.processes, self.limit_reps = 0.1, 0.25, 1.0, 2, 3
@@ -344,7 +345,8 @@ def _ints(text: str) -> tuple[int, ...]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path)
-    p.add_argument("--cpu", action="store_true", help="tiny-ee on this CPU, short runs (what make test runs)")
+    p.add_argument("--cpu", action="store_true",
+                   help="tiny-ee on this CPU, short runs (what make reliability runs, item 21)")
     p.add_argument("--quick", action="store_true", help="instances 1,2, concurrency 8,96, no delay sweep, no inline row")
     p.add_argument("--models", default=None, help="zoo models (default bert-base-ee)")
     p.add_argument("--batches", default=None, help="max batches B (default 32)")

@@ -65,6 +65,10 @@ ITEMS = [
      [r"admission: [\d,]+ requests from 32 clients.*"]),
     (20, "the zoo served split: 1,000 inputs a model from 16 clients",
      ["tests/test_zoo_e2e.py::test_inputs_from_sixteen_clients_equal_the_reference"], [r"zoo: [\d,]+ inputs .*"]),
+    (21, "the GPU runners on this CPU: E3's side-by-side and E²bird's through Triton",
+     ["tests/test_gpu_side_by_side.py::test_runner_cpu_mode_serves_every_system_and_writes_what_the_report_renders",
+      "tests/test_admission_triton.py::test_runner_cpu_mode_serves_every_system_through_triton_and_writes_what_the_"
+      "report_renders"], []),
 ]
 
 

@@ -4,6 +4,7 @@ run's file, and the runner's CPU mode end to end on the real tritonserver (so th
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -112,6 +113,8 @@ def test_the_section_is_written_between_its_markers_and_replaced_not_appended(tm
     assert results.read_text() == text
 
 
+@pytest.mark.skipif(not os.environ.get("E3_RELIABILITY"),
+                    reason="a minute of the 2-core budget: make reliability (item 21); the GPU session runs it for real")
 @pytest.mark.e2e
 def test_runner_cpu_mode_serves_every_system_through_triton_and_writes_what_the_report_renders(tmp_path):
     out = tmp_path / "run"

@@ -5,6 +5,7 @@ and the report rendered from the file it wrote."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -18,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ROW_KEYS = {"model", "mix", "max_batch", "slo_ms", "system", "goodput", "p99_ms", "config"}
 
 
+@pytest.mark.skipif(not os.environ.get("E3_RELIABILITY"),
+                    reason="a minute of the 2-core budget: make reliability (item 21); the GPU session runs it for real")
 @pytest.mark.e2e
 def test_runner_cpu_mode_serves_every_system_and_writes_what_the_report_renders(tmp_path):
     out = tmp_path / "run"
