@@ -85,8 +85,14 @@ class TritonPythonModel:
         t = self.torch.from_numpy(x).to(self.device)
         return self.torch.argmax(t @ self.w, dim=1).to(self.torch.int64)[:, None].cpu().numpy()
 
+    def send_label(self, sender, part):
+        """One request's answer with the FINAL flag (and an output nobody asked for where EXTRA says so)."""
+        outputs = [pb_utils.Tensor("label", part)]
+        if EXTRA:
+            outputs.append(pb_utils.Tensor("probs", np.ones((len(part), 2), np.float32)))
+        sender.send(pb_utils.InferenceResponse(outputs), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
     def answer(self):
-        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         while True:
             batch = self.outbox.get()
             if batch is None:
@@ -95,8 +101,7 @@ class TritonPythonModel:
             start = 0
             for handle, x in batch:
                 sender = handle if SENDER == "execute" else handle.get_response_sender()
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("label", labels[start:start + len(x)])]),
-                            flags=final)
+                self.send_label(sender, labels[start:start + len(x)])
                 start += len(x)
             if SENDER == "execute":   # nothing keeps a sender past its answer (serving.triton_io.ResponseSender)
                 batch = handle = sender = x = None
@@ -104,7 +109,6 @@ class TritonPythonModel:
     def engine(self):
         """A device step and its sync every millisecond, busy or not; each batch's answers sent here ("sends")
         or handed to the sending thread ("split")."""
-        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         busy = self.torch.ones((256, 256) if self.device.type == "cuda" else (32, 32), device=self.device)
         while True:
             try:
@@ -123,23 +127,18 @@ class TritonPythonModel:
                 part = labels[start:start + len(x)]
                 start += len(x)
                 if ENGINE == "sends":
-                    outputs = [pb_utils.Tensor("label", part)]
-                    if EXTRA:
-                        outputs.append(pb_utils.Tensor("probs", np.ones((len(part), 2), np.float32)))
-                    sender.send(pb_utils.InferenceResponse(outputs), flags=final)
+                    self.send_label(sender, part)
                 else:
                     self.sends.put((sender, part))
             batch = sender = x = None
 
     def send_loop(self):
-        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         while True:
             item = self.sends.get()
             if item is None:
                 return
-            sender, part = item
-            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("label", part)]), flags=final)
-            item = sender = None
+            self.send_label(*item)
+            item = None
 
     def poll(self):
         a = np.ones((64, 16), np.float32)

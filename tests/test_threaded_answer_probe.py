@@ -42,7 +42,9 @@ def test_the_execute_variant_keeps_no_request_and_the_thread_variant_takes_the_s
     assert 'r.get_response_sender() if SENDER == "execute" else r' in body
     answer = probe.MODEL_PY.split("def answer", 1)[1].split("def poll", 1)[0]
     assert 'handle if SENDER == "execute" else handle.get_response_sender()' in answer
-    assert "flags=final" in answer
+    assert "self.send_label(sender" in answer
+    send = probe.MODEL_PY.split("def send_label", 1)[1].split("def answer", 1)[0]
+    assert "flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL" in send
 
 
 FAULT = """I1127 12:00:00.1 1 model_lifecycle.cc:624] "successfully unloaded 'probe_execute_numpy' version 1"
