@@ -1,6 +1,9 @@
-"""Triton's dynamic batcher, modelled (pure): how many queued requests an idle instance takes. The one model of
-it: the simulator's baselines (:class:`e3.simulator.des.Baseline`) and E²bird's emulated baselines (``e3 bench
-admission --cuda``) both cut here, so they cannot disagree with each other about Triton's rule.
+"""Triton's dynamic batcher, modelled (pure). :class:`TritonBatcher` is the model as the embedded server's source
+runs it (payloads that grow until an instance takes them; the simulator's baselines and E3's router instances run
+through it). :func:`batch_cut` / :func:`dynamic_batch` are the earlier, simpler rule (an idle instance takes queued
+requests), still used by E²bird's emulated baselines (``e3 bench admission --cuda``, one input per request, preferred
+batch = max batch), where the two agree except when requests queue behind busy instances with a delay set: moving
+that emulation onto :class:`TritonBatcher` is left to do (2026-11-27), so until then the two can disagree there.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ def batch_cut(sizes: Sequence[int], preferred: int, max_batch: int, *, exceeded:
     """Triton's dynamic batcher (``GetDynamicBatch``), the one model of it here: how many of the queued requests
     (``sizes``: inputs of each, oldest first) an idle instance puts into one batch once it stops waiting. At
     least one; more while their inputs stay within the preferred batch (``max_batch`` when ``preferred`` is 0),
-    or within ``max_batch`` once the queue delay is ``exceeded``. The simulator's batcher
-    (:class:`e3.simulator.des.Baseline`) and :func:`dynamic_batch` both cut here."""
+    or within ``max_batch`` once the queue delay is ``exceeded``. :func:`dynamic_batch` cuts here; the simulator
+    uses :class:`TritonBatcher`, whose walk of the queue agrees with this for one free instance."""
     cap = max_batch if exceeded or preferred <= 0 else preferred
     take, rows = 0, 0
     while take < len(sizes) and (take == 0 or rows + sizes[take] <= cap):
