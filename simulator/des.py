@@ -36,14 +36,17 @@ goodput under an SLO, drops) plus the batch each split ran.
   rows that block runs* (a block after a ramp runs fewer rows, where the second thread gains less); the
   exit checks (numpy) run on one thread. Where the profile has no 2-thread curve, ``t x
   parallel_efficiency`` (assumed).
-* **Naive EE as one graph** (``CallCosts.ee_one_graph``): ``<m>_ee`` runs its blocks, exit tests and
-  compaction as one composed ONNX Runtime call (``serving/compact.py``), so each of its blocks is priced at
-  :meth:`~e3.core.profile.LatencyProfile.one_graph` of its own session call at the rows it runs (the stock
-  graph over the sum of its blocks, measured in the same profile: 0.75-0.91 on bert-ee). Measured
-  (`e3 bench --quick --baselines 1x2,2x1`, quiet machine): priced as separate blocks, an execution of 8
-  rows took 57.1 ms simulated against 44.1 served; as one graph 44.7. E3's compact split stays priced as
-  its blocks: the router's stubs were measured spending the blocks' sum per input (a decision of its own,
-  :meth:`_Router.service_ms`).
+* **Compact graphs as one graph** (``CallCosts.one_graph``): ``<m>_ee`` runs its blocks, exit tests and
+  compaction as one composed ONNX Runtime call (``serving/compact.py``), and so does the router's compact split
+  where its exit rule composes (:func:`e3.serving.fused_split.can_fuse`: entropy rules), the same code. Each
+  block of either is priced at :meth:`~e3.core.profile.LatencyProfile.one_graph` of its own session call at
+  the rows it runs (the stock graph over the sum of its blocks, measured in the same profile: 0.75-0.91 on
+  bert-ee). Measured (`e3 bench --quick --baselines 1x2,2x1`, quiet machine): priced as separate blocks, an
+  execution of 8 rows of ``<m>_ee`` took 57.1 ms simulated against 44.1 served; as one graph 44.7. Until
+  2026-11-28 E3's compact split stayed priced as its blocks, and every E3 cell of two quick benches was
+  under-predicted (-5% to -32%) while naive EE's were not: served side by side in turns (bert-ee 80:20, 8
+  inputs per request, 16 clients, six rounds), the router and ``<m>_ee`` served 317-394 and 321-376 inputs/s
+  and the server spent 6.47-7.77 and 6.69-7.92 CPU ms per input, the same within a round.
 * **Instances side by side** (``CallCosts.beside``, off): the profile measures the stock graph with one
   copy per core running at once (``corun_ms``); its ratio to the graph alone was 0.96-1.20 over batch
   sizes and as noisy between profiles. Applied, it moved the served executions of 2 instances x 1 thread
@@ -113,7 +116,9 @@ from e3.core.plan import COMPACT, CONSTANT, Plan
 from e3.core.profile import LatencyProfile
 from e3.core.cost import ASSUMED_THREAD_EFFICIENCY, batch_ms, thread_gain
 from e3.serving.device.dispatch import choose
+from e3.core.exits import BUILTIN_RULES, check_rule_config, make_exit_rule
 from e3.serving.batcher import TritonBatcher
+from e3.serving.fused_split import can_fuse
 from e3.serving.scheduler import Scheduler
 from e3.simulator.device import Dispatch, DeviceRouter
 from e3.simulator.load import Arrivals, Clock, SimResult
@@ -156,7 +161,8 @@ class CallCosts:
     service_seed: int = 0
     slots_per_instance: int | None = None   # a constant split's batches in flight per instance (the router's
     #                                     slots); None: one per pipeline stage (copy in, compute, copy out, host)
-    ee_one_graph: bool = True           # naive EE's blocks priced as one composed graph (LatencyProfile.one_graph)
+    one_graph: bool = True              # a compact graph (naive EE's, E3's compact split where its rule composes)
+    #                                     priced as one composed graph (LatencyProfile.one_graph)
     beside: bool = False                # a batch that starts while another instance computes takes the profile's
     #                                     co-run factor longer (LatencyProfile.beside); measured, not adopted:
     #                                     see the module docstring
@@ -279,6 +285,10 @@ class _Router:
         self.env, self.latency, self.plan, self.device, self.C = env, latency, plan, device, num_classes
         self.costs = costs
         self.computing = [0] if computing is None else computing   # batches computing now, every router's
+        # the router composes a compact split into one graph where the plan's exit rule allows it (a rule of
+        # the user's own, not importable here, is priced block by block, as the router would run it)
+        self.composes = (costs.one_graph and check_rule_config(plan.exit_rule) in BUILTIN_RULES
+                         and can_fuse(make_exit_rule(plan.exit_rule)))
         splits = plan.splits
         # the router's own construction; with stages beside the compute (a copy in or out, the router's host
         # work), a constant split has one batch in flight per stage per instance
@@ -342,12 +352,13 @@ class _Router:
         ms = 0.0 if self.router_beside(i) else lat.router(dev, n0)
         if s.form == COMPACT and i == 0 and self.costs.input_curve == "tx_in":
             ms += self.hop_ms(0, n0)   # the router's session copies the model inputs in, in its own call
-        # Decision: a compact split is priced as its blocks, though the router runs a compact split of
-        # independent exit rules as one composed graph (serving/fused_split.py), 4-8% faster in process.
-        # Measured in serving (bert-ee 80:20, 16 clients), the router's stubs spend 6.07 and 6.11 CPU ms per
-        # input at 1 and 8 inputs per request: the sum of the blocks; the one-graph saving (the stock graph
-        # over its blocks, 0.91) priced it 10% too cheap. The Python around the graph eats the saving.
-        ms += batch_ms(lat, dev, s.first_block, last=s.last_block, exit_block=out, ramps=s.enabled_ramps, form=s.form)
+        # Decision: a compact split whose exit rule composes runs as one graph (serving/fused_split.py) and is
+        # priced as naive EE's is (CallCosts.one_graph, the module docstring): the same code serves both, and
+        # served in turns they spent the same CPU per input (2026-11-28). Until then it was priced as its
+        # blocks, from a measurement of the router's stubs alone (6.07 and 6.11 CPU ms per input at 1 and 8
+        # inputs per request, against a profile taken at another time) that the paired one did not bear out.
+        ms += batch_ms(lat, dev, s.first_block, last=s.last_block, exit_block=out, ramps=s.enabled_ramps, form=s.form,
+                       one_graph=s.form == COMPACT and self.composes)
         if s.form != COMPACT:
             if not self.costs.overlap_hop:
                 ms += lat.tx(dev, n0) if self.costs.input_curve == "tx" else self.hop_ms(i, n0)
@@ -528,7 +539,7 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
             return ms + batch_ms(latency, device, 1, last=L, exit_block=exits[pool_rows], ramps=(), form=CONSTANT,
                                  threads=base.threads, efficiency=parallel_efficiency)
         return ms + batch_ms(latency, device, 1, last=L, exit_block=exits[pool_rows], ramps=ramps, form=COMPACT,
-                             threads=base.threads, efficiency=parallel_efficiency, one_graph=costs.ee_one_graph)
+                             threads=base.threads, efficiency=parallel_efficiency, one_graph=costs.one_graph)
 
     def instance(device_free: simpy.Resource) -> Iterator:
         while True:

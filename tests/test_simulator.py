@@ -191,6 +191,32 @@ def test_the_stock_baseline_runs_the_profiles_one_graph_and_the_measured_second_
     assert two.p50_ms == pytest.approx(lat.tx("cpu", 4) + 40.0 / 1.6)
 
 
+def test_a_compact_split_whose_rule_composes_is_priced_as_naive_ees_one_graph():
+    """The router composes a compact split of an entropy rule into one graph, the code ``<m>_ee`` runs: each
+    block at the profile's one-graph share of its own call (served in turns, the two spent the same CPU per
+    input, 2026-11-28); a rule that does not compose (patience) runs block by block and is priced so."""
+    lat = synthetic_profile()
+    B = lat.batch_sizes
+    blocks = [sum(lat.block(k, "cpu", b, with_ramp=False) for k in range(1, L + 1)) for b in B]
+    lat.stock_ms = {"cpu": [0.8 * x for x in blocks]}     # one graph: 0.8 of its blocks' calls at every batch
+    arrivals = Arrivals(batch=16, requests=40, clients=1, warmup=0, client_ms=0.0)
+    hard = _exits(easy=0.0)                                 # every row runs every block at 16 rows
+
+    def compact(rule):
+        plan = default_plan("tiny_ee", L, [(1, 4)], exit_rule=rule, ramp_blocks=(1, 2, 3), batch_size=16,
+                            instances=1, slo_ms=60_000)
+        plan = dataclasses.replace(plan, splits=(dataclasses.replace(plan.splits[0], form=COMPACT),))
+        return simulate_plan(lat, plan, hard, arrivals=arrivals, costs=CallCosts(service_cv=0.0)).p50_ms
+
+    ramps_blocks = sum(lat.block(k, "cpu", 16, with_ramp=k < L) for k in range(1, L + 1))
+    composed, by_block = compact(RULE), compact({"kind": "patience", "patience": 2})
+    assert by_block - composed == pytest.approx(0.2 * ramps_blocks, rel=1e-6)
+    ee = simulate_baseline(lat, Baseline("ee", instances=1), hard, arrivals=arrivals,
+                           costs=CallCosts(service_cv=0.0)).p50_ms
+    # the same graph; naive EE's call carries its inputs (the hop), the router's work is its own
+    assert ee - lat.tx("cpu", 16) == pytest.approx(composed - lat.router("cpu", 16), rel=1e-6)
+
+
 def test_the_load_generators_cpu_runs_one_request_at_a_time():
     lat = synthetic_profile()
     arrivals = Arrivals(batch=1, requests=400, clients=16, client_ms=0.0, client_cpu_ms=2.0)
