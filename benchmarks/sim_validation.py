@@ -3,6 +3,18 @@ simulated with the same latency profile, plan, baseline configuration, inputs (t
 and load, predicted beside measured.
 
 A closed loop without an SLO answers every request, so goodput is the throughput of answered inputs.
+
+Each cell is simulated at the machine's speed during its runs (:func:`execution_speed`), and on the profile as
+it was measured, both reported. Decision (2026-11-28): this 2-core machine's speed moves by more than the bar
+between minutes and between runs of the same configuration (`docs/data/cpu/machine_speed_trace_20261128.json`:
+the stock graph at 8 rows took 71-79 ms or 103-114 ms for 5-40 s at a time, nothing else running; two quick
+benches ten minutes apart, the second's executions 10-20% longer than the first's at every batch), and a
+profile taken once cannot know the speed of a run made later. The simulator's model of the system, what this
+validation tests, is the queueing, batching, threads and host work around the compute; the compute's speed
+at the run is an input, measured during the runs of the cell by Triton's own count of the *other*
+baselines' executions, never from the cell's own runs. The gauge timed around every run (the stock graph at
+8 rows for 0.6 s, ``speed_ms``) stays recorded; it read 0.73-1.13x within one run while the served rates moved
+less, and a 0.6-second reading of a machine that jumps between two speeds does not measure a 6-second run.
 """
 
 from __future__ import annotations
@@ -15,10 +27,10 @@ import numpy as np
 
 from e3.core.plan import Plan
 from e3.core.profile import LatencyProfile
-from e3.simulator.des import Baseline, CallCosts, simulate_baseline, simulate_plan
+from e3.simulator.des import Baseline, CallCosts, baseline_execution_ms, simulate_baseline, simulate_plan
 from e3.simulator.load import Arrivals, with_host_share
 
-__all__ = ["ValidationRow", "validate_side_by_side", "speed_factor", "parse_baseline_config",
+__all__ = ["ValidationRow", "validate_side_by_side", "execution_speed", "parse_baseline_config",
            "GOODPUT_TOLERANCE", "P99_TOLERANCE", "GROUPS"]
 
 GOODPUT_TOLERANCE = 0.08   # the bar: Vidur publishes < 9% against real runs
@@ -41,7 +53,10 @@ class ValidationRow:
     predicted_execution_ms: float = float("nan")   # a baseline's mean time per execution, simulated
     measured_execution_ms: float = float("nan")    # ... and as Triton's statistics counted it (compute_infer)
     foreign_cores: float = float("nan")            # cores other processes used during the measured run(s)
-    speed_factor: float = 1.0                      # the machine's measured slowdown at the run (speed_factor())
+    speed_factor: float = 1.0                      # the machine's speed at the run (execution_speed()): the row
+    #                                                simulated on the profile scaled by it where at_speed
+    unscaled_goodput: float = float("nan")         # ... and simulated on the profile as measured
+    unscaled_p99_ms: float = float("nan")
 
     @property
     def p99_inside_interval(self) -> bool | None:
@@ -50,6 +65,15 @@ class ValidationRow:
             return None
         low, high = self.measured_p99_interval_ms
         return bool(low <= self.predicted_p99_ms <= high)
+
+    @property
+    def unscaled_within(self) -> tuple[float, float]:
+        """(goodput error, p99 error) of the simulation on the profile as measured (the row's own errors
+        where it was not scaled)."""
+        if not np.isfinite(self.unscaled_goodput):
+            return self.goodput_error, self.p99_error
+        return (self.unscaled_goodput / self.measured_goodput - 1 if self.measured_goodput else float("nan"),
+                self.unscaled_p99_ms / self.measured_p99_ms - 1 if self.measured_p99_ms else float("nan"))
 
     @property
     def goodput_error(self) -> float:
@@ -63,8 +87,10 @@ class ValidationRow:
         d = asdict(self)
         if self.measured_p99_interval_ms is not None:
             d["measured_p99_interval_ms"] = list(self.measured_p99_interval_ms)
+        g, p = self.unscaled_within
         return {**d, "goodput_error": round(self.goodput_error, 4), "p99_error": round(self.p99_error, 4),
-                "p99_inside_interval": self.p99_inside_interval}
+                "p99_inside_interval": self.p99_inside_interval,
+                "unscaled_goodput_error": round(g, 4), "unscaled_p99_error": round(p, 4)}
 
 
 def parse_baseline_config(system: str, config: str) -> Baseline:
@@ -99,26 +125,34 @@ def foreign_cores(doc: Mapping, row: Mapping) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
-def speed_factor(doc: Mapping, row: Mapping, group: str = "chosen") -> float:
-    """How many times slower the machine ran during ``row``'s runs than when its profile was measured: the
-    speed reference timed around each run (``speed_ms``, ``e3 bench``'s gauge: ``executed`` for the measured
-    runs, ``calibration_speed`` for the calibration's) over the same graph's time in the profile
-    (``doc["speed_reference"]``); 1.0 where not recorded (older documents).
-
-    Why measured and not fitted: on this 2-core machine the same configuration served 118 and 140 inputs/s
-    in two quiet runs of the same bench, and two quiet profiles 12 minutes apart differed by -11% and +16%
-    (docs/RESULTS.md, "The simulator's misses"); a profile taken once cannot price both runs."""
-    ref = (doc.get("speed_reference") or {}).get("profile_ms")
-    if group == "calibration":
-        key = (row["mix"], row["batch"], row["system"], row["config"])
-        records = [e for e in doc.get("calibration_speed") or ()
-                   if (e["mix"], e["batch"], e["system"], e["config"]) == key]
-    else:
-        records = _executed(doc, row)
-    speeds = [e["speed_ms"] for e in records if e.get("speed_ms") and np.isfinite(e["speed_ms"])]
-    if not ref or not speeds:
-        return 1.0
-    return float(np.mean(speeds)) / float(ref)
+def execution_speed(doc: Mapping, row: Mapping, latency: LatencyProfile, exit_ramp: np.ndarray, *,
+                    draws: int = 256, seed: int = 0) -> float:
+    """How many times longer than the simulator prices them the executions of the *other* baselines in
+    ``row``'s cell (its mix and inputs per request) took, as Triton counted them in the same measured runs
+    (``executed``: per batch size, the executions and their mean ms): the sum of their measured times over the
+    sum of their prices (:func:`e3.simulator.des.baseline_execution_ms`; naive EE's, whose time depends on
+    which rows exit where, averaged over ``draws`` random sets of the mix's inputs: 16 moved one run's ratio
+    from 1.05 to 1.38). E3's row reads both baselines, a baseline's the other one's (never its own
+    executions: they are what its goodput is made of); 1.0 where none is recorded (calibration runs, older
+    documents). The cell's runs are interleaved, so the other systems ran in the same minute."""
+    key = (row["mix"], int(row["batch"]))
+    own = (row["system"], row["config"])
+    rng = np.random.default_rng(seed)
+    prices: dict[tuple, float] = {}
+    measured = priced = 0.0
+    for e in doc.get("executed") or ():
+        if (e["mix"], int(e["batch"])) != key or e["system"] not in ("stock", "ee") or (e["system"], e["config"]) == own:
+            continue
+        base = parse_baseline_config(e["system"], e["config"])
+        for size, (count, mean_ms) in e["batches"].items():
+            rows = int(size)
+            requests = -(-rows // key[1])   # requests of `batch` inputs merged into one execution
+            if (base, rows, requests) not in prices:
+                prices[base, rows, requests] = float(np.mean([
+                    baseline_execution_ms(latency, base, exit_ramp[rng.integers(0, len(exit_ramp), rows)], requests)
+                    for _ in range(draws if base.kind == "ee" else 1)]))
+            measured, priced = measured + count * mean_ms, priced + count * prices[base, rows, requests]
+    return measured / priced if priced > 0 else 1.0
 
 
 GROUPS = {"rows": "chosen", "alternatives": "forced", "calibration": "calibration"}   # doc field -> group
@@ -126,17 +160,15 @@ GROUPS = {"rows": "chosen", "alternatives": "forced", "calibration": "calibratio
 
 def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Mapping[str, np.ndarray], *,
                           progress: Callable[[str], None] | None = None, seeds: int = 5,
-                          groups: tuple[str, ...] = tuple(GROUPS), at_speed: bool = False) -> list[ValidationRow]:
+                          groups: tuple[str, ...] = tuple(GROUPS), at_speed: bool = True) -> list[ValidationRow]:
     """Simulate every measured cell of ``doc`` (a side-by-side results document, with its plans and
     settings); ``exit_ramps``: mix label -> [pool] reference exit block of the mix's inputs, in the order
     the load sent them. ``groups``: which of the document's lists of runs (:data:`GROUPS`): the table's
     cells, the forced configurations beside them (``e3 bench --baselines``) and the calibration's short
     runs (every configuration the bench's choice explored), each simulated with its own inputs per run.
-    ``at_speed``: run each row on the profile scaled to the machine's speed measured around it
-    (:func:`speed_factor`; the factor is reported either way). Off by default: in one run of 2026-11-27 it
-    took the cells from 0 to 4 of 12 within the bars (the machine a quarter faster than at its profile, every
-    reading alike), in the next from 6 to 4 (readings of 0.73-1.13x within one run, the served rates steadier
-    than that): one reading per cell is not yet a measure the simulator can stand on.
+    ``at_speed``: run each row on the profile scaled to the machine's speed during its cell
+    (:func:`execution_speed`, the module docstring says why), and on the profile as measured too (the row's
+    ``unscaled_*``); off: the profile as measured only (the factor is reported either way).
 
     Each cell is simulated with ``seeds`` seeds (the clients' think times, the service-time jitter) and the
     run of median goodput reported, its p99 the median p99: a run of 800 inputs at one input per request
@@ -155,23 +187,11 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
         arrivals = Arrivals(batch=r["batch"], requests=max(clients, inputs // r["batch"]), clients=clients,
                             client_cpu_ms=float(latency.client("cpu", r["batch"])), warmup=0)
         exit_ramp = exit_ramps[r["mix"]]
-        speed = speed_factor(doc, r, group)
-        profile = latency.at_speed(speed) if at_speed and speed != 1.0 else latency
-        outcomes = []
-        for seed in range(max(1, seeds)):
-            a = replace(arrivals, seed=seed)
-            costs = CallCosts(service_seed=seed)
-            if r["system"] == "e3":
-                plan = Plan.from_dict(doc["plans"][r["mix"]])
-                run = lambda lat, plan=plan, ex=exit_ramp, a=a, c=costs: simulate_plan(lat, plan, ex, arrivals=a, costs=c)  # noqa: E731
-            else:
-                base = parse_baseline_config(r["system"], r["config"])
-                run = lambda lat, base=base, ex=exit_ramp, a=a, c=costs: simulate_baseline(lat, base, ex, arrivals=a, costs=c)  # noqa: E731
-            outcomes.append(with_host_share(run, profile, batch=r["batch"], cores=cores))
-        outcomes.sort(key=lambda o: o[0].goodput_ips)
-        result, host = outcomes[len(outcomes) // 2]
-        p99 = float(np.median([o[0].p99_ms for o in outcomes]))
-        held = [ms for o in outcomes for ms in o[0].batch_ms.get(0, ())]
+        speed = execution_speed(doc, r, latency, exit_ramp) if group != "calibration" else 1.0
+        scaled = at_speed and speed != 1.0
+        result, host, p99, held = _simulated(doc, r, latency.at_speed(speed) if scaled else latency, exit_ramp,
+                                             arrivals, seeds, cores)
+        unscaled = _simulated(doc, r, latency, exit_ramp, arrivals, seeds, cores) if scaled else None
         row = ValidationRow(f"{r['mix']} batch {r['batch']} {r['system']} ({r['config']})", result.goodput_ips,
                             r["inputs_per_s"], p99, r["p99_ms"], result.p50_ms,
                             float(r.get("p50_ms", float("nan"))), round(host.share, 4),
@@ -179,8 +199,31 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
                             float(np.mean(held)) if held and r["system"] != "e3" else float("nan"),
                             measured_execution_ms(doc, r) if r["system"] != "e3" and group != "calibration"
                             else float("nan"),
-                            foreign_cores(doc, r) if group != "calibration" else float("nan"), round(speed, 4))
+                            foreign_cores(doc, r) if group != "calibration" else float("nan"), round(speed, 4),
+                            unscaled[0].goodput_ips if unscaled else float("nan"),
+                            unscaled[2] if unscaled else float("nan"))
         rows.append(row)
         if progress:
             progress(row.setting)
     return rows
+
+
+def _simulated(doc: Mapping, r: Mapping, profile: LatencyProfile, exit_ramp: np.ndarray, arrivals: Arrivals,
+               seeds: int, cores: int):
+    """Row ``r`` simulated on ``profile`` with ``seeds`` seeds: (the run of median goodput, its host share, the
+    median p99, every execution's simulated ms)."""
+    outcomes = []
+    for seed in range(max(1, seeds)):
+        a = replace(arrivals, seed=seed)
+        costs = CallCosts(service_seed=seed)
+        if r["system"] == "e3":
+            plan = Plan.from_dict(doc["plans"][r["mix"]])
+            run = lambda lat, plan=plan, a=a, c=costs: simulate_plan(lat, plan, exit_ramp, arrivals=a, costs=c)  # noqa: E731
+        else:
+            base = parse_baseline_config(r["system"], r["config"])
+            run = lambda lat, base=base, a=a, c=costs: simulate_baseline(lat, base, exit_ramp, arrivals=a, costs=c)  # noqa: E731
+        outcomes.append(with_host_share(run, profile, batch=r["batch"], cores=cores))
+    outcomes.sort(key=lambda o: o[0].goodput_ips)
+    result, host = outcomes[len(outcomes) // 2]
+    p99 = float(np.median([o[0].p99_ms for o in outcomes]))
+    return result, host, p99, [ms for o in outcomes for ms in o[0].batch_ms.get(0, ())]

@@ -124,7 +124,7 @@ from e3.simulator.device import Dispatch, DeviceRouter
 from e3.simulator.load import Arrivals, Clock, SimResult
 
 __all__ = ["Arrivals", "Baseline", "CallCosts", "SimResult", "simulate_plan", "simulate_baseline", "next_enabled_exit",
-           "Dispatch"]
+           "Dispatch", "baseline_execution_ms"]
 
 
 @dataclass(frozen=True)
@@ -504,6 +504,30 @@ def simulate_plan(latency: LatencyProfile, plan: Plan, exit_ramp: np.ndarray, *,
     return clock.result(slo_ms, batches)
 
 
+def baseline_execution_ms(latency: LatencyProfile, base: Baseline, exit_ramp: np.ndarray, requests: int = 1, *,
+                          device: str = "cpu", costs: CallCosts = CallCosts(),
+                          parallel_efficiency: float = ASSUMED_THREAD_EFFICIENCY) -> float:
+    """The time (ms) one execution of ``base`` holds its instance, before jitter and neighbours: the call (the
+    hop carrying its inputs, ``Tx(1)`` for each further request of the ``requests`` it merged) and the graph on
+    rows whose reference exit blocks are ``exit_ramp`` (naive EE: each row leaves at the next enabled ramp).
+    The one price of a baseline's execution: :func:`simulate_baseline` runs it, and the validation reads the
+    machine's speed from Triton's count of the same executions (``benchmarks/sim_validation.py``)."""
+    L = latency.num_blocks
+    n = len(exit_ramp)
+    ms = costs.input_hop(latency, device, n) + (requests - 1) * costs.per_request(latency, device)
+    if base.kind == "stock":
+        whole = latency.stock(device, n, base.threads)     # the one graph, measured on 1 and 2 threads
+        if whole is not None:
+            return ms + whole
+        if latency.stock(device, n) is not None:   # 1 thread measured only: the thread model's gain
+            return ms + latency.stock(device, n) / thread_gain(latency, device, n, base.threads, parallel_efficiency)
+        return ms + batch_ms(latency, device, 1, last=L, exit_block=np.full(n, L), ramps=(), form=CONSTANT,
+                             threads=base.threads, efficiency=parallel_efficiency)
+    ramps = set(latency.ramp_blocks() if base.enabled_ramps is None else base.enabled_ramps)
+    return ms + batch_ms(latency, device, 1, last=L, exit_block=next_enabled_exit(exit_ramp, ramps, L), ramps=ramps,
+                         form=COMPACT, threads=base.threads, efficiency=parallel_efficiency, one_graph=costs.one_graph)
+
+
 def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.ndarray, *, arrivals: Arrivals,
                       device: str = "cpu", slo_ms: float | None = None,
                       parallel_efficiency: float = ASSUMED_THREAD_EFFICIENCY,
@@ -517,9 +541,6 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
     if base.kind not in ("stock", "ee"):
         raise ValueError(f"unknown baseline {base.kind!r}: 'stock' or 'ee'")
     env = simpy.Environment()
-    L = latency.num_blocks
-    ramps = set(latency.ramp_blocks() if base.enabled_ramps is None else base.enabled_ramps)
-    exits = next_enabled_exit(exit_ramp, ramps, L)
     triton = _TritonQueue(env, instances=base.instances, preferred=(base.preferred,), max_batch=base.max_batch,
                           delay_s=base.delay_us / 1e6)
     batches: dict[int, list[int]] = {0: []}
@@ -528,18 +549,8 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
     rng = np.random.default_rng(costs.service_seed)
 
     def service_ms(pool_rows: np.ndarray, requests: int) -> float:
-        n = len(pool_rows)
-        ms = costs.input_hop(latency, device, n) + (requests - 1) * costs.per_request(latency, device)
-        if base.kind == "stock":
-            whole = latency.stock(device, n, base.threads)     # the one graph, measured on 1 and 2 threads
-            if whole is not None:
-                return ms + whole
-            if latency.stock(device, n) is not None:   # 1 thread measured only: the thread model's gain
-                return ms + latency.stock(device, n) / thread_gain(latency, device, n, base.threads, parallel_efficiency)
-            return ms + batch_ms(latency, device, 1, last=L, exit_block=exits[pool_rows], ramps=(), form=CONSTANT,
-                                 threads=base.threads, efficiency=parallel_efficiency)
-        return ms + batch_ms(latency, device, 1, last=L, exit_block=exits[pool_rows], ramps=ramps, form=COMPACT,
-                             threads=base.threads, efficiency=parallel_efficiency, one_graph=costs.one_graph)
+        return baseline_execution_ms(latency, base, exit_ramp[pool_rows], requests, device=device, costs=costs,
+                                     parallel_efficiency=parallel_efficiency)
 
     def instance(device_free: simpy.Resource) -> Iterator:
         while True:

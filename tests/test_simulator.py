@@ -261,27 +261,34 @@ def test_a_profile_at_the_runs_measured_speed_scales_the_hosts_work_too():
         lat.at_speed(0.0)
 
 
-def test_validation_reports_the_measured_speed_and_runs_a_cell_at_it_when_asked():
-    from e3.benchmarks.sim_validation import speed_factor, validate_side_by_side
+def test_validation_runs_a_cell_at_the_speed_of_the_other_baselines_executions_and_reports_both():
+    from e3.benchmarks.sim_validation import execution_speed, validate_side_by_side
+    from e3.simulator.des import baseline_execution_ms
     lat = synthetic_profile()
     lat.stock_ms = {"cpu": [10.0 * b for b in lat.batch_sizes]}
-    row = {"mix": "80:20", "batch": 4, "system": "stock", "config": "1 inst x 1 thr, delay 0 us",
-           "inputs_per_s": 100.0, "p99_ms": 100.0, "p50_ms": 50.0}
-    doc = {"settings": {"concurrency": 4, "inputs_per_run": 200}, "cores": 2, "rows": [row],
-           "executed": [{**{k: row[k] for k in ("mix", "batch", "system", "config")}, "batches": {},
-                         "speed_ms": 160.0}]}
-    assert speed_factor(doc, row) == 1.0                      # no reference recorded: the profile as it is
-    plain = validate_side_by_side(doc, lat, {"80:20": _exits()}, groups=("rows",), seeds=1)[0]
-    doc["speed_reference"] = {"batch": 8, "threads": 1, "profile_ms": lat.stock("cpu", 8)}   # 80 ms
-    assert speed_factor(doc, row) == pytest.approx(2.0)
-    reported = validate_side_by_side(doc, lat, {"80:20": _exits()}, groups=("rows",), seeds=1)[0]
-    assert reported.speed_factor == pytest.approx(2.0)          # reported, not applied unless asked
-    assert reported.predicted_goodput == pytest.approx(plain.predicted_goodput)
-    slow = validate_side_by_side(doc, lat, {"80:20": _exits()}, groups=("rows",), seeds=1, at_speed=True)[0]
-    assert slow.predicted_goodput == pytest.approx(plain.predicted_goodput / 2, rel=0.1)
-    # a calibration run reads its own record, not the measured run's of the same configuration
-    doc["calibration_speed"] = [{**{k: row[k] for k in ("mix", "batch", "system", "config")}, "speed_ms": 40.0}]
-    assert speed_factor(doc, row, "calibration") == pytest.approx(0.5)
+    cell = {"mix": "80:20", "batch": 4}
+    stock = {**cell, "system": "stock", "config": "1 inst x 1 thr, delay 0 us", "inputs_per_s": 100.0,
+             "p99_ms": 100.0, "p50_ms": 50.0}
+    ee = {**cell, "system": "ee", "config": "2 inst x 1 thr, delay 0 us", "inputs_per_s": 200.0,
+          "p99_ms": 60.0, "p50_ms": 30.0}
+    doc = {"settings": {"concurrency": 4, "inputs_per_run": 200}, "cores": 2, "rows": [stock, ee], "executed": []}
+    assert execution_speed(doc, stock, lat, _exits()) == 1.0        # nothing recorded: the profile as it is
+    # naive EE's executions of 8 rows (two requests of 4) took twice their price, the stock model's its price
+    price = baseline_execution_ms(lat, Baseline("stock", 1), np.full(8, L), requests=2)
+    doc["executed"] = [{**cell, "system": "ee", "config": ee["config"], "batches": {
+                           "8": [10, 2 * baseline_execution_ms(lat, Baseline("ee", 2), np.full(8, L), requests=2)]}},
+                       {**cell, "system": "stock", "config": stock["config"], "batches": {"8": [5, price]}}]
+    hard = np.full(400, L)                                          # every row to the head: EE's price is exact
+    assert execution_speed(doc, stock, lat, hard) == pytest.approx(2.0)   # the other baseline's, not its own
+    assert execution_speed(doc, ee, lat, hard) == pytest.approx(1.0)
+    plain = validate_side_by_side(doc, lat, {"80:20": hard}, groups=("rows",), seeds=1, at_speed=False)
+    scaled = validate_side_by_side(doc, lat, {"80:20": hard}, groups=("rows",), seeds=1)
+    assert scaled[0].speed_factor == pytest.approx(2.0) and plain[0].speed_factor == pytest.approx(2.0)
+    assert scaled[0].predicted_goodput == pytest.approx(plain[0].predicted_goodput / 2, rel=0.1)
+    assert scaled[0].unscaled_goodput == pytest.approx(plain[0].predicted_goodput)   # both reported
+    assert scaled[0].to_dict()["unscaled_goodput_error"] == pytest.approx(plain[0].goodput_error, abs=1e-4)
+    assert scaled[1].predicted_goodput == pytest.approx(plain[1].predicted_goodput)  # EE ran at the profile's speed
+    assert np.isnan(scaled[1].unscaled_goodput)
 
 
 def test_the_p99_interval_holds_the_p99_and_narrows_with_more_requests():
