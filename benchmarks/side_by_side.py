@@ -372,12 +372,19 @@ def _measure(url: str, model: str, wl: dict, batch: int, inputs: int, settings: 
 
 
 def _row(mix: str, batch: int, system: str, runs: list[LoadResult], config: str, predicted: float) -> Row:
-    """The cell's figures from its median run by throughput (every run's inputs/s kept beside them)."""
-    from e3.client.loadgen import percentile_interval_ms
+    """The cell's figures: the inputs/s of its median run by throughput (every run's kept beside it), the
+    latency percentiles over every request of its runs.
+
+    Decision (2026-11-28, after seeing it): not the median run's own percentiles. One run's stall decided a
+    cell's p99: E3 at 1 input per request, 206.7 ms in the run the median picked, 116.9 in the bench before,
+    its p50 the same (55.5 and 52.2); 8 stalled requests are 1% of one run's 800, not of three runs' 2,400."""
+    from e3.client.loadgen import percentile_ms, percentile_interval_ms
     r = sorted(runs, key=lambda x: x.throughput_ips)[len(runs) // 2]
-    low, high = percentile_interval_ms(r.latencies_ms, 99)
-    return Row(mix=mix, batch=batch, system=system, inputs_per_s=r.throughput_ips, p50_ms=r.percentile_ms(50),
-               p99_ms=r.percentile_ms(99), accuracy=r.accuracy, config=config, errors=sum(x.errors for x in runs),
+    latencies = [ms for x in runs for ms in x.latencies_ms]
+    low, high = percentile_interval_ms(latencies, 99)
+    return Row(mix=mix, batch=batch, system=system, inputs_per_s=r.throughput_ips,
+               p50_ms=percentile_ms(latencies, 50), p99_ms=percentile_ms(latencies, 99), accuracy=r.accuracy,
+               config=config, errors=sum(x.errors for x in runs),
                predicted_inputs_per_s=predicted, runs=tuple(round(x.throughput_ips, 1) for x in runs),
                p99_interval_ms=(round(low, 1), round(high, 1)))
 
@@ -557,12 +564,10 @@ def run_evaluation(quick: bool = False, model: str = "bert-ee", results_md: Path
     ``quick``: the 80:20 mix, 3 runs per cell (the median reported), fewer inputs (minutes instead of most of
     an hour).
 
-    Decision: 3 runs per cell in the quick form too (1 until 2026-11-28). This 2-core machine's speed jumps
-    between two levels for 5-40 s at a time (measured: the stock graph at 8 rows on 1 thread, read every
-    0.6 s for 150 s, took 71-79 ms or 103-114 ms, with nothing else running), and a quick run lasts 2-6 s:
-    one run per cell measured whichever level it fell in (E3 at 8 inputs per request served 273-457
-    inputs/s over four quiet benches). The median of three runs, interleaved with the other systems, is measured
-    at the slow level only where two of the three fell in it; the measured runs take about a minute more.
+    Decision: 3 runs per cell in the quick form too (1 until 2026-11-28). This machine's speed jumps between
+    two levels for 5-40 s at a time (docs/data/cpu/machine_speed_trace_20261128.json) and a quick run lasts
+    2-6 s: one run per cell measured whichever level it fell in (E3 at 8 inputs per request: 273-457 inputs/s
+    over four quiet benches). The median of three interleaved runs needs two of them at the slow level.
     ``baselines``: every baseline measured in each of these configurations instead of calibrated (full runs,
     every one validated); its own files (``..._forced.json``) and its own section of docs/RESULTS.md, and no
     perf_analyzer check."""

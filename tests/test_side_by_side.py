@@ -61,3 +61,19 @@ def test_table_shows_e3_against_the_best_baseline_and_its_share_of_the_ideal(tmp
     assert back["model"] == "bert-ee" and back["cores"] == 2 and back["ideal_speedup"] == {"80:20": 2.5}
     assert {r["system"] for r in back["rows"]} == {"e3", "stock", "ee"}
     assert set(back["rows"][0]) >= {"mix", "batch", "system", "inputs_per_s", "p50_ms", "p99_ms", "accuracy", "config"}
+
+
+def test_a_cells_latency_percentiles_count_every_runs_requests_and_its_rate_is_the_median_runs():
+    from e3.benchmarks.side_by_side import _row
+    from e3.client.loadgen import LoadResult
+
+    def run(ips, latencies):
+        return LoadResult(model="m", requests=len(latencies), inputs=int(ips), duration_s=1.0,
+                          latencies_ms=list(latencies))
+    steady = [50.0] * 99 + [60.0]
+    stalled = [50.0] * 97 + [200.0] * 3           # one run's stall: 3% of its requests
+    row = _row("80:20", 1, "e3", [run(280, steady), run(300, stalled), run(310, steady)], "cfg", float("nan"))
+    assert row.inputs_per_s == pytest.approx(300.0)           # the median run's rate: the stalled one
+    assert row.p99_ms < 100.0                                 # its own p99 is 200; 3 of 300 requests are not 1%
+    assert row.p50_ms == pytest.approx(50.0)
+    assert row.p99_interval_ms[0] <= row.p99_ms <= row.p99_interval_ms[1]
