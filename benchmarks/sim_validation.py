@@ -4,17 +4,17 @@ and load, predicted beside measured.
 
 A closed loop without an SLO answers every request, so goodput is the throughput of answered inputs.
 
-Each cell is simulated at the machine's speed during its runs (:func:`execution_speed`), and on the profile as
-it was measured, both reported. Decision (2026-11-28): this 2-core machine's speed moves by more than the bar
-between minutes and between runs of the same configuration (`docs/data/cpu/machine_speed_trace_20261128.json`:
-the stock graph at 8 rows took 71-79 ms or 103-114 ms for 5-40 s at a time, nothing else running; two quick
-benches ten minutes apart, the second's executions 10-20% longer than the first's at every batch), and a
-profile taken once cannot know the speed of a run made later. The simulator's model of the system, what this
-validation tests, is the queueing, batching, threads and host work around the compute; the compute's speed
-at the run is an input, measured during the runs of the cell by Triton's own count of the *other*
-baselines' executions, never from the cell's own runs. The gauge timed around every run (the stock graph at
-8 rows for 0.6 s, ``speed_ms``) stays recorded; it read 0.73-1.13x within one run while the served rates moved
-less, and a 0.6-second reading of a machine that jumps between two speeds does not measure a 6-second run.
+Each cell is simulated on the profile as measured (the validation's figures) and, beside it, at the machine's
+speed during its runs (:func:`execution_speed`: Triton's count of the *other* baselines' executions in the cell
+against their price, never the cell's own), a diagnostic. Why both, and why the first counts (2026-11-28): this
+2-core machine's speed moves by more than the bar between minutes and between runs of the same configuration
+(`docs/data/cpu/machine_speed_trace_20261128.json`: the stock graph at 8 rows took 71-79 ms or 103-114 ms for
+5-40 s at a time, nothing else running), and a profile taken once cannot know the speed of a run made later.
+Run at the speed the other baselines' executions showed, three quick benches went from 10, 2 and 8 of 12 cells
+within both bars to 10, 6 and 3: the reading carries the other systems' own pricing errors (a 2-thread
+instance's, the thread model's) into the cell, and within one cell the systems did not all run faster or
+slower together. The gauge timed around every run (the stock graph at 8 rows for 0.6 s, ``speed_ms``) stays
+recorded and unused: it read 0.73-1.13x within one run while the served rates moved less.
 """
 
 from __future__ import annotations
@@ -53,10 +53,9 @@ class ValidationRow:
     predicted_execution_ms: float = float("nan")   # a baseline's mean time per execution, simulated
     measured_execution_ms: float = float("nan")    # ... and as Triton's statistics counted it (compute_infer)
     foreign_cores: float = float("nan")            # cores other processes used during the measured run(s)
-    speed_factor: float = 1.0                      # the machine's speed at the run (execution_speed()): the row
-    #                                                simulated on the profile scaled by it where at_speed
-    unscaled_goodput: float = float("nan")         # ... and simulated on the profile as measured
-    unscaled_p99_ms: float = float("nan")
+    speed_factor: float = 1.0                      # the machine's speed at the run (execution_speed())
+    at_speed_goodput: float = float("nan")         # the row simulated on the profile scaled by it (a diagnostic)
+    at_speed_p99_ms: float = float("nan")
 
     @property
     def p99_inside_interval(self) -> bool | None:
@@ -67,13 +66,13 @@ class ValidationRow:
         return bool(low <= self.predicted_p99_ms <= high)
 
     @property
-    def unscaled_within(self) -> tuple[float, float]:
-        """(goodput error, p99 error) of the simulation on the profile as measured (the row's own errors
-        where it was not scaled)."""
-        if not np.isfinite(self.unscaled_goodput):
+    def at_speed_errors(self) -> tuple[float, float]:
+        """(goodput error, p99 error) of the simulation at the machine's measured speed (the row's own errors
+        where it ran at the profile's speed)."""
+        if not np.isfinite(self.at_speed_goodput):
             return self.goodput_error, self.p99_error
-        return (self.unscaled_goodput / self.measured_goodput - 1 if self.measured_goodput else float("nan"),
-                self.unscaled_p99_ms / self.measured_p99_ms - 1 if self.measured_p99_ms else float("nan"))
+        return (self.at_speed_goodput / self.measured_goodput - 1 if self.measured_goodput else float("nan"),
+                self.at_speed_p99_ms / self.measured_p99_ms - 1 if self.measured_p99_ms else float("nan"))
 
     @property
     def goodput_error(self) -> float:
@@ -87,10 +86,10 @@ class ValidationRow:
         d = asdict(self)
         if self.measured_p99_interval_ms is not None:
             d["measured_p99_interval_ms"] = list(self.measured_p99_interval_ms)
-        g, p = self.unscaled_within
+        g, p = self.at_speed_errors
         return {**d, "goodput_error": round(self.goodput_error, 4), "p99_error": round(self.p99_error, 4),
                 "p99_inside_interval": self.p99_inside_interval,
-                "unscaled_goodput_error": round(g, 4), "unscaled_p99_error": round(p, 4)}
+                "at_speed_goodput_error": round(g, 4), "at_speed_p99_error": round(p, 4)}
 
 
 def parse_baseline_config(system: str, config: str) -> Baseline:
@@ -166,9 +165,8 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
     the load sent them. ``groups``: which of the document's lists of runs (:data:`GROUPS`): the table's
     cells, the forced configurations beside them (``e3 bench --baselines``) and the calibration's short
     runs (every configuration the bench's choice explored), each simulated with its own inputs per run.
-    ``at_speed``: run each row on the profile scaled to the machine's speed during its cell
-    (:func:`execution_speed`, the module docstring says why), and on the profile as measured too (the row's
-    ``unscaled_*``); off: the profile as measured only (the factor is reported either way).
+    ``at_speed``: also run each row on the profile scaled to the machine's speed during its cell
+    (:func:`execution_speed`), reported beside (``at_speed_*``); the factor is reported either way.
 
     Each cell is simulated with ``seeds`` seeds (the clients' think times, the service-time jitter) and the
     run of median goodput reported, its p99 the median p99: a run of 800 inputs at one input per request
@@ -188,10 +186,9 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
                             client_cpu_ms=float(latency.client("cpu", r["batch"])), warmup=0)
         exit_ramp = exit_ramps[r["mix"]]
         speed = execution_speed(doc, r, latency, exit_ramp) if group != "calibration" else 1.0
-        scaled = at_speed and speed != 1.0
-        result, host, p99, held = _simulated(doc, r, latency.at_speed(speed) if scaled else latency, exit_ramp,
-                                             arrivals, seeds, cores)
-        unscaled = _simulated(doc, r, latency, exit_ramp, arrivals, seeds, cores) if scaled else None
+        result, host, p99, held = _simulated(doc, r, latency, exit_ramp, arrivals, seeds, cores)
+        scaled = (_simulated(doc, r, latency.at_speed(speed), exit_ramp, arrivals, seeds, cores)
+                  if at_speed and speed != 1.0 else None)
         row = ValidationRow(f"{r['mix']} batch {r['batch']} {r['system']} ({r['config']})", result.goodput_ips,
                             r["inputs_per_s"], p99, r["p99_ms"], result.p50_ms,
                             float(r.get("p50_ms", float("nan"))), round(host.share, 4),
@@ -200,8 +197,8 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
                             measured_execution_ms(doc, r) if r["system"] != "e3" and group != "calibration"
                             else float("nan"),
                             foreign_cores(doc, r) if group != "calibration" else float("nan"), round(speed, 4),
-                            unscaled[0].goodput_ips if unscaled else float("nan"),
-                            unscaled[2] if unscaled else float("nan"))
+                            scaled[0].goodput_ips if scaled else float("nan"),
+                            scaled[2] if scaled else float("nan"))
         rows.append(row)
         if progress:
             progress(row.setting)

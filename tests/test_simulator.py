@@ -261,7 +261,7 @@ def test_a_profile_at_the_runs_measured_speed_scales_the_hosts_work_too():
         lat.at_speed(0.0)
 
 
-def test_validation_runs_a_cell_at_the_speed_of_the_other_baselines_executions_and_reports_both():
+def test_validation_reads_the_machines_speed_from_the_other_baselines_executions_and_reports_the_cell_at_it():
     from e3.benchmarks.sim_validation import execution_speed, validate_side_by_side
     from e3.simulator.des import baseline_execution_ms
     lat = synthetic_profile()
@@ -282,13 +282,14 @@ def test_validation_runs_a_cell_at_the_speed_of_the_other_baselines_executions_a
     assert execution_speed(doc, stock, lat, hard) == pytest.approx(2.0)   # the other baseline's, not its own
     assert execution_speed(doc, ee, lat, hard) == pytest.approx(1.0)
     plain = validate_side_by_side(doc, lat, {"80:20": hard}, groups=("rows",), seeds=1, at_speed=False)
-    scaled = validate_side_by_side(doc, lat, {"80:20": hard}, groups=("rows",), seeds=1)
-    assert scaled[0].speed_factor == pytest.approx(2.0) and plain[0].speed_factor == pytest.approx(2.0)
-    assert scaled[0].predicted_goodput == pytest.approx(plain[0].predicted_goodput / 2, rel=0.1)
-    assert scaled[0].unscaled_goodput == pytest.approx(plain[0].predicted_goodput)   # both reported
-    assert scaled[0].to_dict()["unscaled_goodput_error"] == pytest.approx(plain[0].goodput_error, abs=1e-4)
-    assert scaled[1].predicted_goodput == pytest.approx(plain[1].predicted_goodput)  # EE ran at the profile's speed
-    assert np.isnan(scaled[1].unscaled_goodput)
+    both = validate_side_by_side(doc, lat, {"80:20": hard}, groups=("rows",), seeds=1)
+    assert both[0].speed_factor == pytest.approx(2.0) and plain[0].speed_factor == pytest.approx(2.0)
+    assert both[0].predicted_goodput == pytest.approx(plain[0].predicted_goodput)   # the bar: the profile as is
+    assert both[0].at_speed_goodput == pytest.approx(plain[0].predicted_goodput / 2, rel=0.1)   # beside it
+    assert both[0].to_dict()["at_speed_goodput_error"] == pytest.approx(
+        both[0].at_speed_goodput / both[0].measured_goodput - 1, abs=1e-4)
+    assert np.isnan(plain[0].at_speed_goodput)
+    assert np.isnan(both[1].at_speed_goodput)                       # EE's cell ran at the profile's speed
 
 
 def test_the_p99_interval_holds_the_p99_and_narrows_with_more_requests():
