@@ -5,16 +5,17 @@ and load, predicted beside measured.
 A closed loop without an SLO answers every request, so goodput is the throughput of answered inputs.
 
 Each cell is simulated on the profile as measured (the validation's figures) and, beside it, at the machine's
-speed during its runs (:func:`execution_speed`: Triton's count of the *other* baselines' executions in the cell
-against their price, never the cell's own), a diagnostic. Why both, and why the first counts (2026-11-28): this
-2-core machine's speed moves by more than the bar between minutes and between runs of the same configuration
-(`docs/data/cpu/machine_speed_trace_20261128.json`: the stock graph at 8 rows took about 80 ms or 108 ms for
-5-40 s at a time, nothing else running), and a profile taken once cannot know the speed of a run made later.
-Run at the speed the other baselines' executions showed, three quick benches went from 10, 2 and 8 of 12 cells
-within both bars to 10, 6 and 3: the reading carries the other systems' own pricing errors (a 2-thread
-instance's, the thread model's) into the cell, and within one cell the systems did not all run faster or
-slower together. The gauge timed around every run (the stock graph at 8 rows for 0.6 s, ``speed_ms``) stays
-recorded and unused: it read 0.73-1.13x within one run while the served rates moved less.
+speed during its runs (:func:`execution_speed`: Triton's count of the *other* baselines' executions in the
+cell against their price, never the cell's own), a diagnostic. Why both, and why the first counts
+(2026-11-28): this 2-core machine's speed moves by more than the bar between minutes and between runs of the
+same configuration (`docs/data/cpu/machine_speed_trace_20261128.json`: the stock graph at 8 rows took about 80
+ms or 108 ms for 5-40 s at a time, nothing else running), and a profile taken once cannot know the speed of a
+run made later. Run at the speed the other baselines' executions showed, the six benches of that day (quick
+and forced in turn) went from 10, 2, 8, 6, 8 and 6 of 12 cells within both bars to 10, 6, 3, 5, 5 and 8: the
+reading carries the other systems' own pricing errors (a 2-thread instance's, the thread model's) into the
+cell, and within one cell the systems did not all run faster or slower together. The gauge timed around every
+run (the stock graph at 8 rows for 0.6 s, ``speed_ms``) stays recorded and unused: it read 0.73-1.13x within
+one run while the served rates moved less.
 """
 
 from __future__ import annotations
