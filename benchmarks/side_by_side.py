@@ -41,7 +41,7 @@ from e3.benchmarks.side_by_side_report import (BaselineConfig, Row, baseline_con
                                                mix_label, results_document, write_results)
 from e3.benchmarks.sim_validation import GOODPUT_TOLERANCE, P99_TOLERANCE, validate_side_by_side
 from e3.client.loadgen import LoadResult, closed_loop
-from e3.core.files import write_atomic, write_json_atomic
+from e3.core.files import sha256_of, write_atomic, write_json_atomic
 from e3.core.names import ee_name, router_name, served_name, stock_name
 from e3.core.plan import Plan
 from e3.core.profile import LatencyProfile
@@ -158,6 +158,7 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
                            calibration=results_document(name, settings.cores, ideal, rows=calibration)["rows"],
                            executed=executed)
     doc["speed_reference"] = {"batch": SPEED_BATCH, "threads": 1, "profile_ms": latency.stock("cpu", SPEED_BATCH)}
+    doc["profile_sha256"] = sha256_of(default_profile_path(name, ["cpu"]))   # what `e3 bench simulator` checks
     doc["calibration_speed"] = calibration_speed
     out = write_results(settings.out or default_results_path(), doc)
     echo(f"\nwrote {out}")
@@ -201,10 +202,8 @@ def _latency_profile(name: str, echo):
     own costs, the stock graph, the host's CPU per request and the cost of instances side by side were part
     of it (the simulator reads them), at every batch size up to the model's max batch.
 
-    Decision: up to the max batch. A batcher with a queue delay sends what has waited, up to the max batch
-    (64 rows for bert-ee), and a curve read past its last point is extrapolated from its last two: measured
-    (`e3 bench --quick`, stock on 1 instance x 2 threads, delay 2 ms), executions of 64 rows took 469-620
-    ms where the profile's points at 16 and 32 extrapolated 355."""
+    Decision: up to the max batch, where a batcher with a queue delay sends what has waited (64 rows for
+    bert-ee): extrapolated from 16 and 32 rows, 64 were priced 355 ms where they took 469-620 (1 x 2, 2 ms)."""
     from e3.models.zoo import resolve_model
     from e3.profiling.profiler import ProfileSettings, default_batch_sizes, profile_model
     path = default_profile_path(name, ["cpu"])
@@ -395,7 +394,7 @@ def _e3_config(plan: Plan) -> str:
 
 
 def run_simulator_validation(measured: Path | None = None, out: Path | None = None, echo=print, *,
-                             docs: bool = False, results_md: Path | None = None) -> dict:
+                             docs: bool = False, results_md: Path | None = None, profile: Path | None = None) -> dict:
     """`e3 bench simulator`: every run of a side-by-side (``measured``, default its results file: the table's
     cells, the forced configurations and the calibration's runs) simulated with the same latency profile,
     plans, baseline configurations, inputs and load; writes ``artifacts/results/simulator_validation.json``
@@ -409,7 +408,11 @@ def run_simulator_validation(measured: Path | None = None, out: Path | None = No
     doc = json.loads(measured.read_text())
     if "plans" not in doc:
         raise ValueError(f"{measured} holds no plans (written by an older e3): run `e3 bench side-by-side` again")
-    latency = LatencyProfile.load(default_profile_path(doc["model"], ["cpu"]))
+    profile = profile or default_profile_path(doc["model"], ["cpu"])
+    latency = LatencyProfile.load(profile)
+    if doc.get("profile_sha256") and doc["profile_sha256"] != sha256_of(profile):   # a profile measured since
+        echo(f"[warning] {profile} is not the profile {measured.name} was planned and run with; "
+             "pass that one with --profile")
     folder = artifacts_dir() / "workloads" / doc["model"]
     exit_ramps = {}
     for label in {r["mix"] for r in doc["rows"]}:
@@ -564,10 +567,8 @@ def run_evaluation(quick: bool = False, model: str = "bert-ee", results_md: Path
     ``quick``: the 80:20 mix, 3 runs per cell (the median reported), fewer inputs (minutes instead of most of
     an hour).
 
-    Decision: 3 runs per cell in the quick form too (1 until 2026-11-28). This machine's speed jumps between
-    two levels for 5-40 s at a time (docs/data/cpu/machine_speed_trace_20261128.json) and a quick run lasts
-    2-6 s: one run per cell measured whichever level it fell in (E3 at 8 inputs per request: 273-457 inputs/s
-    over four quiet benches). The median of three interleaved runs needs two of them at the slow level.
+    Decision: 3 runs per cell in the quick form too (1 until 2026-11-28): the machine's speed jumps between two
+    levels for 5-40 s (docs/data/cpu/machine_speed_trace_20261128.json), a quick run lasts 2-6 s.
     ``baselines``: every baseline measured in each of these configurations instead of calibrated (full runs,
     every one validated); its own files (``..._forced.json``) and its own section of docs/RESULTS.md, and no
     perf_analyzer check."""

@@ -68,7 +68,8 @@ def _bench_side_by_side(args) -> int:
 def _bench_simulator(args) -> int:
     from e3.benchmarks.side_by_side import run_simulator_validation
     return _refusing("e3 bench simulator", lambda: run_simulator_validation(
-        Path(args.measured) if args.measured else None, Path(args.out) if args.out else None, docs=args.docs))
+        Path(args.measured) if args.measured else None, Path(args.out) if args.out else None, docs=args.docs,
+        profile=Path(args.profile) if args.profile else None))
 
 
 def _bench_perf(args) -> int:
@@ -261,6 +262,9 @@ def add_bench(sub, repo_help: str) -> None:
     sim.add_argument("--measured", default=None,
                      help="side-by-side results to validate against (default artifacts/results/side_by_side.json)")
     sim.add_argument("--out", default=None, help="validation JSON (default artifacts/results/simulator_validation.json)")
+    sim.add_argument("--profile", default=None, help="the latency profile to price the runs with (default the "
+                                                     "model's, artifacts/profiles/<model>.cpu.json; it warns where "
+                                                     "that is not the profile the runs were made with)")
     sim.add_argument("--docs", action="store_true", help="also rewrite the measured run's section of docs/RESULTS.md "
                                                          "with this validation (as `e3 bench` does after measuring)")
     prf = _verb(bsub, "perf", _bench_perf, "perf_analyzer against the load generator on E3's front door (<m>_router), "

@@ -80,3 +80,22 @@ def test_a_cells_latency_percentiles_are_the_median_runs_and_neither_a_stall_nor
     slow = [100.0] * 98 + [120.0] * 2             # a run while the machine was slow: every request later
     row = _row("80:20", 1, "e3", [run(280, steady), run(150, slow), run(310, steady)], "cfg", float("nan"))
     assert row.p99_ms < 100.0                                 # pooled, the slow run's requests made the p99
+
+
+def test_validating_a_run_with_a_profile_other_than_its_own_says_so_and_takes_the_one_given(tmp_path, monkeypatch):
+    from e3.benchmarks.side_by_side import run_simulator_validation
+    from e3.core.files import sha256_of
+    monkeypatch.setenv("E3_ARTIFACTS", str(tmp_path))
+    (tmp_path / "profiles").mkdir()
+    ours, newer = tmp_path / "run-profile.json", tmp_path / "profiles" / "m.cpu.json"
+    _profile().save(ours)
+    _profile(block=(2.0, 2.0, 2.0, 2.0)).save(newer)           # measured again since the run
+    doc = {"model": "m", "plans": {}, "rows": [], "profile_sha256": sha256_of(ours)}
+    measured = tmp_path / "run.json"
+    measured.write_text(json.dumps(doc))
+    said = []
+    run_simulator_validation(measured, tmp_path / "v.json", echo=said.append)
+    assert any("is not the profile run.json was planned and run with" in line for line in said)
+    said.clear()
+    run_simulator_validation(measured, tmp_path / "v.json", echo=said.append, profile=ours)
+    assert not any("[warning]" in line for line in said)

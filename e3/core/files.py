@@ -8,6 +8,7 @@ removed on any error.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["write_atomic", "write_json_atomic", "copy_atomic", "atomic_path"]
+__all__ = ["write_atomic", "write_json_atomic", "copy_atomic", "atomic_path", "sha256_of"]
 
 
 def _umask() -> int:
@@ -68,3 +69,8 @@ def copy_atomic(src: str | Path, dest: str | Path) -> Path:
     with atomic_path(dest) as tmp:
         shutil.copy2(src, tmp)
     return Path(dest)
+
+
+def sha256_of(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, hex: which version of a file a result was made with."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
