@@ -46,7 +46,7 @@ from e3.core.names import ee_name, router_name, served_name, stock_name
 from e3.core.plan import Plan
 from e3.core.profile import LatencyProfile
 from e3.paths import artifacts_dir
-from e3.profiling.host_profile import ForeignLoad, speed_gauge
+from e3.profiling.host_profile import ForeignLoad
 from e3.profiling.profiler import default_profile_path
 
 __all__ = ["BenchSettings", "run_side_by_side", "default_results_path", "machine_plan", "run_simulator_validation",
@@ -79,9 +79,6 @@ def default_results_path() -> Path:
     return artifacts_dir() / "results" / "side_by_side.json"
 
 
-SPEED_BATCH = 8   # the speed reference: the stock graph at this many rows, 1 thread (profiled at every batch)
-
-
 def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, after=None,
                      command: str = "e3 bench side-by-side") -> dict:
     """Run the benchmark; returns the results document (also written to ``settings.out``). ``after(url,
@@ -108,12 +105,7 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
     rows: list[Row] = []
     alternatives: list[Row] = []    # forced configurations other than each cell's best (settings.baselines)
     calibration: list[Row] = []     # every calibration run (short): the configurations the choice explored
-    calibration_speed: list[dict] = []   # ... and the machine's speed around each (the gauge below)
     executed: list[dict] = []       # every measured run's executions (Triton's batch statistics)
-    # the machine's speed before every measured run, against the profile's stock graph (the simulator runs each
-    # cell at its measured speed: sim_validation.speed_factor)
-    (artifacts_dir() / "bench" / m).mkdir(parents=True, exist_ok=True)
-    gauge = speed_gauge(model, workdir=artifacts_dir() / "bench" / m, batch=SPEED_BATCH)
     baseline_choice: dict[str, dict[int, BaselineConfig]] = {}
     # docs/design.md §5: the ideal at the planned batch (the plan's input batch per instance of split 1)
     ideal = {mix_label(mix): ideal_speedup(latency, wl["batch_profile"].reach, plans[mix].splits[0].batch_size)
@@ -124,21 +116,18 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
             calib_mix = settings.mixes[len(settings.mixes) // 2]
             for batch in settings.batches if settings.baselines is None else ():
                 for system, base in (("stock", stock_name(m)), ("ee", ee_name(m))):
-                    def record(config, result, speed, batch=batch, system=system):
+                    def record(config, result, batch=batch, system=system):
                         calibration.append(_row(mix_label(calib_mix), batch, system, [result], config.describe(),
                                                 float("nan")))
-                        calibration_speed.append({"mix": mix_label(calib_mix), "batch": batch, "system": system,
-                                                  "config": config.describe(), "speed_ms": round(speed, 3)})
                     best = _best_config(control, server.http_url, base, workloads[calib_mix], batch, settings, echo,
-                                        record=record, gauge=gauge)
+                                        record=record)
                     baseline_choice.setdefault(base, {})[batch] = best
             for mix, wl in workloads.items():
                 _switch(control, plans[mix])
                 for batch in settings.batches:
                     chosen, others = _measure_cell(control, server.http_url, m, plans[mix], mix, wl, batch, settings,
                                                    baseline_choice, echo, executed,
-                                                   ForeignLoad(server.process.pid if server.process else None),
-                                                   gauge)
+                                                   ForeignLoad(server.process.pid if server.process else None))
                     rows.extend(chosen)
                     alternatives.extend(others)
         extra = after(server.http_url, plans, workloads) if after is not None else None
@@ -157,9 +146,7 @@ def run_side_by_side(settings: BenchSettings = BenchSettings(), echo=print, afte
                            alternatives=results_document(name, settings.cores, ideal, rows=alternatives)["rows"],
                            calibration=results_document(name, settings.cores, ideal, rows=calibration)["rows"],
                            executed=executed)
-    doc["speed_reference"] = {"batch": SPEED_BATCH, "threads": 1, "profile_ms": latency.stock("cpu", SPEED_BATCH)}
     doc["profile_sha256"] = sha256_of(default_profile_path(name, ["cpu"]))   # what `e3 bench simulator` checks
-    doc["calibration_speed"] = calibration_speed
     out = write_results(settings.out or default_results_path(), doc)
     echo(f"\nwrote {out}")
     if extra is not None:
@@ -288,16 +275,14 @@ def _stats_delta(before: dict, after: dict) -> dict[str, list[float]]:
 
 
 def _measure_cell(control, url: str, m: str, plan: Plan, mix, wl: dict, batch: int, settings: BenchSettings,
-                  baseline_choice: dict, echo, executed: list, meter: ForeignLoad,
-                  gauge=None) -> tuple[list[Row], list[Row]]:
+                  baseline_choice: dict, echo, executed: list, meter: ForeignLoad) -> tuple[list[Row], list[Row]]:
     """One (mix, batch) cell: E3 and every baseline in its calibrated configuration, or, with
     ``settings.baselines``, in each forced configuration, ``repeats`` runs each, interleaved with the order
     rotating (drift hits all alike). Returns (the rows of the table: E3 and each baseline's best, the other
     forced configurations' rows); a forced cell records each baseline's best in ``baseline_choice``; every
     run's executions as Triton counted them (batch sizes, mean compute time), with the cores other processes
-    used meanwhile (``meter``), the load average at its end and the machine's speed around it (``gauge``: the
-    stock graph's ms at the speed reference's batch, the lower of a reading before and one after), go to
-    ``executed``."""
+    used meanwhile (``meter``) and the load average at its end, go to ``executed`` (the validation reads the
+    machine's speed from them: :func:`e3.benchmarks.sim_validation.execution_speed`)."""
     entries = [("e3", router_name(m), None)]
     for system, served in (("stock", stock_name(m)), ("ee", ee_name(m))):
         configs = [baseline_choice[served][batch]] if settings.baselines is None else list(settings.baselines)
@@ -312,19 +297,15 @@ def _measure_cell(control, url: str, m: str, plan: Plan, mix, wl: dict, batch: i
             system, served, config = entries[i]
             if settings.baselines is not None and config is not None:
                 _configure(control, served, config)
-            speed = gauge() if gauge is not None else None
             before = _batch_stats(control.statistics(served))
             meter.start()
             result = _measure(url, served, wl, batch, settings.inputs_per_run, settings)
             foreign = meter.stop()
-            if gauge is not None:   # before and after the run: the less disturbed reading
-                speed = min(speed, gauge())
             runs[i].append(result)
             executed.append({"mix": mix_label(mix), "batch": batch, "system": system, "run": r,
                              "config": _e3_config(plan) if config is None else config.describe(),
                              "batches": _stats_delta(before, _batch_stats(control.statistics(served))),
-                             "foreign_cores": round(foreign, 3), "load_average": round(os.getloadavg()[0], 2),
-                             **({} if speed is None else {"speed_ms": round(speed, 3)})})
+                             "foreign_cores": round(foreign, 3), "load_average": round(os.getloadavg()[0], 2)})
             echo(f"[run {r + 1}/{settings.repeats}] {mix_label(mix)} batch {batch} {system:5s} "
                  + (f"({config.describe()}) " if settings.baselines is not None and config is not None else "")
                  + f"{result.throughput_ips:7.1f} inputs/s  p50 {result.percentile_ms(50):.1f} ms  "
@@ -344,19 +325,15 @@ def _measure_cell(control, url: str, m: str, plan: Plan, mix, wl: dict, batch: i
 
 
 def _best_config(control, url: str, model: str, wl: dict, batch: int, settings: BenchSettings, echo,
-                 record=None, gauge=None) -> BaselineConfig:
+                 record=None) -> BaselineConfig:
     """The configuration of ``model`` (within ``settings.cores``) with the most inputs/s in a short run each;
-    ``record(config, result, speed_ms)``: called with every run and the machine's speed around it (``gauge``,
-    as :func:`_measure_cell` reads it; nan without one): the calibration's settings are validated too."""
+    ``record(config, result)``: called with every run (the calibration's settings are validated too)."""
     best, best_ips = None, -1.0
     for choice in baseline_configs(settings.cores):
         _configure(control, model, choice)
-        speed = gauge() if gauge is not None else float("nan")
         result = _measure(url, model, wl, batch, settings.calibration_inputs, settings)
-        if gauge is not None:
-            speed = min(speed, gauge())
         if record is not None:
-            record(choice, result, speed)
+            record(choice, result)
         echo(f"[calibrate] {model} batch {batch}: {choice.describe()}: {result.throughput_ips:.1f} inputs/s")
         if result.errors == 0 and result.throughput_ips > best_ips:
             best, best_ips = choice, result.throughput_ips

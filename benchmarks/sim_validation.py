@@ -13,9 +13,9 @@ ms or 108 ms for 5-40 s at a time, nothing else running), and a profile taken on
 run made later. Run at the speed the other baselines' executions showed, the six benches of that day (quick
 and forced in turn) went from 10, 2, 8, 6, 8 and 6 of 12 cells within both bars to 10, 6, 3, 5, 5 and 8: the
 reading carries the other systems' own pricing errors (a 2-thread instance's, the thread model's) into the
-cell, and within one cell the systems did not all run faster or slower together. The gauge timed around every
-run (the stock graph at 8 rows for 0.6 s, ``speed_ms``) stays recorded and unused: it read 0.73-1.13x within
-one run while the served rates moved less.
+cell, and within one cell the systems did not all run faster or slower together. The gauge once timed around
+every run (the stock graph at 8 rows for 0.6 s) read 0.73-1.13x within one run while the served rates moved
+less; it was removed (older documents keep its ``speed_ms``).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["speed_gauge", "cut_state", "measure_check", "measure_router", "router_batch", "stock_runner", "machine_busy_s",
+__all__ = ["cut_state", "measure_check", "measure_router", "router_batch", "stock_runner", "machine_busy_s",
            "quietest", "MAX_FOREIGN_CORES", "ForeignLoad"]
 
 # Cores other processes may use while a thread-count pair is timed before it is measured again (see quietest)
@@ -259,22 +259,3 @@ class ForeignLoad:
             return float("nan")
         ours = own1 - own0 + sum(cpu - group0.get(pid, 0.0) for pid, cpu in group1.items())
         return max(0.0, (busy1 - busy0) - ours) / max(wall1 - wall0, 1e-9)
-
-
-def speed_gauge(model: "EarlyExitModel", *, workdir: Path, batch: int = 8, calls: int = 8, seed: int = 0):
-    """``gauge()``: the machine's speed now, as the stock graph's time (ms) at ``batch`` rows on 1 intra-op
-    thread, the 25th percentile of ``calls`` timed calls after one untimed (the statistic the profile keeps for
-    its stock curve, :func:`e3.profiling.profiler._least_disturbed`). Timed between measured runs, while the
-    server idles: against the profile's own stock curve at that batch it is how much faster or slower the
-    machine runs than when it was profiled (this 2-core machine drifts by more than 10% between quiet runs)."""
-    run = stock_runner(model, workdir=workdir, seed=seed)
-
-    def gauge() -> float:
-        run(batch)
-        samples = []
-        for _ in range(calls):
-            start = time.perf_counter()
-            run(batch)
-            samples.append((time.perf_counter() - start) * 1e3)
-        return float(np.percentile(samples, 25))
-    return gauge

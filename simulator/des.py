@@ -112,11 +112,11 @@ from typing import Iterator, Sequence
 import numpy as np
 import simpy
 
+from e3.core.cost import ASSUMED_THREAD_EFFICIENCY, batch_ms, thread_gain
+from e3.core.exits import BUILTIN_RULES, check_rule_config, make_exit_rule
 from e3.core.plan import COMPACT, CONSTANT, Plan
 from e3.core.profile import LatencyProfile
-from e3.core.cost import ASSUMED_THREAD_EFFICIENCY, batch_ms, thread_gain
 from e3.serving.device.dispatch import choose
-from e3.core.exits import BUILTIN_RULES, check_rule_config, make_exit_rule
 from e3.serving.batcher import TritonBatcher
 from e3.serving.fused_split import can_fuse
 from e3.serving.scheduler import Scheduler

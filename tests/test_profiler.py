@@ -231,13 +231,3 @@ def test_router_work_runs_the_serving_code_and_the_compute_between_calls(tiny_mo
     check = measure_check(card, [4], repeats=2, warmup=0, between=slow)
     assert calls == [1] * 4 + [4] * 4 + [4] * 2
     assert all((t < 15).all() for t in router + check)
-
-
-def test_the_speed_gauge_times_the_stock_graph_the_profile_timed(tiny_model, tmp_path):
-    # e3 bench's speed reference: the stock graph exported as the profile exports it, 1 thread, the 25th
-    # percentile of its calls (whether it tracks the machine is what e3 bench's validation shows, not a test)
-    from e3.profiling.host_profile import speed_gauge
-    gauge = speed_gauge(tiny_model, workdir=tmp_path, batch=8, calls=6)
-    readings = [gauge() for _ in range(3)]
-    assert (tmp_path / "stock.onnx").exists()
-    assert all(0 < r < 1_000 and np.isfinite(r) for r in readings)
