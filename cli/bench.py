@@ -236,7 +236,7 @@ def _closed_loop_flags(p, concurrency: str, inputs: str, repeats: str) -> None:
 def add_bench(sub, repo_help: str) -> None:
     """`e3 bench`'s arguments."""
     b = sub.add_parser("bench", help="benchmarks: E3 against the stock and early-exit baselines, side by side")
-    b.add_argument("--quick", action="store_true", help="without a BENCHMARK: the 80:20 mix, 3 runs per cell, "
+    b.add_argument("--quick", action="store_true", help="without a BENCHMARK: the 80:20 mix, 5 runs per cell, "
                                                         "fewer inputs (minutes)")
     b.add_argument("--model", default="bert-ee", help="without a BENCHMARK: the zoo model (default bert-ee)")
     b.add_argument("--baselines", default=None, metavar="IxT,...",

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from e3.core.profile import DeviceConfig, LatencyProfile, ProfileError
-from e3.profiling.profiler import (assemble_profile, cut_state, default_batch_sizes, format_table, measure_check,
-                                measure_router, merge_profiles, parse_batch_sizes, summarize)
+from e3.profiling.profiler import (ProfileSettings, assemble_profile, cut_state, default_batch_sizes, format_table,
+                                measure_check, measure_router, measure_stock, merge_profiles, parse_batch_sizes,
+                                second_thread_gain, summarize)
 
 
 def make_profile(device="cpu", batches=(1, 2, 4), L=2, scale=1.0, modelled=False, model="m") -> LatencyProfile:
@@ -67,6 +68,33 @@ def test_assemble_profile_takes_medians_clamps_ramps_and_keeps_spread():
     back = LatencyProfile.from_dict(json.loads(json.dumps(p.to_dict())))
     assert (back.request_ms, back.client_ms) == ({"cpu": [0.7, 0.8]}, {"cpu": [0.5, 0.6]})
     assert back.request("cpu", 2) == pytest.approx(0.8) and back.client("cpu", 1) == pytest.approx(0.5)
+
+
+def test_the_second_threads_gain_is_the_median_of_its_passes():
+    """Issue 42: one pass per profile gave the 2-thread curve one draw of a gain that moves with the machine's
+    speed; several passes give the median of their ratios (each between the least disturbed calls)."""
+    one = [[10.0] * 4, [20.0, 20.0, 21.0, 22.0], [12.0] * 4]
+    two = [[5.0, 5.0, 5.0, 6.0], [16.0] * 4, [8.0, 8.0, 9.0, 9.0]]
+    # per pass 2.0, 1.25 and 1.5: their median; the pooled calls' least disturbed would give 10 / 5 = 2.0
+    assert second_thread_gain(one, two) == pytest.approx(1.5)
+    assert second_thread_gain(one[:1], two[:1]) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="per pass"):
+        second_thread_gain(one, two[:2])
+    without = [[[1.0, 2.0, 3.0]]]
+    p = assemble_profile("m", [1], without, with_ramp=[None], tx=[[0.5]], stock=[np.concatenate(one)],
+                         stock_2t=[np.concatenate(two)], thread_gain=[second_thread_gain(one, two)])
+    assert p.stock_ms["cpu"] == [pytest.approx(12.0)] and p.thread_speedup("cpu", 1, 2) == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="thread_passes"):
+        ProfileSettings(thread_passes=0)
+
+
+def test_the_stock_graph_is_timed_in_passes(tiny_model, tmp_path):
+    """Every pass times every batch size on both thread counts (``repeats`` calls each)."""
+    stock, foreign = measure_stock(tiny_model, [1, 4], ProfileSettings(repeats=3, warmup=1, thread_passes=2),
+                                   workdir=tmp_path)
+    assert sorted(stock) == [1, 2] and len(foreign) == 2
+    assert [[a.shape for a in passes] for passes in stock[2]] == [[(3,), (3,)], [(3,), (3,)]]
+    assert all((a > 0).all() for t in stock for passes in stock[t] for a in passes)
 
 
 def test_format_table_shows_every_block_ramps_tx_and_spread():
