@@ -86,6 +86,13 @@ def _bench_perf(args) -> int:
     return _refusing("e3 bench perf", run)
 
 
+def _bench_machine_speed(args) -> int:
+    from e3.benchmarks.machine_speed import SpeedSettings, run_machine_speed
+    return _refusing("e3 bench machine-speed", lambda: run_machine_speed(SpeedSettings(
+        model=args.model, seconds=args.seconds, batch=args.batch, calls=args.calls,
+        out=Path(args.out) if args.out else None)))
+
+
 def _bench_gpu(args) -> int:
     from e3.benchmarks.gpu_sim import run_gpu_bench, run_measured_gpu_bench
     from e3.benchmarks import gpu_side_by_side_report as sbs
@@ -275,6 +282,13 @@ def add_bench(sub, repo_help: str) -> None:
     prf.add_argument("--batch", type=int, default=8, help="inputs per request (default 8)")
     _closed_loop_flags(prf, "requests in flight, both tools (default 16)", "inputs per load-generator run (default 1600)",
                        "runs of each tool, alternating (default 3)")
+    spd = _verb(bsub, "machine-speed", _bench_machine_speed, "how this machine's speed moves with nothing else "
+                "running: the model's stock graph on 1 thread timed back to back, its fast and slow spells; writes "
+                "artifacts/results/machine_speed.json", model_note="")
+    spd.add_argument("--seconds", type=float, default=150.0, help="how long to trace (default 150)")
+    spd.add_argument("--batch", type=int, default=8, help="rows per call of the stock graph (default 8)")
+    spd.add_argument("--calls", type=int, default=8, help="calls per reading (default 8)")
+    spd.add_argument("--out", default=None, help="trace JSON (default artifacts/results/machine_speed.json)")
     gpu = _verb(bsub, "gpu", _bench_gpu, "GPU clusters by simulation with MODELLED GPU profiles: goodput against "
                                       "inputs per request on 16 V100s for E3, stock and naive EE, heterogeneity at "
                                       "fixed cost, cost at fixed goodput; writes artifacts/results/gpu_sim.json, "

@@ -63,7 +63,7 @@ def test_table_shows_e3_against_the_best_baseline_and_its_share_of_the_ideal(tmp
     assert set(back["rows"][0]) >= {"mix", "batch", "system", "inputs_per_s", "p50_ms", "p99_ms", "accuracy", "config"}
 
 
-def test_a_cells_latency_percentiles_are_the_median_runs_and_neither_a_stall_nor_a_slow_run_decides_them():
+def test_a_cells_rate_is_its_runs_together_and_its_percentiles_the_median_runs_untouched_by_a_stall_or_a_slow_run():
     from e3.benchmarks.side_by_side import _row
     from e3.client.loadgen import LoadResult
 
@@ -73,13 +73,16 @@ def test_a_cells_latency_percentiles_are_the_median_runs_and_neither_a_stall_nor
     steady = [50.0] * 99 + [60.0]
     stalled = [50.0] * 97 + [200.0] * 3           # one run's stall: 3% of its requests
     row = _row("80:20", 1, "e3", [run(280, steady), run(300, stalled), run(310, steady)], "cfg", float("nan"))
-    assert row.inputs_per_s == pytest.approx(300.0)           # the median run's rate: the stalled one
+    assert row.inputs_per_s == pytest.approx(890 / 3.0)        # every input over the three runs' time
     assert row.p99_ms < 100.0                                 # its own p99 is 200
     assert row.p50_ms == pytest.approx(50.0)
     assert row.p99_interval_ms[0] <= row.p99_ms <= row.p99_interval_ms[1]
     slow = [100.0] * 98 + [120.0] * 2             # a run while the machine was slow: every request later
     row = _row("80:20", 1, "e3", [run(280, steady), run(150, slow), run(310, steady)], "cfg", float("nan"))
     assert row.p99_ms < 100.0                                 # pooled, the slow run's requests made the p99
+    # two speeds: 200 inputs in 1 s, 100 in 1 s, 200 in 1 s: 500 in 3 s, not the median run's 200
+    two = [LoadResult(model="m", requests=100, inputs=n, duration_s=1.0, latencies_ms=steady) for n in (200, 100, 200)]
+    assert _row("80:20", 1, "e3", two, "cfg", float("nan")).inputs_per_s == pytest.approx(500 / 3)
 
 
 def test_validating_a_run_with_a_profile_other_than_its_own_says_so_and_takes_the_one_given(tmp_path, monkeypatch):
