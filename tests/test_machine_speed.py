@@ -9,15 +9,15 @@ from e3.benchmarks.machine_speed import SpeedSettings, run_machine_speed, spells
 
 
 def test_spells_split_two_speeds_at_halfway_between_the_levels():
-    """Fast (80 ms) for 3 readings, slow (108) for 5, fast for 2: the median (108) would call every fast
-    reading fast and every slow one fast too; halfway between the 10th and 90th percentiles splits them."""
+    """Fast (about 80 ms) for 3 readings, slow (about 108) for 5, fast for 2: two fast spells and a slow one,
+    split halfway between the 10th and 90th percentiles of the readings."""
     t = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]
     ms = [80, 81, 79, 108, 107, 109, 108, 110, 80, 82]
     s = spells(t, ms)
-    assert s.fast_ms == pytest.approx(80.5) and s.slow_ms == pytest.approx(108.0)
+    assert s.fast_ms == pytest.approx(80.0) and s.slow_ms == pytest.approx(108.0)
     assert s.slow_share == pytest.approx(0.5)
     assert s.fast_spells_s == [3.0, 2.0] and s.slow_spells_s == [5.0]
-    assert s.to_dict()["ratio"] == pytest.approx(108.0 / 80.5, abs=1e-3)
+    assert s.to_dict()["ratio"] == pytest.approx(108.0 / 80.0, abs=1e-3)
     # one speed: no slow spell, one fast spell over the whole trace
     steady = spells(t, [80 + (i % 2) for i in range(10)])
     assert steady.slow_spells_s == [] and steady.fast_spells_s == [10.0] and steady.slow_share == 0.0
