@@ -4,8 +4,8 @@ For each mix (easy:hard, `e3 workload`) and each request size, the three
 systems are loaded in turn by the same closed loop (``concurrency`` clients,
 ``batch`` inputs per request, the mix's inputs in order, their labels for
 accuracy), ``repeats`` times, interleaved with the order rotating (this shared
-2-core machine drifts by +-10% between runs); each cell reports its median
-run. The table shows inputs/s, p50/p99 latency, accuracy, E3's ratio to the
+2-core machine drifts by +-10% between runs); each cell reports its runs'
+rate together and the median of their p50 and p99 (``_row``). The table shows inputs/s, p50/p99 latency, accuracy, E3's ratio to the
 best baseline and its share of the ideal speedup.
 
 * **E3**: the planner's plan for this machine (``e3 plan`` on the measured

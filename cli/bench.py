@@ -260,7 +260,8 @@ def add_bench(sub, repo_help: str) -> None:
     sbs.add_argument("--batches", default="1,8", help="inputs per request, comma-separated (default 1,8)")
     sbs.add_argument("--cores", type=int, default=2, help="cores every system gets: instances x threads (default 2)")
     _closed_loop_flags(sbs, "closed-loop clients (default 16)", "inputs per measured run (default 1600)",
-                       "measured runs per system and cell, interleaved; the median is reported (default 3)")
+                       "measured runs per system and cell, interleaved; a cell reports their rate together and the median "
+                       "of their p50 and p99 (default 3)")
     sbs.add_argument("--out", default=None, help="results JSON (default artifacts/results/side_by_side.json)")
     sim = _verb(bsub, "simulator", _bench_simulator, "the discrete-event simulator against real runs: every run of a "
                                             "side-by-side (its cells, forced configurations and calibration runs) "

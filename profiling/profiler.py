@@ -94,8 +94,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ProfileSettings", "Stats", "summarize", "default_batch_sizes", "parse_batch_sizes",
            "assemble_profile", "merge_profiles", "format_table", "default_profile_path",
-           "block_order", "measure_blocks", "measure_stock", "second_thread_gain", "measure_jitter", "measure_check", "measure_router",
-           "router_batch", "stock_runner",
+           "block_order", "measure_blocks", "measure_stock", "second_thread_gain", "measure_jitter", "measure_check",
+           "measure_router", "router_batch", "stock_runner",
            "profile_model"]
 
 log = logging.getLogger(__name__)
@@ -241,7 +241,7 @@ def second_thread_gain(one: Sequence[Sequence[float]], two: Sequence[Sequence[fl
     Decision (issue 42): the gain is measured in several passes over the batch sizes, not once. This 2-core
     machine moves between two speeds for 5-40 s at a time (docs/data/cpu/machine_speed_trace_20261128.json),
     and the second thread's gain moves with them: bert-ee's stock graph timed in 6 passes over batches 1, 4,
-    8 and 16 (2026-11-28 03:05, quiet, 10 calls per thread count per pass, about 6 s a pass) gained 1.52-1.92x
+    8 and 16 (2026-11-28, about 03:00, quiet, 10 calls per thread count per pass, about 6 s a pass) gained 1.52-1.92x
     at 1 row, 1.38-1.69x at 4, 1.44-1.99x at 8 and 1.50-1.95x at 16 from pass to pass (medians 1.60, 1.51,
     1.74, 1.65); one pass per profile gave its 2-thread curve one draw of that spread (the profile of 01:33:
     1.31-1.35x at 1-4 rows), and the served 2-thread instances of the benches after it executed 20-25% faster
