@@ -5,7 +5,8 @@ are not part of `e3 bench` stay runnable as ``python benchmarks/<x>.py``.
 The CPU side-by-side: side_by_side.py (the harness: start a server, calibrate the baselines, drive load, write a
 section; each other bench reuses its pieces), side_by_side_report.py and report.py (the pure parts, the one
 section writer), sim_validation.py (the simulator against the measured cells), perf_check.py (perf_analyzer
-against the load generator), machine_speed.py (`e3 bench machine-speed`: the machine's fast and slow spells),
+against the load generator), machine_speed.py (`e3 bench machine-speed`: the machine's fast and slow spells), repeatability.py (`e3 bench
+repeatability`: two runs against each other with the simulator's bar),
 constant_batches.py, batch_histogram.py, split_queue_policy.py, planning_time.py,
 forecast_error.py.
 

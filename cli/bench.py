@@ -93,6 +93,11 @@ def _bench_machine_speed(args) -> int:
         out=Path(args.out) if args.out else None)))
 
 
+def _bench_repeatability(args) -> int:
+    from e3.benchmarks.repeatability import run_repeatability
+    return _refusing("e3 bench repeatability", lambda: run_repeatability(Path(args.a), Path(args.b)))
+
+
 def _bench_gpu(args) -> int:
     from e3.benchmarks.gpu_sim import run_gpu_bench, run_measured_gpu_bench
     from e3.benchmarks import gpu_side_by_side_report as sbs
@@ -290,6 +295,10 @@ def add_bench(sub, repo_help: str) -> None:
     spd.add_argument("--batch", type=int, default=8, help="rows per call of the stock graph (default 8)")
     spd.add_argument("--calls", type=int, default=8, help="calls per reading (default 8)")
     spd.add_argument("--out", default=None, help="trace JSON (default artifacts/results/machine_speed.json)")
+    rep = _verb(bsub, "repeatability", _bench_repeatability, "two side-by-side runs against each other with the "
+                "simulator's bar: how far the machine itself moves between benches (the cells both measured)")
+    rep.add_argument("a", metavar="A", help="a results JSON of `e3 bench` or `e3 bench side-by-side`")
+    rep.add_argument("b", metavar="B", help="another, of the same model")
     gpu = _verb(bsub, "gpu", _bench_gpu, "GPU clusters by simulation with MODELLED GPU profiles: goodput against "
                                       "inputs per request on 16 V100s for E3, stock and naive EE, heterogeneity at "
                                       "fixed cost, cost at fixed goodput; writes artifacts/results/gpu_sim.json, "
