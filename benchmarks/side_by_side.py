@@ -30,7 +30,7 @@ import copy
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -384,13 +384,17 @@ def _e3_config(plan: Plan) -> str:
 
 
 def run_simulator_validation(measured: Path | None = None, out: Path | None = None, echo=print, *,
-                             docs: bool = False, results_md: Path | None = None, profile: Path | None = None) -> dict:
+                             docs: bool = False, results_md: Path | None = None, profile: Path | None = None,
+                             speed: Path | None = None) -> dict:
     """`e3 bench simulator`: every run of a side-by-side (``measured``, default its results file: the table's
     cells, the forced configurations and the calibration's runs) simulated with the same latency profile,
     plans, baseline configurations, inputs and load; writes ``artifacts/results/simulator_validation.json``
     (``out``) and prints the tables. ``docs``: also (re)write the run's section of docs/RESULTS.md
     (``results_md``) with this validation, as `e3 bench` does after measuring (the measured figures are the
-    run's; the simulated ones this commit's)."""
+    run's; the simulated ones this commit's). ``speed``: a trace of `e3 bench machine-speed`: the machine's two
+    speeds simulated in spells (:class:`e3.simulator.speed.TwoSpeeds`)."""
+    from e3.simulator.speed import TwoSpeeds
+    spells = TwoSpeeds.from_trace(json.loads(speed.read_text())) if speed is not None else None
     measured = measured or default_results_path()
     if not measured.exists():
         raise ValueError(f"{measured} does not exist: run `e3 bench side-by-side` first (the real runs to "
@@ -408,14 +412,15 @@ def run_simulator_validation(measured: Path | None = None, out: Path | None = No
     for label in {r["mix"] for r in doc["rows"]}:
         easy, hard = label.split(":")
         exit_ramps[label] = np.load(folder / f"mix-{easy}-{hard}.npz")["exit_ramp"]
-    rows = validate_side_by_side(doc, latency, exit_ramps,
+    rows = validate_side_by_side(doc, latency, exit_ramps, spells=spells,
                                  progress=lambda setting: echo(f"[simulate] {setting}"))
     table = [r.to_dict() for r in rows]
     echo(validation_report(table, GOODPUT_TOLERANCE, P99_TOLERANCE))
     echo(f"misses in bold (goodput {GOODPUT_TOLERANCE:.0%}, p99 {P99_TOLERANCE:.0%}); "
          f"{within_both(table, GOODPUT_TOLERANCE, P99_TOLERANCE)} of {len(rows)} settings within both")
     result = {"model": doc["model"], "measured": str(measured), "measured_commit": doc.get("commit"),
-              "commit": commit(), "rows": [r.to_dict() for r in rows]}
+              "commit": commit(), "speed": None if spells is None else {"trace": str(speed), **asdict(spells)},
+              "rows": [r.to_dict() for r in rows]}
     out = out or artifacts_dir() / "results" / "simulator_validation.json"
     write_json_atomic(out, result, indent=1)
     echo(f"\nwrote {out}")

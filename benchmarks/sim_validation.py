@@ -30,6 +30,7 @@ from e3.core.plan import Plan
 from e3.core.profile import LatencyProfile
 from e3.simulator.des import Baseline, CallCosts, baseline_execution_ms, simulate_baseline, simulate_plan
 from e3.simulator.load import Arrivals, with_host_share
+from e3.simulator.speed import TwoSpeeds
 
 __all__ = ["ValidationRow", "validate_side_by_side", "execution_speed", "parse_baseline_config",
            "GOODPUT_TOLERANCE", "P99_TOLERANCE", "GROUPS"]
@@ -160,7 +161,8 @@ GROUPS = {"rows": "chosen", "alternatives": "forced", "calibration": "calibratio
 
 def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Mapping[str, np.ndarray], *,
                           progress: Callable[[str], None] | None = None, seeds: int = 5,
-                          groups: tuple[str, ...] = tuple(GROUPS), at_speed: bool = True) -> list[ValidationRow]:
+                          groups: tuple[str, ...] = tuple(GROUPS), at_speed: bool = True,
+                          spells: TwoSpeeds | None = None) -> list[ValidationRow]:
     """Simulate every measured cell of ``doc`` (a side-by-side results document, with its plans and
     settings); ``exit_ramps``: mix label -> [pool] reference exit block of the mix's inputs, in the order
     the load sent them. ``groups``: which of the document's lists of runs (:data:`GROUPS`): the table's
@@ -168,6 +170,8 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
     runs (every configuration the bench's choice explored), each simulated with its own inputs per run.
     ``at_speed``: also run each row on the profile scaled to the machine's speed during its cell
     (:func:`execution_speed`), reported beside (``at_speed_*``); the factor is reported either way.
+    ``spells``: the machine's two speeds in spells (`e3 bench machine-speed`), each seed its own draw of them
+    scaled to the profile's level over its run (:class:`e3.simulator.speed.TwoSpeeds`); None: one speed.
 
     Each cell is simulated with ``seeds`` seeds (the clients' think times, the service-time jitter) and the
     run of median goodput reported, its p99 the median p99: a run of 800 inputs at one input per request
@@ -187,8 +191,8 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
                             client_cpu_ms=float(latency.client("cpu", r["batch"])), warmup=0)
         exit_ramp = exit_ramps[r["mix"]]
         speed = execution_speed(doc, r, latency, exit_ramp) if group != "calibration" else 1.0
-        result, host, p99, held = _simulated(doc, r, latency, exit_ramp, arrivals, seeds, cores)
-        scaled = (_simulated(doc, r, latency.at_speed(speed), exit_ramp, arrivals, seeds, cores)
+        result, host, p99, held = _simulated(doc, r, latency, exit_ramp, arrivals, seeds, cores, spells)
+        scaled = (_simulated(doc, r, latency.at_speed(speed), exit_ramp, arrivals, seeds, cores, spells)
                   if at_speed and speed != 1.0 else None)
         row = ValidationRow(f"{r['mix']} batch {r['batch']} {r['system']} ({r['config']})", result.goodput_ips,
                             r["inputs_per_s"], p99, r["p99_ms"], result.p50_ms,
@@ -207,20 +211,29 @@ def validate_side_by_side(doc: Mapping, latency: LatencyProfile, exit_ramps: Map
 
 
 def _simulated(doc: Mapping, r: Mapping, profile: LatencyProfile, exit_ramp: np.ndarray, arrivals: Arrivals,
-               seeds: int, cores: int):
+               seeds: int, cores: int, spells: TwoSpeeds | None = None):
     """Row ``r`` simulated on ``profile`` with ``seeds`` seeds: (the run of median goodput, its host share, the
-    median p99, every execution's simulated ms)."""
+    median p99, every execution's simulated ms). ``spells``: each seed is run at one speed first, then again
+    with its own draw of the machine's spells scaled to a mean of 1 over that run's length
+    (:class:`e3.simulator.speed.TwoSpeeds`: why)."""
+    plan = Plan.from_dict(doc["plans"][r["mix"]]) if r["system"] == "e3" else None
+    base = None if plan is not None else parse_baseline_config(r["system"], r["config"])
+
+    def simulate(a: Arrivals, costs: CallCosts):
+        def run(lat):
+            if plan is not None:
+                return simulate_plan(lat, plan, exit_ramp, arrivals=a, costs=costs)
+            return simulate_baseline(lat, base, exit_ramp, arrivals=a, costs=costs)
+        return with_host_share(run, profile, batch=r["batch"], cores=cores)
+
     outcomes = []
     for seed in range(max(1, seeds)):
         a = replace(arrivals, seed=seed)
-        costs = CallCosts(service_seed=seed)
-        if r["system"] == "e3":
-            plan = Plan.from_dict(doc["plans"][r["mix"]])
-            run = lambda lat, plan=plan, a=a, c=costs: simulate_plan(lat, plan, exit_ramp, arrivals=a, costs=c)  # noqa: E731
-        else:
-            base = parse_baseline_config(r["system"], r["config"])
-            run = lambda lat, base=base, a=a, c=costs: simulate_baseline(lat, base, exit_ramp, arrivals=a, costs=c)  # noqa: E731
-        outcomes.append(with_host_share(run, profile, batch=r["batch"], cores=cores))
+        outcome = simulate(a, CallCosts(service_seed=seed))
+        if spells is not None:
+            outcome = simulate(a, CallCosts(service_seed=seed,
+                                            speed=replace(spells, horizon_s=outcome[0].duration_s)))
+        outcomes.append(outcome)
     outcomes.sort(key=lambda o: o[0].goodput_ips)
     result, host = outcomes[len(outcomes) // 2]
     p99 = float(np.median([o[0].p99_ms for o in outcomes]))

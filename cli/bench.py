@@ -69,7 +69,7 @@ def _bench_simulator(args) -> int:
     from e3.benchmarks.side_by_side import run_simulator_validation
     return _refusing("e3 bench simulator", lambda: run_simulator_validation(
         Path(args.measured) if args.measured else None, Path(args.out) if args.out else None, docs=args.docs,
-        profile=Path(args.profile) if args.profile else None))
+        profile=Path(args.profile) if args.profile else None, speed=Path(args.speed) if args.speed else None))
 
 
 def _bench_perf(args) -> int:
@@ -278,6 +278,9 @@ def add_bench(sub, repo_help: str) -> None:
     sim.add_argument("--profile", default=None, help="the latency profile to price the runs with (default the "
                                                      "model's, artifacts/profiles/<model>.cpu.json; it warns where "
                                                      "that is not the profile the runs were made with)")
+    sim.add_argument("--speed", default=None, metavar="TRACE",
+                     help="a trace of `e3 bench machine-speed`: simulate the machine's two speeds in spells "
+                          "(default one speed)")
     sim.add_argument("--docs", action="store_true", help="also rewrite the measured run's section of docs/RESULTS.md "
                                                          "with this validation (as `e3 bench` does after measuring)")
     prf = _verb(bsub, "perf", _bench_perf, "perf_analyzer against the load generator on E3's front door (<m>_router), "

@@ -122,6 +122,7 @@ from e3.serving.fused_split import can_fuse
 from e3.serving.scheduler import Scheduler
 from e3.simulator.device import Dispatch, DeviceRouter
 from e3.simulator.load import Arrivals, Clock, SimResult
+from e3.simulator.speed import TwoSpeeds
 
 __all__ = ["Arrivals", "Baseline", "CallCosts", "SimResult", "simulate_plan", "simulate_baseline", "next_enabled_exit",
            "Dispatch", "baseline_execution_ms"]
@@ -163,6 +164,7 @@ class CallCosts:
     #                                     slots); None: one per pipeline stage (copy in, compute, copy out, host)
     one_graph: bool = True              # a compact graph (naive EE's, E3's compact split where its rule composes)
     #                                     priced as one composed graph (LatencyProfile.one_graph)
+    speed: TwoSpeeds | None = None      # the machine's two speeds (simulator/speed.py); None: one speed
     beside: bool = False                # a batch that starts while another instance computes takes the profile's
     #                                     co-run factor longer (LatencyProfile.beside); measured, not adopted:
     #                                     see the module docstring
@@ -187,14 +189,15 @@ class CallCosts:
         return (1 + int(self.overlap_hop) + int(self.overlap_hop and self.hop_fixed_latency) + int(self.out_copy)
                 + int(self.router_cores > 0))
 
-    def jitter(self, rng: np.random.Generator, latency: LatencyProfile, device: str, rows: int) -> float:
+    def jitter(self, rng: np.random.Generator, latency: LatencyProfile, device: str, rows: int,
+               speed: float = 1.0) -> float:
         """One batch's time factor: lognormal with mean 1 and CV ``service_cv`` (else the profile's
-        ``jitter_cv`` at ``rows``); 1.0 for a CV of 0."""
+        ``jitter_cv`` at ``rows``), 1.0 for a CV of 0, times ``speed`` (the machine's level at its start)."""
         cv = latency.jitter(device, rows) if self.service_cv is None else self.service_cv
         if cv <= 0:
-            return 1.0
+            return speed
         sigma2 = float(np.log1p(cv ** 2))
-        return float(rng.lognormal(-sigma2 / 2, np.sqrt(sigma2)))
+        return speed * float(rng.lognormal(-sigma2 / 2, np.sqrt(sigma2)))
 
     def input_hop(self, latency: LatencyProfile, device: str, rows: float) -> float:
         """ms of a call carrying ``rows`` inputs' model inputs."""
@@ -313,6 +316,7 @@ class _Router:
         self.host_lanes = [simpy.Resource(env, capacity=s.instances) for s in splits]
         self.batches = batches
         self.rng = np.random.default_rng(costs.service_seed)
+        self.speed = costs.speed.path(costs.service_seed) if costs.speed else (lambda t: 1.0)
         self.waiting: dict[int, simpy.Event] = {}
         self.wake_at: float | None = None
 
@@ -417,7 +421,8 @@ class _Router:
             dev = self.split_device(d.split)
             ms *= self.costs.neighbours(self.latency, dev, len(pool_rows), self.computing[0])
             self.computing[0] += 1
-            yield self.env.timeout(ms * self.costs.jitter(self.rng, self.latency, dev, len(pool_rows)) / 1e3)
+            yield self.env.timeout(ms * self.costs.jitter(self.rng, self.latency, dev, len(pool_rows),
+                                                          self.speed(self.env.now)) / 1e3)
             self.computing[0] -= 1
         n = len(pool_rows)
         copy_ms = self.out_copy_ms(d.split, n)
@@ -547,6 +552,7 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
     held: dict[int, list[float]] = {0: []}     # every execution's time (ms), beside ``batches``
     computing = [0]                            # instances computing now (CallCosts.beside)
     rng = np.random.default_rng(costs.service_seed)
+    speed = costs.speed.path(costs.service_seed) if costs.speed else (lambda t: 1.0)
 
     def service_ms(pool_rows: np.ndarray, requests: int) -> float:
         return baseline_execution_ms(latency, base, exit_ramp[pool_rows], requests, device=device, costs=costs,
@@ -559,7 +565,7 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
                 continue
             pool_rows = np.concatenate([r for _, r, _ in take])
             batches[0].append(len(pool_rows))
-            ms = (service_ms(pool_rows, len(take)) * costs.jitter(rng, latency, device, len(pool_rows))
+            ms = (service_ms(pool_rows, len(take)) * costs.jitter(rng, latency, device, len(pool_rows), speed(env.now))
                   * costs.neighbours(latency, device, len(pool_rows), computing[0]))
             held[0].append(ms)
             if not costs.overlap_hop:

@@ -317,3 +317,42 @@ def test_jitter_spreads_a_closed_loops_latencies_and_keeps_its_rate():
     assert off.p99_ms == pytest.approx(off.p50_ms)
     with pytest.raises(ValueError, match="service_cv"):
         CallCosts(service_cv=-0.1)
+
+
+def test_the_machines_two_speeds_scaled_over_a_run_keep_its_level_and_widen_its_tail():
+    """Simulator/speed.py: spells of a slow level 1.35x the fast one; each path scaled to a mean of 1 over the
+    run keeps the run's rate at the profile's level while the requests that meet a slow spell make its tail."""
+    from e3.simulator.speed import TwoSpeeds
+    speeds = TwoSpeeds(ratio=1.35, fast_spell_s=8.5, slow_spell_s=3.0)
+    fast, slow = speeds.levels()
+    assert slow == pytest.approx(1.35 * fast) and speeds.slow_share == pytest.approx(3.0 / 11.5)
+    assert (1 - speeds.slow_share) * fast + speeds.slow_share * slow == pytest.approx(1.0)
+    scaled = dataclasses.replace(speeds, horizon_s=4.0)
+    for seed in range(5):
+        path = scaled.path(seed)
+        grid = np.linspace(0, 4.0, 40_001)[:-1]
+        assert np.mean([path(t) for t in grid[::50]]) == pytest.approx(1.0, abs=0.02)   # its mean over the run
+        assert {round(path(t) / path.scale, 6) for t in grid[::50]} <= {round(fast, 6), round(slow, 6)}
+    lat = synthetic_profile()
+    arrivals = Arrivals(batch=8, requests=400, clients=16, client_ms=0.0)
+    base = Baseline("stock", instances=2, max_batch=8)
+    one = simulate_baseline(lat, base, _exits(), arrivals=arrivals)
+    tails, rates = [], []
+    for seed in range(8):
+        run = simulate_baseline(lat, base, _exits(), arrivals=arrivals, costs=CallCosts(
+            service_seed=seed, speed=dataclasses.replace(speeds, ratio=1.35, fast_spell_s=0.2, slow_spell_s=0.1,
+                                                         horizon_s=one.duration_s)))
+        tails.append(run.p99_ms / run.p50_ms)
+        rates.append(run.inputs_per_s)
+    assert one.p99_ms == pytest.approx(one.p50_ms)            # one speed, no jitter: every request alike
+    assert np.median(tails) > 1.05                            # the slow spells make a tail
+    assert np.median(rates) == pytest.approx(one.inputs_per_s, rel=0.06)   # at the profile's level
+    with pytest.raises(ValueError, match="ratio"):
+        TwoSpeeds(ratio=0.9, fast_spell_s=1.0, slow_spell_s=1.0)
+    with pytest.raises(ValueError, match="machine-speed"):
+        TwoSpeeds.from_trace({"readings": []})
+    trace = {"spells": {"fast_ms": 74.6, "slow_ms": 100.7, "fast_spells_s": [2.0, 4.0], "slow_spells_s": [1.0]}}
+    got = TwoSpeeds.from_trace(trace)
+    assert (got.ratio, got.fast_spell_s, got.slow_spell_s) == (pytest.approx(100.7 / 74.6), 3.0, 1.0)
+    trace["spells"]["slow_spells_s"] = []
+    assert TwoSpeeds.from_trace(trace).ratio == 1.0
