@@ -5,7 +5,7 @@ apart for seconds at a time, with nothing else running (docs/data/cpu/machine_sp
 03:35 slow 21% of the time, fast spells 0.6-30 s, slow ones 0.7-8 s). :class:`TwoSpeeds` is that process:
 spells of exponential length with the trace's mean lengths, the first spell's kind drawn by the slow share,
 each batch's time multiplied by the level of the spell it starts in (:class:`e3.simulator.des.CallCosts`'s
-``speed``).
+``speed``: E3's router and the baselines' instances; a plan of the device form, GPU-only, runs at one speed).
 
 Decision (2026-11-28, after seeing the validations; opt-in, ``e3 bench simulator --speed TRACE``): a path's
 levels are scaled so that their mean over the simulated run (``horizon_s``: the run's length at one speed) is 1.
