@@ -394,7 +394,7 @@ def run_simulator_validation(measured: Path | None = None, out: Path | None = No
     run's; the simulated ones this commit's). ``speed``: a trace of `e3 bench machine-speed`: the machine's two
     speeds simulated in spells (:class:`e3.simulator.speed.TwoSpeeds`)."""
     from e3.simulator.speed import TwoSpeeds
-    spells = TwoSpeeds.from_trace(json.loads(speed.read_text())) if speed is not None else None
+    spells = TwoSpeeds.load(speed) if speed is not None else None
     measured = measured or default_results_path()
     if not measured.exists():
         raise ValueError(f"{measured} does not exist: run `e3 bench side-by-side` first (the real runs to "

@@ -23,7 +23,9 @@ hour (21% slow at 03:35, 43% at 00:21), and the bench measures none by itself.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 import numpy as np
@@ -57,6 +59,13 @@ class TwoSpeeds:
 
     def path(self, seed: int) -> "SpeedPath":
         return SpeedPath(self, seed)
+
+    @classmethod
+    def load(cls, path: Path) -> "TwoSpeeds":
+        """From a trace file of `e3 bench machine-speed` (:meth:`from_trace`)."""
+        if not path.exists():
+            raise ValueError(f"{path} does not exist: trace the machine with `e3 bench machine-speed` first")
+        return cls.from_trace(json.loads(path.read_text()))
 
     @classmethod
     def from_trace(cls, doc: Mapping) -> "TwoSpeeds":

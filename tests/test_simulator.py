@@ -356,3 +356,13 @@ def test_the_machines_two_speeds_scaled_over_a_run_keep_its_level_and_widen_its_
     assert (got.ratio, got.fast_spell_s, got.slow_spell_s) == (pytest.approx(100.7 / 74.6), 3.0, 1.0)
     trace["spells"]["slow_spells_s"] = []
     assert TwoSpeeds.from_trace(trace).ratio == 1.0
+
+
+def test_e3_bench_simulator_refuses_a_speed_trace_it_cannot_read(tmp_path, capsys):
+    from e3.cli import main
+    assert main(["bench", "simulator", "--speed", str(tmp_path / "missing.json")]) == 2
+    assert "e3 bench machine-speed" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"readings": []}')
+    assert main(["bench", "simulator", "--speed", str(bad)]) == 2
+    assert "not a trace" in capsys.readouterr().err
