@@ -70,7 +70,10 @@ def run_repeatability(a: Path, b: Path, echo=print) -> list[Agreement]:
     if docs[0].get("model") != docs[1].get("model"):
         raise ValueError(f"{a.name} measured {docs[0].get('model')} and {b.name} {docs[1].get('model')}: "
                          "compare runs of one model")
-    shared = compare(*docs)
+    try:
+        shared = compare(*docs)
+    except (KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{a.name} or {b.name} is not a results file of `e3 bench` (a cell lacks {err})") from None
     if not shared:
         raise ValueError(f"{a.name} and {b.name} share no cell (mix, inputs per request, system and configuration)")
     echo(f"A: {a} (commit {docs[0].get('commit', '?')}); B: {b} (commit {docs[1].get('commit', '?')})")

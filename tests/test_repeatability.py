@@ -42,6 +42,9 @@ def test_e3_bench_repeatability_prints_the_table_and_refuses_what_it_cannot_comp
     assert "share no cell" in capsys.readouterr().err
     assert main(["bench", "repeatability", str(a), str(tmp_path / "missing.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    other.write_text(json.dumps(_doc([{"batch": 1}])))
+    assert main(["bench", "repeatability", str(a), str(other)]) == 2
+    assert "not a results file" in capsys.readouterr().err
     other.write_text(json.dumps(_doc([_row(1, "e3", "x", 300.0, 100.0)], model="resnet-ee")))
     assert main(["bench", "repeatability", str(a), str(other)]) == 2
     assert "compare runs of one model" in capsys.readouterr().err
