@@ -28,7 +28,8 @@ import numpy as np
 
 from e3.core.files import write_json_atomic
 from e3.paths import artifacts_dir
-from e3.profiling.host_profile import ForeignLoad
+from e3.profiling.host_profile import ForeignLoad, cpu_jiffies
+from e3.profiling.profiler import time_calls
 
 __all__ = ["SpeedSettings", "Spells", "spells", "trace", "run_machine_speed", "default_speed_path"]
 
@@ -92,29 +93,23 @@ def spells(t_s: Sequence[float], median_ms: Sequence[float]) -> Spells:
                   fast_spells_s=lengths[False], slow_spells_s=lengths[True])
 
 
-def _steal_jiffies() -> int | None:
-    """The steal time the machine's counters report since boot (``/proc/stat``), None where unreadable."""
-    try:
-        fields = open("/proc/stat").readline().split()
-        return int(fields[8]) if fields[0] == "cpu" and len(fields) > 8 else None
-    except OSError:
-        return None
+def _steal() -> int | None:
+    """The steal time (clock ticks) the machine's counters report since boot; None where unreadable."""
+    counters = cpu_jiffies()
+    return None if counters is None else counters[7]
 
 
 def trace(run: Callable[[], None], seconds: float, calls: int, progress=None) -> list[list[float]]:
-    """``run()`` timed in readings of ``calls`` calls for ``seconds``: [[t_s, p25_ms, median_ms, steal jiffies
-    meanwhile (-1 where unreadable)] per reading]."""
+    """``run()`` timed in readings of ``calls`` calls for ``seconds`` (:func:`e3.profiling.profiler.time_calls`,
+    one warm-up call first): [[t_s, p25_ms, median_ms, steal ticks meanwhile (-1 where unreadable)] per
+    reading]."""
     run()   # warm: the first call allocates
     out = []
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
-        steal0 = _steal_jiffies()
-        ms = []
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            run()
-            ms.append((time.perf_counter() - t0) * 1e3)
-        steal1 = _steal_jiffies()
+        steal0 = _steal()
+        ms = time_calls(run, calls, 0)
+        steal1 = _steal()
         out.append([round(time.perf_counter() - start, 2), round(float(np.percentile(ms, 25)), 2),
                     round(float(np.median(ms)), 2),
                     steal1 - steal0 if steal0 is not None and steal1 is not None else -1])

@@ -155,9 +155,10 @@ def bench_section(command: str, doc: Mapping, validation: Sequence[Mapping], *, 
            "goodput table" if forced else "each baseline in its best configuration within them, chosen by a "
            "calibration run of every one")
         + f"), {s.get('concurrency', 16)} closed-loop clients, {s.get('inputs_per_run')} inputs per run, "
-        f"{s.get('repeats')} run(s) per cell, interleaved (a cell's rate: its runs together, every input over their "
-        f"summed time; its p50 and p99: the median of its runs'); commit {doc.get('commit', 'unknown')}. In a closed loop "
-        f"without an SLO every request is answered, so goodput is the answered inputs per second. The JSON: "
+        f"{s.get('repeats')} run(s) per cell, interleaved (a cell's rate: its runs together, every input over "
+        f"their summed time; its p50 and p99: the median of its runs'); commit {doc.get('commit', 'unknown')}. In "
+        f"a closed loop without an SLO every request is answered, so goodput is the answered inputs per second. "
+        f"The JSON: "
         f"`artifacts/results/{json_name}`.", "",
         goodput_table(doc["rows"], doc["ideal_speedup"]), "",
         "The discrete-event simulator (`simulator/`, SimPy, the real scheduler in simulated time) run with the "

@@ -1,12 +1,11 @@
 """`e3 bench side-by-side`: E3 against `<m>_stock` and `<m>_ee` on one server, at one core budget.
 
-For each mix (easy:hard, `e3 workload`) and each request size, the three
-systems are loaded in turn by the same closed loop (``concurrency`` clients,
-``batch`` inputs per request, the mix's inputs in order, their labels for
-accuracy), ``repeats`` times, interleaved with the order rotating (this shared
-2-core machine drifts by +-10% between runs); each cell reports its runs'
-rate together and the median of their p50 and p99 (``_row``). The table shows inputs/s, p50/p99 latency, accuracy, E3's ratio to the
-best baseline and its share of the ideal speedup.
+For each mix (easy:hard, `e3 workload`) and each request size, the three systems are loaded in turn by the
+same closed loop (``concurrency`` clients, ``batch`` inputs per request, the mix's inputs in order, their labels
+for accuracy), ``repeats`` times, interleaved with the order rotating (this shared 2-core machine drifts by +-10%
+between runs); each cell reports its runs' rate together and the median of their p50 and p99 (``_row``). The
+table shows inputs/s, p50/p99 latency, accuracy, E3's ratio to the best baseline and its share of the ideal
+speedup.
 
 * **E3**: the planner's plan for this machine (``e3 plan`` on the measured
   latency profile and the mix's batch profile, ``cores`` CPU devices; split
@@ -559,8 +558,8 @@ def run_evaluation(quick: bool = False, model: str = "bert-ee", results_md: Path
     cores (the side-by-side, its JSON in ``artifacts/results/bench_side_by_side.json``), the simulator
     validated against those runs and every calibration run (``artifacts/results/simulator_validation.json``),
     both written as tables into ``docs/RESULTS.md`` (its generated section; the rest of the file is left alone).
-    ``quick``: the 80:20 mix, 5 runs per cell (the median reported), fewer inputs (minutes instead of most of
-    an hour).
+    ``quick``: the 80:20 mix, 5 runs per cell (reported together, :func:`_row`), fewer inputs (minutes instead
+    of most of an hour).
 
     Decision: 5 runs per cell in the quick form (1 until 2026-11-28, then 3): the machine's speed jumps between
     two levels for 5-40 s (docs/data/cpu/machine_speed_trace_20261128.json), a quick run lasts 2-6 s, and over

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 __all__ = ["cut_state", "measure_check", "measure_router", "router_batch", "stock_runner", "machine_busy_s",
-           "quietest", "MAX_FOREIGN_CORES", "ForeignLoad"]
+           "cpu_jiffies", "quietest", "MAX_FOREIGN_CORES", "ForeignLoad"]
 
 # Cores other processes may use while a thread-count pair is timed before it is measured again (see quietest)
 MAX_FOREIGN_CORES = 0.2
@@ -192,14 +192,23 @@ def stock_runner(model: "EarlyExitModel", *, workdir: Path, seed: int = 0):
     return run
 
 
-def machine_busy_s() -> float | None:
-    """CPU seconds every process on the machine has used since boot (``/proc/stat``: user, nice, system, irq,
-    softirq, steal); None where there is no ``/proc/stat``."""
+def cpu_jiffies() -> list[int] | None:
+    """The machine's CPU counters since boot, the first line of ``/proc/stat`` (user, nice, system, idle,
+    iowait, irq, softirq, steal, in clock ticks); None where there is none."""
     try:
         fields = open("/proc/stat").readline().split()
     except OSError:
         return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    return [int(v) for v in fields[1:9]] if fields and fields[0] == "cpu" and len(fields) >= 9 else None
+
+
+def machine_busy_s() -> float | None:
+    """CPU seconds every process on the machine has used since boot (:func:`cpu_jiffies`: user, nice, system,
+    irq, softirq, steal); None where there is no ``/proc/stat``."""
+    counters = cpu_jiffies()
+    if counters is None:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = counters
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 

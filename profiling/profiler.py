@@ -95,7 +95,7 @@ if TYPE_CHECKING:
 __all__ = ["ProfileSettings", "Stats", "summarize", "default_batch_sizes", "parse_batch_sizes",
            "assemble_profile", "merge_profiles", "format_table", "default_profile_path",
            "block_order", "measure_blocks", "measure_stock", "second_thread_gain", "measure_jitter", "measure_check",
-           "measure_router", "router_batch", "stock_runner",
+           "measure_router", "router_batch", "stock_runner", "time_calls",
            "profile_model"]
 
 log = logging.getLogger(__name__)
@@ -342,7 +342,8 @@ def default_profile_path(model_name: str, devices: Sequence[str], modelled: bool
 
 # -- measuring (thin) ------------------------------------------------------------------------------
 
-def _time_calls(run, repeats: int, warmup: int) -> np.ndarray:
+def time_calls(run, repeats: int, warmup: int) -> np.ndarray:
+    """``warmup`` untimed calls of ``run()``, then the times (ms) of ``repeats`` calls, back to back."""
     for _ in range(warmup):
         run()
     times = np.empty(repeats)
@@ -399,7 +400,7 @@ def measure_blocks(model: "EarlyExitModel", batch_sizes: Sequence[int], settings
                 if (k, tag) in sessions:
                     feeds[batch][k, tag] = {i.name: block_feed[i.name] for i in sessions[k, tag].get_inputs()}
         for key, session in sessions.items():
-            _time_calls(lambda s=session, f=feeds[batch][key]: s.run(None, f), 0, settings.warmup)
+            time_calls(lambda s=session, f=feeds[batch][key]: s.run(None, f), 0, settings.warmup)
     # Every round passes every batch size (one call of every block at each): a disturbance of a few seconds
     # spreads over the batch sizes instead of lifting one of them. Measured (bert-ee, 10 repeats, batch
     # size after batch size): blocks at batch 4 came out 15.9 ms per input against 12.6 at 2 and 13.3 at 8,
@@ -408,7 +409,7 @@ def measure_blocks(model: "EarlyExitModel", batch_sizes: Sequence[int], settings
     for r in range(settings.repeats):
         for i, batch in enumerate(batch_sizes):
             for key, session in sessions.items():
-                samples[key][i, r] = _time_calls(lambda s=session, f=feeds[batch][key]: s.run(None, f), 1, 0)[0]
+                samples[key][i, r] = time_calls(lambda s=session, f=feeds[batch][key]: s.run(None, f), 1, 0)[0]
     if bar is not None:
         bar.update(L * len(batch_sizes))
     rows = {key: list(v) for key, v in samples.items()}
@@ -425,13 +426,13 @@ def _in_runs(sessions: dict, feeds: dict, settings: ProfileSettings, run: int = 
     session back to back, and drift still hits every session alike."""
     own = {key: {i.name: feeds[i.name] for i in s.get_inputs()} for key, s in sessions.items()}
     for key, s in sessions.items():
-        _time_calls(lambda s=s, f=own[key]: s.run(None, f), 0, settings.warmup)
+        time_calls(lambda s=s, f=own[key]: s.run(None, f), 0, settings.warmup)
     samples: dict = {key: [] for key in sessions}
     while any(len(v) < settings.repeats for v in samples.values()):
         for key, s in sessions.items():
             n = min(run, settings.repeats - len(samples[key]))
             if n > 0:
-                samples[key].extend(_time_calls(lambda s=s, f=own[key]: s.run(None, f), n, 0))
+                samples[key].extend(time_calls(lambda s=s, f=own[key]: s.run(None, f), n, 0))
     return {key: np.asarray(v) for key, v in samples.items()}
 
 
@@ -499,9 +500,9 @@ def measure_jitter(model: "EarlyExitModel", batch_sizes: Sequence[int], settings
             start = threading.Barrier(copies)
 
             def run(i: int) -> None:
-                _time_calls(lambda: sessions[i].run(None, feeds), 0, settings.warmup)
+                time_calls(lambda: sessions[i].run(None, feeds), 0, settings.warmup)
                 start.wait()
-                samples[i] = _time_calls(lambda: sessions[i].run(None, feeds), 2 * settings.repeats, 0)
+                samples[i] = time_calls(lambda: sessions[i].run(None, feeds), 2 * settings.repeats, 0)
 
             threads = [threading.Thread(target=run, args=(i,)) for i in range(copies)]
             for t in threads:

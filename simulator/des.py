@@ -122,7 +122,7 @@ from e3.serving.fused_split import can_fuse
 from e3.serving.scheduler import Scheduler
 from e3.simulator.device import Dispatch, DeviceRouter
 from e3.simulator.load import Arrivals, Clock, SimResult
-from e3.simulator.speed import TwoSpeeds
+from e3.simulator.speed import TwoSpeeds, speed_path
 
 __all__ = ["Arrivals", "Baseline", "CallCosts", "SimResult", "simulate_plan", "simulate_baseline", "next_enabled_exit",
            "Dispatch", "baseline_execution_ms"]
@@ -316,7 +316,7 @@ class _Router:
         self.host_lanes = [simpy.Resource(env, capacity=s.instances) for s in splits]
         self.batches = batches
         self.rng = np.random.default_rng(costs.service_seed)
-        self.speed = costs.speed.path(costs.service_seed) if costs.speed else (lambda t: 1.0)
+        self.speed = speed_path(costs.speed, costs.service_seed)
         self.waiting: dict[int, simpy.Event] = {}
         self.wake_at: float | None = None
 
@@ -552,7 +552,7 @@ def simulate_baseline(latency: LatencyProfile, base: Baseline, exit_ramp: np.nda
     held: dict[int, list[float]] = {0: []}     # every execution's time (ms), beside ``batches``
     computing = [0]                            # instances computing now (CallCosts.beside)
     rng = np.random.default_rng(costs.service_seed)
-    speed = costs.speed.path(costs.service_seed) if costs.speed else (lambda t: 1.0)
+    speed = speed_path(costs.speed, costs.service_seed)
 
     def service_ms(pool_rows: np.ndarray, requests: int) -> float:
         return baseline_execution_ms(latency, base, exit_ramp[pool_rows], requests, device=device, costs=costs,

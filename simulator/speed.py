@@ -30,7 +30,7 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["TwoSpeeds", "SpeedPath"]
+__all__ = ["TwoSpeeds", "SpeedPath", "speed_path"]
 
 
 @dataclass(frozen=True)
@@ -118,3 +118,8 @@ class SpeedPath:
         fast, slow = self.speeds.levels()
         i = int(np.searchsorted(self.ends, t_s, side="right"))
         return (slow if self.slow[i] else fast) * self.scale
+
+
+def speed_path(speeds: TwoSpeeds | None, seed: int):
+    """``path(t_s)``: ``speeds``' draw for ``seed`` (:class:`SpeedPath`), or 1.0 at every time without them."""
+    return speeds.path(seed) if speeds is not None else (lambda t_s: 1.0)

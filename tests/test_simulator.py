@@ -340,7 +340,7 @@ def test_the_machines_two_speeds_scaled_over_a_run_keep_its_level_and_widen_its_
     tails, rates = [], []
     for seed in range(8):
         run = simulate_baseline(lat, base, _exits(), arrivals=arrivals, costs=CallCosts(
-            service_seed=seed, speed=dataclasses.replace(speeds, ratio=1.35, fast_spell_s=0.2, slow_spell_s=0.1,
+            service_seed=seed, speed=dataclasses.replace(speeds, fast_spell_s=0.2, slow_spell_s=0.1,
                                                          horizon_s=one.duration_s)))
         tails.append(run.p99_ms / run.p50_ms)
         rates.append(run.inputs_per_s)
@@ -366,3 +366,21 @@ def test_e3_bench_simulator_refuses_a_speed_trace_it_cannot_read(tmp_path, capsy
     bad.write_text('{"readings": []}')
     assert main(["bench", "simulator", "--speed", str(bad)]) == 2
     assert "not a trace" in capsys.readouterr().err
+
+
+def test_the_validation_scales_each_seeds_spells_over_its_own_run():
+    """`e3 bench simulator --speed`: spells far longer than a run put the whole run in one of the two levels;
+    scaled over the run (``_simulated``), the rate stays the profile's, the tail only may move."""
+    from e3.benchmarks.sim_validation import validate_side_by_side
+    from e3.simulator.speed import TwoSpeeds
+    lat = synthetic_profile()
+    row = {"mix": "80:20", "batch": 4, "system": "stock", "config": "2 inst x 1 thr, delay 0 us",
+           "inputs_per_s": 100.0, "p99_ms": 100.0, "p50_ms": 50.0}
+    doc = {"settings": {"concurrency": 8, "inputs_per_run": 400}, "cores": 2, "rows": [row], "executed": []}
+    plain = validate_side_by_side(doc, lat, {"80:20": _exits()}, groups=("rows",), seeds=5)[0]
+    long_spells = TwoSpeeds(ratio=1.5, fast_spell_s=1000.0, slow_spell_s=1000.0)
+    spelled = validate_side_by_side(doc, lat, {"80:20": _exits()}, groups=("rows",), seeds=5, spells=long_spells)[0]
+    assert spelled.predicted_goodput == pytest.approx(plain.predicted_goodput, rel=0.01)
+    # unscaled, each seed's run would sit wholly in the fast (0.8) or the slow (1.2) level: its rate 25% or 17% off
+    fast, slow = long_spells.levels()
+    assert (fast, slow) == (pytest.approx(0.8), pytest.approx(1.2))
