@@ -567,7 +567,7 @@ def run_evaluation(quick: bool = False, model: str = "bert-ee", results_md: Path
     variation; mean 8.8%) around its cell's. At that spread (runs drawn lognormal and independent) the median of
     3 runs lands within 8% of the machine's mean in 83-87% of cells, so even an exact simulator would show 10
     of 12 cells within the goodput bar of issue 42 in only 65-80% of benches; the median of 5 lands within 8%
-    in 91-94% of cells (10 of 12 in 91-97% of benches). It costs about 4 more minutes a bench.
+    in 91-94% of cells (10 of 12 in 91-97% of benches). Measured: 10 min a quick bench (9-10 with 3 runs).
     ``baselines``: every baseline measured in each of these configurations instead of calibrated (full runs,
     every one validated); its own files (``..._forced.json``) and its own section of docs/RESULTS.md, and no
     perf_analyzer check."""
